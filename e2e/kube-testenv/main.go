@@ -1,0 +1,445 @@
+// Command kube-testenv runs a real kube-apiserver and an embedded etcd in one
+// process, on 127.0.0.1 only, for end-to-end tests.
+//
+//	kube-testenv --dir DIR [--port N] [-- extra kube-apiserver flags...]
+//
+// It writes into DIR: ca.crt, serving.{crt,key}, sa.{key,pub}, tokens.csv,
+// admin.token, tester.token, admin.kubeconfig, tester.kubeconfig, and, once
+// /readyz answers 200 and the default namespace exists, the marker file
+// DIR/ready; then it prints "READY DIR" on stdout. Logs go to stderr.
+// SIGTERM or SIGINT stops the apiserver, then etcd, and exits 0.
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics, as in the upstream main
+	_ "k8s.io/component-base/metrics/prometheus/version"  // kubernetes_build_info, as in the upstream main
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+const (
+	adminUser  = "admin"
+	testerUser = "tester"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "kube-testenv: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	fs := flag.NewFlagSet("kube-testenv", flag.ExitOnError)
+	dirFlag := fs.String("dir", "", "working directory for certs, tokens, kubeconfigs and etcd data (required)")
+	port := fs.Int("port", 0, "kube-apiserver secure port on 127.0.0.1 (0 = pick a free one)")
+	readyTimeout := fs.Duration("ready-timeout", 150*time.Second, "how long to wait for etcd and then /readyz")
+	stopTimeout := fs.Duration("stop-timeout", 60*time.Second, "how long to wait for the apiserver to stop on a signal")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: kube-testenv --dir DIR [--port N] [-- extra kube-apiserver flags]\n")
+		fs.PrintDefaults()
+	}
+	_ = fs.Parse(os.Args[1:])
+	if *dirFlag == "" {
+		fs.Usage()
+		os.Exit(2)
+	}
+	extraArgs := fs.Args()
+
+	dir, err := filepath.Abs(*dirFlag)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	readyFile := filepath.Join(dir, "ready")
+	_ = os.Remove(readyFile)
+	defer os.Remove(readyFile)
+
+	// Our own handler, registered first. The apiserver command installs its
+	// own (genericapiserver.SetupSignalContext) and shuts itself down on the
+	// same signal; both get notified.
+	sigCh := make(chan os.Signal, 2)
+	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
+
+	// ---- etcd -------------------------------------------------------------
+	etcdDir, err := os.MkdirTemp(dir, "etcd-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(etcdDir)
+
+	etcd, etcdURL, err := startEtcd(etcdDir, *readyTimeout, sigCh)
+	if err != nil {
+		return err
+	}
+	if etcd == nil { // signalled while starting
+		return nil
+	}
+	defer closeEtcd(etcd)
+	logf("etcd ready at %s", etcdURL)
+
+	// ---- keys, certs, tokens ----------------------------------------------
+	caPEM, err := writeCerts(dir)
+	if err != nil {
+		return fmt.Errorf("certs: %w", err)
+	}
+	if err := writeSAKey(dir); err != nil {
+		return fmt.Errorf("service account key: %w", err)
+	}
+	adminToken, testerToken := randToken(), randToken()
+	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
+		adminToken, adminUser, adminUser, testerToken, testerUser, testerUser)
+	if err := writeFiles(dir, map[string]string{
+		"tokens.csv":   tokens,
+		"admin.token":  adminToken,
+		"tester.token": testerToken,
+	}, 0o600); err != nil {
+		return err
+	}
+
+	// ---- kube-apiserver ---------------------------------------------------
+	if *port == 0 {
+		if *port, err = freePort(); err != nil {
+			return err
+		}
+	}
+	server := "https://127.0.0.1:" + strconv.Itoa(*port)
+	args := []string{
+		"--etcd-servers=" + etcdURL,
+		"--bind-address=127.0.0.1",
+		"--secure-port=" + strconv.Itoa(*port),
+		"--advertise-address=127.0.0.1",
+		"--endpoint-reconciler-type=none",
+		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
+		"--tls-cert-file=" + filepath.Join(dir, "serving.crt"),
+		"--tls-private-key-file=" + filepath.Join(dir, "serving.key"),
+		"--token-auth-file=" + filepath.Join(dir, "tokens.csv"),
+		"--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + filepath.Join(dir, "sa.pub"),
+		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
+		"--service-cluster-ip-range=10.0.0.0/24",
+		"--disable-admission-plugins=ServiceAccount",
+		"--allow-privileged=true",
+		"--profiling=false",
+	}
+	args = append(args, extraArgs...)
+
+	cmd := app.NewAPIServerCommand()
+	cmd.SetArgs(args)
+	apiErr := make(chan error, 1)
+	go func() { apiErr <- cli.RunNoErrOutput(cmd) }()
+	logf("kube-apiserver starting on %s", server)
+
+	if err := writeKubeconfig(filepath.Join(dir, "admin.kubeconfig"), server, caPEM, adminUser, adminToken); err != nil {
+		return err
+	}
+	if err := writeKubeconfig(filepath.Join(dir, "tester.kubeconfig"), server, caPEM, testerUser, testerToken); err != nil {
+		return err
+	}
+
+	// ---- readiness --------------------------------------------------------
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{
+		Timeout:   5 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
+	}
+	deadline := time.Now().Add(*readyTimeout)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for ready := false; !ready; {
+		select {
+		case err := <-apiErr:
+			return fmt.Errorf("kube-apiserver exited before ready: %v", err)
+		case sig := <-sigCh:
+			logf("got %v while starting", sig)
+			return waitAPIServer(apiErr, *stopTimeout)
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kube-apiserver not ready after %v", *readyTimeout)
+		}
+		ready = get(client, server+"/readyz", adminToken) == http.StatusOK &&
+			get(client, server+"/api/v1/namespaces/default", adminToken) == http.StatusOK
+	}
+	if err := os.WriteFile(readyFile, []byte(server+"\n"), 0o644); err != nil {
+		return err
+	}
+	logf("ready: %s", server)
+	fmt.Printf("READY %s\n", dir)
+
+	// ---- serve until signalled -------------------------------------------
+	select {
+	case err := <-apiErr:
+		return fmt.Errorf("kube-apiserver exited: %v", err)
+	case sig := <-sigCh:
+		logf("got %v, stopping", sig)
+		return waitAPIServer(apiErr, *stopTimeout)
+	}
+}
+
+// waitAPIServer waits for the apiserver, which reacts to the signal by itself.
+func waitAPIServer(apiErr <-chan error, timeout time.Duration) error {
+	select {
+	case err := <-apiErr:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			logf("kube-apiserver stopped with: %v", err)
+		} else {
+			logf("kube-apiserver stopped")
+		}
+	case <-time.After(timeout):
+		logf("kube-apiserver did not stop within %v; stopping etcd anyway", timeout)
+	}
+	return nil
+}
+
+func startEtcd(dataDir string, timeout time.Duration, sigCh <-chan os.Signal) (*embed.Etcd, string, error) {
+	var lastErr error
+	for attempt := 0; attempt < 5; attempt++ {
+		cport, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		pport, err := freePort()
+		if err != nil {
+			return nil, "", err
+		}
+		curl := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(cport))}
+		purl := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(pport))}
+
+		cfg := embed.NewConfig()
+		cfg.Name = "kube-testenv"
+		cfg.Dir = filepath.Join(dataDir, strconv.Itoa(attempt))
+		cfg.UnsafeNoFsync = true
+		cfg.LogLevel = "error"
+		cfg.ListenClientUrls = []url.URL{curl}
+		cfg.AdvertiseClientUrls = []url.URL{curl}
+		cfg.ListenPeerUrls = []url.URL{purl}
+		cfg.AdvertisePeerUrls = []url.URL{purl}
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+
+		e, err := embed.StartEtcd(cfg)
+		if err != nil {
+			lastErr = err
+			logf("etcd start attempt %d failed: %v", attempt+1, err)
+			continue
+		}
+		select {
+		case <-e.Server.ReadyNotify():
+			return e, curl.String(), nil
+		case err := <-e.Err():
+			e.Close()
+			return nil, "", fmt.Errorf("etcd failed: %w", err)
+		case sig := <-sigCh:
+			logf("got %v while starting etcd", sig)
+			e.Close()
+			return nil, "", nil
+		case <-time.After(timeout):
+			e.Close()
+			return nil, "", fmt.Errorf("etcd not ready after %v", timeout)
+		}
+	}
+	return nil, "", fmt.Errorf("etcd: %w", lastErr)
+}
+
+func closeEtcd(e *embed.Etcd) {
+	done := make(chan struct{})
+	go func() { e.Close(); close(done) }()
+	select {
+	case <-done:
+		logf("etcd stopped")
+	case <-time.After(20 * time.Second):
+		logf("etcd did not stop within 20s")
+	}
+}
+
+func get(c *http.Client, u, token string) int {
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		return 0
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func randToken() string {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// writeCerts writes ca.crt and a serving cert/key for 127.0.0.1 and
+// localhost signed by it (the CA key is never written). Returns the CA PEM.
+func writeCerts(dir string) ([]byte, error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "kube-testenv-ca@" + strconv.FormatInt(now.Unix(), 10)},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, err
+	}
+
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial(),
+		Subject:               pkix.Name{CommonName: "kube-apiserver"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	if err := writeFiles(dir, map[string]string{"ca.crt": string(caPEM), "serving.crt": string(certPEM)}, 0o644); err != nil {
+		return nil, err
+	}
+	return caPEM, writeFiles(dir, map[string]string{"serving.key": string(keyPEM)}, 0o600)
+}
+
+func writeSAKey(dir string) error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return err
+	}
+	if err := writeFiles(dir, map[string]string{
+		"sa.key": string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})),
+	}, 0o600); err != nil {
+		return err
+	}
+	return writeFiles(dir, map[string]string{
+		"sa.pub": string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})),
+	}, 0o644)
+}
+
+func serial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func writeKubeconfig(path, server string, caPEM []byte, user, token string) error {
+	kc := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: kube-testenv
+  cluster:
+    server: %s
+    certificate-authority-data: %s
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: %s
+  context:
+    cluster: kube-testenv
+    user: %s
+    namespace: default
+current-context: %s
+`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user, user, user)
+	return writeFiles(filepath.Dir(path), map[string]string{filepath.Base(path): kc}, 0o600)
+}
+
+// writeFiles writes each file atomically (temp file + rename).
+func writeFiles(dir string, files map[string]string, mode os.FileMode) error {
+	for name, content := range files {
+		tmp := filepath.Join(dir, "."+name+".tmp")
+		if err := os.WriteFile(tmp, []byte(content), mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(tmp, mode); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "kube-testenv: "+format+"\n", args...)
+}

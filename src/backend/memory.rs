@@ -1,0 +1,358 @@
+//! An in-process lease store with the same semantics as the networked backends.
+//!
+//! For tests and development: ttl expiry, holder-token ownership, a fencing counter, replayed
+//! acquires and releases, and release notifications, all driven by tokio's clock so that tests
+//! on a paused clock ([`tokio::time::pause`]) run thousands of virtual seconds in milliseconds.
+//! It gives no exclusion across processes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::{BoxFuture, ready};
+use futures::stream::BoxStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::{
+    AcquireRequest, Acquired, Backend, BackendError, FencingToken, HolderChange, HolderToken,
+    InvalidName, LeaseRecord, Released, Renewed,
+};
+
+/// Fencing tokens of the memory backend come from one process-wide counter, so they rise
+/// across every `MemoryBackend` instance and every lock name in the process.
+static NEXT_FENCING: AtomicU64 = AtomicU64::new(1);
+
+/// How long a release is remembered so that a replayed release still reports success.
+const RELEASE_ACK_TTL: Duration = Duration::from_secs(60);
+/// At most this many remembered releases per lock.
+const RELEASE_ACKS_KEPT: usize = 8;
+/// The longest lock name accepted.
+pub const MAX_NAME_LEN: usize = 512;
+
+/// An in-process lease store.
+///
+/// Clones share the same state. Tokens come from a process-wide counter.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::{LockOptions, Locker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tenure::LockError> {
+/// let locker = Locker::new(MemoryBackend::new());
+/// let lease = locker.try_acquire("report", &LockOptions::new()).await?;
+/// // A second attempt, even from the same locker, finds the lock busy.
+/// assert!(locker.try_acquire("report", &LockOptions::new()).await.is_err());
+/// lease.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryBackend {
+    state: Arc<Mutex<HashMap<Arc<str>, Slot>>>,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("locks", &self.locked().len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    held: Option<Held>,
+    transitions: u64,
+    /// Holder tokens that released recently, so a replayed release still succeeds.
+    acks: VecDeque<(HolderToken, Instant)>,
+    /// Created on the first `observe`; every grant and release is published to it.
+    notify: Option<watch::Sender<HolderChange>>,
+}
+
+struct Held {
+    holder: HolderToken,
+    identity: Arc<str>,
+    fencing: FencingToken,
+    expires_at: Instant,
+}
+
+impl Slot {
+    /// The current holder, if its lease has not run out at `now`.
+    fn live(&self, now: Instant) -> Option<&Held> {
+        self.held.as_ref().filter(|h| h.expires_at > now)
+    }
+
+    fn publish(&self) {
+        if let Some(tx) = &self.notify {
+            let change = self
+                .held
+                .as_ref()
+                .map_or_else(HolderChange::free, |h| HolderChange {
+                    holder: Some(h.identity.to_string()),
+                    fencing: Some(h.fencing),
+                });
+            tx.send_replace(change);
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// An empty store.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn locked(&self) -> MutexGuard<'_, HashMap<Arc<str>, Slot>> {
+        // A panic while holding this lock can only come from a bug in the few lines below
+        // that never panic; the state stays consistent either way, so recover it.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn acquire_now(&self, req: &AcquireRequest) -> Acquired {
+        let now = Instant::now();
+        let mut locks = self.locked();
+        let slot = locks.entry(req.name.clone()).or_default();
+        match slot.live(now) {
+            Some(h) if h.holder == req.holder => {
+                // A replay by the current holder: the original grant, with the ttl restarted
+                // from now so the caller's validity (measured from its latest send) is safe.
+                let fencing = h.fencing;
+                if let Some(h) = slot.held.as_mut() {
+                    h.expires_at = now + req.ttl;
+                }
+                Acquired::Granted { fencing }
+            }
+            Some(h) => Acquired::Busy {
+                holder: Some(h.identity.to_string()),
+                remaining: Some(h.expires_at - now),
+            },
+            None => {
+                let fencing = FencingToken::new(NEXT_FENCING.fetch_add(1, Ordering::Relaxed));
+                slot.held = Some(Held {
+                    holder: req.holder,
+                    identity: req.identity.clone(),
+                    fencing,
+                    expires_at: now + req.ttl,
+                });
+                slot.transitions += 1;
+                slot.publish();
+                Acquired::Granted { fencing }
+            }
+        }
+    }
+
+    fn renew_now(&self, name: &str, holder: &HolderToken, ttl: Duration) -> Renewed {
+        let now = Instant::now();
+        let mut locks = self.locked();
+        match locks.get_mut(name).and_then(|s| s.held.as_mut()) {
+            Some(h) if h.holder == *holder && h.expires_at > now => {
+                h.expires_at = now + ttl;
+                Renewed::Held
+            }
+            _ => Renewed::NotHeld,
+        }
+    }
+
+    fn release_now(&self, name: &str, holder: &HolderToken) -> Released {
+        let now = Instant::now();
+        let mut locks = self.locked();
+        let Some(slot) = locks.get_mut(name) else {
+            return Released::NotHeld;
+        };
+        slot.acks
+            .retain(|(_, at)| now.duration_since(*at) < RELEASE_ACK_TTL);
+        if slot.acks.iter().any(|(t, _)| t == holder) {
+            return Released::Released;
+        }
+        match slot.live(now) {
+            Some(h) if h.holder == *holder => {
+                slot.held = None;
+                if slot.acks.len() == RELEASE_ACKS_KEPT {
+                    slot.acks.pop_front();
+                }
+                slot.acks.push_back((*holder, now));
+                slot.publish();
+                Released::Released
+            }
+            _ => Released::NotHeld,
+        }
+    }
+
+    fn inspect_now(&self, name: &str) -> Option<LeaseRecord> {
+        let now = Instant::now();
+        let locks = self.locked();
+        let slot = locks.get(name)?;
+        slot.live(now).map(|h| LeaseRecord {
+            identity: h.identity.to_string(),
+            fencing: h.fencing,
+            remaining: Some(h.expires_at - now),
+            transitions: Some(slot.transitions.saturating_sub(1)),
+        })
+    }
+
+    /// Forgets every lock, as a store that lost its data would. Fencing tokens keep rising
+    /// (the counter is process-wide), as the Redis backend's do after a wipe.
+    pub fn wipe(&self) {
+        let mut locks = self.locked();
+        for slot in locks.values_mut() {
+            slot.held = None;
+            slot.acks.clear();
+            slot.publish();
+        }
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn validate_name(&self, name: &str) -> Result<(), InvalidName> {
+        if name.is_empty() {
+            return Err(InvalidName::new(name, "must not be empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(InvalidName::new(
+                name,
+                format!("must be at most {MAX_NAME_LEN} bytes"),
+            ));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(InvalidName::new(
+                name,
+                "must not contain control characters",
+            ));
+        }
+        Ok(())
+    }
+
+    fn try_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<Acquired, BackendError>> {
+        Box::pin(ready(Ok(self.acquire_now(req))))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Renewed, BackendError>> {
+        Box::pin(ready(Ok(self.renew_now(name, holder, ttl))))
+    }
+
+    fn renew_many<'a>(
+        &'a self,
+        batch: &'a [super::RenewRequest],
+    ) -> BoxFuture<'a, Vec<Result<Renewed, BackendError>>> {
+        let out = batch
+            .iter()
+            .map(|r| Ok(self.renew_now(&r.name, &r.holder, r.ttl)))
+            .collect();
+        Box::pin(ready(out))
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(ready(Ok(self.release_now(name, holder))))
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
+        Box::pin(ready(Ok(self.inspect_now(name))))
+    }
+
+    fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
+        let rx = {
+            let mut locks = self.locked();
+            let slot = locks.entry(Arc::from(name)).or_default();
+            if slot.notify.is_none() {
+                let (tx, _) = watch::channel(HolderChange::free());
+                slot.notify = Some(tx);
+                slot.publish();
+            }
+            slot.notify.as_ref().map(watch::Sender::subscribe)
+        };
+        let Some(mut rx) = rx else {
+            return Box::pin(futures::stream::empty());
+        };
+        rx.mark_changed();
+        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+            rx.changed().await.ok()?;
+            let change = rx.borrow_and_update().clone();
+            Some((Ok(change), rx))
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn req(name: &str, ttl_ms: u64) -> AcquireRequest {
+        AcquireRequest {
+            name: Arc::from(name),
+            holder: HolderToken::random(),
+            identity: Arc::from("me"),
+            ttl: Duration::from_millis(ttl_ms),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_should_expire_by_tokio_clock_and_keep_tokens_rising() {
+        let b = MemoryBackend::new();
+        let a = req("x", 100);
+        let Ok(Acquired::Granted { fencing: t1 }) = b.try_acquire(&a).await else {
+            panic!("first acquire must be granted")
+        };
+        let other = req("x", 100);
+        assert!(matches!(
+            b.try_acquire(&other).await,
+            Ok(Acquired::Busy { remaining: Some(r), .. }) if r == Duration::from_millis(100)
+        ));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let Ok(Acquired::Granted { fencing: t2 }) = b.try_acquire(&other).await else {
+            panic!("acquire after expiry must be granted")
+        };
+        assert!(t2 > t1);
+        assert_eq!(
+            b.renew(&a.name, &a.holder, a.ttl).await.ok(),
+            Some(Renewed::NotHeld)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_should_notify_observers_of_release() {
+        let b = MemoryBackend::new();
+        let mut changes = b.observe("y");
+        assert_eq!(
+            changes.next().await.and_then(Result::ok),
+            Some(HolderChange::free())
+        );
+        let a = req("y", 1000);
+        assert!(matches!(
+            b.try_acquire(&a).await,
+            Ok(Acquired::Granted { .. })
+        ));
+        let granted = changes.next().await.and_then(Result::ok);
+        assert_eq!(granted.and_then(|c| c.holder).as_deref(), Some("me"));
+        assert_eq!(
+            b.release(&a.name, &a.holder).await.ok(),
+            Some(Released::Released)
+        );
+        assert_eq!(
+            changes.next().await.and_then(Result::ok),
+            Some(HolderChange::free())
+        );
+    }
+}

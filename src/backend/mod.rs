@@ -1,0 +1,165 @@
+//! The storage contract: the few atomic primitives a lease store must offer, and nothing more.
+//!
+//! Everything backend-specific lives below this module; the lock runtime ([`crate::lock`]) and
+//! the elector talk to a store only through [`Backend`]. Each primitive is one round trip where
+//! the store allows it, and each is idempotent under the client's own retries:
+//!
+//! | primitive | answers | guarded by |
+//! |---|---|---|
+//! | [`Backend::try_acquire`] | [`Acquired::Granted`] with a fencing token, or [`Acquired::Busy`] | the lock being free, or already ours (a replay) |
+//! | [`Backend::renew`] / [`Backend::renew_many`] | [`Renewed::Held`] or [`Renewed::NotHeld`] | the holder token |
+//! | [`Backend::release`] | [`Released::Released`] or [`Released::NotHeld`] | the holder token |
+//! | [`Backend::inspect`] | the current [`LeaseRecord`], if any | — |
+//! | [`Backend::observe`] | a stream of [`HolderChange`]s | — |
+//!
+//! "Busy" and "not held" are *values*: they are normal outcomes of a race, not failures.
+//! [`BackendError`] is reserved for I/O: the store could not be asked, or did not answer.
+//!
+//! Backends:
+//! - [`memory::MemoryBackend`]: in-process, always available, driven by tokio's clock.
+//! - [`faulty::FaultyBackend`]: wraps any backend and injects delays, stalls and failures.
+
+mod error;
+pub mod faulty;
+pub mod memory;
+mod types;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+
+pub use error::{BackendError, BackendErrorKind, InvalidName};
+pub use types::{
+    AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeaseRecord, Released,
+    RenewRequest, Renewed,
+};
+
+/// A lease store: the atomic primitives the lock runtime is built from.
+///
+/// # Contract
+///
+/// Every implementation must pass the shared conformance suite ([`crate::conformance`], behind
+/// the `conformance` feature). In words:
+///
+/// - **Ownership.** A lock is held by at most one holder token at a time. Only the current
+///   holder token can renew or release it.
+/// - **Expiry.** A lock whose holder has not renewed within its ttl is free. The store measures
+///   that ttl on its own clock from when it *processed* the acquire or renew, which is never
+///   earlier than when the client sent it; this is what makes the client's own validity estimate
+///   (sent + ttl − drift) safe.
+/// - **Fencing.** Every grant carries a [`FencingToken`] strictly greater than every token issued
+///   before it for the same lock name, whoever holds it. A replay of an acquire by the current
+///   holder token returns the *original* token and restarts the ttl from now.
+/// - **Idempotence.** A replayed release by a holder token that already released reports
+///   [`Released::Released`] again and never touches a successor's lock.
+/// - **Renewal never resurrects.** Renewing a lock that expired or was taken over answers
+///   [`Renewed::NotHeld`]; it never recreates it.
+/// - **Notification.** [`observe`](Backend::observe) reports releases promptly, so waiters can
+///   retry at once. It may miss events (expiry is not reported, messages can be lost); waiters
+///   always keep a timed fallback.
+///
+/// Methods return boxed futures so that the lock runtime can hold any backend as
+/// `Arc<dyn Backend>`.
+pub trait Backend: Send + Sync + 'static {
+    /// Checks a lock name against this store's naming rules.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidName`] naming the rule the name breaks.
+    fn validate_name(&self, name: &str) -> Result<(), InvalidName>;
+
+    /// One attempt to take the lock `req.name` for `req.holder`.
+    ///
+    /// Grants when the lock is free (never held, expired or released) or already held by
+    /// `req.holder` (a replay, which restarts the ttl and returns the original token).
+    fn try_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<Acquired, BackendError>>;
+
+    /// Extends the lock's ttl to `ttl` from now if `holder` still holds it.
+    fn renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Renewed, BackendError>>;
+
+    /// Renews many leases at once; the answer has one entry per request, in order.
+    ///
+    /// The default sends the renewals concurrently, one call each. Stores that can batch (a
+    /// Redis pipeline) override it to use one round trip.
+    fn renew_many<'a>(
+        &'a self,
+        batch: &'a [RenewRequest],
+    ) -> BoxFuture<'a, Vec<Result<Renewed, BackendError>>> {
+        Box::pin(futures::future::join_all(
+            batch.iter().map(|r| self.renew(&r.name, &r.holder, r.ttl)),
+        ))
+    }
+
+    /// Gives the lock up if `holder` holds it, and notifies observers.
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+    ) -> BoxFuture<'a, Result<Released, BackendError>>;
+
+    /// Reads who holds the lock now, if anyone.
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>>;
+
+    /// A stream of holder changes of one lock: grants and releases.
+    ///
+    /// The first item describes the state when the stream started, so a subscriber cannot miss
+    /// a change that happened between reading the state and subscribing. Expiry is not
+    /// necessarily reported. An `Err` item is a hiccup of the notification channel, not of the
+    /// lock; the stream may continue after it.
+    fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>>;
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn validate_name(&self, name: &str) -> Result<(), InvalidName> {
+        (**self).validate_name(name)
+    }
+    fn try_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<Acquired, BackendError>> {
+        (**self).try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Renewed, BackendError>> {
+        (**self).renew(name, holder, ttl)
+    }
+    fn renew_many<'a>(
+        &'a self,
+        batch: &'a [RenewRequest],
+    ) -> BoxFuture<'a, Vec<Result<Renewed, BackendError>>> {
+        (**self).renew_many(batch)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        (**self).release(name, holder)
+    }
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
+        (**self).inspect(name)
+    }
+    fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
+        (**self).observe(name)
+    }
+}

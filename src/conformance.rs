@@ -1,0 +1,584 @@
+//! The conformance suite every backend must pass: each semantic of the contract, as a check.
+//!
+//! Compiled for tests and behind the `conformance` feature, for backend authors. Each check is
+//! a plain async method of [`Suite`] that panics (with a message naming the broken rule) when
+//! the backend misbehaves; [`Suite::run_all`] runs them all. Checks use lock names with a
+//! random suffix, so several may share one store, but they do write to it: point the suite at
+//! a store you can scribble on. Not covered by semver.
+//!
+//! Checks work on tokio's paused clock (the memory backend) and on real time (servers). The
+//! [`ttl`](Suite::ttl) sets the time scale: every wait in the suite is a multiple of it.
+//!
+//! ```
+//! use tenure::backend::memory::MemoryBackend;
+//! use tenure::conformance::Suite;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! Suite::new(MemoryBackend::new()).run_all().await;
+//! # }
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::faulty::{Fault, FaultyBackend};
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, FencingToken, HolderToken, Released, Renewed,
+};
+use crate::{LeaseEnd, LockError, LockOptions, Locker, LostReason, WithLockError};
+
+/// The conformance suite, bound to one backend.
+#[derive(Clone)]
+pub struct Suite {
+    backend: Arc<dyn Backend>,
+    ttl: Duration,
+}
+
+impl std::fmt::Debug for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Suite")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A resource that accepts writes only with a fencing token at least as high as any it has
+/// seen, and records whether two writers were ever inside at once: the suite's referee.
+#[derive(Debug, Default)]
+pub struct FencedRegister {
+    state: Mutex<RegisterState>,
+}
+
+#[derive(Debug, Default)]
+struct RegisterState {
+    inside: Option<FencingToken>,
+    highest: Option<FencingToken>,
+    accepted: u64,
+}
+
+impl FencedRegister {
+    /// A writer holding `token` enters its exclusive section.
+    ///
+    /// # Panics
+    ///
+    /// If another writer is inside, or `token` is not greater than every token seen before.
+    pub fn enter(&self, token: FencingToken) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert!(
+            s.inside.is_none(),
+            "mutual exclusion broken: token {token} entered while {:?} was inside",
+            s.inside
+        );
+        assert!(
+            s.highest.is_none_or(|h| token > h),
+            "fencing token {token} does not exceed the highest seen {:?}",
+            s.highest
+        );
+        s.inside = Some(token);
+        s.highest = Some(token);
+        s.accepted += 1;
+    }
+
+    /// The writer holding `token` leaves.
+    pub fn leave(&self, token: FencingToken) {
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(s.inside, Some(token), "leave without enter");
+        s.inside = None;
+    }
+
+    /// How many sections were entered.
+    #[must_use]
+    pub fn accepted(&self) -> u64 {
+        self.state.lock().map_or(0, |s| s.accepted)
+    }
+}
+
+fn unique(check: &str) -> String {
+    format!(
+        "conformance-{check}-{:08x}",
+        crate::util::random_u64() as u32
+    )
+}
+
+impl Suite {
+    /// The suite on `backend`, with a time scale (ttl) of one second.
+    pub fn new(backend: impl Backend) -> Self {
+        Self {
+            backend: Arc::new(backend),
+            ttl: Duration::from_secs(1),
+        }
+    }
+
+    /// Sets the base ttl; every wait in the suite is a multiple of it. Use whole seconds for
+    /// stores that count ttls in seconds (Kubernetes Leases).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    fn locker(&self, identity: &str) -> Locker {
+        Locker::with_identity(self.backend.clone(), identity).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn opts(&self) -> LockOptions {
+        LockOptions::new()
+            .ttl(self.ttl)
+            .retry_interval(self.ttl / 10)
+            .request_timeout(self.ttl / 4)
+    }
+
+    /// Runs every check in turn.
+    pub async fn run_all(&self) {
+        self.check_mutual_exclusion().await;
+        self.check_fencing_rises().await;
+        self.check_ownership().await;
+        self.check_expiry().await;
+        self.check_replays_are_idempotent().await;
+        self.check_lease_release_is_memoized().await;
+        self.check_orphan().await;
+        self.check_drop_releases().await;
+        self.check_with_lock_panic_releases().await;
+        self.check_wait_window_exhaustion().await;
+        self.check_release_wakes_waiters().await;
+        self.check_auto_renew_outlives_ttl().await;
+        self.check_renew_deadline_ends_stalled_lease().await;
+    }
+
+    /// Many tasks contend for one lock through `with_lock`; the fenced register must never
+    /// see two inside at once, nor a token that does not rise.
+    pub async fn check_mutual_exclusion(&self) {
+        let name = unique("mutex");
+        let register = Arc::new(FencedRegister::default());
+        let opts = self.opts().wait(self.ttl * 60);
+        let mut tasks = Vec::new();
+        for worker in 0..8 {
+            let locker = self.locker(&format!("worker-{worker}"));
+            let (name, register, opts, hold) =
+                (name.clone(), register.clone(), opts.clone(), self.ttl / 20);
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..4 {
+                    let r = locker
+                        .with_lock(&name, &opts, |guard| {
+                            let register = register.clone();
+                            async move {
+                                register.enter(guard.fencing_token());
+                                tokio::time::sleep(hold).await;
+                                register.leave(guard.fencing_token());
+                            }
+                        })
+                        .await;
+                    if let Err(e) = r {
+                        panic!("with_lock failed: {e}");
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        }
+        assert_eq!(register.accepted(), 32, "every section ran once");
+    }
+
+    /// Tokens rise across holders and across the same identity acquiring again.
+    pub async fn check_fencing_rises(&self) {
+        let name = unique("fencing");
+        let (a, b) = (self.locker("a"), self.locker("b"));
+        let mut last = None;
+        for locker in [&a, &a, &b, &a, &b, &b] {
+            let lease = locker
+                .try_acquire(&name, &self.opts())
+                .await
+                .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+            let t = lease.fencing_token();
+            assert!(last.is_none_or(|l| t > l), "token {t} after {last:?}");
+            last = Some(t);
+            lease
+                .release()
+                .await
+                .unwrap_or_else(|e| panic!("release failed: {e}"));
+        }
+    }
+
+    /// A wrong holder token can neither renew nor release, and the holder is unaffected.
+    pub async fn check_ownership(&self) {
+        let name = unique("ownership");
+        let lease = self
+            .locker("owner")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        let intruder = HolderToken::random();
+        let b = &self.backend;
+        assert_eq!(
+            b.renew(&name, &intruder, self.ttl * 10).await.ok(),
+            Some(Renewed::NotHeld)
+        );
+        assert_eq!(
+            b.release(&name, &intruder).await.ok(),
+            Some(Released::NotHeld)
+        );
+        let record = b
+            .inspect(&name)
+            .await
+            .ok()
+            .flatten()
+            .expect("the lock is held");
+        assert_eq!(record.identity, "owner");
+        assert_eq!(record.fencing, lease.fencing_token());
+        assert!(lease.is_valid());
+        lease
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("owner's release failed: {e}"));
+    }
+
+    /// A lease not renewed expires: its handle reports the loss no later than another
+    /// candidate acquires, and the old holder cannot renew it back.
+    pub async fn check_expiry(&self) {
+        let name = unique("expiry");
+        let old = self
+            .locker("old")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        let new_locker = self.locker("new");
+        match new_locker.try_acquire(&name, &self.opts()).await {
+            Err(LockError::NotAcquired {
+                holder, remaining, ..
+            }) => {
+                assert_eq!(holder.as_deref(), Some("old"));
+                assert!(
+                    remaining.is_none_or(|r| r <= self.ttl),
+                    "remaining {remaining:?}"
+                );
+            }
+            other => panic!("held lock must be busy, got {other:?}"),
+        }
+        let new = new_locker
+            .acquire(&name, &self.opts().wait(self.ttl * 5))
+            .await
+            .unwrap_or_else(|e| panic!("expired lock not granted: {e}"));
+        assert!(
+            matches!(old.end(), Some(LeaseEnd::Lost(LostReason::Expired))),
+            "the old handle must have seen its expiry by the time a successor holds: {:?}",
+            old.end()
+        );
+        assert!(!old.is_valid());
+        assert!(new.fencing_token() > old.fencing_token());
+        assert!(matches!(old.refresh().await, Err(LockError::Lost { .. })));
+        let b = &self.backend;
+        assert_eq!(
+            b.renew(&name, &old.shared().holder, self.ttl).await.ok(),
+            Some(Renewed::NotHeld),
+            "renewal must not resurrect an expired lease"
+        );
+        assert!(matches!(old.release().await, Err(LockError::Lost { .. })));
+        assert!(
+            new.is_valid(),
+            "the old holder's release must not touch the successor"
+        );
+        new.release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A replayed acquire returns the original token; a replayed release reports success
+    /// and never touches a successor.
+    pub async fn check_replays_are_idempotent(&self) {
+        let name = unique("replay");
+        let b = &self.backend;
+        let req = AcquireRequest {
+            name: name.as_str().into(),
+            holder: HolderToken::random(),
+            identity: "replayer".into(),
+            ttl: self.ttl * 5,
+        };
+        let first = b.try_acquire(&req).await.ok();
+        let Some(Acquired::Granted { fencing }) = first else {
+            panic!("free lock not granted: {first:?}");
+        };
+        let replay = b.try_acquire(&req).await.ok();
+        assert_eq!(
+            replay,
+            Some(Acquired::Granted { fencing }),
+            "replay must return the original grant"
+        );
+        assert_eq!(
+            b.release(&name, &req.holder).await.ok(),
+            Some(Released::Released)
+        );
+        assert_eq!(
+            b.release(&name, &req.holder).await.ok(),
+            Some(Released::Released),
+            "a replayed release must report success"
+        );
+        let next = AcquireRequest {
+            holder: HolderToken::random(),
+            identity: "successor".into(),
+            ..req.clone()
+        };
+        let Some(Acquired::Granted { fencing: later }) = b.try_acquire(&next).await.ok() else {
+            panic!("released lock not granted");
+        };
+        assert!(later > fencing);
+        let _ = b.release(&name, &req.holder).await;
+        let record = b.inspect(&name).await.ok().flatten();
+        assert_eq!(
+            record.map(|r| r.identity).as_deref(),
+            Some("successor"),
+            "a replayed release must not remove the successor"
+        );
+        assert_eq!(
+            b.release(&name, &next.holder).await.ok(),
+            Some(Released::Released)
+        );
+    }
+
+    /// `Lease::release` contacts the store once, however often it is called.
+    pub async fn check_lease_release_is_memoized(&self) {
+        let name = unique("release-once");
+        let counted = FaultyBackend::new(self.backend.clone());
+        let locker =
+            Locker::with_identity(counted.clone(), "once").unwrap_or_else(|e| panic!("{e}"));
+        let lease = locker
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        assert!(lease.release().await.is_ok());
+        assert!(lease.release().await.is_ok());
+        assert!(matches!(lease.end(), Some(LeaseEnd::Released)));
+        assert!(matches!(lease.lost().await, LeaseEnd::Released));
+        drop(lease);
+        tokio::time::sleep(self.ttl / 10).await;
+        assert_eq!(
+            counted.counts().release,
+            1,
+            "one release round trip, also after drop"
+        );
+    }
+
+    /// An orphaned lease stops renewing, is not released on drop, and expires by its ttl.
+    pub async fn check_orphan(&self) {
+        let name = unique("orphan");
+        let locker = self.locker("orphaner");
+        let lease = locker
+            .try_acquire(&name, &self.opts().auto_renew(true))
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        lease.orphan();
+        assert!(matches!(lease.lost().await, LeaseEnd::Orphaned));
+        drop(lease);
+        tokio::time::sleep(self.ttl / 10).await;
+        assert!(
+            self.backend.inspect(&name).await.ok().flatten().is_some(),
+            "an orphaned lease must stay until its ttl runs out"
+        );
+        let next = self
+            .locker("next")
+            .acquire(&name, &self.opts().wait(self.ttl * 5))
+            .await
+            .unwrap_or_else(|e| panic!("orphaned lock never expired: {e}"));
+        next.release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// Dropping a held lease releases it in the background.
+    pub async fn check_drop_releases(&self) {
+        let name = unique("drop");
+        let long = self.opts().ttl(self.ttl * 20);
+        let lease = self
+            .locker("dropper")
+            .try_acquire(&name, &long)
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        drop(lease);
+        // Without the background release the lock would stay held for 20 ttls.
+        let next = self
+            .locker("next")
+            .acquire(&name, &long.clone().wait(self.ttl * 2))
+            .await
+            .unwrap_or_else(|e| panic!("dropped lease was not released: {e}"));
+        next.release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A panic inside `with_lock` propagates, and the lock is released first.
+    pub async fn check_with_lock_panic_releases(&self) {
+        let name = unique("panic");
+        let locker = self.locker("panicker");
+        let long = self.opts().ttl(self.ttl * 20);
+        let (n, o) = (name.clone(), long.clone());
+        let joined = tokio::spawn(async move {
+            locker
+                .with_lock(&n, &o, |_guard| async move {
+                    panic!("workload panicked");
+                })
+                .await
+        })
+        .await;
+        assert!(
+            joined.is_err_and(|e| e.is_panic()),
+            "the panic must propagate"
+        );
+        let next = self
+            .locker("next")
+            .try_acquire(&name, &long)
+            .await
+            .unwrap_or_else(|e| panic!("lock not released after a panic: {e}"));
+        next.release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// Waiting for a held lock gives up with `NotAcquired` when the window runs out.
+    pub async fn check_wait_window_exhaustion(&self) {
+        let name = unique("window");
+        let holder = self
+            .locker("holder")
+            .try_acquire(&name, &self.opts().ttl(self.ttl * 20))
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        let started = Instant::now();
+        let window = self.ttl / 2;
+        let waited = self
+            .locker("waiter")
+            .acquire(&name, &self.opts().wait(window))
+            .await;
+        assert!(
+            matches!(&waited, Err(LockError::NotAcquired { holder, .. }) if holder.as_deref() == Some("holder")),
+            "expected NotAcquired naming the holder, got {waited:?}"
+        );
+        assert!(
+            started.elapsed() >= window,
+            "gave up before the window ran out"
+        );
+        let with = self
+            .locker("waiter")
+            .with_lock(&name, &self.opts().wait(window), |_| async {})
+            .await;
+        assert!(matches!(
+            with,
+            Err(WithLockError::NotRun(LockError::NotAcquired { .. }))
+        ));
+        holder
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A waiter is woken by the holder's release, long before its retry interval.
+    pub async fn check_release_wakes_waiters(&self) {
+        let name = unique("wake");
+        let slow_retry = self.opts().ttl(self.ttl * 20).retry_interval(self.ttl * 10);
+        let holder = self
+            .locker("holder")
+            .try_acquire(&name, &slow_retry)
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        let waiter = self.locker("waiter");
+        let (n, o) = (name.clone(), slow_retry.clone().wait(self.ttl * 10));
+        let started = Instant::now();
+        let waiting =
+            tokio::spawn(
+                async move { waiter.acquire(&n, &o).await.map(|l| (l, started.elapsed())) },
+            );
+        tokio::time::sleep(self.ttl / 5).await;
+        holder
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+        let (lease, took) = waiting
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+            .unwrap_or_else(|e| panic!("waiter never acquired: {e}"));
+        assert!(
+            took < self.ttl * 5,
+            "the waiter took {took:?}: it was not woken by the release notification"
+        );
+        lease
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// Auto-renew keeps a lease far beyond its ttl, in few round trips.
+    pub async fn check_auto_renew_outlives_ttl(&self) {
+        let name = unique("renew");
+        let locker = self.locker("renewer");
+        let lease = locker
+            .try_acquire(&name, &self.opts().auto_renew(true))
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        tokio::time::sleep(self.ttl * 4).await;
+        assert!(lease.end().is_none(), "lease ended: {:?}", lease.end());
+        assert!(lease.is_valid());
+        assert!(
+            locker.stats().renewals >= 6,
+            "renewals: {:?}",
+            locker.stats()
+        );
+        assert!(
+            matches!(
+                self.locker("other").try_acquire(&name, &self.opts()).await,
+                Err(LockError::NotAcquired { .. })
+            ),
+            "a renewed lease must still be held"
+        );
+        lease
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A lease whose store stops answering ends at its renew deadline, before its validity.
+    pub async fn check_renew_deadline_ends_stalled_lease(&self) {
+        let name = unique("deadline");
+        let faulty = FaultyBackend::new(self.backend.clone());
+        let locker =
+            Locker::with_identity(faulty.clone(), "stalled").unwrap_or_else(|e| panic!("{e}"));
+        let deadline = self.ttl * 2 / 3;
+        let lease = locker
+            .try_acquire(
+                &name,
+                &self.opts().auto_renew(true).renew_deadline(deadline),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        let acquired_valid_until = lease.valid_until();
+        faulty.set(Fault::Stall);
+        let end = tokio::time::timeout(self.ttl * 3, lease.lost())
+            .await
+            .unwrap_or_else(|_| panic!("a stalled lease never ended"));
+        assert!(
+            matches!(end, LeaseEnd::Lost(LostReason::RenewDeadline)),
+            "ended with {end:?}"
+        );
+        assert!(!lease.is_valid());
+        assert!(
+            Instant::now() < acquired_valid_until,
+            "the lease must end at its renew deadline, before its validity runs out"
+        );
+        faulty.heal();
+        drop(lease);
+        let next = self
+            .locker("next")
+            .acquire(&name, &self.opts().wait(self.ttl * 5))
+            .await
+            .unwrap_or_else(|e| panic!("lock never freed: {e}"));
+        next.release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+}

@@ -1,0 +1,68 @@
+//! Leader election and fenced leases.
+//!
+//! tenure lets exactly one of many replicas do something — run a controller's reconcile loop,
+//! a cron job, a migration — and hands it a **fencing token** that rises with every term, so
+//! that the resources it writes can refuse a stale holder's late writes.
+//!
+//! # Layers
+//!
+//! - [`backend`]: the storage contract, a few atomic primitives ([`Backend`]). The
+//!   [`memory`](backend::memory) backend is always available; Redis and Kubernetes backends
+//!   come behind the `redis` and `kube` features.
+//! - [`lock`]: the lock runtime. A [`Locker`] acquires [`Lease`]s, renews them from one shared
+//!   scheduler task, and runs closures under them with [`Locker::with_lock`].
+//!
+//! # Quick start
+//!
+//! ```
+//! use std::time::Duration;
+//! use tenure::backend::memory::MemoryBackend;
+//! use tenure::{LockOptions, Locker};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let locker = Locker::new(MemoryBackend::new());
+//! let opts = LockOptions::new().ttl(Duration::from_secs(15)).wait(Duration::from_secs(5));
+//! let written = locker
+//!     .with_lock("nightly-report", &opts, |guard| async move {
+//!         // Only one replica runs this at a time. Pass the token to what you write, e.g.
+//!         // UPDATE reports SET ..., fencing_token = $t WHERE ... AND fencing_token < $t
+//!         format!("report written under token {}", guard.fencing_token())
+//!     })
+//!     .await;
+//! assert!(written.is_ok());
+//! # }
+//! ```
+//!
+//! # Guarantees
+//!
+//! - **Ownership.** Every acquisition gets a fresh 128-bit holder token from the OS CSPRNG;
+//!   only that token can renew or release the lease.
+//! - **Fencing.** A grant's [`FencingToken`] is greater than every token issued before for the
+//!   same lock name. Renewal keeps it; every new term gets a new one.
+//! - **Time.** A holder trusts only its own monotonic clock: its lease is valid until
+//!   `sent + ttl − drift`, where `sent` is when it *sent* the last successful request and
+//!   `drift = ttl × drift_factor + 2 ms`. Wall-clock jumps change nothing.
+//! - **Cancellation.** Cancelling a task never ends a held lease by itself; only a release,
+//!   an orphan, a drop or a loss does. Releases run to completion in their own task.
+//!
+//! # Caveats
+//!
+//! A lease is not an absolute lock. A holder that is frozen (a long GC pause, SIGSTOP, a VM
+//! migration) past its validity can wake up and act before it notices the lease is gone. The
+//! fencing token is what keeps you safe then: check it where you write.
+
+#![deny(rustdoc::broken_intra_doc_links)]
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod backend;
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+pub mod lock;
+mod util;
+
+pub use backend::{Backend, FencingToken};
+pub use lock::{
+    Lease, LeaseEnd, LockError, LockGuard, LockOptions, Locker, LockerStats, LostReason,
+    WithLockError,
+};
+pub use util::default_identity;

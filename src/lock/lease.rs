@@ -1,0 +1,468 @@
+//! The held lease: its fencing token, its validity, how it ends, and the RAII release.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::options::Plan;
+use super::{LeaseEnd, LockError, Locker, LostReason};
+use crate::backend::{FencingToken, HolderToken, Released, Renewed};
+
+/// The state of one lease shared by its handle and the renewal scheduler.
+pub(crate) struct LeaseShared {
+    pub id: u64,
+    pub name: Arc<str>,
+    pub holder: HolderToken,
+    pub fencing: FencingToken,
+    pub plan: Plan,
+    state: Mutex<LeaseState>,
+    ended: Notify,
+}
+
+struct LeaseState {
+    /// `sent + validity` of the latest successful acquire or renewal. Only ever moves forward.
+    valid_until: Instant,
+    /// `sent + renew_deadline` of the same request (at most `valid_until`): the lease counts as
+    /// lost from this instant on, whether or not the scheduler has run yet.
+    deadline: Instant,
+    /// Set once; the first cause wins.
+    end: Option<LeaseEnd>,
+}
+
+impl LeaseState {
+    /// Records the loss at the deadline if it has passed: the handle's view depends only on
+    /// its own clock, never on how punctually the scheduler task runs.
+    fn settle(&mut self, now: Instant, plan: &Plan) -> bool {
+        if self.end.is_none() && now >= self.deadline {
+            self.end = Some(LeaseEnd::Lost(if plan.auto_renew {
+                LostReason::RenewDeadline
+            } else {
+                LostReason::Expired
+            }));
+            return true;
+        }
+        false
+    }
+}
+
+impl LeaseShared {
+    pub fn new(
+        id: u64,
+        name: Arc<str>,
+        holder: HolderToken,
+        fencing: FencingToken,
+        plan: Plan,
+        sent: Instant,
+    ) -> Self {
+        Self {
+            id,
+            name,
+            holder,
+            fencing,
+            plan,
+            state: Mutex::new(LeaseState {
+                valid_until: sent + plan.validity,
+                deadline: sent + plan.renew_deadline,
+                end: None,
+            }),
+            ended: Notify::new(),
+        }
+    }
+
+    /// The state, settled at the current instant.
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
+        // Nothing panics while this lock is held; recover rather than propagate a poison.
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.settle(Instant::now(), &self.plan) {
+            tracing::warn!(lock = %self.name, fencing = %self.fencing, end = ?s.end, "lease lost");
+            self.ended.notify_waiters();
+        }
+        s
+    }
+
+    pub fn valid_until(&self) -> Instant {
+        self.state().valid_until
+    }
+
+    /// Records a successful renewal sent at `sent`. Ignored once the lease has ended: a late
+    /// answer must not revive a lease the workload was already told it lost.
+    pub fn renewed(&self, sent: Instant) {
+        let mut s = self.state();
+        if s.end.is_none() {
+            s.valid_until = s.valid_until.max(sent + self.plan.validity);
+            s.deadline = s.deadline.max(sent + self.plan.renew_deadline);
+        }
+    }
+
+    /// Whether this process may act as the holder right now.
+    pub fn is_valid(&self) -> bool {
+        let s = self.state();
+        s.end.is_none() && Instant::now() < s.valid_until
+    }
+
+    pub fn end_cause(&self) -> Option<LeaseEnd> {
+        self.state().end.clone()
+    }
+
+    /// Ends the lease with `cause` unless it already ended; returns the earlier cause if so.
+    pub fn end(&self, cause: LeaseEnd) -> Option<LeaseEnd> {
+        let mut s = self.state();
+        if let Some(prev) = &s.end {
+            return Some(prev.clone());
+        }
+        match &cause {
+            LeaseEnd::Lost(reason) => {
+                tracing::warn!(lock = %self.name, fencing = %self.fencing, %reason, "lease lost");
+            }
+            other => {
+                tracing::debug!(lock = %self.name, fencing = %self.fencing, end = ?other, "lease ended")
+            }
+        }
+        s.end = Some(cause);
+        drop(s);
+        self.ended.notify_waiters();
+        None
+    }
+
+    /// Resolves when the lease ends, with the cause.
+    pub async fn wait_end(&self) -> LeaseEnd {
+        loop {
+            let notified = self.ended.notified();
+            let deadline = {
+                let s = self.state();
+                if let Some(end) = &s.end {
+                    return end.clone();
+                }
+                s.deadline
+            };
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
+
+/// A lease we hold: the right to act as the only holder of a lock until it ends.
+///
+/// Obtained from [`Locker::try_acquire`] or [`Locker::acquire`]. With auto-renew on, the
+/// locker's renewal scheduler keeps it alive; otherwise it is valid until
+/// [`valid_until`](Self::valid_until) unless [`refresh`](Self::refresh)ed.
+///
+/// # Guarantees
+///
+/// - [`fencing_token`](Self::fencing_token) is greater than every token issued before for
+///   this lock name; pass it to what you write.
+/// - While [`is_valid`](Self::is_valid) is true, no other holder can have been granted the
+///   lock, assuming the store's clock runs at most `drift_factor` slower than ours.
+/// - Cancelling the task that holds the `Lease` does not end it; only
+///   [`release`](Self::release), [`orphan`](Self::orphan), dropping it, or losing it does.
+///
+/// # Caveats
+///
+/// A lease is not an absolute lock. A process frozen (GC pause, SIGSTOP, VM migration) past
+/// its validity can wake up and act before it notices; only the fencing token, checked by the
+/// resource you write to, protects against that.
+///
+/// # Drop
+///
+/// Dropping a lease that was neither released nor orphaned releases it in the background (on
+/// the current tokio runtime), best effort. Prefer [`release`](Self::release), which reports
+/// whether exclusivity held to the end.
+pub struct Lease {
+    shared: Arc<LeaseShared>,
+    locker: Locker,
+    release: OnceLock<Shared<BoxFuture<'static, Result<(), LockError>>>>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("name", &self.shared.name)
+            .field("fencing", &self.shared.fencing)
+            .field("holder", &self.shared.holder)
+            .field("end", &self.shared.end_cause())
+            .finish()
+    }
+}
+
+impl Lease {
+    pub(crate) fn new(shared: Arc<LeaseShared>, locker: Locker) -> Self {
+        Self {
+            shared,
+            locker,
+            release: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<LeaseShared> {
+        &self.shared
+    }
+
+    /// The lock's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The fencing token of this term.
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.shared.fencing
+    }
+
+    /// Until when, on this process's monotonic clock, the lease is surely ours: the send
+    /// instant of the last successful acquire or renewal plus `ttl − drift`.
+    #[must_use]
+    pub fn valid_until(&self) -> Instant {
+        self.shared.valid_until()
+    }
+
+    /// Whether the lease has not ended and its validity has not run out.
+    #[must_use]
+    pub fn is_valid(&self) -> bool {
+        self.shared.is_valid()
+    }
+
+    /// How the lease ended, if it has.
+    #[must_use]
+    pub fn end(&self) -> Option<LeaseEnd> {
+        self.shared.end_cause()
+    }
+
+    /// Resolves when the lease ends, with the cause: [`LeaseEnd::Released`],
+    /// [`LeaseEnd::Lost`] or [`LeaseEnd::Orphaned`].
+    ///
+    /// Loss is detected by the renewal scheduler: with auto-renew on when a renewal answers
+    /// "not held" or the renew deadline passes; with it off when the validity runs out.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing; call again to keep waiting.
+    pub async fn lost(&self) -> LeaseEnd {
+        self.shared.wait_end().await
+    }
+
+    /// Renews the lease now, restarting its ttl.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::NotHeld`] if the store says it is no longer ours (the lease then ends);
+    /// [`LockError::Lost`] if it had already ended; [`LockError::Backend`] if the store did not
+    /// answer within the request timeout (the lease stays as it was).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a renewal whose answer is dropped only leaves the validity as it was.
+    pub async fn refresh(&self) -> Result<(), LockError> {
+        let s = &self.shared;
+        if let Some(end) = s.end_cause() {
+            return Err(ended_error(&s.name, end));
+        }
+        let sent = Instant::now();
+        let backend = &self.locker.inner.backend;
+        let answer = tokio::time::timeout(
+            s.plan.request_timeout,
+            backend.renew(&s.name, &s.holder, s.plan.ttl),
+        )
+        .await
+        .map_err(|_| crate::backend::BackendError::timeout("renewal", s.plan.request_timeout))??;
+        match answer {
+            Renewed::Held => {
+                s.renewed(sent);
+                self.locker.inner.scheduler.renewed(s.id, sent);
+                Ok(())
+            }
+            Renewed::NotHeld => {
+                s.end(LeaseEnd::Lost(LostReason::NotHeld));
+                self.locker.inner.scheduler.remove(s.id);
+                Err(LockError::NotHeld {
+                    name: s.name.to_string(),
+                })
+            }
+        }
+    }
+
+    /// Gives the lease up: stops renewing, deletes it from the store, and wakes waiters.
+    ///
+    /// Idempotent: later calls return the first call's result without contacting the store
+    /// again. The release runs in its own task, bounded by the release timeout, and completes
+    /// even if the caller is cancelled.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::NotHeld`]: the store says it was no longer ours — whatever ran under it
+    ///   may not have been exclusive.
+    /// - [`LockError::Lost`]: the lease had been lost before the release (the store entry, if
+    ///   any is left, is still deleted).
+    /// - [`LockError::Backend`]: the store did not answer; the lease will expire by its ttl.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the release goes on in the background; call again for its result.
+    pub async fn release(&self) -> Result<(), LockError> {
+        self.release_shared().await
+    }
+
+    fn release_shared(&self) -> Shared<BoxFuture<'static, Result<(), LockError>>> {
+        self.release
+            .get_or_init(|| {
+                let task = tokio::spawn(release_task(self.locker.clone(), self.shared.clone()));
+                task.map(|joined| {
+                    joined.unwrap_or_else(|e| {
+                        Err(LockError::Backend(crate::backend::BackendError::new(
+                            crate::backend::BackendErrorKind::Unavailable,
+                            format!("release task failed: {e}"),
+                        )))
+                    })
+                })
+                .boxed()
+                .shared()
+            })
+            .clone()
+    }
+
+    /// Stops renewing and leaves the lease to expire by its ttl, without contacting the
+    /// store: a hand-off that lets the next holder in after at most one ttl while this
+    /// process may still finish in-flight work it has fenced. Dropping an orphaned lease
+    /// does not release it.
+    pub fn orphan(&self) {
+        if self.shared.end(LeaseEnd::Orphaned).is_none() {
+            self.locker.inner.scheduler.remove(self.shared.id);
+        }
+    }
+}
+
+fn ended_error(name: &str, end: LeaseEnd) -> LockError {
+    match end {
+        LeaseEnd::Lost(reason) => LockError::Lost {
+            name: name.to_owned(),
+            reason,
+        },
+        LeaseEnd::Released | LeaseEnd::Orphaned => LockError::NotHeld {
+            name: name.to_owned(),
+        },
+    }
+}
+
+/// The release itself: end the lease, stop renewing, delete it from the store.
+async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), LockError> {
+    let earlier = shared.end(LeaseEnd::Released);
+    if earlier.is_none() {
+        locker.inner.scheduler.remove(shared.id);
+    }
+    if let Some(LeaseEnd::Lost(LostReason::NotHeld)) = earlier {
+        // The store already told us it is not ours; there is nothing to delete.
+        return Err(ended_error(
+            &shared.name,
+            LeaseEnd::Lost(LostReason::NotHeld),
+        ));
+    }
+    let timeout = shared.plan.release_timeout;
+    let answer = tokio::time::timeout(
+        timeout,
+        locker.inner.backend.release(&shared.name, &shared.holder),
+    )
+    .await;
+    if let Some(LeaseEnd::Lost(reason)) = earlier {
+        return Err(LockError::Lost {
+            name: shared.name.to_string(),
+            reason,
+        });
+    }
+    match answer {
+        Ok(Ok(Released::Released)) => Ok(()),
+        Ok(Ok(Released::NotHeld)) => Err(LockError::NotHeld {
+            name: shared.name.to_string(),
+        }),
+        Ok(Err(e)) => Err(LockError::Backend(e)),
+        Err(_) => Err(LockError::Backend(crate::backend::BackendError::timeout(
+            "release", timeout,
+        ))),
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.release.get().is_some() {
+            return;
+        }
+        match self.shared.end_cause() {
+            Some(LeaseEnd::Orphaned | LeaseEnd::Released | LeaseEnd::Lost(LostReason::NotHeld)) => {
+            }
+            _ => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(release_task(self.locker.clone(), self.shared.clone()));
+                }
+                Err(_) => {
+                    self.shared.end(LeaseEnd::Orphaned);
+                    self.locker.inner.scheduler.remove(self.shared.id);
+                    tracing::warn!(lock = %self.shared.name, "lease dropped outside a tokio runtime: left to expire by its ttl");
+                }
+            },
+        }
+    }
+}
+
+/// What the closure of [`Locker::with_lock`] gets: the fencing token, and a cancellation
+/// token that fires the moment the lease is lost.
+///
+/// Cheap to clone; clones observe the same lease.
+#[derive(Clone)]
+pub struct LockGuard {
+    shared: Arc<LeaseShared>,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.shared.name)
+            .field("fencing", &self.shared.fencing)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(shared: Arc<LeaseShared>, cancel: CancellationToken) -> Self {
+        Self { shared, cancel }
+    }
+
+    /// The lock's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The fencing token of this term.
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.shared.fencing
+    }
+
+    /// Cancelled as soon as the lease is lost. Select on it in long work.
+    #[must_use]
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether the lease is still ours right now (see [`Lease::is_valid`]).
+    #[must_use]
+    pub fn is_valid(&self) -> bool {
+        self.shared.is_valid()
+    }
+
+    /// See [`Lease::valid_until`].
+    #[must_use]
+    pub fn valid_until(&self) -> Instant {
+        self.shared.valid_until()
+    }
+}

@@ -1,0 +1,390 @@
+//! The lock runtime: acquiring leases, holding them, renewing them, and giving them up.
+//!
+//! [`Locker`] is the entry point: [`try_acquire`](Locker::try_acquire) makes one attempt,
+//! [`acquire`](Locker::acquire) waits up to a window, and [`with_lock`](Locker::with_lock) runs
+//! a closure under an auto-renewed lease and always releases it. A held [`Lease`] carries the
+//! fencing token and reports how it ended. One renewal scheduler per locker keeps every lease
+//! alive. Nothing here knows which backend it talks to.
+
+mod error;
+mod lease;
+mod options;
+mod scheduler;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::{FutureExt, StreamExt};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use error::{LeaseEnd, LockError, LostReason, WithLockError};
+pub use lease::{Lease, LockGuard};
+pub use options::{DRIFT_FLOOR, LockOptions, MIN_AUTO_RENEW_TTL};
+
+use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToken};
+use lease::LeaseShared;
+use scheduler::Scheduler;
+
+/// Acquires and holds leases on one backend.
+///
+/// Cheap to clone: clones share the backend and the renewal scheduler. The scheduler is one
+/// task for all of the locker's leases, started with the first lease and stopped after the
+/// last one ends.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::{LockOptions, Locker};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let locker = Locker::new(MemoryBackend::new());
+/// let opts = LockOptions::new().ttl(Duration::from_secs(10));
+/// let total = locker
+///     .with_lock("migrations", &opts, |guard| async move {
+///         // Exclusive section: stamp guard.fencing_token() on what you write.
+///         guard.fencing_token().get()
+///     })
+///     .await
+///     .expect("no one else holds it");
+/// assert!(total > 0);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<LockerInner>,
+}
+
+struct LockerInner {
+    backend: Arc<dyn Backend>,
+    identity: Arc<str>,
+    scheduler: Scheduler,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("identity", &self.inner.identity)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A snapshot of a locker's bookkeeping, from [`Locker::stats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockerStats {
+    /// Leases being renewed or watched for expiry.
+    pub active_leases: usize,
+    /// Renewal scheduler tasks running: 1 while any lease is held, 0 otherwise.
+    pub scheduler_tasks: usize,
+    /// Successful background renewals so far.
+    pub renewals: u64,
+    /// Renewal batches sent so far (each one `renew_many` round trip).
+    pub renew_batches: u64,
+}
+
+impl Locker {
+    /// A locker on `backend` whose leases carry this process's default identity
+    /// ([`default_identity`](crate::default_identity)).
+    pub fn new(backend: impl Backend) -> Self {
+        Self::build(Arc::new(backend), crate::default_identity().into())
+    }
+
+    /// A locker whose leases carry `identity` (pod name, host name): what observers see.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidConfig`] if the identity is empty or contains control characters.
+    pub fn with_identity(backend: impl Backend, identity: &str) -> Result<Self, LockError> {
+        if identity.trim().is_empty() {
+            return Err(LockError::InvalidConfig {
+                rule: "identity must not be empty".into(),
+            });
+        }
+        if identity.chars().any(char::is_control) {
+            return Err(LockError::InvalidConfig {
+                rule: "identity must not contain control characters".into(),
+            });
+        }
+        Ok(Self::build(Arc::new(backend), identity.into()))
+    }
+
+    fn build(backend: Arc<dyn Backend>, identity: Arc<str>) -> Self {
+        Self {
+            inner: Arc::new(LockerInner {
+                scheduler: Scheduler::new(backend.clone()),
+                backend,
+                identity,
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// The identity stored beside every lease this locker takes.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
+    /// The backend this locker uses.
+    #[must_use]
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Counts of held leases, scheduler tasks and renewals.
+    #[must_use]
+    pub fn stats(&self) -> LockerStats {
+        let s = self.inner.scheduler.stats();
+        LockerStats {
+            active_leases: s.active.load(Ordering::Relaxed),
+            scheduler_tasks: s.tasks.load(Ordering::Relaxed),
+            renewals: s.renewals.load(Ordering::Relaxed),
+            renew_batches: s.batches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// One attempt to take the lock `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::NotAcquired`] if someone else holds it; [`LockError::InvalidConfig`],
+    /// [`LockError::TtlTooShort`] or [`LockError::InvalidName`] for bad input;
+    /// [`LockError::Backend`] if the store did not answer (fail closed).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the request was sent releases, in the background, whatever
+    /// the request may have been granted: no lock is left behind beyond that best effort.
+    pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease, LockError> {
+        self.acquire_with(name, opts, false, None).await
+    }
+
+    /// Takes the lock `name`, waiting up to the options' [`wait`](LockOptions::wait) window.
+    ///
+    /// Between attempts it waits for the backend's release notification, or at most
+    /// `min(retry_interval ± jitter, the holder's remaining ttl)`, whichever comes first: a
+    /// release wakes it at once, and nothing polls tightly. All attempts of one call share one
+    /// holder token, so an attempt whose answer was lost is recognised as ours when retried.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_acquire`](Self::try_acquire); [`LockError::NotAcquired`] once the window is
+    /// exhausted. Transient store failures are retried within the window; if the window ends
+    /// on one, it is returned.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease, LockError> {
+        self.acquire_with(name, opts, false, Some(opts.get_wait()))
+            .await
+    }
+
+    async fn acquire_with(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        auto_renew_default: bool,
+        wait: Option<std::time::Duration>,
+    ) -> Result<Lease, LockError> {
+        let plan = opts.plan(auto_renew_default)?;
+        self.inner.backend.validate_name(name)?;
+        let req = AcquireRequest {
+            name: name.into(),
+            holder: HolderToken::random(),
+            identity: self.inner.identity.clone(),
+            ttl: plan.ttl,
+        };
+        let mut attempt = Attempt::new(self.inner.backend.clone(), &req);
+        let give_up_at = Instant::now() + wait.unwrap_or_default();
+        let mut changes = None;
+        loop {
+            let sent = Instant::now();
+            let failure = match attempt.send(plan.request_timeout).await {
+                Ok(Acquired::Granted { fencing }) => {
+                    attempt.disarm();
+                    let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+                    let shared = Arc::new(LeaseShared::new(
+                        id,
+                        req.name.clone(),
+                        req.holder,
+                        fencing,
+                        plan,
+                        sent,
+                    ));
+                    self.inner.scheduler.add(shared.clone(), sent);
+                    tracing::debug!(lock = name, %fencing, "lease acquired");
+                    return Ok(Lease::new(shared, self.clone()));
+                }
+                Ok(Acquired::Busy { holder, remaining }) => (
+                    LockError::NotAcquired {
+                        name: name.to_owned(),
+                        holder,
+                        remaining,
+                    },
+                    remaining,
+                ),
+                Err(e) if e.is_transient() => (LockError::Backend(e), None),
+                Err(e) => return Err(LockError::Backend(e)),
+            };
+            let now = Instant::now();
+            if now >= give_up_at {
+                return Err(failure.0);
+            }
+            let mut pause = plan.jittered_retry().min(give_up_at - now);
+            if let Some(remaining) = failure.1 {
+                pause = pause.min(remaining);
+            }
+            // Subscribing after the first busy answer, then retrying on the stream's first
+            // item (the state at subscription), closes the window in which a release between
+            // our attempt and the subscription would go unnoticed.
+            let stream = changes.get_or_insert_with(|| self.inner.backend.observe(name));
+            wait_for_change(stream, pause).await;
+        }
+    }
+
+    /// Runs `f` while holding the lock `name`, then releases it.
+    ///
+    /// The lease is auto-renewed unless the options turn that off. The closure gets a
+    /// [`LockGuard`] with the fencing token and a cancellation token that fires the moment the
+    /// lease is lost. Afterwards the lease is always released — also when the closure panics,
+    /// in which case the panic propagates after the release — and the release runs to
+    /// completion even if this future is dropped.
+    ///
+    /// # Errors
+    ///
+    /// - [`WithLockError::NotRun`] if the lock was not acquired (see
+    ///   [`acquire`](Self::acquire)); the closure did not run.
+    /// - [`WithLockError::Unconfirmed`] with the closure's output if the lease was lost while it
+    ///   ran, or the release found it no longer ours: even a successful closure then ran
+    ///   without confirmed exclusivity.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the closure's future and releases the lease in the
+    /// background.
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        f: F,
+    ) -> Result<T, WithLockError<T>>
+    where
+        F: FnOnce(LockGuard) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lease = self
+            .acquire_with(name, opts, true, Some(opts.get_wait()))
+            .await
+            .map_err(WithLockError::NotRun)?;
+        let cancel = CancellationToken::new();
+        let guard = LockGuard::new(lease.shared().clone(), cancel.clone());
+        let work = AssertUnwindSafe(f(guard)).catch_unwind();
+        tokio::pin!(work);
+        let outcome = {
+            let lost = lease.shared().wait_end();
+            tokio::pin!(lost);
+            let mut cancelled = false;
+            loop {
+                tokio::select! {
+                    out = &mut work => break out,
+                    _ = &mut lost, if !cancelled => {
+                        cancel.cancel();
+                        cancelled = true;
+                    }
+                }
+            }
+        };
+        let released = lease.release().await;
+        match outcome {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(output) => match released {
+                Ok(()) => Ok(output),
+                Err(error) => Err(WithLockError::Unconfirmed { output, error }),
+            },
+        }
+    }
+}
+
+/// Waits until `pause` has passed or the lock's holder changed, whichever comes first.
+async fn wait_for_change(
+    changes: &mut futures::stream::BoxStream<
+        'static,
+        Result<crate::backend::HolderChange, BackendError>,
+    >,
+    pause: std::time::Duration,
+) {
+    let sleep = tokio::time::sleep(pause);
+    tokio::pin!(sleep);
+    tokio::select! {
+        () = &mut sleep => {}
+        item = changes.next() => {
+            if item.is_none() {
+                // The notification stream ended: fall back to the timer alone.
+                sleep.await;
+            }
+        }
+    }
+}
+
+/// One acquisition's requests, with a guard that releases what may have been granted if the
+/// acquisition is abandoned after a request was sent.
+struct Attempt<'a> {
+    backend: Arc<dyn Backend>,
+    req: &'a AcquireRequest,
+    /// A request was sent and no answer has settled that nothing was granted.
+    maybe_granted: bool,
+}
+
+impl<'a> Attempt<'a> {
+    fn new(backend: Arc<dyn Backend>, req: &'a AcquireRequest) -> Self {
+        Self {
+            backend,
+            req,
+            maybe_granted: false,
+        }
+    }
+
+    async fn send(&mut self, timeout: std::time::Duration) -> Result<Acquired, BackendError> {
+        self.maybe_granted = true;
+        let answer = tokio::time::timeout(timeout, self.backend.try_acquire(self.req))
+            .await
+            .map_err(|_| BackendError::timeout("acquire", timeout))
+            .and_then(|r| r);
+        // A definite "busy" settles that this attempt took nothing; an earlier uncertain
+        // attempt would have been answered as a replay (granted), so it took nothing either.
+        // An error leaves the outcome unknown.
+        if let Ok(Acquired::Busy { .. }) = answer {
+            self.maybe_granted = false;
+        }
+        answer
+    }
+
+    fn disarm(&mut self) {
+        self.maybe_granted = false;
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.maybe_granted {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let name = self.req.name.clone();
+        let holder = self.req.holder;
+        rt.spawn(async move {
+            // Best effort: the lease expires by its ttl if this fails too.
+            let _ = backend.release(&name, &holder).await;
+        });
+    }
+}
