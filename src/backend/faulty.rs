@@ -27,6 +27,9 @@ pub enum Fault {
     Healthy,
     /// Every request waits this long before it reaches the store.
     Delay(Duration),
+    /// Every answer waits this long after the store processed the request (a slow reply
+    /// path: the store's clock started before the caller hears back).
+    DelayAnswers(Duration),
     /// Requests wait until the fault is healed, then reach the store (a paused server).
     Stall,
     /// Requests fail at once with [`BackendErrorKind::Unavailable`] and never reach the store.
@@ -78,6 +81,7 @@ struct Counters {
 
 enum Gate {
     Pass,
+    PassThenWait(Duration),
     Fail(BackendError),
     LoseAnswer,
 }
@@ -122,6 +126,7 @@ impl FaultyBackend {
             let fault = *rx.borrow_and_update();
             match fault {
                 Fault::Healthy => return Gate::Pass,
+                Fault::DelayAnswers(d) => return Gate::PassThenWait(d),
                 Fault::Delay(d) => {
                     tokio::time::sleep(d).await;
                     return Gate::Pass;
@@ -145,6 +150,11 @@ impl FaultyBackend {
     async fn run<T>(&self, req: BoxFuture<'_, Result<T, BackendError>>) -> Result<T, BackendError> {
         match self.gate().await {
             Gate::Pass => req.await,
+            Gate::PassThenWait(d) => {
+                let answer = req.await;
+                tokio::time::sleep(d).await;
+                answer
+            }
             Gate::Fail(e) => Err(e),
             Gate::LoseAnswer => {
                 let _ = req.await;
@@ -193,6 +203,11 @@ impl Backend for FaultyBackend {
         Box::pin(async move {
             match self.gate().await {
                 Gate::Pass => self.inner.renew_many(batch).await,
+                Gate::PassThenWait(d) => {
+                    let answer = self.inner.renew_many(batch).await;
+                    tokio::time::sleep(d).await;
+                    answer
+                }
                 Gate::Fail(e) => vec![Err(e); batch.len()],
                 Gate::LoseAnswer => {
                     let _ = self.inner.renew_many(batch).await;
