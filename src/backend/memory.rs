@@ -149,15 +149,7 @@ impl MemoryBackend {
     }
 
     fn renew_now(&self, name: &str, holder: &HolderToken, ttl: Duration) -> Renewed {
-        let now = Instant::now();
-        let mut locks = self.locked();
-        match locks.get_mut(name).and_then(|s| s.held.as_mut()) {
-            Some(h) if h.holder == *holder && h.expires_at > now => {
-                h.expires_at = now + ttl;
-                Renewed::Held
-            }
-            _ => Renewed::NotHeld,
-        }
+        renew_in(&mut self.locked(), Instant::now(), name, holder, ttl)
     }
 
     fn release_now(&self, name: &str, holder: &HolderToken) -> Released {
@@ -209,6 +201,22 @@ impl MemoryBackend {
     }
 }
 
+fn renew_in(
+    locks: &mut HashMap<Arc<str>, Slot>,
+    now: Instant,
+    name: &str,
+    holder: &HolderToken,
+    ttl: Duration,
+) -> Renewed {
+    match locks.get_mut(name).and_then(|s| s.held.as_mut()) {
+        Some(h) if h.holder == *holder && h.expires_at > now => {
+            h.expires_at = now + ttl;
+            Renewed::Held
+        }
+        _ => Renewed::NotHeld,
+    }
+}
+
 impl Backend for MemoryBackend {
     fn validate_name(&self, name: &str) -> Result<(), InvalidName> {
         if name.is_empty() {
@@ -249,9 +257,12 @@ impl Backend for MemoryBackend {
         &'a self,
         batch: &'a [super::RenewRequest],
     ) -> BoxFuture<'a, Vec<Result<Renewed, BackendError>>> {
+        // One lock and one clock reading for the whole batch, as one round trip would be.
+        let now = Instant::now();
+        let mut locks = self.locked();
         let out = batch
             .iter()
-            .map(|r| Ok(self.renew_now(&r.name, &r.holder, r.ttl)))
+            .map(|r| Ok(renew_in(&mut locks, now, &r.name, &r.holder, r.ttl)))
             .collect();
         Box::pin(ready(out))
     }

@@ -9,12 +9,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::options::Plan;
+use super::scheduler::LeaseKey;
 use super::{LeaseEnd, LockError, Locker, LostReason};
 use crate::backend::{FencingToken, HolderToken, Released, Renewed};
 
 /// The state of one lease shared by its handle and the renewal scheduler.
 pub(crate) struct LeaseShared {
-    pub id: u64,
+    pub key: LeaseKey,
     pub name: Arc<str>,
     pub holder: HolderToken,
     pub fencing: FencingToken,
@@ -51,7 +52,7 @@ impl LeaseState {
 
 impl LeaseShared {
     pub fn new(
-        id: u64,
+        key: LeaseKey,
         name: Arc<str>,
         holder: HolderToken,
         fencing: FencingToken,
@@ -59,7 +60,7 @@ impl LeaseShared {
         sent: Instant,
     ) -> Self {
         Self {
-            id,
+            key,
             name,
             holder,
             fencing,
@@ -94,7 +95,12 @@ impl LeaseShared {
     /// Records a successful renewal sent at `sent`. Ignored once the lease has ended: a late
     /// answer must not revive a lease the workload was already told it lost.
     pub fn renewed(&self, sent: Instant) {
-        let mut s = self.state();
+        // Not `state()`: settling needs the clock, and the scheduler calls this for every lease
+        // of a batch. A lease past its deadline is settled by the next reader anyway.
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if s.end.is_none() {
             s.valid_until = s.valid_until.max(sent + self.plan.validity);
             s.deadline = s.deadline.max(sent + self.plan.renew_deadline);
@@ -277,12 +283,12 @@ impl Lease {
         match answer {
             Renewed::Held => {
                 s.renewed(sent);
-                self.locker.inner.scheduler.renewed(s.id, sent);
+                self.locker.inner.scheduler.renewed(s.key, sent);
                 Ok(())
             }
             Renewed::NotHeld => {
                 s.end(LeaseEnd::Lost(LostReason::NotHeld));
-                self.locker.inner.scheduler.remove(s.id);
+                self.locker.inner.scheduler.remove(s.key);
                 Err(LockError::NotHeld {
                     name: s.name.to_string(),
                 })
@@ -335,7 +341,7 @@ impl Lease {
     /// does not release it.
     pub fn orphan(&self) {
         if self.shared.end(LeaseEnd::Orphaned).is_none() {
-            self.locker.inner.scheduler.remove(self.shared.id);
+            self.locker.inner.scheduler.remove(self.shared.key);
         }
     }
 }
@@ -356,7 +362,7 @@ fn ended_error(name: &str, end: LeaseEnd) -> LockError {
 async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), LockError> {
     let earlier = shared.end(LeaseEnd::Released);
     if earlier.is_none() {
-        locker.inner.scheduler.remove(shared.id);
+        locker.inner.scheduler.remove(shared.key);
     }
     if let Some(LeaseEnd::Lost(LostReason::NotHeld)) = earlier {
         // The store already told us it is not ours; there is nothing to delete.
@@ -403,7 +409,7 @@ impl Drop for Lease {
                 }
                 Err(_) => {
                     self.shared.end(LeaseEnd::Orphaned);
-                    self.locker.inner.scheduler.remove(self.shared.id);
+                    self.locker.inner.scheduler.remove(self.shared.key);
                     tracing::warn!(lock = %self.shared.name, "lease dropped outside a tokio runtime: left to expire by its ttl");
                 }
             },

@@ -13,7 +13,7 @@ mod scheduler;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
@@ -62,7 +62,6 @@ struct LockerInner {
     backend: Arc<dyn Backend>,
     identity: Arc<str>,
     scheduler: Scheduler,
-    next_id: AtomicU64,
 }
 
 impl std::fmt::Debug for Locker {
@@ -78,8 +77,11 @@ impl std::fmt::Debug for Locker {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockerStats {
-    /// Leases being renewed or watched for expiry.
+    /// Leases held: acquired and not yet released, orphaned or lost.
     pub active_leases: usize,
+    /// Leases the scheduler task has taken in. The task learns of new leases through a
+    /// queue, so this trails `active_leases` briefly after a burst of acquisitions.
+    pub tracked_leases: usize,
     /// Renewal scheduler tasks running: 1 while any lease is held, 0 otherwise.
     pub scheduler_tasks: usize,
     /// Successful background renewals so far.
@@ -120,7 +122,6 @@ impl Locker {
                 scheduler: Scheduler::new(backend.clone()),
                 backend,
                 identity,
-                next_id: AtomicU64::new(1),
             }),
         }
     }
@@ -143,6 +144,7 @@ impl Locker {
         let s = self.inner.scheduler.stats();
         LockerStats {
             active_leases: s.active.load(Ordering::Relaxed),
+            tracked_leases: s.tracked.load(Ordering::Relaxed),
             scheduler_tasks: s.tasks.load(Ordering::Relaxed),
             renewals: s.renewals.load(Ordering::Relaxed),
             renew_batches: s.batches.load(Ordering::Relaxed),
@@ -209,9 +211,8 @@ impl Locker {
             let failure = match attempt.send(plan.request_timeout).await {
                 Ok(Acquired::Granted { fencing }) => {
                     attempt.disarm();
-                    let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
                     let shared = Arc::new(LeaseShared::new(
-                        id,
+                        self.inner.scheduler.key(),
                         req.name.clone(),
                         req.holder,
                         fencing,
