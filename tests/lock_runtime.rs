@@ -1,0 +1,190 @@
+//! The lock runtime's own behaviour on the memory backend and tokio's paused clock: the
+//! renewal scheduler, cancel safety, `with_lock` outcomes and input validation.
+
+use std::time::Duration;
+
+use tenure::backend::faulty::{Fault, FaultyBackend};
+use tenure::backend::memory::MemoryBackend;
+use tenure::backend::{Backend, Released};
+use tenure::{LeaseEnd, LockError, LockOptions, Locker, LostReason, WithLockError};
+
+fn faulty_locker() -> (MemoryBackend, FaultyBackend, Locker) {
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let locker = Locker::with_identity(faulty.clone(), "test").expect("valid identity");
+    (store, faulty, locker)
+}
+
+fn renewing() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(3)).auto_renew(true)
+}
+
+#[tokio::test(start_paused = true)]
+async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due_together() {
+    let (_, faulty, locker) = faulty_locker();
+    let mut leases = Vec::new();
+    for i in 0..500 {
+        leases.push(locker.try_acquire(&format!("lease-{i}"), &renewing()).await.expect("free"));
+    }
+    while locker.stats().tracked_leases < 500 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert_eq!(tokio::runtime::Handle::current().metrics().num_alive_tasks(), 1);
+
+    // All were acquired at the same paused instant: their renewals fall due together.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let counts = faulty.counts();
+    assert_eq!(counts.renewals, 500);
+    assert_eq!(counts.renew_round_trips, 1, "renewals due together must share one renew_many");
+    assert!(leases.iter().all(|l| l.is_valid() && l.end().is_none()));
+    assert_eq!(locker.stats().renewals, 500);
+}
+
+#[tokio::test(start_paused = true)]
+async fn scheduler_should_exit_when_no_lease_is_held_and_restart_for_the_next() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let lease = locker.try_acquire("a", &renewing()).await.expect("free");
+    tokio::task::yield_now().await;
+    assert_eq!(locker.stats().scheduler_tasks, 1);
+    lease.release().await.expect("released");
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(locker.stats().scheduler_tasks, 0);
+    assert_eq!(tokio::runtime::Handle::current().metrics().num_alive_tasks(), 0);
+
+    let again = locker.try_acquire("a", &renewing()).await.expect("free");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert!(again.is_valid(), "a restarted scheduler must renew");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_an_acquire_whose_answer_is_late_releases_what_it_was_granted() {
+    let (store, faulty, locker) = faulty_locker();
+    // The store grants at once; the answer would arrive after the caller gave up.
+    faulty.set(Fault::DelayAnswers(Duration::from_secs(1)));
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(100),
+        locker.try_acquire("late", &LockOptions::new().ttl(Duration::from_secs(60))),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the acquire must still have been waiting");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        store.inspect("late").await.expect("memory never fails"),
+        None,
+        "the grant of an abandoned acquire must be released, not left for its 60 s ttl"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_should_finish_when_its_caller_is_cancelled_and_be_memoized() {
+    let (store, faulty, locker) = faulty_locker();
+    let lease = locker.try_acquire("r", &LockOptions::new()).await.expect("free");
+    faulty.set(Fault::Delay(Duration::from_millis(500)));
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), lease.release()).await;
+    assert!(cancelled.is_err(), "the release must still have been running");
+    assert!(matches!(lease.end(), Some(LeaseEnd::Released)), "the lease ends at release");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(store.inspect("r").await.expect("memory never fails"), None);
+    faulty.heal();
+    lease.release().await.expect("the first call's result");
+    assert_eq!(faulty.counts().release, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_waits_on_a_lease_never_ends_it() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let lease = locker.try_acquire("c", &renewing()).await.expect("free");
+    assert!(tokio::time::timeout(Duration::from_millis(10), lease.lost()).await.is_err());
+    let refresh = lease.refresh();
+    drop(refresh);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(lease.end().is_none());
+    assert!(lease.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lock_should_cancel_the_workload_when_the_lease_is_lost() {
+    let (_, faulty, locker) = faulty_locker();
+    let opts = renewing().renew_deadline(Duration::from_secs(2));
+    let outcome = locker
+        .with_lock("w", &opts, |guard| {
+            let faulty = faulty.clone();
+            async move {
+                faulty.set(Fault::Stall);
+                guard.cancellation().cancelled().await;
+                assert!(!guard.is_valid());
+                "stopped"
+            }
+        })
+        .await;
+    match outcome {
+        Err(WithLockError::Unconfirmed { output, error }) => {
+            assert_eq!(output, "stopped");
+            assert!(
+                matches!(error, LockError::Lost { reason: LostReason::RenewDeadline, .. }),
+                "{error:?}"
+            );
+        }
+        other => panic!("expected Unconfirmed, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lock_should_report_a_release_that_finds_the_lease_gone() {
+    let store = MemoryBackend::new();
+    let locker = Locker::with_identity(store.clone(), "test").expect("valid identity");
+    let outcome = locker
+        .with_lock("gone", &LockOptions::new(), |_| async move {
+            store.wipe(); // the store loses its data while we work
+            42
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(WithLockError::Unconfirmed { output: 42, error: LockError::NotHeld { .. } })),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewal_answered_not_held_ends_the_lease_at_once() {
+    let store = MemoryBackend::new();
+    let locker = Locker::with_identity(store.clone(), "test").expect("valid identity");
+    let lease = locker.try_acquire("n", &renewing()).await.expect("free");
+    store.wipe();
+    let end = tokio::time::timeout(Duration::from_secs(2), lease.lost()).await.expect("ended");
+    assert!(matches!(end, LeaseEnd::Lost(LostReason::NotHeld)), "{end:?}");
+    assert!(matches!(lease.release().await, Err(LockError::Lost { reason: LostReason::NotHeld, .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_input_gets_typed_errors() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let short = LockOptions::new().ttl(Duration::from_millis(20));
+    assert!(matches!(
+        locker.with_lock("x", &short, |_| async {}).await,
+        Err(WithLockError::NotRun(LockError::TtlTooShort { .. }))
+    ));
+    // Without auto-renew a short ttl is allowed.
+    let lease = locker.try_acquire("x", &short).await.expect("short ttl without auto-renew");
+    assert_eq!(lease.release().await.map_err(|e| e.to_string()), Ok(()));
+    assert!(matches!(
+        locker.try_acquire("", &LockOptions::new()).await,
+        Err(LockError::InvalidName(e)) if e.rule.contains("empty")
+    ));
+    assert!(matches!(
+        Locker::with_identity(MemoryBackend::new(), " "),
+        Err(LockError::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        locker.try_acquire("x", &LockOptions::new().renew_fraction(2.0).auto_renew(true)).await,
+        Err(LockError::InvalidConfig { rule }) if rule.contains("renew_fraction")
+    ));
+    // A store refusing a release by a stranger is a value, not an error.
+    let b = MemoryBackend::new();
+    assert_eq!(
+        b.release("nothing", &tenure::backend::HolderToken::random()).await.ok(),
+        Some(Released::NotHeld)
+    );
+}
