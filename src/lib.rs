@@ -66,3 +66,8 @@ pub use lock::{
     WithLockError,
 };
 pub use util::default_identity;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

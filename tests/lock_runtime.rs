@@ -16,7 +16,9 @@ fn faulty_locker() -> (MemoryBackend, FaultyBackend, Locker) {
 }
 
 fn renewing() -> LockOptions {
-    LockOptions::new().ttl(Duration::from_secs(3)).auto_renew(true)
+    LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .auto_renew(true)
 }
 
 #[tokio::test(start_paused = true)]
@@ -24,19 +26,32 @@ async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due
     let (_, faulty, locker) = faulty_locker();
     let mut leases = Vec::new();
     for i in 0..500 {
-        leases.push(locker.try_acquire(&format!("lease-{i}"), &renewing()).await.expect("free"));
+        leases.push(
+            locker
+                .try_acquire(&format!("lease-{i}"), &renewing())
+                .await
+                .expect("free"),
+        );
     }
     while locker.stats().tracked_leases < 500 {
         tokio::task::yield_now().await;
     }
     assert_eq!(locker.stats().scheduler_tasks, 1);
-    assert_eq!(tokio::runtime::Handle::current().metrics().num_alive_tasks(), 1);
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        1
+    );
 
     // All were acquired at the same paused instant: their renewals fall due together.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let counts = faulty.counts();
     assert_eq!(counts.renewals, 500);
-    assert_eq!(counts.renew_round_trips, 1, "renewals due together must share one renew_many");
+    assert_eq!(
+        counts.renew_round_trips, 1,
+        "renewals due together must share one renew_many"
+    );
     assert!(leases.iter().all(|l| l.is_valid() && l.end().is_none()));
     assert_eq!(locker.stats().renewals, 500);
 }
@@ -50,7 +65,12 @@ async fn scheduler_should_exit_when_no_lease_is_held_and_restart_for_the_next() 
     lease.release().await.expect("released");
     tokio::time::sleep(Duration::from_millis(1)).await;
     assert_eq!(locker.stats().scheduler_tasks, 0);
-    assert_eq!(tokio::runtime::Handle::current().metrics().num_alive_tasks(), 0);
+    assert_eq!(
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks(),
+        0
+    );
 
     let again = locker.try_acquire("a", &renewing()).await.expect("free");
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -80,11 +100,20 @@ async fn dropping_an_acquire_whose_answer_is_late_releases_what_it_was_granted()
 #[tokio::test(start_paused = true)]
 async fn release_should_finish_when_its_caller_is_cancelled_and_be_memoized() {
     let (store, faulty, locker) = faulty_locker();
-    let lease = locker.try_acquire("r", &LockOptions::new()).await.expect("free");
+    let lease = locker
+        .try_acquire("r", &LockOptions::new())
+        .await
+        .expect("free");
     faulty.set(Fault::Delay(Duration::from_millis(500)));
     let cancelled = tokio::time::timeout(Duration::from_millis(10), lease.release()).await;
-    assert!(cancelled.is_err(), "the release must still have been running");
-    assert!(matches!(lease.end(), Some(LeaseEnd::Released)), "the lease ends at release");
+    assert!(
+        cancelled.is_err(),
+        "the release must still have been running"
+    );
+    assert!(
+        matches!(lease.end(), Some(LeaseEnd::Released)),
+        "the lease ends at release"
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(store.inspect("r").await.expect("memory never fails"), None);
     faulty.heal();
@@ -96,7 +125,11 @@ async fn release_should_finish_when_its_caller_is_cancelled_and_be_memoized() {
 async fn cancelling_waits_on_a_lease_never_ends_it() {
     let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
     let lease = locker.try_acquire("c", &renewing()).await.expect("free");
-    assert!(tokio::time::timeout(Duration::from_millis(10), lease.lost()).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), lease.lost())
+            .await
+            .is_err()
+    );
     let refresh = lease.refresh();
     drop(refresh);
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -123,7 +156,13 @@ async fn with_lock_should_cancel_the_workload_when_the_lease_is_lost() {
         Err(WithLockError::Unconfirmed { output, error }) => {
             assert_eq!(output, "stopped");
             assert!(
-                matches!(error, LockError::Lost { reason: LostReason::RenewDeadline, .. }),
+                matches!(
+                    error,
+                    LockError::Lost {
+                        reason: LostReason::RenewDeadline,
+                        ..
+                    }
+                ),
                 "{error:?}"
             );
         }
@@ -142,7 +181,13 @@ async fn with_lock_should_report_a_release_that_finds_the_lease_gone() {
         })
         .await;
     assert!(
-        matches!(outcome, Err(WithLockError::Unconfirmed { output: 42, error: LockError::NotHeld { .. } })),
+        matches!(
+            outcome,
+            Err(WithLockError::Unconfirmed {
+                output: 42,
+                error: LockError::NotHeld { .. }
+            })
+        ),
         "{outcome:?}"
     );
 }
@@ -153,9 +198,20 @@ async fn renewal_answered_not_held_ends_the_lease_at_once() {
     let locker = Locker::with_identity(store.clone(), "test").expect("valid identity");
     let lease = locker.try_acquire("n", &renewing()).await.expect("free");
     store.wipe();
-    let end = tokio::time::timeout(Duration::from_secs(2), lease.lost()).await.expect("ended");
-    assert!(matches!(end, LeaseEnd::Lost(LostReason::NotHeld)), "{end:?}");
-    assert!(matches!(lease.release().await, Err(LockError::Lost { reason: LostReason::NotHeld, .. })));
+    let end = tokio::time::timeout(Duration::from_secs(2), lease.lost())
+        .await
+        .expect("ended");
+    assert!(
+        matches!(end, LeaseEnd::Lost(LostReason::NotHeld)),
+        "{end:?}"
+    );
+    assert!(matches!(
+        lease.release().await,
+        Err(LockError::Lost {
+            reason: LostReason::NotHeld,
+            ..
+        })
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -167,7 +223,10 @@ async fn bad_input_gets_typed_errors() {
         Err(WithLockError::NotRun(LockError::TtlTooShort { .. }))
     ));
     // Without auto-renew a short ttl is allowed.
-    let lease = locker.try_acquire("x", &short).await.expect("short ttl without auto-renew");
+    let lease = locker
+        .try_acquire("x", &short)
+        .await
+        .expect("short ttl without auto-renew");
     assert_eq!(lease.release().await.map_err(|e| e.to_string()), Ok(()));
     assert!(matches!(
         locker.try_acquire("", &LockOptions::new()).await,
@@ -184,7 +243,9 @@ async fn bad_input_gets_typed_errors() {
     // A store refusing a release by a stranger is a value, not an error.
     let b = MemoryBackend::new();
     assert_eq!(
-        b.release("nothing", &tenure::backend::HolderToken::random()).await.ok(),
+        b.release("nothing", &tenure::backend::HolderToken::random())
+            .await
+            .ok(),
         Some(Released::NotHeld)
     );
 }

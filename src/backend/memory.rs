@@ -2,7 +2,7 @@
 //!
 //! For tests and development: ttl expiry, holder-token ownership, a fencing counter, replayed
 //! acquires and releases, and release notifications, all driven by tokio's clock so that tests
-//! on a paused clock ([`tokio::time::pause`]) run thousands of virtual seconds in milliseconds.
+//! on a paused clock (`tokio::time::pause`, feature `test-util`) run thousands of virtual seconds in milliseconds.
 //! It gives no exclusion across processes.
 
 use std::collections::{HashMap, VecDeque};
