@@ -7,7 +7,10 @@
 // admin.token, tester.token, admin.kubeconfig, tester.kubeconfig, and, once
 // /readyz answers 200 and the default namespace exists, the marker file
 // DIR/ready; then it prints "READY DIR" on stdout. Logs go to stderr.
-// SIGTERM or SIGINT stops the apiserver, then etcd, and exits 0.
+// SIGTERM or SIGINT stops the apiserver, then etcd, and exits 0 (a signal
+// that arrives while it is starting is acted on once the apiserver is up,
+// because upstream kube-apiserver exits fatally when stopped mid-start); a
+// second signal exits at once.
 package main
 
 import (
@@ -38,6 +41,7 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 
+	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/component-base/cli"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics, as in the upstream main
 	_ "k8s.io/component-base/metrics/prometheus/version"  // kubernetes_build_info, as in the upstream main
@@ -84,9 +88,9 @@ func run() error {
 	_ = os.Remove(readyFile)
 	defer os.Remove(readyFile)
 
-	// Our own handler, registered first. The apiserver command installs its
-	// own (genericapiserver.SetupSignalContext) and shuts itself down on the
-	// same signal; both get notified.
+	// Our own signal handler. The apiserver command installs its own
+	// (genericapiserver.SetupSignalContext); it is removed again below, and
+	// the apiserver is told to stop with genericapiserver.RequestShutdown.
 	sigCh := make(chan os.Signal, 2)
 	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
 
@@ -155,6 +159,17 @@ func run() error {
 	args = append(args, extraArgs...)
 
 	cmd := app.NewAPIServerCommand()
+	// Take SIGTERM/SIGINT back from the apiserver's handler: stopping it in
+	// the middle of its start-up makes a post-start hook fail fatally (exit
+	// 255, no cleanup), so we decide when to ask it to shut down.
+	signal.Reset(syscall.SIGTERM, os.Interrupt)
+	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
+	// If it never gets going, exit without waiting for a clean stop.
+	abort := func(code int) {
+		os.Remove(readyFile)
+		os.RemoveAll(etcdDir)
+		os.Exit(code)
+	}
 	cmd.SetArgs(args)
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- cli.RunNoErrOutput(cmd) }()
@@ -177,20 +192,41 @@ func run() error {
 	deadline := time.Now().Add(*readyTimeout)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
+	stopRequested := false
 	for ready := false; !ready; {
 		select {
 		case err := <-apiErr:
+			if stopRequested {
+				logf("kube-apiserver exited while starting: %v", err)
+				return nil
+			}
 			return fmt.Errorf("kube-apiserver exited before ready: %v", err)
 		case sig := <-sigCh:
-			logf("got %v while starting", sig)
-			return waitAPIServer(apiErr, *stopTimeout)
+			if stopRequested {
+				logf("got %v again, exiting now", sig)
+				abort(1)
+			}
+			logf("got %v while starting; will stop the apiserver once it is up", sig)
+			stopRequested = true
+			if d := time.Now().Add(*stopTimeout); d.Before(deadline) {
+				deadline = d
+			}
 		case <-tick.C:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-apiserver not ready after %v", *readyTimeout)
+			if stopRequested {
+				logf("kube-apiserver still not up; exiting without a clean stop")
+				abort(0)
+			}
+			logf("kube-apiserver not ready after %v", *readyTimeout)
+			abort(1)
 		}
 		ready = get(client, server+"/readyz", adminToken) == http.StatusOK &&
 			get(client, server+"/api/v1/namespaces/default", adminToken) == http.StatusOK
+	}
+	if stopRequested {
+		genericapiserver.RequestShutdown()
+		return waitAPIServer(apiErr, sigCh, *stopTimeout, abort)
 	}
 	if err := os.WriteFile(readyFile, []byte(server+"\n"), 0o644); err != nil {
 		return err
@@ -204,13 +240,19 @@ func run() error {
 		return fmt.Errorf("kube-apiserver exited: %v", err)
 	case sig := <-sigCh:
 		logf("got %v, stopping", sig)
-		return waitAPIServer(apiErr, *stopTimeout)
+		os.Remove(readyFile)
+		genericapiserver.RequestShutdown()
+		return waitAPIServer(apiErr, sigCh, *stopTimeout, abort)
 	}
 }
 
-// waitAPIServer waits for the apiserver, which reacts to the signal by itself.
-func waitAPIServer(apiErr <-chan error, timeout time.Duration) error {
+// waitAPIServer waits for the apiserver to stop after RequestShutdown; a
+// second signal aborts.
+func waitAPIServer(apiErr <-chan error, sigCh <-chan os.Signal, timeout time.Duration, abort func(int)) error {
 	select {
+	case sig := <-sigCh:
+		logf("got %v again, exiting now", sig)
+		abort(1)
 	case err := <-apiErr:
 		if err != nil && !errors.Is(err, context.Canceled) {
 			logf("kube-apiserver stopped with: %v", err)

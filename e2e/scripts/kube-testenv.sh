@@ -21,7 +21,7 @@
 set -euo pipefail
 
 # Bump when the build flags below change, so cached binaries are rebuilt.
-RECIPE=1
+RECIPE=2
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MOD=$(cd "$here/../kube-testenv" && pwd)
@@ -61,7 +61,7 @@ k8s_version() {
 
 # build_one NAME PKG: build package PKG of the module into the cache as NAME.
 build_one() {
-  local name=$1 pkg=$2 go hash dir bin tmp kver major minor ldflags start
+  local name=$1 pkg=$2 go hash dir bin tmp kver major minor ldflags bdate start
   go=$(find_go)
   hash=$(source_hash "$go")
   dir=$CACHE_ROOT/$hash
@@ -79,9 +79,17 @@ build_one() {
   kver=$(k8s_version)
   [[ $kver =~ ^v([0-9]+)\.([0-9]+)\.[0-9]+ ]] || die "cannot read the k8s.io/kubernetes version from $MOD/go.mod"
   major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
+  # Same variables as kubernetes' hack/lib/version.sh, so /version reports the
+  # real release. buildDate is the release's publication time (from the
+  # module proxy's .info), which keeps the build reproducible; the git commit
+  # is not known from the module proxy and is left empty.
+  bdate=$(cd "$MOD" && GOFLAGS=-mod=readonly "$go" list -m \
+    -f '{{with .Time}}{{.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes 2>/dev/null || true)
   ldflags="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $p.gitVersion=$kver -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    ldflags+=" -X $p.gitVersion=$kver -X $p.gitMajor=$major -X $p.gitMinor=$minor"
+    ldflags+=" -X $p.gitTreeState=clean -X $p.gitCommit="
+    if [[ -n $bdate ]]; then ldflags+=" -X $p.buildDate=$bdate"; fi
   done
 
   log "building $name ($pkg, k8s.io/kubernetes $kver) into $dir; a cold build takes several minutes"
