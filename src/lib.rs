@@ -57,10 +57,12 @@
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod election;
 pub mod lock;
 mod util;
 
 pub use backend::{Backend, FencingToken};
+pub use election::{ElectionConfig, ElectionError, LeaderElector, Term};
 pub use lock::{
     Lease, LeaseEnd, LockError, LockGuard, LockOptions, Locker, LockerStats, LostReason,
     WithLockError,

@@ -20,6 +20,13 @@ pub enum LostReason {
     /// The store answered a renewal with a permanent error (permission, protocol).
     #[error("renewal failed permanently: {0}")]
     Backend(#[source] BackendError),
+    /// The renewal scheduler stopped: it panicked (a bug: please report it), or the tokio
+    /// runtime it ran on is shutting down.
+    #[error("the renewal scheduler stopped{}", if *panicked { " after a panic" } else { "" })]
+    RenewalStopped {
+        /// Whether it stopped because of a panic.
+        panicked: bool,
+    },
 }
 
 /// How a held lease ended: what [`Lease::lost`](super::Lease::lost) resolves with.

@@ -107,6 +107,12 @@ impl LeaseShared {
         }
     }
 
+    /// Time since the last successful acquire or renewal was sent.
+    pub fn since_last_renewal(&self) -> std::time::Duration {
+        let last_ok = self.valid_until() - self.plan.validity;
+        Instant::now().saturating_duration_since(last_ok)
+    }
+
     /// Whether this process may act as the holder right now.
     pub fn is_valid(&self) -> bool {
         let s = self.state();

@@ -24,7 +24,7 @@ pub use lease::{Lease, LockGuard};
 pub use options::{DRIFT_FLOOR, LockOptions, MIN_AUTO_RENEW_TTL};
 
 use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToken};
-use lease::LeaseShared;
+pub(crate) use lease::LeaseShared;
 use scheduler::Scheduler;
 
 /// Acquires and holds leases on one backend.
@@ -238,10 +238,7 @@ impl Locker {
             if now >= give_up_at {
                 return Err(failure.0);
             }
-            let mut pause = plan.jittered_retry().min(give_up_at - now);
-            if let Some(remaining) = failure.1 {
-                pause = pause.min(remaining);
-            }
+            let pause = plan.busy_pause(failure.1).min(give_up_at - now);
             // Subscribing after the first busy answer, then retrying on the stream's first
             // item (the state at subscription), closes the window in which a release between
             // our attempt and the subscription would go unnoticed.

@@ -51,6 +51,7 @@ pub struct LockOptions {
     renew_deadline: Option<Duration>,
     request_timeout: Option<Duration>,
     release_timeout: Duration,
+    follow_expiry: bool,
 }
 
 impl Default for LockOptions {
@@ -66,6 +67,7 @@ impl Default for LockOptions {
             renew_deadline: None,
             request_timeout: None,
             release_timeout: Duration::from_secs(5),
+            follow_expiry: false,
         }
     }
 }
@@ -139,6 +141,16 @@ impl LockOptions {
     /// than the validity.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// While the lock is busy, wait for the holder's remaining ttl (plus jitter) instead of
+    /// retrying every `retry_interval`, relying on the release notification to wake up early.
+    /// Off by default; the elector turns it on so that followers cost the store about one
+    /// request per ttl instead of one per retry interval. Stores that cannot tell the remaining
+    /// ttl are still retried every `retry_interval`.
+    pub fn follow_expiry(mut self, on: bool) -> Self {
+        self.follow_expiry = on;
         self
     }
 
@@ -220,6 +232,7 @@ impl LockOptions {
             retry_jitter: self.retry_jitter,
             request_timeout,
             release_timeout: self.release_timeout,
+            follow_expiry: self.follow_expiry,
         })
     }
 }
@@ -238,6 +251,7 @@ pub(crate) struct Plan {
     pub retry_jitter: f64,
     pub request_timeout: Duration,
     pub release_timeout: Duration,
+    pub follow_expiry: bool,
 }
 
 impl Plan {
@@ -249,6 +263,19 @@ impl Plan {
         // A uniform draw in [-1, 1]; u64 → f64 keeps 53 bits, plenty for jitter.
         let unit = (crate::util::random_u64() as f64 / u64::MAX as f64) * 2.0 - 1.0;
         self.retry_interval.mul_f64(1.0 + self.retry_jitter * unit)
+    }
+
+    /// How long to pause before the next acquire attempt when the holder has `remaining`.
+    pub fn busy_pause(&self, remaining: Option<Duration>) -> Duration {
+        match remaining {
+            Some(r) if self.follow_expiry => {
+                // Spread waiters over a little time after the expiry, not all at one instant.
+                let unit = crate::util::random_u64() as f64 / u64::MAX as f64;
+                r + self.retry_interval.mul_f64(self.retry_jitter * unit)
+            }
+            Some(r) => self.jittered_retry().min(r),
+            None => self.jittered_retry(),
+        }
     }
 }
 

@@ -150,6 +150,7 @@ impl Scheduler {
             entries: Vec::new(),
             timers: Timers::new(),
             in_flight: FuturesUnordered::new(),
+            exited: false,
         };
         tokio::spawn(task.run());
     }
@@ -267,6 +268,32 @@ struct Task {
     entries: Vec<Option<Entry>>,
     timers: Timers,
     in_flight: FuturesUnordered<BoxFuture<'static, BatchResult>>,
+    /// Set when the task leaves through `try_exit`; any other way out is a failure.
+    exited: bool,
+}
+
+/// The task is dropped without having exited normally when it panicked or its runtime is
+/// shutting down. Then no lease it tracks can be renewed any more: end them all now, so every
+/// holder learns it at once instead of at its deadline, and let the next lease start a new task.
+impl Drop for Task {
+    fn drop(&mut self) {
+        if self.exited {
+            return;
+        }
+        *self
+            .slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        self.stats.tasks.fetch_sub(1, Ordering::Relaxed);
+        let panicked = std::thread::panicking();
+        for entry in self.entries.drain(..).flatten() {
+            entry
+                .lease
+                .end(LeaseEnd::Lost(LostReason::RenewalStopped { panicked }));
+            self.stats.active.fetch_sub(1, Ordering::Relaxed);
+            self.stats.tracked.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Task {
@@ -277,8 +304,8 @@ impl Task {
                 biased;
                 cmd = self.rx.recv() => match cmd {
                     Some(cmd) => self.apply(cmd),
-                    // Unreachable while the slot holds the sender; exit defensively.
-                    None => break,
+                    // Unreachable while the slot holds the sender; `Drop` cleans up.
+                    None => return,
                 },
                 Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.finish_batch(done);
@@ -289,7 +316,6 @@ impl Task {
                 return;
             }
         }
-        self.stats.tasks.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Exits if no command is queued; see the invariant on `Scheduler::tx`.
@@ -303,6 +329,7 @@ impl Task {
         }
         *slot = None;
         self.stats.tasks.fetch_sub(1, Ordering::Relaxed);
+        self.exited = true;
         true
     }
 

@@ -1,0 +1,38 @@
+//! Errors of the elector.
+
+use crate::backend::FencingToken;
+use crate::{LockError, LostReason};
+
+/// Why [`LeaderElector::run`](super::LeaderElector::run) stopped without the workload's output.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ElectionError {
+    /// A duration or combination of durations breaks a rule.
+    #[error("invalid election config: {rule}")]
+    InvalidConfig {
+        /// The rule that was broken.
+        rule: String,
+    },
+    /// The term ended because the lease was lost; the workload was cancelled and has stopped.
+    /// Returned when the elector is not told to campaign again after a loss.
+    #[error("leadership of {name:?} lost in the term with token {fencing}: {reason}")]
+    Lost {
+        /// The lease's name.
+        name: String,
+        /// The fencing token of the lost term.
+        fencing: FencingToken,
+        /// Why it was lost.
+        #[source]
+        reason: LostReason,
+    },
+    /// The workload panicked. The lease was released after it stopped.
+    #[error("the workload panicked: {message}")]
+    WorkloadPanicked {
+        /// The panic's message, when it was a string.
+        message: String,
+    },
+    /// Campaigning failed with an error that retrying cannot fix (credentials, permissions,
+    /// a bad lease name).
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}

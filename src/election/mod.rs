@@ -1,0 +1,767 @@
+//! Leader election: run a workload only while this replica holds a lease.
+//!
+//! [`LeaderElector::run`] campaigns for the lease, calls the workload with a [`Term`] for each
+//! term it wins, and stops the workload in time when the term ends. It is built on the lock
+//! runtime ([`crate::lock`]) and works with every backend; electors built from clones of one
+//! [`Locker`] share its single renewal scheduler.
+//!
+//! # The timeline of a term
+//!
+//! ```text
+//!  acquire ──renew──renew──renew── … ──✗──✗── renew deadline ──────── valid_until − margin ── valid_until
+//!     │      (every lease/3;          (failures retried      │                    │
+//!     │       failures retried         every retry period)   cancellation fires   workload future dropped
+//!     │       every retry period)                            (the term is over)   if still running
+//!  workload starts                                                                │
+//!                                                                      release, then campaign again or return
+//! ```
+//!
+//! The workload future never runs past `valid_until − stop_margin`, the instant before which
+//! no other candidate can have been granted the lease; when the store says outright that the
+//! lease is no longer ours it is dropped at once. The lease is released only after the
+//! workload has stopped.
+
+mod error;
+#[cfg(feature = "metrics")]
+mod metrics;
+
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::FusedFuture;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use error::ElectionError;
+#[cfg(feature = "metrics")]
+pub use metrics::ElectionMetrics;
+
+use crate::backend::{FencingToken, HolderChange};
+use crate::lock::LeaseShared;
+use crate::{Lease, LeaseEnd, LockError, LockOptions, Locker, LostReason};
+
+/// Durations and policies of a [`LeaderElector`], with client-go's names and defaults.
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | [`lease_duration`](Self::lease_duration) | 15 s | how long a lease lasts without renewal; candidates wait this long for a silent leader |
+/// | [`renew_deadline`](Self::renew_deadline) | 10 s | a leader that has not renewed for this long steps down |
+/// | [`retry_period`](Self::retry_period) | 2 s | pause between retries of a failed renewal or campaign request |
+/// | [`request_timeout`](Self::request_timeout) | retry period / 2 | bound on each store request |
+/// | [`stop_margin`](Self::stop_margin) | 1 s | the workload is dropped this long before the lease could be won by another |
+/// | [`grace`](Self::grace) | 5 s | on shutdown, how long the workload may take to stop after cancellation |
+/// | [`rejoin`](Self::rejoin) | false | after a lost term, campaign again instead of returning an error |
+///
+/// The leader renews every `lease_duration / 3`, so it writes a third as often as client-go's
+/// leader, which renews every retry period.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::election::ElectionConfig;
+///
+/// let config = ElectionConfig::new()
+///     .lease_duration(Duration::from_secs(30))
+///     .renew_deadline(Duration::from_secs(20))
+///     .retry_period(Duration::from_secs(4))
+///     .rejoin(true);
+/// # let _ = config;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct ElectionConfig {
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    request_timeout: Option<Duration>,
+    stop_margin: Duration,
+    grace: Duration,
+    rejoin: bool,
+}
+
+impl Default for ElectionConfig {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            request_timeout: None,
+            stop_margin: Duration::from_secs(1),
+            grace: Duration::from_secs(5),
+            rejoin: false,
+        }
+    }
+}
+
+macro_rules! duration_setter {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: Duration) -> Self {
+            self.$name = value;
+            self
+        }
+    };
+}
+
+impl ElectionConfig {
+    /// client-go's defaults (see the table above).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    duration_setter!(
+        /// How long a lease lasts without renewal.
+        lease_duration
+    );
+    duration_setter!(
+        /// How long a leader keeps trying to renew before it steps down.
+        renew_deadline
+    );
+    duration_setter!(
+        /// The pause between retries of failed requests.
+        retry_period
+    );
+    duration_setter!(
+        /// How long before the end of the lease's validity the workload is dropped.
+        stop_margin
+    );
+    duration_setter!(
+        /// How long the workload may take to stop on shutdown.
+        grace
+    );
+
+    /// The bound on each store request; must be shorter than the retry period.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Whether to campaign again after a lost term (`true`) or return
+    /// [`ElectionError::Lost`] (`false`, the default, like client-go).
+    pub fn rejoin(mut self, on: bool) -> Self {
+        self.rejoin = on;
+        self
+    }
+
+    /// Checks the rules and derives the lease options.
+    fn lease_options(&self) -> Result<LockOptions, ElectionError> {
+        let invalid = |rule: &str| Err(ElectionError::InvalidConfig { rule: rule.into() });
+        if self.retry_period.is_zero() {
+            return invalid("retry_period must be positive");
+        }
+        if self.renew_deadline <= self.retry_period.mul_f64(1.2) {
+            return invalid("renew_deadline must be greater than 1.2 × retry_period");
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return invalid("lease_duration must be greater than renew_deadline");
+        }
+        if self.renew_deadline + self.stop_margin >= self.lease_duration {
+            return invalid("lease_duration must be greater than renew_deadline + stop_margin");
+        }
+        let request_timeout = self.request_timeout.unwrap_or(self.retry_period / 2);
+        if request_timeout.is_zero() || request_timeout >= self.retry_period {
+            return invalid("request_timeout must be positive and shorter than retry_period");
+        }
+        let opts = LockOptions::new()
+            .ttl(self.lease_duration)
+            .auto_renew(true)
+            .renew_fraction(1.0 / 3.0)
+            .renew_deadline(self.renew_deadline)
+            .retry_interval(self.retry_period)
+            .request_timeout(request_timeout)
+            .follow_expiry(true);
+        opts.plan(true).map_err(|e| match e {
+            LockError::InvalidConfig { rule } => ElectionError::InvalidConfig { rule },
+            other => ElectionError::Lock(other),
+        })?;
+        Ok(opts)
+    }
+}
+
+/// Who leads, as seen by any candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leader {
+    /// The leader's identity.
+    pub identity: String,
+    /// The fencing token of its term, when the store reports it.
+    pub fencing: Option<FencingToken>,
+}
+
+/// One term of leadership, handed to the workload.
+///
+/// # Guarantees
+///
+/// While [`is_valid`](Self::is_valid) is true no other candidate can have been granted the
+/// lease. [`cancellation`](Self::cancellation) fires the moment the term ends (renew deadline
+/// passed, lease lost, shutdown); the workload future is dropped no later than
+/// `valid_until − stop_margin` even if it ignores the cancellation.
+///
+/// # Caveats
+///
+/// A process frozen past its lease can act before it notices. Pass
+/// [`fencing_token`](Self::fencing_token) to every resource you write (see
+/// [`crate::fence`]) so such writes are refused.
+#[derive(Clone)]
+pub struct Term {
+    lease: Arc<LeaseShared>,
+    identity: Arc<str>,
+    started_at: Instant,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Term")
+            .field("lease", &self.lease.name)
+            .field("identity", &self.identity)
+            .field("fencing", &self.lease.fencing)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish()
+    }
+}
+
+impl Term {
+    /// The fencing token of this term: greater than every earlier term's.
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.lease.fencing
+    }
+
+    /// The lease's name.
+    #[must_use]
+    pub fn lease_name(&self) -> &str {
+        &self.lease.name
+    }
+
+    /// This candidate's identity.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// When the term began, on this process's monotonic clock.
+    #[must_use]
+    pub fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    /// Fires when the term ends. Select on it in long work and stop promptly.
+    #[must_use]
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether the lease is still ours right now.
+    #[must_use]
+    pub fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && self.lease.is_valid()
+    }
+
+    /// Until when the lease is surely ours, on this process's monotonic clock.
+    #[must_use]
+    pub fn valid_until(&self) -> Instant {
+        self.lease.valid_until()
+    }
+}
+
+/// The result of [`LeaderElector::health`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Whether this process believes it leads.
+    pub leading: bool,
+    /// Time since the last successful renewal was sent, when leading.
+    pub since_last_renewal: Option<Duration>,
+    /// False when leading without a renewal for longer than the renew deadline plus the
+    /// tolerance: the process is stuck and should be restarted (client-go's healthz adaptor).
+    pub healthy: bool,
+}
+
+/// Runs a workload only while this replica holds a lease.
+///
+/// Cheap to clone: clones share the state, so one clone can [`run`](Self::run) while others
+/// serve [`health`](Self::health), [`leader`](Self::leader) and [`is_leader`](Self::is_leader).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::election::{ElectionConfig, LeaderElector};
+/// use tenure::Locker;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), tenure::election::ElectionError> {
+/// let locker = Locker::with_identity(MemoryBackend::new(), "pod-a")?;
+/// let elector = LeaderElector::new(locker, "my-controller", ElectionConfig::new())?;
+/// let reconciled = elector
+///     .run(|term| async move {
+///         // Reconcile until the term ends; stamp term.fencing_token() on every write.
+///         tokio::select! {
+///             () = term.cancellation().cancelled() => 0,
+///             () = tokio::time::sleep(Duration::from_secs(60)) => 42,
+///         }
+///     })
+///     .await?;
+/// assert_eq!(reconciled, 42);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LeaderElector {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    locker: Locker,
+    name: Arc<str>,
+    config: ElectionConfig,
+    lease_opts: LockOptions,
+    leader: watch::Sender<Option<Leader>>,
+    /// The lease of the current term while this process leads.
+    term: Mutex<Option<Arc<LeaseShared>>>,
+    running: AtomicBool,
+    #[cfg(feature = "metrics")]
+    metrics: Mutex<Option<metrics::ElectionMetrics>>,
+}
+
+impl std::fmt::Debug for LeaderElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElector")
+            .field("lease", &self.inner.name)
+            .field("identity", &self.inner.locker.identity())
+            .field("config", &self.inner.config)
+            .field("leading", &self.is_leader())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a term ended.
+enum TermEnd<T> {
+    /// The workload returned while the term was intact (or during a shutdown's grace).
+    Returned(T),
+    /// The workload panicked.
+    Panicked(String),
+    /// The lease was lost.
+    Lost(FencingToken, LostReason),
+    /// Shutdown was requested and the workload has stopped.
+    Shutdown,
+}
+
+/// Why the term is being wound down.
+enum Stopping {
+    Lost(LostReason),
+    Shutdown,
+}
+
+impl LeaderElector {
+    /// An elector for the lease `name`, campaigning as `locker`'s identity.
+    ///
+    /// # Errors
+    ///
+    /// [`ElectionError::InvalidConfig`] naming the broken rule (`lease_duration >
+    /// renew_deadline > 1.2 × retry_period`, `request_timeout < retry_period`, ...);
+    /// [`ElectionError::Lock`] with [`LockError::InvalidName`] if the backend rejects the name.
+    pub fn new(locker: Locker, name: &str, config: ElectionConfig) -> Result<Self, ElectionError> {
+        let lease_opts = config.lease_options()?;
+        locker
+            .backend()
+            .validate_name(name)
+            .map_err(|e| ElectionError::Lock(e.into()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                locker,
+                name: name.into(),
+                config,
+                lease_opts,
+                leader: watch::channel(None).0,
+                term: Mutex::new(None),
+                running: AtomicBool::new(false),
+                #[cfg(feature = "metrics")]
+                metrics: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Reports this elector's metrics into `metrics` from now on (feature `metrics`). Several
+    /// electors may share one [`ElectionMetrics`]; their series differ by the `name` label.
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn with_metrics(self, metrics: ElectionMetrics) -> Self {
+        *self
+            .inner
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(metrics);
+        self
+    }
+
+    /// The lease's name.
+    #[must_use]
+    pub fn lease_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// This candidate's identity.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        self.inner.locker.identity()
+    }
+
+    /// Whether this process leads right now: it holds a term whose lease is valid.
+    #[must_use]
+    pub fn is_leader(&self) -> bool {
+        self.current_term().is_some_and(|l| l.is_valid())
+    }
+
+    /// The current leader as last seen by this candidate (client-go's `OnNewLeader`): updated
+    /// while [`run`](Self::run) is campaigning or leading, from the store's holder changes.
+    #[must_use]
+    pub fn leader(&self) -> watch::Receiver<Option<Leader>> {
+        self.inner.leader.subscribe()
+    }
+
+    /// Whether this process is healthy as a leader: it fails only when this process believes
+    /// it leads but has not renewed within the renew deadline plus `tolerance` (a stuck
+    /// runtime). Followers are always healthy.
+    #[must_use]
+    pub fn health(&self, tolerance: Duration) -> Health {
+        let Some(lease) = self.current_term() else {
+            return Health {
+                leading: false,
+                since_last_renewal: None,
+                healthy: true,
+            };
+        };
+        let since = lease.since_last_renewal();
+        Health {
+            leading: true,
+            since_last_renewal: Some(since),
+            healthy: since <= self.inner.config.renew_deadline + tolerance,
+        }
+    }
+
+    fn current_term(&self) -> Option<Arc<LeaseShared>> {
+        self.inner
+            .term
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_term(&self, lease: Option<Arc<LeaseShared>>) {
+        *self
+            .inner
+            .term
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = lease;
+    }
+
+    /// Campaigns and runs `workload` for each term won, until the workload returns.
+    ///
+    /// Equivalent to [`run_until`](Self::run_until) with a shutdown signal that never fires.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_until`](Self::run_until).
+    pub async fn run<F, Fut, T>(&self, workload: F) -> Result<T, ElectionError>
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        match self.run_until(std::future::pending(), workload).await {
+            Ok(Some(out)) => Ok(out),
+            // `pending()` never completes, so a shutdown never happens.
+            Ok(None) => Err(ElectionError::InvalidConfig {
+                rule: "internal: shutdown without a signal".into(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Campaigns and runs `workload` for each term won, until the workload returns or
+    /// `shutdown` completes.
+    ///
+    /// On shutdown: the term's cancellation fires, the workload gets up to the grace period
+    /// (never past `valid_until − stop_margin`) to stop, then the lease is released at once so
+    /// a waiting candidate takes over without waiting for the ttl. Returns `Ok(None)` then, or
+    /// `Ok(Some(output))` if the workload returned an output while stopping.
+    ///
+    /// # Errors
+    ///
+    /// - [`ElectionError::Lost`]: a term was lost and [`rejoin`](ElectionConfig::rejoin) is
+    ///   off. The workload has stopped and the lease was released.
+    /// - [`ElectionError::WorkloadPanicked`]: the workload panicked; the lease was released.
+    /// - [`ElectionError::Lock`]: campaigning failed permanently (credentials, permissions).
+    ///   Transient store failures are retried every retry period.
+    /// - [`ElectionError::InvalidConfig`]: this elector is already running.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the workload at once and releases the lease in the
+    /// background.
+    pub async fn run_until<S, F, Fut, T>(
+        &self,
+        shutdown: S,
+        mut workload: F,
+    ) -> Result<Option<T>, ElectionError>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        if self.inner.running.swap(true, Ordering::AcqRel) {
+            return Err(ElectionError::InvalidConfig {
+                rule: "this elector is already running; clone it to observe it".into(),
+            });
+        }
+        let _running = RunningGuard(self);
+        let mut shutdown = pin!(shutdown.fuse());
+        loop {
+            let lease = tokio::select! {
+                lease = self.campaign() => lease?,
+                () = &mut shutdown => return Ok(None),
+            };
+            match self.serve(lease, &mut workload, shutdown.as_mut()).await {
+                TermEnd::Returned(out) => return Ok(Some(out)),
+                TermEnd::Shutdown => return Ok(None),
+                TermEnd::Panicked(message) => {
+                    return Err(ElectionError::WorkloadPanicked { message });
+                }
+                TermEnd::Lost(fencing, reason) => {
+                    if !self.inner.config.rejoin {
+                        return Err(ElectionError::Lost {
+                            name: self.inner.name.to_string(),
+                            fencing,
+                            reason,
+                        });
+                    }
+                    if shutdown.is_terminated() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tries until the lease is ours, following the leader meanwhile.
+    async fn campaign(&self) -> Result<Lease, ElectionError> {
+        let span =
+            tracing::info_span!("campaign", lease = %self.inner.name, identity = %self.identity());
+        let inner = &self.inner;
+        let window = inner.config.lease_duration * 4;
+        let opts = inner.lease_opts.clone().wait(window);
+        let attempt = async {
+            let started = Instant::now();
+            let mut waited = false;
+            loop {
+                match inner.locker.acquire(&inner.name, &opts).await {
+                    Ok(lease) => {
+                        self.record_acquired(started.elapsed(), waited);
+                        return Ok(lease);
+                    }
+                    Err(LockError::NotAcquired { .. }) => waited = true,
+                    Err(LockError::Backend(e)) if e.is_transient() => {
+                        tracing::warn!(error = %e, "campaign request failed; retrying");
+                        waited = true;
+                        tokio::time::sleep(inner.config.retry_period).await;
+                    }
+                    Err(e) => return Err(ElectionError::Lock(e)),
+                }
+            }
+        };
+        async {
+            tokio::select! {
+                result = attempt => result,
+                never = self.follow_leader() => match never {},
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Keeps [`leader`](Self::leader) current from the store's holder changes. Never returns.
+    fn follow_leader(&self) -> impl Future<Output = std::convert::Infallible> + '_ {
+        let mut changes = self.inner.locker.backend().observe(&self.inner.name);
+        async move {
+            while let Some(change) = changes.next().await {
+                if let Ok(change) = change {
+                    self.publish_leader(&change);
+                }
+            }
+            std::future::pending().await
+        }
+    }
+
+    fn publish_leader(&self, change: &HolderChange) {
+        let leader = change.holder.as_ref().map(|identity| Leader {
+            identity: identity.clone(),
+            fencing: change.fencing,
+        });
+        self.inner.leader.send_if_modified(|current| {
+            if *current == leader {
+                return false;
+            }
+            current.clone_from(&leader);
+            true
+        });
+    }
+
+    /// Serves one term: runs the workload, stops it in time, releases the lease.
+    async fn serve<S, F, Fut, T>(
+        &self,
+        lease: Lease,
+        workload: &mut F,
+        mut shutdown: std::pin::Pin<&mut futures::future::Fuse<S>>,
+    ) -> TermEnd<T>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let shared = lease.shared().clone();
+        let fencing = shared.fencing;
+        let span = tracing::info_span!("term", lease = %self.inner.name, identity = %self.identity(), %fencing);
+        let cancel = CancellationToken::new();
+        let term = Term {
+            lease: shared.clone(),
+            identity: self.identity().into(),
+            started_at: Instant::now(),
+            cancel: cancel.clone(),
+        };
+        self.set_term(Some(shared.clone()));
+        self.publish_leader(&HolderChange {
+            holder: Some(self.identity().to_owned()),
+            fencing: Some(fencing),
+        });
+        self.record_leading(true);
+        tracing::info!(parent: &span, "became leader");
+
+        let config = &self.inner.config;
+        let mut stopping: Option<Stopping> = None;
+        let mut drop_at: Option<Instant> = None;
+        let finished = {
+            let mut work = pin!(AssertUnwindSafe(workload(term)).catch_unwind());
+            let mut follow = pin!(self.follow_leader());
+            let mut sample = tokio::time::interval(config.lease_duration / 3);
+            loop {
+                let deadline = drop_at;
+                tokio::select! {
+                    biased;
+                    out = &mut work => break Some(out),
+                    end = shared.wait_end(), if stopping.is_none() => {
+                        cancel.cancel();
+                        self.set_term(None);
+                        self.record_leading(false);
+                        let reason = match end {
+                            LeaseEnd::Lost(reason) => reason,
+                            // Only this function releases or orphans the term's lease.
+                            LeaseEnd::Released | LeaseEnd::Orphaned => LostReason::NotHeld,
+                        };
+                        tracing::warn!(parent: &span, %reason, "stopped leading: lease lost");
+                        // Told outright that the lease is gone: someone else may hold it now.
+                        drop_at = Some(if matches!(reason, LostReason::NotHeld) {
+                            Instant::now()
+                        } else {
+                            shared.valid_until() - config.stop_margin
+                        });
+                        stopping = Some(Stopping::Lost(reason));
+                    }
+                    () = &mut shutdown, if stopping.is_none() && !shutdown.is_terminated() => {
+                        cancel.cancel();
+                        tracing::info!(parent: &span, "shutting down: workload cancelled");
+                        drop_at = Some((Instant::now() + config.grace).min(shared.valid_until() - config.stop_margin));
+                        stopping = Some(Stopping::Shutdown);
+                    }
+                    () = sleep_until_opt(deadline) => {
+                        tracing::warn!(parent: &span, "workload ignored cancellation: dropped");
+                        break None;
+                    }
+                    never = &mut follow => match never {},
+                    _ = sample.tick(), if stopping.is_none() => self.record_validity(&shared),
+                }
+            }
+            // `work` is dropped here, before the release below.
+        };
+        self.set_term(None);
+        self.record_leading(false);
+        cancel.cancel();
+        let released = lease.release().await;
+        if let Err(e) = &released {
+            tracing::debug!(parent: &span, error = %e, "release after the term");
+        }
+        tracing::info!(parent: &span, "stopped leading");
+        match (finished, stopping) {
+            (Some(Err(panic)), _) => TermEnd::Panicked(panic_message(panic.as_ref())),
+            (_, Some(Stopping::Lost(reason))) => TermEnd::Lost(fencing, reason),
+            (Some(Ok(out)), _) => TermEnd::Returned(out),
+            (None, _) => TermEnd::Shutdown,
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn with_metrics_do(&self, f: impl FnOnce(&metrics::ElectionMetrics, &str)) {
+        if let Some(m) = self
+            .inner
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            f(m, &self.inner.name);
+        }
+    }
+
+    fn record_acquired(&self, _latency: Duration, _waited: bool) {
+        #[cfg(feature = "metrics")]
+        self.with_metrics_do(|m, name| m.acquired(name, _latency, _waited));
+    }
+
+    fn record_validity(&self, _lease: &LeaseShared) {
+        #[cfg(feature = "metrics")]
+        self.with_metrics_do(|m, name| {
+            m.remaining_validity(
+                name,
+                _lease
+                    .valid_until()
+                    .saturating_duration_since(Instant::now()),
+            );
+        });
+    }
+
+    fn record_leading(&self, _leading: bool) {
+        #[cfg(feature = "metrics")]
+        self.with_metrics_do(|m, name| m.leading(name, _leading));
+    }
+}
+
+/// Clears the "running" flag however `run_until` ends.
+struct RunningGuard<'a>(&'a LeaderElector);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set_term(None);
+        self.0.inner.running.store(false, Ordering::Release);
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".to_owned())
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,362 @@
+//! The elector's bounds on tokio's paused clock and the memory backend: cancellation at the
+//! renew deadline, dropping a workload that ignores it, release only after the workload
+//! stopped, panics, shutdown hand-over, rejoining, observation, and many electors at once.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tenure::backend::Backend;
+use tenure::backend::faulty::{Fault, FaultyBackend};
+use tenure::backend::memory::MemoryBackend;
+use tenure::election::{ElectionConfig, ElectionError, LeaderElector};
+use tenure::{Locker, LostReason};
+use tokio::time::Instant;
+
+fn elector(backend: impl Backend, identity: &str, config: ElectionConfig) -> LeaderElector {
+    let locker = Locker::with_identity(backend, identity).expect("valid identity");
+    LeaderElector::new(locker, "controller", config).expect("valid config")
+}
+
+/// Records the instant it is dropped: the moment the workload future stopped running.
+struct DropClock(Arc<Mutex<Option<Instant>>>);
+
+impl Drop for DropClock {
+    fn drop(&mut self) {
+        *self.0.lock().expect("not poisoned") = Some(Instant::now());
+    }
+}
+
+fn holder(store: &MemoryBackend) -> Option<String> {
+    store
+        .inspect("controller")
+        .now_or_never()
+        .expect("memory answers at once")
+        .expect("memory never fails")
+        .map(|r| r.identity)
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_fires_at_the_renew_deadline() {
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let e = elector(faulty.clone(), "a", ElectionConfig::new());
+    let cancelled_after = Arc::new(Mutex::new(None));
+    let seen = cancelled_after.clone();
+    let result = e
+        .run(|term| {
+            let faulty = faulty.clone();
+            let seen = seen.clone();
+            async move {
+                faulty.set(Fault::Stall); // the store stops answering from now on
+                term.cancellation().cancelled().await;
+                *seen.lock().expect("not poisoned") = Some(term.started_at().elapsed());
+            }
+        })
+        .await;
+    let after = cancelled_after
+        .lock()
+        .expect("not poisoned")
+        .expect("cancelled");
+    assert!(
+        after >= Duration::from_secs(10) && after <= Duration::from_millis(10_005),
+        "cancelled {after:?} after the term began; the renew deadline is 10 s"
+    );
+    assert!(
+        matches!(
+            result,
+            Err(ElectionError::Lost {
+                reason: LostReason::RenewDeadline,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_workload_ignoring_cancellation_is_dropped_before_another_could_lead() {
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let e = elector(faulty.clone(), "a", ElectionConfig::new());
+    let dropped = Arc::new(Mutex::new(None));
+    let (d, started) = (dropped.clone(), Instant::now());
+    let valid_until = Arc::new(Mutex::new(None));
+    let v = valid_until.clone();
+    let result = e
+        .run(|term| {
+            let (faulty, d, v) = (faulty.clone(), d.clone(), v.clone());
+            async move {
+                let _clock = DropClock(d);
+                faulty.set(Fault::Stall);
+                loop {
+                    // Ignores term.cancellation() entirely.
+                    *v.lock().expect("not poisoned") = Some(term.valid_until());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        })
+        .await;
+    assert!(
+        matches!(result, Err(ElectionError::Lost { .. })),
+        "{result:?}"
+    );
+    let dropped_at = dropped.lock().expect("not poisoned").expect("dropped");
+    let valid_until = valid_until.lock().expect("not poisoned").expect("seen");
+    assert!(
+        dropped_at <= valid_until - Duration::from_secs(1),
+        "dropped at +{:?}, valid until +{:?}: it must stop a stop_margin before",
+        dropped_at - started,
+        valid_until - started
+    );
+    assert!(
+        dropped_at - started >= Duration::from_secs(10),
+        "not before the deadline"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_released_only_after_the_workload_stopped() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let s = store.clone();
+    let out = e
+        .run(|term| {
+            let s = s.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                // Still ours at the workload's very last step...
+                assert_eq!(holder(&s).as_deref(), Some("a"));
+                term.fencing_token()
+            }
+        })
+        .await
+        .expect("the workload returned");
+    // ...and released once run returns, well before the 15 s ttl would have run out.
+    assert_eq!(holder(&store), None);
+    assert!(out.get() > 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panic_surfaces_from_run_and_the_lease_is_released() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let result: Result<(), _> = e.run(|_| async { panic!("reconcile exploded") }).await;
+    assert!(
+        matches!(&result, Err(ElectionError::WorkloadPanicked { message }) if message == "reconcile exploded"),
+        "{result:?}"
+    );
+    assert_eq!(holder(&store), None);
+    assert!(!e.is_leader());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_saying_not_held_drops_the_workload_at_once() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let dropped = Arc::new(Mutex::new(None));
+    let d = dropped.clone();
+    let s = store.clone();
+    let started = Instant::now();
+    let result = e
+        .run(|_| {
+            let (d, s) = (d.clone(), s.clone());
+            async move {
+                let _clock = DropClock(d);
+                s.wipe(); // the store forgets the lease; the next renewal learns it
+                std::future::pending::<()>().await;
+            }
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(ElectionError::Lost {
+                reason: LostReason::NotHeld,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    let dropped_at = dropped.lock().expect("not poisoned").expect("dropped");
+    // The first renewal is at lease / 3 = 5 s; "not held" drops the workload at that instant.
+    assert!(
+        dropped_at - started <= Duration::from_millis(5_010),
+        "{:?}",
+        dropped_at - started
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_hands_over_at_once_through_the_release_notification() {
+    let store = MemoryBackend::new();
+    let a = elector(store.clone(), "a", ElectionConfig::new());
+    let b = elector(store.clone(), "b", ElectionConfig::new());
+    let (stop_a, stopped) = tokio::sync::oneshot::channel::<()>();
+    let a_run = tokio::spawn({
+        let a = a.clone();
+        async move {
+            a.run_until(stopped.map(|_| ()), |term| async move {
+                term.cancellation().cancelled().await;
+                "a stopped"
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(a.is_leader());
+    let b_started = Arc::new(Mutex::new(None));
+    let bs = b_started.clone();
+    let b_run = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.run(|term| {
+                let bs = bs.clone();
+                async move {
+                    *bs.lock().expect("not poisoned") =
+                        Some((Instant::now(), term.fencing_token()));
+                }
+            })
+            .await
+        }
+    });
+    // B follows A meanwhile.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let seen = b.leader().borrow().clone();
+    assert_eq!(seen.map(|l| l.identity).as_deref(), Some("a"));
+    assert!(
+        b_started.lock().expect("not poisoned").is_none(),
+        "b must not lead while a does"
+    );
+
+    let shutdown_at = Instant::now();
+    stop_a.send(()).expect("a is running");
+    let a_out = a_run.await.expect("a's task");
+    assert_eq!(a_out.ok().flatten(), Some("a stopped"));
+    b_run.await.expect("b's task").expect("b led and returned");
+    let (b_at, _) = b_started.lock().expect("not poisoned").expect("b led");
+    assert!(
+        b_at - shutdown_at < Duration::from_millis(100),
+        "b took over {:?} after a's shutdown; without the notification it would wait ~15 s",
+        b_at - shutdown_at
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejoin_campaigns_again_after_a_lost_term_with_a_higher_token() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new().rejoin(true));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let (t, s) = (tokens.clone(), store.clone());
+    let result = e
+        .run(|term| {
+            let (t, s) = (t.clone(), s.clone());
+            async move {
+                let mut seen = t.lock().expect("not poisoned");
+                seen.push(term.fencing_token());
+                if seen.len() == 1 {
+                    drop(seen);
+                    s.wipe();
+                    term.cancellation().cancelled().await;
+                    return None;
+                }
+                Some(term.fencing_token())
+            }
+        })
+        .await;
+    let tokens = tokens.lock().expect("not poisoned").clone();
+    assert_eq!(tokens.len(), 2, "{tokens:?}");
+    assert!(tokens[1] > tokens[0]);
+    assert_eq!(result.ok().flatten(), Some(tokens[1]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_reports_the_leader_and_its_last_renewal() {
+    let store = MemoryBackend::new();
+    let e = elector(store, "a", ElectionConfig::new());
+    assert_eq!(e.health(Duration::ZERO).leading, false);
+    let watcher = e.clone();
+    e.run(|_| {
+        let watcher = watcher.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            let h = watcher.health(Duration::ZERO);
+            assert!(h.leading && h.healthy, "{h:?}");
+            // Renewed at 5 s, so 2 s ago.
+            assert_eq!(h.since_last_renewal, Some(Duration::from_secs(2)));
+            assert!(watcher.is_leader());
+        }
+    })
+    .await
+    .expect("ran");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_electors_share_one_scheduler_and_all_lead() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "shard-host").expect("valid");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut runs = Vec::new();
+    let mut electors = Vec::new();
+    for shard in 0..1000 {
+        let e = LeaderElector::new(
+            locker.clone(),
+            &format!("shard-{shard}"),
+            ElectionConfig::new(),
+        )
+        .expect("valid");
+        electors.push(e.clone());
+        let stop = stop.clone();
+        runs.push(tokio::spawn(async move {
+            e.run_until(stop.cancelled_owned(), |term| async move {
+                term.cancellation().cancelled().await;
+            })
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(electors.iter().all(LeaderElector::is_leader));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        electors.iter().all(LeaderElector::is_leader),
+        "a term ended: renewals were late"
+    );
+    let stats = locker.stats();
+    assert_eq!(stats.scheduler_tasks, 1);
+    assert_eq!(stats.active_leases, 1000);
+    assert!(stats.renewals >= 12 * 1000, "{stats:?}");
+    stop.cancel();
+    for r in runs {
+        // The workloads return when cancelled, so their output comes back.
+        assert!(matches!(r.await.expect("task"), Ok(Some(()))));
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(locker.stats().active_leases, 0);
+}
+
+#[test]
+fn invalid_durations_name_the_rule() {
+    let rule = |c: ElectionConfig| match LeaderElector::new(
+        Locker::with_identity(MemoryBackend::new(), "a").expect("valid"),
+        "x",
+        c,
+    ) {
+        Err(ElectionError::InvalidConfig { rule }) => rule,
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    };
+    let s = Duration::from_secs;
+    assert!(
+        rule(ElectionConfig::new().lease_duration(s(10)))
+            .contains("lease_duration must be greater than renew_deadline")
+    );
+    assert!(rule(ElectionConfig::new().retry_period(s(9))).contains("1.2 × retry_period"));
+    assert!(rule(ElectionConfig::new().request_timeout(s(2))).contains("request_timeout"));
+    assert!(rule(ElectionConfig::new().stop_margin(s(5))).contains("stop_margin"));
+    assert!(matches!(
+        LeaderElector::new(
+            Locker::with_identity(MemoryBackend::new(), "a").expect("valid"),
+            "",
+            ElectionConfig::new()
+        ),
+        Err(ElectionError::Lock(tenure::LockError::InvalidName(_)))
+    ));
+}
