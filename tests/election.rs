@@ -252,10 +252,12 @@ async fn rejoin_campaigns_again_after_a_lost_term_with_a_higher_token() {
         .run(|term| {
             let (t, s) = (t.clone(), s.clone());
             async move {
-                let mut seen = t.lock().expect("not poisoned");
-                seen.push(term.fencing_token());
-                if seen.len() == 1 {
-                    drop(seen);
+                let terms = {
+                    let mut seen = t.lock().expect("not poisoned");
+                    seen.push(term.fencing_token());
+                    seen.len()
+                };
+                if terms == 1 {
                     s.wipe();
                     term.cancellation().cancelled().await;
                     return None;
@@ -274,7 +276,7 @@ async fn rejoin_campaigns_again_after_a_lost_term_with_a_higher_token() {
 async fn health_reports_the_leader_and_its_last_renewal() {
     let store = MemoryBackend::new();
     let e = elector(store, "a", ElectionConfig::new());
-    assert_eq!(e.health(Duration::ZERO).leading, false);
+    assert!(!e.health(Duration::ZERO).leading);
     let watcher = e.clone();
     e.run(|_| {
         let watcher = watcher.clone();
