@@ -23,3 +23,4 @@ cargo test --all-features --no-fail-fast
 
 echo "== examples"
 cargo run --quiet --example contention
+cargo run --quiet --all-features --example fenced_writes

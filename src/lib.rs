@@ -58,6 +58,7 @@ pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod election;
+pub mod fence;
 pub mod lock;
 mod util;
 

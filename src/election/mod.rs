@@ -689,6 +689,13 @@ impl LeaderElector {
             }
             // `work` is dropped here, before the release below.
         };
+        // A workload can finish at an instant its lease had already run out (the process was
+        // frozen, say): then the term was lost, whatever the workload returned.
+        if stopping.is_none()
+            && let Some(LeaseEnd::Lost(reason)) = shared.end_cause()
+        {
+            stopping = Some(Stopping::Lost(reason));
+        }
         self.set_term(None);
         self.record_leading(false);
         cancel.cancel();
