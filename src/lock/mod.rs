@@ -322,12 +322,12 @@ async fn wait_for_change(
     tokio::pin!(sleep);
     tokio::select! {
         () = &mut sleep => {}
-        item = changes.next() => {
-            if item.is_none() {
-                // The notification stream ended: fall back to the timer alone.
-                sleep.await;
-            }
-        }
+        item = changes.next() => match item {
+            Some(Ok(_)) => {}
+            // A hiccup of the notification channel, or its end: rely on the timer alone for
+            // this pause rather than retrying (or spinning) on a broken stream.
+            Some(Err(_)) | None => sleep.await,
+        },
     }
 }
 
