@@ -32,8 +32,8 @@ use futures::stream::BoxStream;
 
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use types::{
-    AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeaseRecord, Released,
-    RenewRequest, Renewed,
+    AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,
+    LeaseRecord, Released, RenewRequest, Renewed,
 };
 
 /// A lease store: the atomic primitives the lock runtime is built from.
@@ -113,6 +113,15 @@ pub trait Backend: Send + Sync + 'static {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>>;
 
+    /// Records a leadership change where people look for it, best effort: the Kubernetes
+    /// backend writes an Event on the Lease ("became leader", "stopped leading"), as client-go
+    /// does. The default does nothing. Failures are the backend's to log; they never affect the
+    /// lease.
+    fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
+        let _ = (name, event);
+        Box::pin(std::future::ready(()))
+    }
+
     /// A stream of holder changes of one lock: grants and releases.
     ///
     /// The first item describes the state when the stream started, so a subscriber cannot miss
@@ -158,6 +167,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         (**self).inspect(name)
+    }
+    fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
+        (**self).announce(name, event)
     }
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
         (**self).observe(name)

@@ -219,6 +219,30 @@ impl HolderChange {
     }
 }
 
+/// A change of leadership worth recording for people, passed to
+/// [`Backend::announce`](super::Backend::announce) by the elector.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeadershipEvent {
+    /// `identity` won a term.
+    BecameLeader {
+        /// The new leader.
+        identity: String,
+        /// The token of its term.
+        fencing: FencingToken,
+    },
+    /// `identity`'s term ended.
+    StoppedLeading {
+        /// The former leader.
+        identity: String,
+        /// The token of the term that ended.
+        fencing: FencingToken,
+        /// Why, in words ("released", "lease lost: no successful renewal before the renew
+        /// deadline", ...).
+        reason: String,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

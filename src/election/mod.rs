@@ -42,7 +42,7 @@ pub use error::ElectionError;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
 
-use crate::backend::{FencingToken, HolderChange};
+use crate::backend::{FencingToken, HolderChange, LeadershipEvent};
 use crate::lock::LeaseShared;
 use crate::{Lease, LeaseEnd, LockError, LockOptions, Locker, LostReason};
 
@@ -642,6 +642,11 @@ impl LeaderElector {
         });
         self.record_leading(true);
         tracing::info!(parent: &span, "became leader");
+        self.announce(LeadershipEvent::BecameLeader {
+            identity: self.identity().to_owned(),
+            fencing,
+        })
+        .await;
 
         let config = &self.inner.config;
         let mut stopping: Option<Stopping> = None;
@@ -704,12 +709,35 @@ impl LeaderElector {
             tracing::debug!(parent: &span, error = %e, "release after the term");
         }
         tracing::info!(parent: &span, "stopped leading");
+        let reason = match &stopping {
+            Some(Stopping::Lost(reason)) => format!("lease lost: {reason}"),
+            Some(Stopping::Shutdown) => "shut down: released".to_owned(),
+            None => "workload finished: released".to_owned(),
+        };
+        self.announce(LeadershipEvent::StoppedLeading {
+            identity: self.identity().to_owned(),
+            fencing,
+            reason,
+        })
+        .await;
         match (finished, stopping) {
             (Some(Err(panic)), _) => TermEnd::Panicked(panic_message(panic.as_ref())),
             (_, Some(Stopping::Lost(reason))) => TermEnd::Lost(fencing, reason),
             (Some(Ok(out)), _) => TermEnd::Returned(out),
             (None, _) => TermEnd::Shutdown,
         }
+    }
+
+    /// Records the event through the backend (a Kubernetes Event), bounded by the request
+    /// timeout so that a slow store never delays a term by more than that.
+    async fn announce(&self, event: LeadershipEvent) {
+        let backend = self.inner.locker.backend();
+        let timeout = self
+            .inner
+            .config
+            .request_timeout
+            .unwrap_or(self.inner.config.retry_period / 2);
+        let _ = tokio::time::timeout(timeout, backend.announce(&self.inner.name, &event)).await;
     }
 
     #[cfg(feature = "metrics")]
