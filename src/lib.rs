@@ -70,7 +70,7 @@ pub use lock::{
 };
 pub use util::default_identity;
 
-/// The README's examples, compiled and run as doc tests.
-#[cfg(doctest)]
+/// The README's examples, compiled and run as doc tests (they use every backend).
+#[cfg(all(doctest, feature = "redis", feature = "kube", feature = "metrics"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -362,3 +362,31 @@ fn invalid_durations_name_the_rule() {
         Err(ElectionError::Lock(tenure::LockError::InvalidName(_)))
     ));
 }
+
+#[cfg(feature = "healthz")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_ok_for_a_healthy_elector_and_404_elsewhere() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = elector(MemoryBackend::new(), "a", ElectionConfig::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(tenure::election::serve_healthz(
+        listener,
+        e.clone(),
+        Duration::ZERO,
+    ));
+    let get = |path: &'static str| async move {
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .expect("send");
+        let mut out = String::new();
+        c.read_to_string(&mut out).await.expect("read");
+        out
+    };
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200 OK"));
+    assert!(get("/other").await.starts_with("HTTP/1.1 404"));
+    server.abort();
+}

@@ -1,7 +1,8 @@
 // Command kube-testenv runs a real kube-apiserver and an embedded etcd in one
 // process, on 127.0.0.1 only, for end-to-end tests.
 //
-//	kube-testenv --dir DIR [--port N] [-- extra kube-apiserver flags...]
+//	kube-testenv --dir DIR [--port N] [--parent-pid PID] [--etcd-dir PATH] [--reuse-credentials]
+//	    [-- extra kube-apiserver flags...]
 //
 // It writes into DIR: ca.crt, serving.{crt,key}, sa.{key,pub}, tokens.csv,
 // admin.token, tester.token, admin.kubeconfig, tester.kubeconfig, and, once
@@ -11,6 +12,14 @@
 // that arrives while it is starting is acted on once the apiserver is up,
 // because upstream kube-apiserver exits fatally when stopped mid-start); a
 // second signal exits at once.
+//
+// --parent-pid makes it stop (as on SIGTERM) once that process is gone, so a
+// test binary that started it never leaves it behind. --etcd-dir keeps etcd's
+// data (and its ports) in PATH across runs, and --reuse-credentials keeps the
+// CA, serving certificate, service-account key and tokens found in DIR: with
+// both and a fixed --port, stopping and starting again is a restart of the
+// same cluster (same objects, resourceVersions keep rising, old kubeconfigs
+// still work).
 package main
 
 import (
@@ -66,8 +75,11 @@ func run() error {
 	port := fs.Int("port", 0, "kube-apiserver secure port on 127.0.0.1 (0 = pick a free one)")
 	readyTimeout := fs.Duration("ready-timeout", 150*time.Second, "how long to wait for etcd and then /readyz")
 	stopTimeout := fs.Duration("stop-timeout", 60*time.Second, "how long to wait for the apiserver to stop on a signal")
+	parentPID := fs.Int("parent-pid", 0, "stop once the process with this pid is gone (0 = never)")
+	etcdDirFlag := fs.String("etcd-dir", "", "keep etcd data and ports in this directory across runs (default: a temp dir under DIR, removed on exit)")
+	reuseCreds := fs.Bool("reuse-credentials", false, "reuse the CA, serving cert, service-account key and tokens already in DIR")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: kube-testenv --dir DIR [--port N] [-- extra kube-apiserver flags]\n")
+		fmt.Fprintf(fs.Output(), "usage: kube-testenv --dir DIR [--port N] [--parent-pid PID] [--etcd-dir PATH] [--reuse-credentials] [-- extra kube-apiserver flags]\n")
 		fs.PrintDefaults()
 	}
 	_ = fs.Parse(os.Args[1:])
@@ -93,15 +105,28 @@ func run() error {
 	// the apiserver is told to stop with genericapiserver.RequestShutdown.
 	sigCh := make(chan os.Signal, 2)
 	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
+	if *parentPID > 0 {
+		go watchParent(*parentPID, sigCh)
+	}
 
 	// ---- etcd -------------------------------------------------------------
-	etcdDir, err := os.MkdirTemp(dir, "etcd-")
-	if err != nil {
-		return err
+	var etcdDir string
+	keepEtcd := *etcdDirFlag != ""
+	if keepEtcd {
+		if etcdDir, err = filepath.Abs(*etcdDirFlag); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(etcdDir, 0o700); err != nil {
+			return err
+		}
+	} else {
+		if etcdDir, err = os.MkdirTemp(dir, "etcd-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(etcdDir)
 	}
-	defer os.RemoveAll(etcdDir)
 
-	etcd, etcdURL, err := startEtcd(etcdDir, *readyTimeout, sigCh)
+	etcd, etcdURL, err := startEtcd(etcdDir, keepEtcd, *readyTimeout, sigCh)
 	if err != nil {
 		return err
 	}
@@ -112,22 +137,29 @@ func run() error {
 	logf("etcd ready at %s", etcdURL)
 
 	// ---- keys, certs, tokens ----------------------------------------------
-	caPEM, err := writeCerts(dir)
-	if err != nil {
-		return fmt.Errorf("certs: %w", err)
+	caPEM, adminToken, testerToken, reused := []byte(nil), "", "", false
+	if *reuseCreds {
+		caPEM, adminToken, testerToken, reused = readCredentials(dir)
 	}
-	if err := writeSAKey(dir); err != nil {
-		return fmt.Errorf("service account key: %w", err)
-	}
-	adminToken, testerToken := randToken(), randToken()
-	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
-		adminToken, adminUser, adminUser, testerToken, testerUser, testerUser)
-	if err := writeFiles(dir, map[string]string{
-		"tokens.csv":   tokens,
-		"admin.token":  adminToken,
-		"tester.token": testerToken,
-	}, 0o600); err != nil {
-		return err
+	if reused {
+		logf("reusing the credentials in %s", dir)
+	} else {
+		if caPEM, err = writeCerts(dir); err != nil {
+			return fmt.Errorf("certs: %w", err)
+		}
+		if err := writeSAKey(dir); err != nil {
+			return fmt.Errorf("service account key: %w", err)
+		}
+		adminToken, testerToken = randToken(), randToken()
+		tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
+			adminToken, adminUser, adminUser, testerToken, testerUser, testerUser)
+		if err := writeFiles(dir, map[string]string{
+			"tokens.csv":   tokens,
+			"admin.token":  adminToken,
+			"tester.token": testerToken,
+		}, 0o600); err != nil {
+			return err
+		}
 	}
 
 	// ---- kube-apiserver ---------------------------------------------------
@@ -167,7 +199,9 @@ func run() error {
 	// If it never gets going, exit without waiting for a clean stop.
 	abort := func(code int) {
 		os.Remove(readyFile)
-		os.RemoveAll(etcdDir)
+		if !keepEtcd {
+			os.RemoveAll(etcdDir)
+		}
 		os.Exit(code)
 	}
 	cmd.SetArgs(args)
@@ -265,16 +299,25 @@ func waitAPIServer(apiErr <-chan error, sigCh <-chan os.Signal, timeout time.Dur
 	return nil
 }
 
-func startEtcd(dataDir string, timeout time.Duration, sigCh <-chan os.Signal) (*embed.Etcd, string, error) {
+// startEtcd starts etcd with its data in dataDir. With keep, the data stays
+// in dataDir itself and the ports are kept in dataDir/ports, so that a later
+// run restarts the same single-member cluster on the same URLs.
+func startEtcd(dataDir string, keep bool, timeout time.Duration, sigCh <-chan os.Signal) (*embed.Etcd, string, error) {
 	var lastErr error
+	portsFile := filepath.Join(dataDir, "ports")
 	for attempt := 0; attempt < 5; attempt++ {
-		cport, err := freePort()
-		if err != nil {
-			return nil, "", err
-		}
-		pport, err := freePort()
-		if err != nil {
-			return nil, "", err
+		cport, pport, err := 0, 0, error(nil)
+		if b, rerr := os.ReadFile(portsFile); keep && rerr == nil {
+			if _, err = fmt.Sscanf(string(b), "%d %d", &cport, &pport); err != nil {
+				return nil, "", fmt.Errorf("%s: %w", portsFile, err)
+			}
+		} else {
+			if cport, err = freePort(); err != nil {
+				return nil, "", err
+			}
+			if pport, err = freePort(); err != nil {
+				return nil, "", err
+			}
 		}
 		curl := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(cport))}
 		purl := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(pport))}
@@ -282,6 +325,9 @@ func startEtcd(dataDir string, timeout time.Duration, sigCh <-chan os.Signal) (*
 		cfg := embed.NewConfig()
 		cfg.Name = "kube-testenv"
 		cfg.Dir = filepath.Join(dataDir, strconv.Itoa(attempt))
+		if keep {
+			cfg.Dir = filepath.Join(dataDir, "data")
+		}
 		cfg.UnsafeNoFsync = true
 		cfg.LogLevel = "error"
 		cfg.ListenClientUrls = []url.URL{curl}
@@ -298,6 +344,12 @@ func startEtcd(dataDir string, timeout time.Duration, sigCh <-chan os.Signal) (*
 		}
 		select {
 		case <-e.Server.ReadyNotify():
+			if keep {
+				if err := os.WriteFile(portsFile, []byte(fmt.Sprintf("%d %d\n", cport, pport)), 0o600); err != nil {
+					e.Close()
+					return nil, "", err
+				}
+			}
 			return e, curl.String(), nil
 		case err := <-e.Err():
 			e.Close()
@@ -312,6 +364,38 @@ func startEtcd(dataDir string, timeout time.Duration, sigCh <-chan os.Signal) (*
 		}
 	}
 	return nil, "", fmt.Errorf("etcd: %w", lastErr)
+}
+
+// watchParent sends a SIGTERM-equivalent on sigCh once process pid is gone.
+func watchParent(pid int, sigCh chan<- os.Signal) {
+	for {
+		time.Sleep(250 * time.Millisecond)
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			logf("parent process %d is gone; stopping", pid)
+			sigCh <- syscall.SIGTERM
+			return
+		}
+	}
+}
+
+// readCredentials reads the CA and the tokens an earlier run wrote into dir;
+// ok is false if any file is missing.
+func readCredentials(dir string) (caPEM []byte, admin, tester string, ok bool) {
+	for _, f := range []string{"serving.crt", "serving.key", "sa.key", "sa.pub", "tokens.csv"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return nil, "", "", false
+		}
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, "", "", false
+	}
+	a, err1 := os.ReadFile(filepath.Join(dir, "admin.token"))
+	t, err2 := os.ReadFile(filepath.Join(dir, "tester.token"))
+	if err1 != nil || err2 != nil {
+		return nil, "", "", false
+	}
+	return caPEM, string(a), string(t), true
 }
 
 func closeEtcd(e *embed.Etcd) {

@@ -18,10 +18,18 @@
 //! Backends:
 //! - [`memory::MemoryBackend`]: in-process, always available, driven by tokio's clock.
 //! - [`faulty::FaultyBackend`]: wraps any backend and injects delays, stalls and failures.
+//! - `redis::RedisBackend` (feature `redis`): one Redis server, Lua scripts over one shared
+//!   connection, release notifications over pub/sub.
+//! - `kube::KubeBackend` (feature `kube`): a `coordination.k8s.io/v1` Lease per lock, written
+//!   as client-go writes it; compare-and-swap on resourceVersion, a watch for notifications.
 
 mod error;
 pub mod faulty;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod types;
 
 use std::sync::Arc;

@@ -91,11 +91,11 @@ impl HolderToken {
     /// The token as 32 lowercase hex digits, the form backends store.
     #[must_use]
     pub fn to_hex(&self) -> String {
-        use fmt::Write;
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut s = String::with_capacity(32);
         for b in self.0 {
-            // Writing to a String cannot fail.
-            let _ = write!(s, "{b:02x}");
+            s.push(char::from(DIGITS[usize::from(b >> 4)]));
+            s.push(char::from(DIGITS[usize::from(b & 0xf)]));
         }
         s
     }

@@ -22,6 +22,8 @@
 //! workload has stopped.
 
 mod error;
+#[cfg(feature = "healthz")]
+mod healthz;
 #[cfg(feature = "metrics")]
 mod metrics;
 
@@ -39,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use error::ElectionError;
+#[cfg(feature = "healthz")]
+pub use healthz::serve_healthz;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
 

@@ -239,9 +239,9 @@ impl Locker {
                 return Err(failure.0);
             }
             let pause = plan.busy_pause(failure.1).min(give_up_at - now);
-            // Subscribing after the first busy answer, then retrying on the stream's first
-            // item (the state at subscription), closes the window in which a release between
-            // our attempt and the subscription would go unnoticed.
+            // Subscribing after the first busy answer, then retrying at once if the stream's
+            // first item (the state at subscription) says the lock is free, closes the window
+            // in which a release between our attempt and the subscription would go unnoticed.
             let stream = changes.get_or_insert_with(|| self.inner.backend.observe(name));
             wait_for_change(stream, pause).await;
         }
@@ -320,14 +320,23 @@ async fn wait_for_change(
 ) {
     let sleep = tokio::time::sleep(pause);
     tokio::pin!(sleep);
-    tokio::select! {
-        () = &mut sleep => {}
-        item = changes.next() => match item {
-            Some(Ok(_)) => {}
-            // A hiccup of the notification channel, or its end: rely on the timer alone for
-            // this pause rather than retrying (or spinning) on a broken stream.
-            Some(Err(_)) | None => sleep.await,
-        },
+    loop {
+        tokio::select! {
+            () = &mut sleep => return,
+            item = changes.next() => match item {
+                // The lock became free: try now.
+                Some(Ok(change)) if change.is_free() => return,
+                // Someone else was granted it (or the state at subscription shows a holder):
+                // trying now would only be answered "busy".
+                Some(Ok(_)) => {}
+                // A hiccup of the notification channel, or its end: rely on the timer alone
+                // for this pause rather than retrying (or spinning) on a broken stream.
+                Some(Err(_)) | None => {
+                    sleep.await;
+                    return;
+                }
+            },
+        }
     }
 }
 

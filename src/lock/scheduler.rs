@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::lease::LeaseShared;
 use super::{LeaseEnd, LostReason};
@@ -464,13 +465,17 @@ impl Task {
         };
         let backend = self.backend.clone();
         let keys = keys.to_vec();
-        self.in_flight.push(Box::pin(async move {
-            let sent = Instant::now();
-            let answer = tokio::time::timeout(timeout, backend.renew_many(&batch))
-                .await
-                .map_err(|_| BackendError::timeout("renewal batch", timeout));
-            (keys, sent, answer)
-        }));
+        let span = tracing::debug_span!("renew", leases = batch.len());
+        self.in_flight.push(Box::pin(
+            async move {
+                let sent = Instant::now();
+                let answer = tokio::time::timeout(timeout, backend.renew_many(&batch))
+                    .await
+                    .map_err(|_| BackendError::timeout("renewal batch", timeout));
+                (keys, sent, answer)
+            }
+            .instrument(span),
+        ));
     }
 
     fn finish_batch(&mut self, (ids, sent, answer): BatchResult) {

@@ -4,14 +4,21 @@
 //
 //	clientgo-candidate --kubeconfig FILE --lease NAME --identity ID \
 //	    [--namespace default] [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s] [--rejoin]
+//	    [--timestamps] [--user-agent clientgo-candidate]
 //
 // It prints one line per event on stdout (logs go to stderr):
 //
 //	STARTED <identity>    this candidate became leader (OnStartedLeading)
+//	ENDED <identity>      its leading context was cancelled: the workload must stop
+//	                      (before a release, or after the lease was lost)
 //	STOPPED <identity>    the election loop ended (OnStoppedLeading; client-go
 //	                      calls it also when the candidate never led)
 //	NEWLEADER <identity>  a new holder was observed (OnNewLeader), possibly
 //	                      itself; "NEWLEADER" alone when the lease was released
+//
+// With --timestamps every line ends with the wall-clock time in Unix
+// nanoseconds ("STARTED go-1 1764467000123456789"), so that a test can merge
+// the events into one timeline with its own.
 //
 // ReleaseOnCancel is true: on SIGTERM/SIGINT a leader releases the Lease
 // (holder cleared, leaseDurationSeconds 1) before exiting 0. A leader that
@@ -37,16 +44,23 @@ import (
 	"k8s.io/klog/v2"
 )
 
-var outMu sync.Mutex
+var (
+	outMu      sync.Mutex
+	timestamps bool
+)
 
 func emit(event, identity string) {
+	now := time.Now()
 	outMu.Lock()
 	defer outMu.Unlock()
-	if identity == "" {
-		fmt.Fprintln(os.Stdout, event)
-	} else {
-		fmt.Fprintln(os.Stdout, event, identity)
+	line := event
+	if identity != "" {
+		line += " " + identity
 	}
+	if timestamps {
+		line += fmt.Sprintf(" %d", now.UnixNano())
+	}
+	fmt.Fprintln(os.Stdout, line)
 }
 
 func main() {
@@ -59,6 +73,8 @@ func main() {
 	renewDeadline := flag.Duration("renew-deadline", 10*time.Second, "RenewDeadline")
 	retryPeriod := flag.Duration("retry-period", 2*time.Second, "RetryPeriod")
 	rejoin := flag.Bool("rejoin", false, "after losing the lease, run for it again instead of exiting 1")
+	flag.BoolVar(&timestamps, "timestamps", false, "end every event line with the wall-clock time in Unix nanoseconds")
+	userAgent := flag.String("user-agent", "clientgo-candidate", "User-Agent of its API requests (to tell candidates apart in an audit log)")
 	flag.Parse()
 
 	if *lease == "" || *kubeconfig == "" {
@@ -74,7 +90,7 @@ func main() {
 	if err != nil {
 		klog.Fatalf("kubeconfig: %v", err)
 	}
-	cfg.UserAgent = "clientgo-candidate"
+	cfg.UserAgent = *userAgent
 	client, err := coordinationv1client.NewForConfig(cfg)
 	if err != nil {
 		klog.Fatalf("client: %v", err)
@@ -97,7 +113,11 @@ func main() {
 			ReleaseOnCancel: true,
 			Name:            *lease,
 			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(context.Context) { emit("STARTED", *identity) },
+				OnStartedLeading: func(ctx context.Context) {
+					emit("STARTED", *identity)
+					<-ctx.Done()
+					emit("ENDED", *identity)
+				},
 				OnStoppedLeading: func() { emit("STOPPED", *identity) },
 				OnNewLeader:      func(id string) { emit("NEWLEADER", id) },
 			},

@@ -1,0 +1,380 @@
+//! The Lease record as client-go writes it, tenure's annotations beside it, and the lock-name rule.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+use crate::backend::{BackendError, BackendErrorKind, FencingToken, HolderToken, InvalidName};
+
+/// The prefix of every annotation tenure writes.
+pub const ANNOTATION_PREFIX: &str = "tenure.dev/";
+/// The holder token of the current tenure term (32 hex digits).
+pub const HOLDER_TOKEN: &str = "tenure.dev/holder-token";
+/// The identity the holder token was issued to; a token whose identity differs from
+/// `spec.holderIdentity` is stale (another elector, such as client-go, took the Lease over
+/// and kept the annotations).
+pub const HOLDER_IDENTITY: &str = "tenure.dev/holder-identity";
+/// The fencing token of the current tenure term: the resourceVersion of the acquiring write.
+/// Written by the holder's first renewal (the acquiring write cannot know its own
+/// resourceVersion); until then the term's token is the record's resourceVersion itself.
+pub const FENCING: &str = "tenure.dev/fencing";
+/// The holder token that released the Lease last, so a replayed release reports success.
+pub const RELEASED_TOKEN: &str = "tenure.dev/released-token";
+
+/// The longest Lease name Kubernetes accepts (a DNS-1123 subdomain).
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Checks `name` against Kubernetes' rule for object names (a DNS-1123 subdomain).
+pub fn validate_name(name: &str) -> Result<(), InvalidName> {
+    const RULE: &str = "a Lease name must be a lowercase RFC 1123 subdomain: lowercase \
+        alphanumeric characters, '-' or '.', starting and ending with an alphanumeric \
+        character, each '.'-separated part non-empty";
+    if name.is_empty() {
+        return Err(InvalidName::new(name, "must not be empty"));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(InvalidName::new(
+            name,
+            format!("must be at most {MAX_NAME_LEN} characters (a DNS-1123 subdomain)"),
+        ));
+    }
+    let label_ok = |label: &str| {
+        let b = label.as_bytes();
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        !b.is_empty()
+            && b.first().is_some_and(alnum)
+            && b.last().is_some_and(alnum)
+            && b.iter().all(|c| alnum(c) || *c == b'-')
+    };
+    if name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err(InvalidName::new(name, RULE))
+    }
+}
+
+/// `ttl` rounded up to whole seconds, at least 1: the record's `leaseDurationSeconds`.
+pub fn lease_duration_seconds(ttl: Duration) -> i32 {
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
+    i32::try_from(secs.max(1)).unwrap_or(i32::MAX)
+}
+
+/// Parses a resourceVersion as the u64 it is on etcd-backed servers (comparable by contract
+/// since Kubernetes 1.35, KEP-5504). Anything else fails closed.
+pub fn parse_resource_version(lease: &Lease) -> Result<u64, BackendError> {
+    let rv = lease.metadata.resource_version.as_deref().unwrap_or("");
+    rv.parse::<u64>().map_err(|_| {
+        BackendError::new(
+            BackendErrorKind::Protocol,
+            format!(
+                "the Lease's resourceVersion {rv:?} is not an unsigned integer, so it cannot \
+                 serve as a fencing token; tenure needs an etcd-backed API server \
+                 (Kubernetes 1.35+ guarantees comparable resourceVersions)"
+            ),
+        )
+    })
+}
+
+/// What tenure reads from a Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    /// `spec.holderIdentity` when non-empty.
+    pub holder: Option<String>,
+    /// `spec.leaseDurationSeconds` (0 when absent or negative: expired at once, as client-go
+    /// reads it).
+    pub duration: Duration,
+    /// The tenure holder token, when it belongs to the current holder.
+    pub token: Option<HolderToken>,
+    /// The fencing annotation, when `token` is set and the annotation is present.
+    pub fencing: Option<FencingToken>,
+    /// The holder token that released last.
+    pub released: Option<HolderToken>,
+    /// `spec.leaseTransitions`.
+    pub transitions: i32,
+}
+
+fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+impl View {
+    /// Reads `lease`.
+    ///
+    /// A malformed tenure annotation is treated as absent: the record is then foreign, which
+    /// can only make tenure wait longer, never grant.
+    pub fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        let holder = spec
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty());
+        let duration = spec
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(Duration::ZERO, Duration::from_secs);
+        let token = match (&holder, annotation(lease, HOLDER_IDENTITY)) {
+            (Some(h), Some(id)) if h == id => {
+                annotation(lease, HOLDER_TOKEN).and_then(HolderToken::from_hex)
+            }
+            _ => None,
+        };
+        let fencing = token
+            .and(annotation(lease, FENCING))
+            .and_then(|f| f.parse::<u64>().ok())
+            .map(FencingToken::new);
+        Self {
+            holder,
+            duration,
+            token,
+            fencing,
+            released: annotation(lease, RELEASED_TOKEN).and_then(HolderToken::from_hex),
+            transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+        }
+    }
+
+    /// The fencing token of the record's current term, read at resourceVersion `rv`.
+    ///
+    /// A tenure term's annotation once stamped, else `rv` (which is the acquiring write's
+    /// until the first renewal stamps it). A foreign holder (client-go) has no fencing token;
+    /// its term is named by `rv`.
+    pub fn term_fencing(&self, rv: u64) -> FencingToken {
+        self.fencing.unwrap_or(FencingToken::new(rv))
+    }
+}
+
+fn now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn annotations_mut(lease: &mut Lease) -> &mut BTreeMap<String, String> {
+    lease.metadata.annotations.get_or_insert_with(BTreeMap::new)
+}
+
+/// A new Lease `name` in `namespace` held by `holder`/`identity`, as client-go creates it.
+pub fn created(
+    namespace: &str,
+    name: &str,
+    holder: &HolderToken,
+    identity: &str,
+    ttl: Duration,
+) -> Lease {
+    let mut lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    };
+    take_over(&mut lease, holder, identity, ttl);
+    lease
+}
+
+/// Rewrites `lease` as a new term of `holder`/`identity`, exactly as client-go's acquiring
+/// update does: transitions +1 unless the previous holder had the same identity.
+pub fn take_over(lease: &mut Lease, holder: &HolderToken, identity: &str, ttl: Duration) {
+    let previous = lease.spec.as_ref();
+    let same_identity = previous.and_then(|s| s.holder_identity.as_deref()) == Some(identity);
+    let transitions = previous.and_then(|s| s.lease_transitions).unwrap_or(0);
+    let now = now();
+    lease.spec = Some(LeaseSpec {
+        holder_identity: Some(identity.to_owned()),
+        lease_duration_seconds: Some(lease_duration_seconds(ttl)),
+        acquire_time: Some(now.clone()),
+        renew_time: Some(now),
+        lease_transitions: Some(if previous.is_none() || same_identity {
+            transitions
+        } else {
+            transitions.saturating_add(1)
+        }),
+        ..LeaseSpec::default()
+    });
+    let a = annotations_mut(lease);
+    a.insert(HOLDER_TOKEN.to_owned(), holder.to_hex());
+    a.insert(HOLDER_IDENTITY.to_owned(), identity.to_owned());
+    a.remove(FENCING);
+}
+
+/// Rewrites `lease` as a renewal by its current holder: renewTime now, the duration from
+/// `ttl`, acquireTime and transitions kept (client-go's renewal), and the term's fencing
+/// token stamped when known.
+pub fn renewed(lease: &mut Lease, ttl: Duration, fencing: Option<FencingToken>) {
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.renew_time = Some(now());
+    spec.lease_duration_seconds = Some(lease_duration_seconds(ttl));
+    if let Some(f) = fencing {
+        annotations_mut(lease).insert(FENCING.to_owned(), f.get().to_string());
+    }
+}
+
+/// Rewrites `lease` as released by `holder`, exactly as client-go's `ReleaseOnCancel` does
+/// (holder cleared, leaseDurationSeconds 1, acquireTime and renewTime now, transitions kept),
+/// remembering the holder token so that a replayed release reports success.
+pub fn released(lease: &mut Lease, holder: &HolderToken) {
+    let transitions = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0);
+    let now = now();
+    lease.spec = Some(LeaseSpec {
+        holder_identity: Some(String::new()),
+        lease_duration_seconds: Some(1),
+        acquire_time: Some(now.clone()),
+        renew_time: Some(now),
+        lease_transitions: Some(transitions),
+        ..LeaseSpec::default()
+    });
+    let a = annotations_mut(lease);
+    a.remove(HOLDER_TOKEN);
+    a.remove(HOLDER_IDENTITY);
+    a.remove(FENCING);
+    a.insert(RELEASED_TOKEN.to_owned(), holder.to_hex());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_dns_1123_subdomain_rules() {
+        for ok in ["a", "my-lock", "a.b-c.d", "0", "x".repeat(253).as_str()] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "A",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a.",
+            "a_b",
+            "a b",
+            "é",
+            "x".repeat(254).as_str(),
+        ] {
+            let err = validate_name(bad).expect_err(bad);
+            assert!(!err.rule.is_empty());
+        }
+        assert!(
+            validate_name(&"x".repeat(254))
+                .expect_err("too long")
+                .rule
+                .contains("253")
+        );
+    }
+
+    #[test]
+    fn durations_round_up_to_whole_seconds() {
+        assert_eq!(lease_duration_seconds(Duration::from_millis(1)), 1);
+        assert_eq!(lease_duration_seconds(Duration::ZERO), 1);
+        assert_eq!(lease_duration_seconds(Duration::from_secs(15)), 15);
+        assert_eq!(lease_duration_seconds(Duration::from_millis(15_001)), 16);
+        assert_eq!(lease_duration_seconds(Duration::MAX), i32::MAX);
+    }
+
+    fn with_rv(mut lease: Lease, rv: &str) -> Lease {
+        lease.metadata.resource_version = Some(rv.to_owned());
+        lease
+    }
+
+    #[test]
+    fn resource_versions_must_be_integers() {
+        let lease = created(
+            "ns",
+            "x",
+            &HolderToken::random(),
+            "me",
+            Duration::from_secs(1),
+        );
+        assert_eq!(
+            parse_resource_version(&with_rv(lease.clone(), "42")).ok(),
+            Some(42)
+        );
+        for bad in ["", "abc", "-1", "1.5"] {
+            let e = parse_resource_version(&with_rv(lease.clone(), bad)).expect_err(bad);
+            assert_eq!(e.kind(), BackendErrorKind::Protocol);
+        }
+    }
+
+    #[test]
+    fn record_cycle_matches_client_go() {
+        let a = HolderToken::random();
+        let mut lease = created("ns", "x", &a, "alpha", Duration::from_millis(1500));
+        let spec = lease.spec.clone().expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("alpha"));
+        assert_eq!(spec.lease_duration_seconds, Some(2));
+        assert_eq!(spec.lease_transitions, Some(0));
+        assert_eq!(spec.acquire_time, spec.renew_time);
+        let v = View::of(&lease);
+        assert_eq!(v.token, Some(a));
+        assert_eq!(v.fencing, None);
+        assert_eq!(v.term_fencing(7), FencingToken::new(7));
+
+        renewed(
+            &mut lease,
+            Duration::from_secs(3),
+            Some(FencingToken::new(7)),
+        );
+        let v = View::of(&lease);
+        assert_eq!(v.duration, Duration::from_secs(3));
+        assert_eq!(v.term_fencing(9), FencingToken::new(7));
+        assert_eq!(
+            lease.spec.as_ref().and_then(|s| s.lease_transitions),
+            Some(0)
+        );
+
+        released(&mut lease, &a);
+        let v = View::of(&lease);
+        assert_eq!(v.holder, None);
+        assert_eq!(v.token, None);
+        assert_eq!(v.released, Some(a));
+        assert_eq!(v.duration, Duration::from_secs(1));
+        let spec = lease.spec.clone().expect("spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+        assert_eq!(spec.lease_transitions, Some(0));
+
+        // A new holder: transitions +1, token replaced, the release memo kept.
+        let b = HolderToken::random();
+        take_over(&mut lease, &b, "beta", Duration::from_secs(1));
+        let v = View::of(&lease);
+        assert_eq!(v.token, Some(b));
+        assert_eq!(v.transitions, 1);
+        assert_eq!(v.released, Some(a));
+        // The same identity again (after its own expiry): client-go keeps the count.
+        let c = HolderToken::random();
+        take_over(&mut lease, &c, "beta", Duration::from_secs(1));
+        assert_eq!(View::of(&lease).transitions, 1);
+    }
+
+    #[test]
+    fn a_foreign_takeover_invalidates_a_kept_token() {
+        let a = HolderToken::random();
+        let mut lease = created("ns", "x", &a, "rust-1", Duration::from_secs(1));
+        renewed(
+            &mut lease,
+            Duration::from_secs(1),
+            Some(FencingToken::new(5)),
+        );
+        // client-go rewrites the spec and keeps the metadata it read.
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = Some("go-1".into());
+        }
+        let v = View::of(&lease);
+        assert_eq!(v.holder.as_deref(), Some("go-1"));
+        assert_eq!(v.token, None);
+        assert_eq!(
+            v.fencing, None,
+            "the old term's fencing must not leak into go-1's"
+        );
+    }
+}

@@ -1,0 +1,306 @@
+//! One watch per observed Lease, shared by every observer: keeps the local view current and
+//! tells observers about holder changes (grants and releases), never about renewals.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::WatchEvent;
+use tokio::sync::watch;
+
+use super::Inner;
+use super::record::View;
+use super::state::Current;
+use crate::backend::{BackendError, HolderChange, HolderToken};
+
+/// What observers of one Lease see: `None` until the watch has synced once, then the current
+/// holder, or the latest failure of the watch.
+pub type Notice = Option<Result<HolderChange, BackendError>>;
+/// The sending side of a Lease's notices, shared by the watch task and the lock state.
+pub type Notices = Arc<watch::Sender<Notice>>;
+
+/// How long the API server keeps one watch request open (kube's default, below the server's
+/// 5-minute minimum request timeout); the task then resumes from the last resourceVersion.
+pub const WATCH_TIMEOUT_SECS: u32 = 290;
+/// A watch that delivers nothing for this long is presumed dead (a silently dropped
+/// connection) and restarted; the server ends healthy ones before.
+const IDLE_LIMIT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECS as u64 + 30);
+/// Retry pauses after a failure: doubling from the first to the last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Identifies a term: a change of any of these is a change of holder.
+#[derive(Clone, Debug, PartialEq)]
+enum TermKey {
+    Free,
+    Held {
+        holder: String,
+        token: Option<HolderToken>,
+        acquired: Option<MicroTime>,
+        transitions: i32,
+    },
+}
+
+fn term_of(current: &Current) -> (TermKey, HolderChange) {
+    let Current::Present(seen) = current else {
+        return (TermKey::Free, HolderChange::free());
+    };
+    let view = View::of(&seen.lease);
+    let Some(holder) = view.holder.clone() else {
+        return (TermKey::Free, HolderChange::free());
+    };
+    let key = TermKey::Held {
+        holder: holder.clone(),
+        token: view.token,
+        acquired: seen
+            .lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.acquire_time.clone()),
+        transitions: view.transitions,
+    };
+    let change = HolderChange {
+        holder: Some(holder),
+        fencing: Some(view.term_fencing(seen.rv)),
+    };
+    (key, change)
+}
+
+/// A stream of holder changes of `name`, starting with the state once the watch is synced.
+pub fn observe(
+    inner: &Arc<Inner>,
+    name: &str,
+) -> BoxStream<'static, Result<HolderChange, BackendError>> {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let e = BackendError::new(
+            crate::backend::BackendErrorKind::Config,
+            "observe needs a tokio runtime to run its watch",
+        );
+        return Box::pin(futures::stream::iter([Err(e)]));
+    };
+    let name: Arc<str> = Arc::from(name);
+    let mut rx = {
+        let mut locks = inner.locks();
+        let st = locks.entry(name.clone()).or_default();
+        match &st.watch {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = watch::channel(None);
+                let tx = Arc::new(tx);
+                st.watch = Some(tx.clone());
+                rt.spawn(run(inner.clone(), name.clone(), tx));
+                rx
+            }
+        }
+    };
+    rx.mark_changed();
+    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            let notice = rx.borrow_and_update().clone();
+            if let Some(notice) = notice {
+                return Some((notice, rx));
+            }
+        }
+    }))
+}
+
+/// The task behind one Lease's notices; ends when the last observer is gone.
+struct Task {
+    inner: Arc<Inner>,
+    name: Arc<str>,
+    tx: Notices,
+    /// The term last announced; `None` after a failure, so the next sync is announced.
+    term: Option<TermKey>,
+    backoff: Duration,
+}
+
+async fn run(inner: Arc<Inner>, name: Arc<str>, tx: Notices) {
+    let mut task = Task {
+        inner,
+        name,
+        tx,
+        term: None,
+        backoff: BACKOFF_FIRST,
+    };
+    task.run().await;
+    tracing::debug!(lock = %task.name, "lease watch stopped: no observers left");
+}
+
+enum Next {
+    /// Start over with a fresh list.
+    Relist,
+    /// Pause, then start over.
+    Backoff(BackendError),
+    /// No observers left.
+    Stop,
+}
+
+impl Task {
+    async fn run(&mut self) {
+        loop {
+            match self.session().await {
+                Next::Relist => {}
+                Next::Stop => return,
+                Next::Backoff(e) => {
+                    self.failed(e);
+                    let pause = self.backoff;
+                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.tx.closed() => {}
+                    }
+                }
+            }
+            if self.finished() {
+                return;
+            }
+        }
+    }
+
+    /// One list, then watches from its resourceVersion until something breaks.
+    async fn session(&mut self) -> Next {
+        let listed = tokio::select! {
+            r = self.inner.list_one(&self.name) => r,
+            () = self.tx.closed() => return self.stop_or(Next::Relist),
+        };
+        let (lease, mut rv) = match listed {
+            Ok(l) => l,
+            Err(e) => return Next::Backoff(e),
+        };
+        let current = match self.inner.note(&self.name, lease, true) {
+            Ok(c) => c,
+            Err(e) => return Next::Backoff(e),
+        };
+        self.set_live(true);
+        self.announce(&current);
+        loop {
+            let opened = tokio::select! {
+                r = self.inner.watch_from(&self.name, &rv) => r,
+                () = self.tx.closed() => return self.stop_or(Next::Relist),
+            };
+            let mut events = match opened {
+                Ok(s) => s,
+                Err(e) => return Next::Backoff(e),
+            };
+            loop {
+                let event = tokio::select! {
+                    e = tokio::time::timeout(IDLE_LIMIT, events.next()) => e,
+                    () = self.tx.closed() => {
+                        if self.finished() {
+                            return Next::Stop;
+                        }
+                        continue;
+                    }
+                };
+                let event = match event {
+                    Err(_) => {
+                        tracing::debug!(lock = %self.name, "lease watch idle too long; restarting it");
+                        return Next::Relist;
+                    }
+                    // The server closed the watch (its timeout): resume where it ended.
+                    Ok(None) => break,
+                    Ok(Some(Ok(event))) => event,
+                    Ok(Some(Err(e))) => {
+                        return Next::Backoff(super::error::map(
+                            e,
+                            self.inner.op("watch", &self.name),
+                        ));
+                    }
+                };
+                match event {
+                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
+                        if let Some(v) = lease.metadata.resource_version.clone() {
+                            rv = v;
+                        }
+                        match self.inner.note(&self.name, Some(lease), false) {
+                            Ok(current) => self.announce(&current),
+                            Err(e) => return Next::Backoff(e),
+                        }
+                        self.backoff = BACKOFF_FIRST;
+                    }
+                    WatchEvent::Deleted(lease) => {
+                        if let Some(v) = lease.metadata.resource_version.clone() {
+                            rv = v;
+                        }
+                        match self.inner.note(&self.name, None, false) {
+                            Ok(current) => self.announce(&current),
+                            Err(e) => return Next::Backoff(e),
+                        }
+                    }
+                    WatchEvent::Bookmark(b) => rv = b.metadata.resource_version,
+                    WatchEvent::Error(status) if status.code == 410 => {
+                        // Our resourceVersion is too old to resume from: list again.
+                        return Next::Relist;
+                    }
+                    WatchEvent::Error(status) => {
+                        let e = kube::Error::Api(status);
+                        return Next::Backoff(super::error::map(
+                            e,
+                            self.inner.op("watch", &self.name),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn stop_or(&self, next: Next) -> Next {
+        if self.finished() { Next::Stop } else { next }
+    }
+
+    /// Whether no observer is left; if so, unregisters the watch (under the state lock, so
+    /// that no observer can subscribe to a task that is ending).
+    fn finished(&self) -> bool {
+        let mut locks = self.inner.locks();
+        if self.tx.receiver_count() > 0 {
+            return false;
+        }
+        if let Some(st) = locks.get_mut(&self.name)
+            && st.watch.as_ref().is_some_and(|w| Arc::ptr_eq(w, &self.tx))
+        {
+            st.watch = None;
+            st.live = false;
+            if st.is_idle() {
+                locks.remove(&self.name);
+            }
+        }
+        true
+    }
+
+    fn set_live(&self, live: bool) {
+        if let Some(st) = self.inner.locks().get_mut(&self.name) {
+            st.live = live;
+        }
+    }
+
+    /// Tells observers about `current` if its term differs from the last one announced.
+    fn announce(&mut self, current: &Current) {
+        let (key, change) = term_of(current);
+        if self.term.as_ref() != Some(&key) {
+            self.term = Some(key);
+            self.tx.send_replace(Some(Ok(change)));
+        }
+    }
+
+    /// The watch broke: reads go to the server again, and observers hear of it once.
+    fn failed(&mut self, e: BackendError) {
+        tracing::debug!(lock = %self.name, error = %e, "lease watch failed; retrying");
+        self.set_live(false);
+        self.term = None;
+        self.tx.send_if_modified(|v| {
+            if matches!(v, Some(Err(_))) {
+                false
+            } else {
+                *v = Some(Err(e));
+                true
+            }
+        });
+    }
+}
+
+/// The (at most one) Lease a field-selected list returned, with the list's resourceVersion.
+pub type Listed = (Option<Lease>, String);

@@ -1,0 +1,639 @@
+//! Runs the Lua scripts: batches of entries become EVALSHA calls, sent as one pipeline (one
+//! round trip), reloaded on NOSCRIPT in that same retry, and their answers parsed into the
+//! backend's values.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use ::redis::aio::ConnectionManager;
+use ::redis::{Pipeline, Value};
+
+use super::error::{Scrubber, from_redis, from_reply};
+use super::keys::Keys;
+use crate::backend::{
+    Acquired, BackendError, BackendErrorKind, FencingToken, HolderChange, LeaseRecord, Released,
+    Renewed,
+};
+
+/// One Lua script, with its SHA1 for EVALSHA.
+pub(crate) struct Lua {
+    pub(crate) name: &'static str,
+    pub(crate) src: &'static str,
+    pub(crate) sha: String,
+}
+
+impl Lua {
+    fn new(name: &'static str, src: &'static str) -> Self {
+        Self {
+            name,
+            src,
+            sha: ::redis::Script::new(src).get_hash().to_owned(),
+        }
+    }
+}
+
+pub(crate) static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("acquire", include_str!("acquire.lua")));
+pub(crate) static RENEW: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("renew", include_str!("renew.lua")));
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("release", include_str!("release.lua")));
+pub(crate) static INSPECT: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("inspect", include_str!("inspect.lua")));
+
+/// Every script, for loading them up front.
+pub(crate) fn all_scripts() -> [&'static Lua; 4] {
+    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT]
+}
+
+/// Counters of what the engine sent.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) round_trips: AtomicU64,
+    pub(crate) script_calls: AtomicU64,
+    pub(crate) entries: AtomicU64,
+    pub(crate) reloads: AtomicU64,
+}
+
+/// One acquire attempt, in the form the script takes.
+pub(crate) struct AcquireEntry {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) holder: String,
+    pub(crate) identity: Arc<str>,
+    pub(crate) ttl_ms: u64,
+}
+
+/// One renewal.
+pub(crate) struct RenewEntry {
+    pub(crate) lock: String,
+    pub(crate) holder: String,
+    pub(crate) ttl_ms: u64,
+}
+
+/// One release.
+pub(crate) struct ReleaseEntry {
+    pub(crate) lock: String,
+    pub(crate) holder: String,
+}
+
+/// A lock's state as one atomic read sees it, with its place in the lock's history.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    pub(crate) record: Option<LeaseRecord>,
+    pub(crate) version: Version,
+}
+
+/// Orders the states of one lock: held by token `f` is `(f, 0)`, freed after token `f` is
+/// `(f, 1)`. Fencing tokens only rise, so a later state always has a greater version; this is
+/// how observers drop notifications that arrive after a fresher read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Version(pub(crate) u64, pub(crate) u8);
+
+impl Snapshot {
+    pub(crate) fn change(&self) -> HolderChange {
+        self.record
+            .as_ref()
+            .map_or_else(HolderChange::free, |r| HolderChange {
+                holder: Some(r.identity.clone()),
+                fencing: Some(r.fencing),
+            })
+    }
+}
+
+/// Parses a notification payload: `g:<fencing>:<identity>` or `r:<fencing>`.
+pub(crate) fn parse_notification(payload: &[u8]) -> Option<(Version, HolderChange)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    if let Some(rest) = text.strip_prefix("g:") {
+        let (f, identity) = rest.split_once(':')?;
+        let f: u64 = f.parse().ok()?;
+        Some((
+            Version(f, 0),
+            HolderChange {
+                holder: Some(identity.to_owned()),
+                fencing: Some(FencingToken::new(f)),
+            },
+        ))
+    } else if let Some(f) = text.strip_prefix("r:") {
+        Some((Version(f.parse().ok()?, 1), HolderChange::free()))
+    } else {
+        None
+    }
+}
+
+/// Sends script calls over the shared connection.
+pub(crate) struct Engine {
+    pub(crate) conn: ConnectionManager,
+    pub(crate) keys: Keys,
+    pub(crate) scrub: Scrubber,
+    pub(crate) counters: Counters,
+    /// The most entries one script call carries; larger batches become several calls in one
+    /// pipeline, so that no single script blocks the server for long.
+    pub(crate) max_entries: usize,
+    pub(crate) ack_ttl: Duration,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("prefix", &self.keys.prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Sends the pipeline `pipe` of EVALSHA calls (`scripts[i]` is the script of call `i`) in one
+    /// round trip. Calls answered NOSCRIPT are retried, after loading their scripts, in one more
+    /// round trip. Each call's answer is its reply or its own error.
+    async fn send(
+        &self,
+        pipe: &Pipeline,
+        scripts: &[&'static Lua],
+        what: &str,
+    ) -> Result<Vec<Result<Value, BackendError>>, BackendError> {
+        let mut conn = self.conn.clone();
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .script_calls
+            .fetch_add(scripts.len() as u64, Ordering::Relaxed);
+        let mut replies = conn
+            .send_packed_commands(pipe, 0, scripts.len())
+            .await
+            .map_err(|e| from_redis(&e, what, &self.scrub))?;
+        if replies.len() != scripts.len() {
+            return Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!(
+                    "redis {what}: {} replies to {} calls",
+                    replies.len(),
+                    scripts.len()
+                ),
+            ));
+        }
+        let missing: Vec<usize> = replies
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| is_noscript(r))
+            .map(|(i, _)| i)
+            .collect();
+        if !missing.is_empty() {
+            let mut retry = ::redis::pipe();
+            let mut loaded: Vec<&str> = Vec::new();
+            for &i in &missing {
+                if !loaded.contains(&scripts[i].name) {
+                    loaded.push(scripts[i].name);
+                    retry.cmd("SCRIPT").arg("LOAD").arg(scripts[i].src);
+                }
+            }
+            let commands: Vec<_> = pipe.cmd_iter().collect();
+            for &i in &missing {
+                if let Some(cmd) = commands.get(i) {
+                    retry.add_command((*cmd).clone());
+                }
+            }
+            tracing::debug!(scripts = ?loaded, "redis scripts missing (NOSCRIPT); reloading");
+            self.counters
+                .reloads
+                .fetch_add(loaded.len() as u64, Ordering::Relaxed);
+            self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            let answers = conn
+                .send_packed_commands(&retry, 0, loaded.len() + missing.len())
+                .await
+                .map_err(|e| from_redis(&e, what, &self.scrub))?;
+            let mut answers = answers.into_iter();
+            for _ in 0..loaded.len() {
+                if let Some(Value::ServerError(e)) = answers.next() {
+                    let e: ::redis::RedisError = e.into();
+                    return Err(from_redis(&e, "script load", &self.scrub));
+                }
+            }
+            for &i in &missing {
+                replies[i] = answers.next().unwrap_or(Value::Nil);
+            }
+        }
+        Ok(replies
+            .into_iter()
+            .map(|r| match r {
+                Value::ServerError(e) => {
+                    let e: ::redis::RedisError = e.into();
+                    Err(from_redis(&e, what, &self.scrub))
+                }
+                other => Ok(other),
+            })
+            .collect())
+    }
+
+    /// Runs `script` over `entries` in calls of at most `max_entries`, one round trip, and parses
+    /// each entry's answer with `parse`.
+    async fn run_batch<E, T>(
+        &self,
+        script: &'static Lua,
+        what: &str,
+        entries: &[E],
+        keys_per_entry: usize,
+        encode: impl Fn(&mut Pipeline, &[E]),
+        parse: impl Fn(&Value) -> Result<T, BackendError>,
+    ) -> Vec<Result<T, BackendError>> {
+        if entries.is_empty() {
+            return Vec::new();
+        }
+        let chunks: Vec<&[E]> = entries.chunks(self.max_entries.max(1)).collect();
+        let mut pipe = ::redis::pipe();
+        for chunk in &chunks {
+            pipe.cmd("EVALSHA")
+                .arg(&script.sha)
+                .arg(chunk.len() * keys_per_entry);
+            encode(&mut pipe, chunk);
+        }
+        self.counters
+            .entries
+            .fetch_add(entries.len() as u64, Ordering::Relaxed);
+        let scripts = vec![script; chunks.len()];
+        let replies = match self.send(&pipe, &scripts, what).await {
+            Ok(r) => r,
+            Err(e) => return errors(&e, entries.len()).collect(),
+        };
+        let mut out = Vec::with_capacity(entries.len());
+        for (chunk, reply) in chunks.iter().zip(replies) {
+            match reply {
+                Ok(Value::Array(items)) if items.len() == chunk.len() => {
+                    out.extend(items.iter().map(|item| match entry_error(item) {
+                        Some(msg) => Err(from_reply(&msg, what, &self.scrub)),
+                        None => parse(item),
+                    }));
+                }
+                Ok(other) => {
+                    out.extend(errors(&protocol(what, &other), chunk.len()));
+                }
+                Err(e) => out.extend(errors(&e, chunk.len())),
+            }
+        }
+        out
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        entries: Vec<AcquireEntry>,
+    ) -> Vec<Result<Acquired, BackendError>> {
+        self.run_batch(
+            &ACQUIRE,
+            "acquire",
+            &entries,
+            2,
+            |pipe, chunk| {
+                for e in chunk {
+                    pipe.arg(&e.lock).arg(&e.fence);
+                }
+                for e in chunk {
+                    pipe.arg(&e.holder).arg(&*e.identity).arg(e.ttl_ms);
+                }
+            },
+            |item| parse_acquired(item).ok_or_else(|| protocol("acquire", item)),
+        )
+        .await
+    }
+
+    pub(crate) async fn renew(
+        &self,
+        entries: Vec<RenewEntry>,
+    ) -> Vec<Result<Renewed, BackendError>> {
+        self.renew_slice(&entries).await
+    }
+
+    pub(crate) async fn renew_slice(
+        &self,
+        entries: &[RenewEntry],
+    ) -> Vec<Result<Renewed, BackendError>> {
+        self.run_batch(
+            &RENEW,
+            "renew",
+            entries,
+            1,
+            |pipe, chunk| {
+                for e in chunk {
+                    pipe.arg(&e.lock);
+                }
+                for e in chunk {
+                    pipe.arg(&e.holder).arg(e.ttl_ms);
+                }
+            },
+            |item| match as_i64(item) {
+                Some(1) => Ok(Renewed::Held),
+                Some(0) => Ok(Renewed::NotHeld),
+                _ => Err(protocol("renew", item)),
+            },
+        )
+        .await
+    }
+
+    pub(crate) async fn release(
+        &self,
+        entries: Vec<ReleaseEntry>,
+    ) -> Vec<Result<Released, BackendError>> {
+        let ack_ms = millis(self.ack_ttl).max(1);
+        self.run_batch(
+            &RELEASE,
+            "release",
+            &entries,
+            1,
+            |pipe, chunk| {
+                for e in chunk {
+                    pipe.arg(&e.lock);
+                }
+                pipe.arg(ack_ms);
+                for e in chunk {
+                    pipe.arg(&e.holder);
+                }
+            },
+            |item| match as_i64(item) {
+                Some(1) => Ok(Released::Released),
+                Some(0) => Ok(Released::NotHeld),
+                _ => Err(protocol("release", item)),
+            },
+        )
+        .await
+    }
+
+    /// Reads a lock's record and its version, atomically.
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Snapshot, BackendError> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("EVALSHA")
+            .arg(&INSPECT.sha)
+            .arg(2)
+            .arg(self.keys.lock(name))
+            .arg(self.keys.fence(name));
+        self.counters.entries.fetch_add(1, Ordering::Relaxed);
+        let reply = self
+            .send(&pipe, &[&*INSPECT], "inspect")
+            .await?
+            .pop()
+            .unwrap_or(Ok(Value::Nil))?;
+        parse_snapshot(&reply).ok_or_else(|| protocol("inspect", &reply))
+    }
+
+    /// Loads every script, in one round trip.
+    pub(crate) async fn load_scripts(&self) -> Result<(), BackendError> {
+        let mut pipe = ::redis::pipe();
+        for s in all_scripts() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(s.src);
+        }
+        let mut conn = self.conn.clone();
+        self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
+        let replies = conn
+            .send_packed_commands(&pipe, 0, all_scripts().len())
+            .await
+            .map_err(|e| from_redis(&e, "script load", &self.scrub))?;
+        for r in replies {
+            if let Value::ServerError(e) = r {
+                let e: ::redis::RedisError = e.into();
+                return Err(from_redis(&e, "script load", &self.scrub));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `n` copies of an error, one per entry of a failed call.
+pub(crate) fn errors<T>(
+    e: &BackendError,
+    n: usize,
+) -> impl Iterator<Item = Result<T, BackendError>> + '_ {
+    (0..n).map(move |_| Err(e.clone()))
+}
+
+/// The holder token as 32 lowercase hex digits, the form the scripts compare (the same text as
+/// [`HolderToken::to_hex`](crate::backend::HolderToken::to_hex), without its per-byte
+/// formatting, which showed in profiles).
+pub(crate) fn hex(token: &crate::backend::HolderToken) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(32);
+    for b in token.as_bytes() {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn is_noscript(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
+}
+
+fn protocol(what: &str, got: &Value) -> BackendError {
+    let mut shown = format!("{got:?}");
+    if shown.len() > 200 {
+        let mut end = 200;
+        while !shown.is_char_boundary(end) {
+            end -= 1;
+        }
+        shown.truncate(end);
+        shown.push('…');
+    }
+    BackendError::new(
+        BackendErrorKind::Protocol,
+        format!("redis {what}: unexpected answer {shown}"),
+    )
+}
+
+/// `{-1, message}`: a per-entry error reported by a script.
+fn entry_error(item: &Value) -> Option<String> {
+    match item {
+        Value::Array(parts) if parts.len() == 2 && as_i64(&parts[0]) == Some(-1) => {
+            Some(as_string(&parts[1]).unwrap_or_else(|| "script error".to_owned()))
+        }
+        _ => None,
+    }
+}
+
+fn as_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn as_fencing(v: &Value) -> Option<FencingToken> {
+    let raw = match v {
+        Value::Int(i) => u64::try_from(*i).ok()?,
+        other => as_string(other)?.parse().ok()?,
+    };
+    (raw > 0).then_some(FencingToken::new(raw))
+}
+
+fn parse_acquired(item: &Value) -> Option<Acquired> {
+    let Value::Array(parts) = item else {
+        return None;
+    };
+    match (as_i64(parts.first()?)?, parts.len()) {
+        (1, 2) => Some(Acquired::Granted {
+            fencing: as_fencing(&parts[1])?,
+        }),
+        (0, 3) => {
+            let pttl = as_i64(&parts[1])?;
+            Some(Acquired::Busy {
+                holder: as_string(&parts[2]),
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Splits a held lock's value `<holder>:<fencing>:<acks>:<identity>` into identity and
+/// fencing token.
+fn parse_lock_value(value: &str) -> Option<(String, FencingToken)> {
+    let rest = value.get(33..)?;
+    let (fencing, rest) = rest.split_once(':')?;
+    let (_acks, identity) = rest.split_once(':')?;
+    let fencing: u64 = fencing.parse().ok()?;
+    Some((identity.to_owned(), FencingToken::new(fencing)))
+}
+
+fn parse_snapshot(reply: &Value) -> Option<Snapshot> {
+    let Value::Array(parts) = reply else {
+        return None;
+    };
+    let [value, pttl, counter] = parts.as_slice() else {
+        return None;
+    };
+    let counter = match counter {
+        Value::Nil => 0,
+        other => as_string(other)?.parse().ok()?,
+    };
+    match value {
+        Value::Nil => Some(Snapshot {
+            record: None,
+            version: Version(counter, 1),
+        }),
+        other => {
+            let (identity, fencing) = parse_lock_value(&as_string(other)?)?;
+            let remaining = u64::try_from(as_i64(pttl)?).ok().map(Duration::from_millis);
+            Some(Snapshot {
+                record: Some(LeaseRecord {
+                    identity,
+                    fencing,
+                    remaining,
+                    transitions: None,
+                }),
+                version: Version(fencing.get(), 0),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn acquire_answers_parse() {
+        let granted = Value::Array(vec![Value::Int(1), Value::Int(1_796_003_281_177_730)]);
+        assert_eq!(
+            parse_acquired(&granted),
+            Some(Acquired::Granted {
+                fencing: FencingToken::new(1_796_003_281_177_730)
+            })
+        );
+        let replay = Value::Array(vec![Value::Int(1), bulk("42")]);
+        assert_eq!(
+            parse_acquired(&replay),
+            Some(Acquired::Granted {
+                fencing: FencingToken::new(42)
+            })
+        );
+        let busy = Value::Array(vec![Value::Int(0), Value::Int(9989), bulk("host:1")]);
+        assert_eq!(
+            parse_acquired(&busy),
+            Some(Acquired::Busy {
+                holder: Some("host:1".into()),
+                remaining: Some(Duration::from_millis(9989))
+            })
+        );
+        let no_ttl = Value::Array(vec![Value::Int(0), Value::Int(-1), Value::Nil]);
+        assert_eq!(
+            parse_acquired(&no_ttl),
+            Some(Acquired::Busy {
+                holder: None,
+                remaining: None
+            })
+        );
+        assert_eq!(parse_acquired(&Value::Int(1)), None);
+        assert_eq!(
+            parse_acquired(&Value::Array(vec![Value::Int(1), Value::Int(0)])),
+            None,
+            "token zero is never issued"
+        );
+        assert_eq!(
+            entry_error(&Value::Array(vec![Value::Int(-1), bulk("WRONGTYPE x")])).as_deref(),
+            Some("WRONGTYPE x")
+        );
+    }
+
+    #[test]
+    fn snapshots_parse_and_order() {
+        let held = Value::Array(vec![
+            bulk(&format!("{}:77:{}:pod-a:1", "a".repeat(32), "b".repeat(32))),
+            Value::Int(500),
+            bulk("77"),
+        ]);
+        let s = parse_snapshot(&held).expect("parses");
+        let r = s.record.clone().expect("held");
+        assert_eq!(r.identity, "pod-a:1");
+        assert_eq!(r.fencing, FencingToken::new(77));
+        assert_eq!(r.remaining, Some(Duration::from_millis(500)));
+        assert_eq!(s.version, Version(77, 0));
+        let free = Value::Array(vec![Value::Nil, Value::Int(-2), bulk("77")]);
+        let f = parse_snapshot(&free).expect("parses");
+        assert!(f.record.is_none());
+        assert!(
+            f.version > s.version,
+            "freed after 77 comes after held by 77"
+        );
+        let fresh = Value::Array(vec![Value::Nil, Value::Int(-2), Value::Nil]);
+        assert_eq!(
+            parse_snapshot(&fresh).map(|s| s.version),
+            Some(Version(0, 1))
+        );
+    }
+
+    #[test]
+    fn hex_matches_the_tokens_own_form() {
+        for _ in 0..100 {
+            let t = crate::backend::HolderToken::random();
+            assert_eq!(hex(&t), t.to_hex());
+        }
+    }
+
+    #[test]
+    fn notifications_parse() {
+        let (v, c) = parse_notification(b"g:12:host:9").expect("grant");
+        assert_eq!(v, Version(12, 0));
+        assert_eq!(c.holder.as_deref(), Some("host:9"));
+        assert_eq!(c.fencing, Some(FencingToken::new(12)));
+        let (v, c) = parse_notification(b"r:12").expect("release");
+        assert_eq!(v, Version(12, 1));
+        assert!(c.is_free());
+        assert!(parse_notification(b"x").is_none());
+        assert!(parse_notification(b"g:zz:a").is_none());
+    }
+}

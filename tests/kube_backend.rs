@@ -1,0 +1,567 @@
+//! The Kubernetes backend against a real kube-apiserver: the record as client-go writes it,
+//! races, deletion, foreign timestamps, the watch, and request counts.
+
+mod kube_support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, PostParams};
+use kube_support::{shared, unique};
+use tenure::backend::kube::{
+    FENCING_ANNOTATION, HOLDER_IDENTITY_ANNOTATION, HOLDER_TOKEN_ANNOTATION, KubeBackend,
+    KubeOptions, RELEASED_TOKEN_ANNOTATION,
+};
+use tenure::backend::{
+    AcquireRequest, Acquired, Backend, BackendErrorKind, HolderChange, HolderToken, Released,
+    Renewed,
+};
+use tenure::conformance::FencedRegister;
+use tenure::{LeaseEnd, LockError, LockOptions, Locker, LostReason};
+use tokio::time::Instant;
+
+const NS: &str = "default";
+
+fn spec(lease: &Lease) -> k8s_openapi::api::coordination::v1::LeaseSpec {
+    lease
+        .spec
+        .clone()
+        .expect("a Lease written by tenure has a spec")
+}
+
+fn annotation(lease: &Lease, key: &str) -> Option<String> {
+    lease.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+fn rv(lease: &Lease) -> u64 {
+    lease
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .expect("integer resourceVersion")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_is_written_as_client_go_writes_it() {
+    let server = shared();
+    let name = unique("record");
+    let locker = Locker::with_identity(server.backend(NS).await, "alpha").expect("identity");
+    let opts = LockOptions::new().ttl(Duration::from_millis(1500));
+    let lease = locker.try_acquire(&name, &opts).await.expect("free lock");
+
+    let raw = server.lease(NS, &name).await.expect("created");
+    let s = spec(&raw);
+    assert_eq!(s.holder_identity.as_deref(), Some("alpha"));
+    assert_eq!(
+        s.lease_duration_seconds,
+        Some(2),
+        "ttl rounded up to whole seconds"
+    );
+    assert_eq!(s.lease_transitions, Some(0));
+    assert!(s.acquire_time.is_some() && s.acquire_time == s.renew_time);
+    assert_eq!(
+        lease.fencing_token().get(),
+        rv(&raw),
+        "token = rv of the acquiring write"
+    );
+    assert_eq!(
+        annotation(&raw, HOLDER_IDENTITY_ANNOTATION).as_deref(),
+        Some("alpha")
+    );
+    assert_eq!(
+        annotation(&raw, HOLDER_TOKEN_ANNOTATION).map(|t| t.len()),
+        Some(32)
+    );
+    assert_eq!(annotation(&raw, FENCING_ANNOTATION), None);
+
+    lease.refresh().await.expect("renew");
+    let renewed = server.lease(NS, &name).await.expect("still there");
+    let r = spec(&renewed);
+    assert_eq!(r.acquire_time, s.acquire_time, "renewal keeps acquireTime");
+    assert!(r.renew_time > s.renew_time, "renewal moves renewTime");
+    assert_eq!(r.lease_transitions, Some(0));
+    assert_eq!(
+        annotation(&renewed, FENCING_ANNOTATION),
+        Some(lease.fencing_token().to_string()),
+        "the first renewal stamps the term's fencing token"
+    );
+    let token = annotation(&renewed, HOLDER_TOKEN_ANNOTATION);
+
+    lease.release().await.expect("release");
+    let released = server.lease(NS, &name).await.expect("kept on release");
+    let r = spec(&released);
+    assert_eq!(
+        r.holder_identity.as_deref(),
+        Some(""),
+        "release clears the holder"
+    );
+    assert_eq!(
+        r.lease_duration_seconds,
+        Some(1),
+        "release sets leaseDurationSeconds=1"
+    );
+    assert_eq!(r.lease_transitions, Some(0));
+    assert_eq!(annotation(&released, RELEASED_TOKEN_ANNOTATION), token);
+    assert_eq!(annotation(&released, HOLDER_TOKEN_ANNOTATION), None);
+
+    let beta = Locker::with_identity(server.backend(NS).await, "beta").expect("identity");
+    let next = beta.try_acquire(&name, &opts).await.expect("released lock");
+    let raw = server.lease(NS, &name).await.expect("there");
+    assert_eq!(
+        spec(&raw).lease_transitions,
+        Some(1),
+        "a new holder counts a transition"
+    );
+    assert!(next.fencing_token() > lease.fencing_token());
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_return_the_original_token_from_any_instance() {
+    let server = shared();
+    let name = unique("replay");
+    let b = server.backend(NS).await;
+    let req = AcquireRequest {
+        name: name.as_str().into(),
+        holder: HolderToken::random(),
+        identity: "replayer".into(),
+        ttl: Duration::from_secs(5),
+    };
+    let Ok(Acquired::Granted { fencing }) = b.try_acquire(&req).await else {
+        panic!("free lock not granted")
+    };
+    assert_eq!(
+        b.renew(&name, &req.holder, req.ttl).await.ok(),
+        Some(Renewed::Held)
+    );
+    // The renewal moved the resourceVersion; the replay must still return the original.
+    assert_eq!(
+        b.try_acquire(&req).await.ok(),
+        Some(Acquired::Granted { fencing })
+    );
+    // Another instance (another process, say, after a lost answer) knows nothing locally.
+    let other = server.backend(NS).await;
+    assert_eq!(
+        other.try_acquire(&req).await.ok(),
+        Some(Acquired::Granted { fencing })
+    );
+    assert_eq!(
+        other.release(&name, &req.holder).await.ok(),
+        Some(Released::Released)
+    );
+    assert_eq!(
+        b.release(&name, &req.holder).await.ok(),
+        Some(Released::Released),
+        "a replayed release (from another instance) reports success"
+    );
+}
+
+/// Ten candidates, each with its own backend (as separate processes would have), wait for a
+/// lease whose holder stops renewing. Each winner acts until its validity ends, then stops
+/// renewing too, so every term starts with ten candidates racing for an expired lease. The
+/// fenced register, not the candidates' belief, checks that terms never overlap and tokens rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_candidates_race_for_an_expired_lease() {
+    const TERMS: u64 = 4;
+    let server = shared();
+    let name = unique("race");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .retry_interval(Duration::from_millis(500))
+        .request_timeout(Duration::from_millis(1000));
+    let first = Locker::with_identity(server.backend(NS).await, "crashed")
+        .expect("identity")
+        .try_acquire(&name, &opts)
+        .await
+        .expect("free lock");
+    let mut highest = first.fencing_token();
+    first.orphan();
+
+    let register = Arc::new(FencedRegister::default());
+    let terms = Arc::new(AtomicU64::new(0));
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let locker = Locker::with_identity(server.backend(NS).await, &format!("candidate-{i}"))
+            .expect("identity");
+        let (name, opts, register, terms, grants) = (
+            name.clone(),
+            opts.clone().wait(Duration::from_secs(30)),
+            register.clone(),
+            terms.clone(),
+            grants.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while terms.load(Ordering::SeqCst) < TERMS {
+                let lease = match locker.acquire(&name, &opts).await {
+                    Ok(l) => l,
+                    Err(LockError::NotAcquired { .. }) => continue,
+                    Err(e) => panic!("candidate-{i}: {e}"),
+                };
+                let token = lease.fencing_token();
+                grants.lock().expect("grants").push(token);
+                register.enter(token);
+                // Act for as long as the lease is valid, then stop renewing: the next term
+                // starts with an expired lease.
+                tokio::time::sleep_until(lease.valid_until()).await;
+                register.leave(token);
+                lease.orphan();
+                terms.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while terms.load(Ordering::SeqCst) < TERMS && !tasks.iter().any(|t| t.is_finished()) {
+        assert!(Instant::now() < deadline, "only {terms:?} terms in 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for t in tasks {
+        if t.is_finished() {
+            // A candidate stopped early only by panicking (the register, or an error).
+            t.await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        } else {
+            t.abort();
+        }
+    }
+    let grants = grants.lock().expect("grants").clone();
+    assert!(grants.len() as u64 >= TERMS, "{grants:?}");
+    for g in &grants {
+        assert!(*g > highest, "tokens must rise term by term: {grants:?}");
+        highest = *g;
+    }
+    assert_eq!(register.accepted(), grants.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_lease_ends_the_term_with_not_held() {
+    let server = shared();
+    let name = unique("deleted");
+    let locker = Locker::with_identity(server.backend(NS).await, "holder").expect("identity");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(2))
+        .auto_renew(true);
+    let lease = locker.try_acquire(&name, &opts).await.expect("free lock");
+    let before = lease.fencing_token();
+    server.delete_lease(NS, &name).await;
+    let end = tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("the holder must notice the deletion at its next renewal");
+    assert!(
+        matches!(end, LeaseEnd::Lost(LostReason::NotHeld)),
+        "ended with {end:?}"
+    );
+    let next = Locker::with_identity(server.backend(NS).await, "next")
+        .expect("identity")
+        .try_acquire(&name, &opts)
+        .await
+        .expect("a deleted lease is free");
+    assert!(
+        next.fencing_token() > before,
+        "tokens rise across delete and re-create"
+    );
+    next.release().await.expect("release");
+}
+
+/// Writes a foreign (client-go style) record held by "ghost" with `renew_time`.
+async fn foreign(name: &str, duration: i32, renew_time: k8s_openapi::jiff::Timestamp) {
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "holderIdentity": "ghost",
+            "leaseDurationSeconds": duration,
+            "acquireTime": renew_time.to_string(),
+            "renewTime": renew_time.to_string(),
+            "leaseTransitions": 3,
+        }
+    }))
+    .expect("lease json");
+    let api: Api<Lease> = Api::namespaced(shared().admin().await, NS);
+    api.create(&PostParams::default(), &lease)
+        .await
+        .expect("create foreign lease");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_renew_time_never_changes_the_wait() {
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    let server = shared();
+    const DURATION: u64 = 3;
+    for (label, renew) in [
+        ("future", Timestamp::now() + SignedDuration::from_hours(1)),
+        ("past", Timestamp::now() - SignedDuration::from_hours(24)),
+    ] {
+        let name = unique(&format!("skew-{label}"));
+        foreign(&name, DURATION as i32, renew).await;
+        let locker = Locker::with_identity(server.backend(NS).await, "patient").expect("identity");
+        let started = Instant::now();
+        let lease = locker
+            .acquire(
+                &name,
+                &LockOptions::new()
+                    .ttl(Duration::from_secs(2))
+                    .retry_interval(Duration::from_millis(200))
+                    .wait(Duration::from_secs(20)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(DURATION),
+            "{label}: took over after {waited:?}, before leaseDurationSeconds on its own clock"
+        );
+        assert!(
+            waited < Duration::from_secs(DURATION) + Duration::from_millis(1500),
+            "{label}: waited {waited:?}: the record's renewTime must not lengthen the wait"
+        );
+        let raw = server.lease(NS, &name).await.expect("there");
+        assert_eq!(
+            spec(&raw).lease_transitions,
+            Some(4),
+            "ghost → patient is a transition"
+        );
+        lease.release().await.expect("release");
+    }
+}
+
+/// Counts the requests a client sends, by method and path.
+#[derive(Clone, Default)]
+struct Requests(Arc<Mutex<Vec<String>>>);
+
+impl Requests {
+    fn list(&self) -> Vec<String> {
+        self.0.lock().expect("requests").clone()
+    }
+}
+
+async fn counting_backend(requests: &Requests) -> KubeBackend {
+    let path = shared().admin_kubeconfig();
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let log = requests.0.clone();
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
+        let what = format!(
+            "{} {}{}",
+            req.method(),
+            req.uri().path(),
+            if watch { " (watch)" } else { "" }
+        );
+        log.lock().expect("requests").push(what);
+        req
+    });
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("builder")
+        .with_layer(&layer)
+        .build();
+    KubeBackend::with_options(client, KubeOptions::new().namespace(NS)).expect("backend")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_follower_sits_on_the_watch_without_polling() {
+    let server = shared();
+    let name = unique("follower");
+    let leader = Locker::with_identity(server.backend(NS).await, "leader").expect("identity");
+    let held = leader
+        .try_acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .auto_renew(true),
+        )
+        .await
+        .expect("free lock");
+
+    let requests = Requests::default();
+    let follower =
+        Locker::with_identity(counting_backend(&requests).await, "follower").expect("identity");
+    let waited = follower
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(2))
+                .retry_interval(Duration::from_millis(100))
+                .wait(Duration::from_secs(6)),
+        )
+        .await;
+    assert!(
+        matches!(waited, Err(LockError::NotAcquired { ref holder, .. }) if holder.as_deref() == Some("leader")),
+        "{waited:?}"
+    );
+    let sent = requests.list();
+    // One read before subscribing, then the watch's list and watch: ~60 retries answered
+    // from the watched view while the leader renewed ~9 times.
+    assert!(sent.len() <= 4, "the follower polled: {sent:#?}");
+    assert!(
+        sent.iter().all(|r| r.starts_with("GET ")),
+        "a follower of a live lease must not write: {sent:#?}"
+    );
+    assert!(
+        sent.iter().any(|r| r.ends_with("(watch)")),
+        "no watch: {sent:#?}"
+    );
+    assert!(leader.stats().renewals >= 6, "{:?}", leader.stats());
+    held.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_hear_grants_and_releases_but_not_renewals() {
+    let server = shared();
+    let name = unique("observe");
+    let observer = server.backend(NS).await;
+    let mut changes = observer.observe(&name);
+    let first = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("the first item is the state at subscription");
+    assert_eq!(first.and_then(Result::ok), Some(HolderChange::free()));
+
+    let locker = Locker::with_identity(server.backend(NS).await, "observed").expect("identity");
+    let lease = locker
+        .try_acquire(
+            &name,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(1))
+                .auto_renew(true),
+        )
+        .await
+        .expect("free lock");
+    let granted = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("grant reported")
+        .and_then(Result::ok)
+        .expect("grant");
+    assert_eq!(granted.holder.as_deref(), Some("observed"));
+    assert_eq!(granted.fencing, Some(lease.fencing_token()));
+
+    // Three seconds of renewals (one every ~333 ms), including the fencing stamp: no item.
+    let quiet = tokio::time::timeout(Duration::from_secs(3), changes.next()).await;
+    assert!(quiet.is_err(), "a renewal was reported: {quiet:?}");
+    assert!(locker.stats().renewals >= 6);
+
+    let released_at = Instant::now();
+    lease.release().await.expect("release");
+    let freed = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("release reported")
+        .and_then(Result::ok);
+    assert_eq!(freed, Some(HolderChange::free()));
+    assert!(released_at.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_dns_subdomains_and_errors_are_typed() {
+    let server = shared();
+    let locker = Locker::new(server.backend(NS).await);
+    for bad in ["Upper", "under_score", "-dash", &"x".repeat(254)] {
+        match locker.try_acquire(bad, &LockOptions::new()).await {
+            Err(LockError::InvalidName(e)) => assert!(!e.rule.is_empty()),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    // A namespace that does not exist is a configuration error, not "busy".
+    let nowhere = server.backend("no-such-namespace").await;
+    let req = AcquireRequest {
+        name: "x".into(),
+        holder: HolderToken::random(),
+        identity: "me".into(),
+        ttl: Duration::from_secs(1),
+    };
+    let e = nowhere.try_acquire(&req).await.expect_err("no namespace");
+    assert_eq!(e.kind(), BackendErrorKind::Config, "{e}");
+    // Nothing listens here: unavailable, and quickly.
+    let kc = std::fs::read_to_string(server.admin_kubeconfig()).expect("kubeconfig");
+    let dead = kube_support::fresh_dir("dead");
+    let port = kube_support::free_port();
+    let url = server.url();
+    std::fs::write(
+        dead.join("kubeconfig"),
+        kc.replace(&url, &format!("https://127.0.0.1:{port}")),
+    )
+    .expect("write kubeconfig");
+    let unreachable = KubeBackend::from_kubeconfig(dead.join("kubeconfig"), KubeOptions::new())
+        .await
+        .expect("config");
+    let e = unreachable
+        .try_acquire(&req)
+        .await
+        .expect_err("nothing listens");
+    assert!(
+        matches!(
+            e.kind(),
+            BackendErrorKind::Unavailable | BackendErrorKind::Timeout
+        ),
+        "{e}"
+    );
+    assert!(e.is_transient());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
+    use k8s_openapi::api::core::v1::Event;
+    use tenure::backend::LeadershipEvent;
+    let server = shared();
+    let name = unique("events");
+    let backend = server.backend(NS).await;
+    let lease = Locker::with_identity(backend.clone(), "announcer")
+        .expect("identity")
+        .try_acquire(&name, &LockOptions::new().ttl(Duration::from_secs(5)))
+        .await
+        .expect("free lock");
+    let fencing = lease.fencing_token();
+    backend
+        .announce(
+            &name,
+            &LeadershipEvent::BecameLeader {
+                identity: "announcer".into(),
+                fencing,
+            },
+        )
+        .await;
+    backend
+        .announce(
+            &name,
+            &LeadershipEvent::StoppedLeading {
+                identity: "announcer".into(),
+                fencing,
+                reason: "released".into(),
+            },
+        )
+        .await;
+    let events: Api<Event> = Api::namespaced(server.admin().await, NS);
+    let list = events
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .expect("list events");
+    let mut messages: Vec<_> = list
+        .items
+        .iter()
+        .map(|e| {
+            assert_eq!(e.reason.as_deref(), Some("LeaderElection"));
+            assert_eq!(e.type_.as_deref(), Some("Normal"));
+            assert_eq!(e.involved_object.kind.as_deref(), Some("Lease"));
+            assert_eq!(
+                e.involved_object.api_version.as_deref(),
+                Some("coordination.k8s.io/v1")
+            );
+            assert!(
+                e.involved_object.uid.is_some(),
+                "the Event names the Lease's uid"
+            );
+            e.message.clone().unwrap_or_default()
+        })
+        .collect();
+    messages.sort();
+    assert_eq!(
+        messages,
+        ["announcer became leader", "announcer stopped leading"]
+    );
+    lease.release().await.expect("release");
+}

@@ -1,0 +1,195 @@
+//! The restricted `tester` user: a Role granting get/list/watch/create/update on leases in one
+//! namespace is enough; without `update` the backend fails with a permission error that names
+//! the verb.
+
+mod kube_support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, PostParams};
+use kube_support::{shared, unique};
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::backend::{
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderToken,
+};
+use tenure::{LockError, LockOptions, Locker};
+
+/// Creates `namespace` with a Role granting `verbs` on leases to the `tester` user.
+async fn grant(namespace: &str, verbs: &[&str]) {
+    let server = shared();
+    server.namespace(namespace).await;
+    let client = server.admin().await;
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "tenure-leases", "namespace": namespace},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}]
+    }))
+    .expect("role json");
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "tenure-leases", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenure-leases"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tester"}]
+    }))
+    .expect("binding json");
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    Api::<RoleBinding>::namespaced(client, namespace)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create rolebinding");
+}
+
+async fn tester(namespace: &str) -> KubeBackend {
+    KubeBackend::from_kubeconfig(
+        shared().tester_kubeconfig(),
+        KubeOptions::new().namespace(namespace),
+    )
+    .await
+    .expect("tester backend")
+}
+
+fn request(name: &str) -> AcquireRequest {
+    AcquireRequest {
+        name: name.into(),
+        holder: HolderToken::random(),
+        identity: "tester".into(),
+        ttl: Duration::from_secs(5),
+    }
+}
+
+/// Retries `f` while it is denied, for RBAC's caches to catch up with a new Role.
+async fn once_allowed<T, F, Fut>(mut f: F) -> Result<T, BackendError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, BackendError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match f().await {
+            Err(e)
+                if e.kind() == BackendErrorKind::PermissionDenied
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_role_is_enough() {
+    let ns = unique("rbac-ok");
+    grant(&ns, &["get", "list", "watch", "create", "update"]).await;
+    let backend = tester(&ns).await;
+    let name = unique("lock");
+    once_allowed(|| backend.inspect(&name))
+        .await
+        .expect("get is granted");
+
+    let holder = Locker::with_identity(backend.clone(), "tester-1").expect("identity");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .auto_renew(true);
+    let lease = holder.try_acquire(&name, &opts).await.expect("create");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        lease.is_valid(),
+        "renewals (update) must work: {:?}",
+        lease.end()
+    );
+
+    // A waiter in another "process" uses list + watch and is woken by the release.
+    let waiter = Locker::with_identity(tester(&ns).await, "tester-2").expect("identity");
+    let (n, o) = (
+        name.clone(),
+        opts.clone()
+            .retry_interval(Duration::from_secs(30))
+            .wait(Duration::from_secs(30)),
+    );
+    let waiting = tokio::spawn(async move { waiter.acquire(&n, &o).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = tokio::time::Instant::now();
+    lease.release().await.expect("release (update)");
+    let next = waiting
+        .await
+        .expect("waiter task")
+        .expect("woken by the release");
+    assert!(released.elapsed() < Duration::from_secs(3));
+    assert!(next.fencing_token() > lease.fencing_token());
+    next.release().await.expect("release");
+
+    let mut changes = backend.observe(&name);
+    let first = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("watch (list + watch) is granted");
+    assert!(matches!(first, Some(Ok(_))), "{first:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_update_the_error_names_the_verb() {
+    let ns = unique("rbac-no-update");
+    grant(&ns, &["get", "list", "watch", "create"]).await;
+    let backend = tester(&ns).await;
+    let fresh = unique("fresh");
+    let req = request(&fresh);
+    // Creating a missing Lease needs only `create`...
+    let granted = once_allowed(|| backend.try_acquire(&req)).await;
+    assert!(
+        matches!(granted, Ok(Acquired::Granted { .. })),
+        "{granted:?}"
+    );
+    // ...but every later write is an update.
+    let e = backend
+        .renew(&fresh, &req.holder, req.ttl)
+        .await
+        .expect_err("renew needs update");
+    assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{e}");
+    eprintln!("renew without update: {e}");
+    assert!(e.message().contains("\"update\""), "{e}");
+    assert!(e.message().contains("leases"), "{e}");
+    assert!(e.message().contains(&ns), "{e}");
+
+    // Through the lock runtime: a typed, permanent error, not "busy".
+    let locker = Locker::with_identity(backend, "tester").expect("identity");
+    let e = locker
+        .try_acquire(&fresh, &LockOptions::new().ttl(Duration::from_secs(1)))
+        .await;
+    match e {
+        // The lease above is held by our first request for 5 s: that is "busy" (no write).
+        Err(LockError::NotAcquired { .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    match locker
+        .try_acquire(&fresh, &LockOptions::new().ttl(Duration::from_secs(1)))
+        .await
+    {
+        Err(LockError::Backend(e)) => {
+            assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{e}");
+            assert!(e.message().contains("\"update\""), "{e}");
+        }
+        other => panic!("taking over an expired lease needs update: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_role_reads_are_denied_by_name() {
+    let ns = unique("rbac-none");
+    shared().namespace(&ns).await;
+    let backend = tester(&ns).await;
+    let e = backend
+        .try_acquire(&request("x"))
+        .await
+        .expect_err("no role");
+    assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{e}");
+    assert!(e.message().contains("\"get\""), "{e}");
+    assert!(!e.is_transient());
+}

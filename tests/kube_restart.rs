@@ -1,0 +1,146 @@
+//! The API server stops while a lease is held, and comes back.
+//!
+//! "Restart" here is honest: the launcher stops (kube-apiserver *and* its embedded etcd) and
+//! starts again on the same port with the same etcd data directory and credentials, like a
+//! control-plane node rebooting. The Lease and etcd's revision counter survive, so fencing
+//! tokens keep rising; old clients keep working. (A launcher started from scratch would be a
+//! different cluster, whose resourceVersions restart near zero: tenure refuses such a grant,
+//! see `tenure::backend::kube`.)
+
+mod kube_support;
+
+use std::time::Duration;
+
+use kube_support::{Launch, Server, free_port, fresh_dir, unique};
+use tenure::backend::kube::KubeOptions;
+use tenure::backend::{Backend, BackendErrorKind};
+use tenure::conformance::FencedRegister;
+use tenure::{LeaseEnd, LockOptions, Locker, LostReason};
+use tokio::time::Instant;
+
+const NS: &str = "default";
+const TTL: Duration = Duration::from_secs(10);
+const RENEW_DEADLINE: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_server_stopped_while_a_lease_is_held() {
+    let server = Server::start(Launch {
+        port: Some(free_port()),
+        etcd_dir: Some(fresh_dir("etcd")),
+        reuse_credentials: true,
+        // Open watches (HTTP/1.1 streams) would otherwise hold the stop for the apiserver's
+        // 60 s shutdown timeout; in this mode it waits 2 s for them.
+        extra: vec!["--shutdown-send-retry-after=true".into()],
+    });
+    let name = unique("outage");
+    let options = KubeOptions::new().request_timeout(Duration::from_millis(400));
+    let opts = LockOptions::new()
+        .ttl(TTL)
+        .renew_deadline(RENEW_DEADLINE)
+        .retry_interval(Duration::from_millis(500))
+        .request_timeout(Duration::from_millis(500));
+    let register = std::sync::Arc::new(FencedRegister::default());
+
+    let holder = Locker::with_identity(server.backend_with(NS, options.clone()).await, "holder")
+        .expect("identity");
+    let lease = holder
+        .try_acquire(&name, &opts.clone().auto_renew(true))
+        .await
+        .expect("free lock");
+    let first = lease.fencing_token();
+    register.enter(first);
+
+    // A candidate in "another process" (its own backend, its own observations) waits.
+    let candidate_backend = server.backend_with(NS, options.clone()).await;
+    let candidate =
+        Locker::with_identity(candidate_backend.clone(), "candidate").expect("identity");
+    let (n, o, reg) = (
+        name.clone(),
+        opts.clone().wait(Duration::from_secs(90)),
+        register.clone(),
+    );
+    let waiting = tokio::spawn(async move {
+        let lease = candidate.acquire(&n, &o).await?;
+        let at = Instant::now();
+        reg.enter(lease.fencing_token());
+        Ok::<_, tenure::LockError>((lease, at))
+    });
+
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let stopping = Instant::now();
+    tokio::task::block_in_place(|| server.stop());
+    let stopped = Instant::now();
+    eprintln!("server stopped in {:?}", stopped - stopping);
+
+    // While it is down, requests fail as transient "unavailable" errors.
+    let e = candidate_backend
+        .inspect(&name)
+        .await
+        .expect_err("the server is down");
+    assert!(
+        matches!(
+            e.kind(),
+            BackendErrorKind::Unavailable | BackendErrorKind::Timeout
+        ),
+        "{e}"
+    );
+
+    // The holder's term ends by its renew deadline, measured from its last successful renewal.
+    let end = tokio::time::timeout(TTL, lease.lost())
+        .await
+        .expect("the holder's term must end while the server is down");
+    let lost_at = Instant::now();
+    assert!(
+        matches!(end, LeaseEnd::Lost(LostReason::RenewDeadline)),
+        "ended with {end:?}"
+    );
+    let validity = TTL - (TTL.mul_f64(0.01) + Duration::from_millis(2));
+    let last_success = lease.valid_until() - validity;
+    assert!(
+        lost_at <= last_success + RENEW_DEADLINE + Duration::from_millis(300),
+        "lost {:?} after the last renewal; the renew deadline is {RENEW_DEADLINE:?}",
+        lost_at - last_success
+    );
+    assert!(!lease.is_valid());
+    register.leave(first);
+    assert!(
+        !waiting.is_finished(),
+        "nobody can acquire while the server is down"
+    );
+
+    tokio::task::block_in_place(|| server.restart());
+    let restarted = Instant::now();
+    eprintln!("server back {:?} after the stop", restarted - stopped);
+
+    let (next, acquired_at) = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the candidate must take over once the server is back")
+        .expect("candidate task")
+        .expect("candidate acquired");
+    assert!(
+        acquired_at >= lease.valid_until(),
+        "the candidate acquired {:?} before the old holder's validity ended",
+        lease.valid_until() - acquired_at
+    );
+    assert!(
+        acquired_at >= last_success + TTL,
+        "the candidate must wait the lease duration ({TTL:?}) on its own clock since it \
+         last saw the record change (at or after {:?} before the outage)",
+        stopping - last_success
+    );
+    assert!(
+        next.fencing_token() > first,
+        "the new term's token {} must exceed the old {first}",
+        next.fencing_token()
+    );
+    register.leave(next.fencing_token());
+    eprintln!(
+        "old token {first}, new token {}, taken over {:?} after the holder's last renewal",
+        next.fencing_token(),
+        acquired_at - last_success
+    );
+    next.release().await.expect("release");
+    // The old holder's release cannot touch the successor.
+    assert!(lease.release().await.is_err());
+    drop(server);
+}
