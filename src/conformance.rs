@@ -18,6 +18,51 @@
 //! # }
 //! ```
 
+/// Generates one test per conformance check, so each backend's test file lists no checks of
+/// its own and a new check reaches every backend.
+///
+/// Give it the test attribute and an expression that evaluates to a future of
+/// `(guard, Suite)`: the guard (a server handle, or `()`) lives until the check ends.
+///
+/// ```
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::conformance::Suite;
+///
+/// async fn setup() -> ((), Suite) {
+///     ((), Suite::new(MemoryBackend::new()))
+/// }
+///
+/// tenure::conformance_tests!(#[tokio::test(start_paused = true)] setup());
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    (#[$test:meta] $setup:expr) => {
+        $crate::conformance_tests!(@checks #[$test] $setup;
+            check_mutual_exclusion,
+            check_fencing_rises,
+            check_ownership,
+            check_expiry,
+            check_replays_are_idempotent,
+            check_lease_release_is_memoized,
+            check_orphan,
+            check_drop_releases,
+            check_with_lock_panic_releases,
+            check_wait_window_exhaustion,
+            check_release_wakes_waiters,
+            check_auto_renew_outlives_ttl,
+            check_renew_deadline_ends_stalled_lease
+        );
+    };
+    (@checks #[$test:meta] $setup:expr; $($check:ident),*) => {$(
+        #[$test]
+        async fn $check() {
+            let (_guard, suite) = $setup.await;
+            suite.$check().await;
+        }
+    )*};
+}
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -5,33 +5,16 @@ use std::time::Duration;
 use tenure::backend::memory::MemoryBackend;
 use tenure::conformance::Suite;
 
-fn suite() -> Suite {
-    Suite::new(MemoryBackend::new()).ttl(Duration::from_secs(1))
+async fn setup() -> ((), Suite) {
+    (
+        (),
+        Suite::new(MemoryBackend::new()).ttl(Duration::from_secs(1)),
+    )
 }
 
-macro_rules! checks {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(start_paused = true)]
-        async fn $name() {
-            suite().$name().await;
-        }
-    )*};
-}
-
-checks!(
-    check_mutual_exclusion,
-    check_fencing_rises,
-    check_ownership,
-    check_expiry,
-    check_replays_are_idempotent,
-    check_lease_release_is_memoized,
-    check_orphan,
-    check_drop_releases,
-    check_with_lock_panic_releases,
-    check_wait_window_exhaustion,
-    check_release_wakes_waiters,
-    check_auto_renew_outlives_ttl,
-    check_renew_deadline_ends_stalled_lease,
+tenure::conformance_tests!(
+    #[tokio::test(start_paused = true)]
+    setup()
 );
 
 /// The same suite on real time, with a short ttl: the runtime must not depend on the paused

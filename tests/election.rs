@@ -390,3 +390,51 @@ async fn healthz_answers_ok_for_a_healthy_elector_and_404_elsewhere() {
     assert!(get("/other").await.starts_with("HTTP/1.1 404"));
     server.abort();
 }
+
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn metrics_report_leadership_renewals_and_transitions() {
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::registry::Registry;
+    let mut registry = Registry::default();
+    let metrics = tenure::election::ElectionMetrics::register(&mut registry);
+    let e = elector(MemoryBackend::new(), "a", ElectionConfig::new()).with_metrics(metrics);
+    let registry = Arc::new(registry);
+    let during = e
+        .run(|_| {
+            let registry = registry.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(12)).await;
+                let mut text = String::new();
+                encode(&mut text, &registry).expect("encode");
+                text
+            }
+        })
+        .await
+        .expect("ran");
+    assert!(
+        during.contains("leader_election_master_status{name=\"controller\"} 1"),
+        "{during}"
+    );
+    assert!(
+        during.contains("tenure_leader_transitions_total{name=\"controller\"} 1"),
+        "{during}"
+    );
+    // Renewals at 5 s and 10 s; samples every 5 s may see one or both (same-instant order).
+    let renew_count: u64 = during
+        .lines()
+        .find_map(|l| l.strip_prefix("tenure_renew_latency_seconds_count{name=\"controller\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(renew_count >= 1, "{during}");
+    assert!(
+        during.contains("tenure_acquire_latency_seconds_count{name=\"controller\"} 1"),
+        "{during}"
+    );
+    let mut after = String::new();
+    encode(&mut after, &registry).expect("encode");
+    assert!(
+        after.contains("leader_election_master_status{name=\"controller\"} 0"),
+        "{after}"
+    );
+}

@@ -12,30 +12,15 @@ use tenure::conformance::Suite;
 /// machine (two cores shared with other builds).
 const TTL: Duration = Duration::from_secs(1);
 
-macro_rules! checks {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            let server = RedisServer::start();
-            Suite::new(support::backend(&server).await).ttl(TTL).$name().await;
-        }
-    )*};
+async fn setup() -> (RedisServer, Suite) {
+    let server = RedisServer::start();
+    let suite = Suite::new(support::backend(&server).await).ttl(TTL);
+    (server, suite)
 }
 
-checks!(
-    check_mutual_exclusion,
-    check_fencing_rises,
-    check_ownership,
-    check_expiry,
-    check_replays_are_idempotent,
-    check_lease_release_is_memoized,
-    check_orphan,
-    check_drop_releases,
-    check_with_lock_panic_releases,
-    check_wait_window_exhaustion,
-    check_release_wakes_waiters,
-    check_auto_renew_outlives_ttl,
-    check_renew_deadline_ends_stalled_lease,
+tenure::conformance_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    setup()
 );
 
 /// The whole suite on one server with coalescing off: one script call per lock.

@@ -30,6 +30,7 @@ fn latency_histogram() -> Histogram {
 /// | `leader_election_slowpath_total{name}` | counter | terms won only after waiting for another holder (client-go's name; there it counts reads before writes) |
 /// | `tenure_leader_transitions_total{name}` | counter | terms this process has started |
 /// | `tenure_acquire_latency_seconds{name}` | histogram | time from the start of a campaign to winning |
+/// | `tenure_renew_latency_seconds{name}` | histogram | round trip of the leader's renewals, sampled every lease duration / 3 (the renewal interval) |
 /// | `tenure_lease_remaining_validity_seconds{name}` | gauge | how long the current term's lease stays valid without another renewal, sampled at the start of a term and every lease duration / 3 while leading |
 ///
 /// # Example
@@ -48,6 +49,7 @@ pub struct ElectionMetrics {
     slowpath: Family<NameLabel, Counter>,
     transitions: Family<NameLabel, Counter>,
     acquire_latency: HistogramFamily,
+    renew_latency: HistogramFamily,
     remaining_validity: Family<NameLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
@@ -59,6 +61,7 @@ impl ElectionMetrics {
             slowpath: Family::default(),
             transitions: Family::default(),
             acquire_latency: HistogramFamily::new_with_constructor(latency_histogram),
+            renew_latency: HistogramFamily::new_with_constructor(latency_histogram),
             remaining_validity: Family::default(),
         };
         registry.register(
@@ -80,6 +83,11 @@ impl ElectionMetrics {
             "tenure_acquire_latency_seconds",
             "Time from the start of a campaign to winning it",
             m.acquire_latency.clone(),
+        );
+        registry.register(
+            "tenure_renew_latency_seconds",
+            "Round trip of the leader's renewals",
+            m.renew_latency.clone(),
         );
         registry.register(
             "tenure_lease_remaining_validity_seconds",
@@ -112,6 +120,12 @@ impl ElectionMetrics {
         if !leading {
             self.remaining_validity.get_or_create(&l).set(0.0);
         }
+    }
+
+    pub(super) fn renewed(&self, name: &str, latency: Duration) {
+        self.renew_latency
+            .get_or_create(&Self::label(name))
+            .observe(latency.as_secs_f64());
     }
 
     pub(super) fn remaining_validity(&self, name: &str, remaining: Duration) {

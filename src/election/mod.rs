@@ -659,6 +659,7 @@ impl LeaderElector {
             let mut work = pin!(AssertUnwindSafe(workload(term)).catch_unwind());
             let mut follow = pin!(self.follow_leader());
             let mut sample = tokio::time::interval(config.lease_duration / 3);
+            let mut renewals_seen = 0;
             loop {
                 let deadline = drop_at;
                 tokio::select! {
@@ -693,7 +694,9 @@ impl LeaderElector {
                         break None;
                     }
                     never = &mut follow => match never {},
-                    _ = sample.tick(), if stopping.is_none() => self.record_validity(&shared),
+                    _ = sample.tick(), if stopping.is_none() => {
+                        renewals_seen = self.record_sample(&shared, renewals_seen);
+                    }
                 }
             }
             // `work` is dropped here, before the release below.
@@ -762,16 +765,23 @@ impl LeaderElector {
         self.with_metrics_do(|m, name| m.acquired(name, _latency, _waited));
     }
 
-    fn record_validity(&self, _lease: &LeaseShared) {
+    /// Samples the lease for metrics: remaining validity, and the latency of the latest
+    /// renewal if one happened since the last sample. Returns the renewal count seen.
+    fn record_sample(&self, lease: &LeaseShared, seen: u32) -> u32 {
+        let (renewals, _latency) = lease.renewal_stats();
         #[cfg(feature = "metrics")]
         self.with_metrics_do(|m, name| {
             m.remaining_validity(
                 name,
-                _lease
+                lease
                     .valid_until()
                     .saturating_duration_since(Instant::now()),
             );
+            if renewals != seen {
+                m.renewed(name, _latency);
+            }
         });
+        renewals
     }
 
     fn record_leading(&self, _leading: bool) {

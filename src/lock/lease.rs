@@ -32,6 +32,9 @@ struct LeaseState {
     deadline: Instant,
     /// Set once; the first cause wins.
     end: Option<LeaseEnd>,
+    /// Successful renewals so far, and the round-trip time of the latest (for metrics).
+    renewals: u32,
+    last_renew_latency: std::time::Duration,
 }
 
 impl LeaseState {
@@ -69,6 +72,8 @@ impl LeaseShared {
                 valid_until: sent + plan.validity,
                 deadline: sent + plan.renew_deadline,
                 end: None,
+                renewals: 0,
+                last_renew_latency: std::time::Duration::ZERO,
             }),
             ended: Notify::new(),
         }
@@ -94,7 +99,7 @@ impl LeaseShared {
 
     /// Records a successful renewal sent at `sent`. Ignored once the lease has ended: a late
     /// answer must not revive a lease the workload was already told it lost.
-    pub fn renewed(&self, sent: Instant) {
+    pub fn renewed(&self, sent: Instant, latency: std::time::Duration) {
         // Not `state()`: settling needs the clock, and the scheduler calls this for every lease
         // of a batch. A lease past its deadline is settled by the next reader anyway.
         let mut s = self
@@ -104,7 +109,18 @@ impl LeaseShared {
         if s.end.is_none() {
             s.valid_until = s.valid_until.max(sent + self.plan.validity);
             s.deadline = s.deadline.max(sent + self.plan.renew_deadline);
+            s.renewals = s.renewals.wrapping_add(1);
+            s.last_renew_latency = latency;
         }
+    }
+
+    /// How many renewals have succeeded, and how long the latest took from send to answer.
+    pub fn renewal_stats(&self) -> (u32, std::time::Duration) {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (s.renewals, s.last_renew_latency)
     }
 
     /// Time since the last successful acquire or renewal was sent.
@@ -288,7 +304,7 @@ impl Lease {
         .map_err(|_| crate::backend::BackendError::timeout("renewal", s.plan.request_timeout))??;
         match answer {
             Renewed::Held => {
-                s.renewed(sent);
+                s.renewed(sent, sent.elapsed());
                 self.locker.inner.scheduler.renewed(s.key, sent);
                 Ok(())
             }

@@ -505,7 +505,7 @@ impl Task {
             match answer {
                 Ok(Renewed::Held) => {
                     renewed += 1;
-                    e.lease.renewed(sent);
+                    e.lease.renewed(sent, now - sent);
                     if sent > e.last_ok {
                         e.last_ok = sent;
                     }
