@@ -376,26 +376,6 @@ async fn renewals(server: &RedisServer, leases: usize, secs: f64) -> RenewalFigu
     figures
 }
 
-/// EVALSHA calls and other client-sent commands per operation, from INFO commandstats.
-fn top_level_calls(server: &RedisServer) -> BTreeMap<String, u64> {
-    const NOT_TOP_LEVEL: &[&str] = &[
-        "get", "set", "incr", "pexpire", "pttl", "publish", "time", "info",
-    ];
-    let info = match server.cmd(&["INFO", "commandstats"]) {
-        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("INFO answered {other:?}"),
-    };
-    info.lines()
-        .filter_map(|l| {
-            let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((cmd.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(cmd, _)| !NOT_TOP_LEVEL.contains(&cmd.as_str()) && !cmd.starts_with("config"))
-        .collect()
-}
-
 /// Client-sent commands per operation for `n` acquires, renewals and releases, with `tasks`
 /// tasks running them concurrently on their own locks.
 async fn round_trips(server: &RedisServer, tasks: usize, per_task: usize) -> BTreeMap<String, f64> {
@@ -404,7 +384,7 @@ async fn round_trips(server: &RedisServer, tasks: usize, per_task: usize) -> BTr
     let mut out = BTreeMap::new();
     let holders: Vec<HolderToken> = (0..tasks).map(|_| HolderToken::random()).collect();
     for phase in ["acquire", "renew", "release"] {
-        let before = top_level_calls(server);
+        let before = server.top_level_calls();
         let mut handles = Vec::new();
         for (t, holder) in holders.iter().enumerate() {
             let (b, holder) = (backend.clone(), *holder);
@@ -436,7 +416,7 @@ async fn round_trips(server: &RedisServer, tasks: usize, per_task: usize) -> BTr
             h.await
                 .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         }
-        let after = top_level_calls(server);
+        let after = server.top_level_calls();
         let ops = (tasks * per_task) as f64;
         let sent: u64 = after
             .iter()

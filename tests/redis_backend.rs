@@ -38,27 +38,6 @@ fn int(v: &redis::Value) -> i64 {
     }
 }
 
-/// Commands the clients sent (not those the scripts called), from INFO commandstats.
-fn top_level_calls(server: &RedisServer) -> BTreeMap<String, u64> {
-    // Called by the scripts, or by the test's admin connection.
-    const NOT_TOP_LEVEL: &[&str] = &[
-        "get", "set", "incr", "pexpire", "pttl", "publish", "time", "info",
-    ];
-    let info = match server.cmd(&["INFO", "commandstats"]) {
-        redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("INFO answered {other:?}"),
-    };
-    info.lines()
-        .filter_map(|l| {
-            let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((cmd.to_owned(), calls.parse().ok()?))
-        })
-        .filter(|(cmd, _)| !NOT_TOP_LEVEL.contains(&cmd.as_str()) && !cmd.starts_with("config"))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replayed_acquire_returns_the_original_token_and_restarts_the_ttl() {
     let server = RedisServer::start();
@@ -263,7 +242,7 @@ async fn each_operation_is_one_round_trip() {
         ("release", 3),
         ("release (replay)", 3),
     ] {
-        let before = top_level_calls(&server);
+        let before = server.top_level_calls();
         match op {
             0 => drop(granted(&b, &r).await),
             1 => assert!(matches!(
@@ -279,7 +258,7 @@ async fn each_operation_is_one_round_trip() {
                 Some(Released::Released)
             ),
         }
-        let after = top_level_calls(&server);
+        let after = server.top_level_calls();
         expected_evalsha += 1;
         let mut sent: BTreeMap<String, u64> = after.clone();
         for (cmd, n) in &before {

@@ -122,3 +122,24 @@ impl InvalidName {
         }
     }
 }
+
+/// The rules every backend applies to lock names: not empty, at most `max_len` bytes, no
+/// control characters. Backends add their own on top (Redis: no braces; Kubernetes: DNS-1123).
+pub(crate) fn check_common_name_rules(name: &str, max_len: usize) -> Result<(), InvalidName> {
+    if name.is_empty() {
+        return Err(InvalidName::new(name, "must not be empty"));
+    }
+    if name.len() > max_len {
+        return Err(InvalidName::new(
+            name,
+            format!("must be at most {max_len} bytes"),
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(InvalidName::new(
+            name,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}

@@ -219,22 +219,7 @@ fn renew_in(
 
 impl Backend for MemoryBackend {
     fn validate_name(&self, name: &str) -> Result<(), InvalidName> {
-        if name.is_empty() {
-            return Err(InvalidName::new(name, "must not be empty"));
-        }
-        if name.len() > MAX_NAME_LEN {
-            return Err(InvalidName::new(
-                name,
-                format!("must be at most {MAX_NAME_LEN} bytes"),
-            ));
-        }
-        if name.chars().any(char::is_control) {
-            return Err(InvalidName::new(
-                name,
-                "must not contain control characters",
-            ));
-        }
-        Ok(())
+        super::check_common_name_rules(name, MAX_NAME_LEN)
     }
 
     fn try_acquire<'a>(

@@ -38,6 +38,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
+pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use types::{
     AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,

@@ -213,6 +213,27 @@ fn check_installed() {
 }
 
 impl RedisServer {
+    /// Commands the clients sent (not those the scripts called, nor the harness's own INFO
+    /// and CONFIG), by name, from INFO commandstats: how round trips are counted.
+    pub fn top_level_calls(&self) -> std::collections::BTreeMap<String, u64> {
+        const NOT_TOP_LEVEL: &[&str] = &[
+            "get", "set", "incr", "pexpire", "pttl", "publish", "time", "info",
+        ];
+        let info = match self.cmd(&["INFO", "commandstats"]) {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => panic!("INFO answered {other:?}"),
+        };
+        info.lines()
+            .filter_map(|l| {
+                let (cmd, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+                Some((cmd.to_owned(), calls.parse().ok()?))
+            })
+            .filter(|(cmd, _)| !NOT_TOP_LEVEL.contains(&cmd.as_str()) && !cmd.starts_with("config"))
+            .collect()
+    }
+
     /// A plain server without persistence.
     pub fn start() -> Self {
         Options::default().start()

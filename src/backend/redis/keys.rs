@@ -54,25 +54,11 @@ impl Keys {
 /// Checks a lock name: non-empty, at most [`MAX_NAME_LEN`] bytes, no braces (they would change
 /// the hash tag), no control characters.
 pub(crate) fn validate_name(name: &str) -> Result<(), InvalidName> {
-    if name.is_empty() {
-        return Err(InvalidName::new(name, "must not be empty"));
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(InvalidName::new(
-            name,
-            format!("must be at most {MAX_NAME_LEN} bytes"),
-        ));
-    }
+    crate::backend::check_common_name_rules(name, MAX_NAME_LEN)?;
     if name.contains(['{', '}']) {
         return Err(InvalidName::new(
             name,
             "must not contain '{' or '}' (they delimit the Redis hash tag)",
-        ));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(InvalidName::new(
-            name,
-            "must not contain control characters",
         ));
     }
     Ok(())
