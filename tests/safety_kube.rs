@@ -64,19 +64,22 @@ async fn kube_controller_example_reconciles_only_while_leading_and_stamps_the_to
     api.create(&PostParams::default(), &cm)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    // Two replicas of the controller: only the leader may reconcile.
-    let replicas: Vec<_> = (0..2)
-        .map(|_| {
-            std::process::Command::new(safety::example("kube_controller"))
-                .env("KUBECONFIG", server.admin_kubeconfig())
-                .env("DEMO_SECONDS", "8")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot run the example: {e}"))
-        })
-        .collect();
-    let outputs: Vec<_> = replicas
+    // Two replicas of the controller. The first starts earlier and leads; the second waits,
+    // reconciling nothing, until the first shuts down and releases; then it takes over at
+    // once with a higher token and stamps again.
+    let spawn = |seconds: &str| {
+        std::process::Command::new(safety::example("kube_controller"))
+            .env("KUBECONFIG", server.admin_kubeconfig())
+            .env("DEMO_SECONDS", seconds)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run the example: {e}"))
+    };
+    let first = spawn("5");
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let second = spawn("10");
+    let outputs: Vec<_> = [first, second]
         .into_iter()
         .map(|c| c.wait_with_output().unwrap_or_else(|e| panic!("{e}")))
         .collect();
@@ -91,26 +94,41 @@ async fn kube_controller_example_reconciles_only_while_leading_and_stamps_the_to
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    let leaders = stdout
+    // The token each replica led with, and the token each stamped with.
+    let token_after = |text: &str, marker: &str| -> Vec<u64> {
+        text.lines()
+            .filter_map(|l| l.split_once(marker))
+            .filter_map(|(_, t)| t.trim().parse().ok())
+            .collect()
+    };
+    let led: Vec<Vec<u64>> = stdout
         .iter()
-        .filter(|s| s.contains(" leads with fencing token "))
-        .count();
-    let stampers = stdout
+        .map(|s| token_after(s, " leads with fencing token "))
+        .collect();
+    let stamped: Vec<Vec<u64>> = stdout
         .iter()
-        .filter(|s| s.contains(&format!("stamped {name}")))
-        .count();
-    assert_eq!(leaders, 1, "exactly one replica leads in 8 s: {stdout:?}");
-    assert_eq!(stampers, 1, "only the leader reconciles: {stdout:?}");
-    let stamped = api.get(&name).await.unwrap_or_else(|e| panic!("{e}"));
-    let annotations = stamped.metadata.annotations.unwrap_or_default();
+        .map(|s| token_after(s, &format!("stamped {name} with token ")))
+        .collect();
+    assert_eq!(led[0].len(), 1, "the first replica leads once: {stdout:?}");
+    assert_eq!(
+        led[1].len(),
+        1,
+        "the second takes over once the first is gone: {stdout:?}"
+    );
+    assert!(led[1][0] > led[0][0], "the new term's token rises: {led:?}");
+    assert_eq!(
+        stamped[0], led[0],
+        "the first stamps with its own term's token: {stdout:?}"
+    );
+    assert_eq!(
+        stamped[1], led[1],
+        "the second stamps only as leader: {stdout:?}"
+    );
+    let object = api.get(&name).await.unwrap_or_else(|e| panic!("{e}"));
+    let annotations = object.metadata.annotations.unwrap_or_default();
     let token: u64 = annotations
         .get("tenure.dev/fencing-token")
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no token stamped: {annotations:?}"));
-    assert!(token > 0);
-    assert!(
-        stdout
-            .iter()
-            .any(|s| s.contains(&format!("with token {token}")))
-    );
+    assert_eq!(token, led[1][0], "the latest leader's stamp stands");
 }
