@@ -35,17 +35,13 @@ async fn five_candidates_killed_and_frozen_never_overlap() {
         ),
         (CHILD_DIR, dir.display().to_string()),
     ];
-    let summary = tokio::task::spawn_blocking(move || {
-        safety::run_rounds(&dir, 6, &|identity| {
-            safety::Candidate::spawn(
-                "five_candidates_killed_and_frozen_never_overlap",
-                &env,
-                identity,
-            )
-        })
-    })
-    .await
-    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let summary = safety::run_parent(
+        "five_candidates_killed_and_frozen_never_overlap",
+        env,
+        dir,
+        6,
+    )
+    .await;
     println!("kube safety: {summary}");
 }
 

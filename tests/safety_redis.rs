@@ -33,20 +33,13 @@ async fn five_candidates_killed_and_frozen_never_overlap() {
         (CHILD_URL, server.url()),
         (CHILD_DIR, dir.path().display().to_string()),
     ];
-    let summary = tokio::task::spawn_blocking({
-        let dir = dir.path().to_owned();
-        move || {
-            safety::run_rounds(&dir, 8, &|identity| {
-                safety::Candidate::spawn(
-                    "five_candidates_killed_and_frozen_never_overlap",
-                    &env,
-                    identity,
-                )
-            })
-        }
-    })
-    .await
-    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let summary = safety::run_parent(
+        "five_candidates_killed_and_frozen_never_overlap",
+        env,
+        dir.path().to_owned(),
+        8,
+    )
+    .await;
     println!("redis safety: {summary}");
 }
 

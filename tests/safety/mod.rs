@@ -353,6 +353,23 @@ pub fn run_rounds(dir: &Path, rounds: usize, spawn: &dyn Fn(&str) -> Candidate) 
     )
 }
 
+/// The parent's side, from an async test: runs [`run_rounds`] on a blocking thread with
+/// candidates that re-run `test_name` of this binary with `env`, and returns its summary.
+pub async fn run_parent(
+    test_name: &'static str,
+    env: Vec<(&'static str, String)>,
+    dir: PathBuf,
+    rounds: usize,
+) -> String {
+    tokio::task::spawn_blocking(move || {
+        run_rounds(&dir, rounds, &|identity| {
+            Candidate::spawn(test_name, &env, identity)
+        })
+    })
+    .await
+    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let end = std::time::Instant::now() + limit;
     while std::time::Instant::now() < end {
