@@ -57,6 +57,8 @@
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+#[cfg(feature = "crd")]
+pub mod crd;
 pub mod election;
 pub mod fence;
 pub mod lock;

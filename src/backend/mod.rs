@@ -27,6 +27,8 @@ mod error;
 pub mod faulty;
 #[cfg(feature = "kube")]
 pub mod kube;
+#[cfg(feature = "local")]
+pub mod local;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;

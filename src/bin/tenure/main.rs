@@ -1,0 +1,2 @@
+//! The `tenure` command-line tool.
+fn main() {}
