@@ -1,1 +1,497 @@
-//! placeholder
+//! The real `tenure` binary on the local backend (the default): one command at a time,
+//! takeover on exit and on `kill -9`, signals, exit codes, a frozen tenure, bad input,
+//! `tenure status` and the probe endpoints.
+
+mod cli_support;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cli_support::{
+    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, strings,
+    wait_until, worker,
+};
+
+/// A fresh state directory and log files under the system temp dir.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tenure-cli-{tag}-{}-{}",
+            std::process::id(),
+            now_ns()
+        ));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        Self(dir)
+    }
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+    fn state(&self) -> String {
+        self.path("state").display().to_string()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `tenure run --lease <lease> <FAST> <extra…> -- <command…>` on the local backend in `s`.
+fn run_args(s: &Scratch, lease: &str, extra: &[&str], command: Vec<String>) -> Vec<String> {
+    let mut args = strings(&["run", "--lease", lease, "--state-dir", &s.state()]);
+    args.extend(strings(&FAST));
+    args.extend(strings(extra));
+    args.push("--".into());
+    args.extend(command);
+    args
+}
+
+#[test]
+fn the_second_run_waits_for_the_first_and_tokens_rise() {
+    let s = Scratch::new("handoff");
+    let log = s.path("log");
+    // No --backend: the default local backend, with its warning.
+    let start = |n: u32| {
+        let mut args = strings(&["run", "--lease", "nightly"]);
+        args.extend(strings(&FAST));
+        args.push("--".into());
+        args.extend(worker(&log, &s.path(&format!("pid{n}")), 1.5, 0));
+        Tenure::start(
+            &args,
+            &[("TENURE_STATE_DIR", &s.state())],
+            s.path(&format!("err{n}")),
+        )
+    };
+    let mut first = start(1);
+    read_pid(&s.path("pid1"), Duration::from_secs(10));
+    let mut second = start(2);
+    assert!(
+        first.wait(Duration::from_secs(20)).success(),
+        "{}",
+        first.log()
+    );
+    assert!(
+        second.wait(Duration::from_secs(20)).success(),
+        "{}",
+        second.log()
+    );
+    let ev = events(&log);
+    assert_eq!(ev.iter().filter(|e| e.kind == "start").count(), 2, "{ev:?}");
+    assert_one_at_a_time(&ev, &[]);
+    for t in [&first, &second] {
+        let log = t.log();
+        assert!(log.contains("warning") && log.contains("NO mutual exclusion across hosts"));
+    }
+    // The first command's end released the lease; the second started without waiting for
+    // the 3 s ttl.
+    let end1 = ev
+        .iter()
+        .find(|e| e.kind == "end")
+        .map(|e| e.at_ns)
+        .unwrap_or(0);
+    let start2 = ev
+        .iter()
+        .filter(|e| e.kind == "start")
+        .nth(1)
+        .map_or(0, |e| e.at_ns);
+    let handoff = Duration::from_nanos(u64::try_from(start2 - end1).unwrap_or(u64::MAX));
+    println!("hand-off from the first command's exit to the second's start: {handoff:?}");
+    assert!(
+        handoff < Duration::from_secs(3),
+        "waited for the ttl: {handoff:?}"
+    );
+}
+
+#[test]
+fn kill_9_of_tenure_takes_its_command_and_the_other_replica_takes_over() {
+    let s = Scratch::new("kill9");
+    let log = s.path("log");
+    let mut a = Tenure::start(
+        &run_args(
+            &s,
+            "kill9",
+            &["--identity", "a"],
+            worker(&log, &s.path("pa"), -1.0, 0),
+        ),
+        &[],
+        s.path("ea"),
+    );
+    let pid_a = read_pid(&s.path("pa"), Duration::from_secs(10));
+    let mut b = Tenure::start(
+        &run_args(
+            &s,
+            "kill9",
+            &["--identity", "b"],
+            worker(&log, &s.path("pb"), 0.5, 0),
+        ),
+        &[],
+        s.path("eb"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    a.signal(libc::SIGKILL);
+    a.wait(Duration::from_secs(5));
+    wait_until(
+        Duration::from_secs(5),
+        "the command of a killed tenure to die",
+        || !alive(pid_a),
+    );
+    let death = now_ns();
+    assert!(b.wait(Duration::from_secs(20)).success(), "{}", b.log());
+    let ev = events(&log);
+    assert_one_at_a_time(&ev, &[(pid_a, death)]);
+    let starts: Vec<_> = ev.iter().filter(|e| e.kind == "start").collect();
+    assert_eq!(starts.len(), 2, "{ev:?}");
+    assert!(
+        starts[0].rest.ends_with(" a") && starts[1].rest.ends_with(" b"),
+        "{ev:?}"
+    );
+}
+
+#[test]
+fn the_commands_exit_code_and_environment_are_passed_through() {
+    let s = Scratch::new("codes");
+    let cmd = |script: &str| strings(&["sh", "-c", script]);
+    let code = |args: Vec<String>| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_to_end(&refs, &[])
+    };
+    let (c, _, err) = code(run_args(&s, "codes", &[], cmd("exit 7")));
+    assert_eq!(c, 7, "{err}");
+    let (c, _, err) = code(run_args(&s, "codes", &[], cmd("kill -KILL $$")));
+    assert_eq!(c, 137, "{err}");
+    let (c, out, err) = code(run_args(
+        &s,
+        "codes",
+        &["--identity", "me"],
+        cmd("echo \"$TENURE_LEASE/$TENURE_IDENTITY/$TENURE_FENCING_TOKEN\""),
+    ));
+    assert_eq!(c, 0, "{err}");
+    let fields: Vec<&str> = out.trim().split('/').collect();
+    assert_eq!(fields[..2], ["codes", "me"], "{out}");
+    assert!(fields[2].parse::<u64>().is_ok_and(|t| t > 0), "{out}");
+    let (c, _, err) = code(run_args(&s, "codes", &[], strings(&["/nonexistent/cmd"])));
+    assert_eq!(c, 127, "{err}");
+    assert!(err.contains("cannot run \"/nonexistent/cmd\""), "{err}");
+}
+
+#[test]
+fn sigterm_is_forwarded_to_the_command_and_its_exit_code_returned() {
+    let s = Scratch::new("sigterm");
+    let script = format!(
+        "trap 'echo got-term > {}; exit 42' TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        s.path("trapped").display(),
+        s.path("pid").display()
+    );
+    let mut t = Tenure::start(
+        &run_args(&s, "term", &[], strings(&["sh", "-c", &script])),
+        &[],
+        s.path("err"),
+    );
+    read_pid(&s.path("pid"), Duration::from_secs(10));
+    t.signal(libc::SIGTERM);
+    let status = t.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(42), "{}", t.log());
+    assert!(s.path("trapped").exists());
+    // Released on the way out: nobody holds it now.
+    let (c, out, err) = run_to_end(
+        &[
+            "status",
+            "--lease",
+            "term",
+            "--state-dir",
+            &s.state(),
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("\"held\":false"), "{out}");
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let s = Scratch::new("grace");
+    let script = format!(
+        "trap '' INT TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        s.path("pid").display()
+    );
+    let mut t = Tenure::start(
+        &run_args(
+            &s,
+            "grace",
+            &["--grace", "1s"],
+            strings(&["sh", "-c", &script]),
+        ),
+        &[],
+        s.path("err"),
+    );
+    let pid = read_pid(&s.path("pid"), Duration::from_secs(10));
+    let sent = Instant::now();
+    t.signal(libc::SIGINT);
+    let status = t.wait(Duration::from_secs(10));
+    let took = sent.elapsed();
+    assert_eq!(status.code(), Some(137), "{}", t.log());
+    assert!(!alive(pid));
+    assert!(
+        took >= Duration::from_millis(900),
+        "killed before the grace period: {took:?}"
+    );
+}
+
+#[test]
+fn a_frozen_tenure_kills_its_command_as_soon_as_it_resumes() {
+    let s = Scratch::new("frozen");
+    let log = s.path("log");
+    let mut a = Tenure::start(
+        &run_args(
+            &s,
+            "frozen",
+            &["--identity", "a"],
+            worker(&log, &s.path("pa"), -1.0, 0),
+        ),
+        &[],
+        s.path("ea"),
+    );
+    let pid_a = read_pid(&s.path("pa"), Duration::from_secs(10));
+    let b = Tenure::start(
+        &run_args(
+            &s,
+            "frozen",
+            &["--identity", "b"],
+            worker(&log, &s.path("pb"), -1.0, 0),
+        ),
+        &[],
+        s.path("eb"),
+    );
+    a.signal(libc::SIGSTOP);
+    // The lease (3 s) runs out while a is frozen; b takes over. a's command, in its own
+    // process group, keeps running meanwhile: that is what fencing tokens are for.
+    let pid_b = read_pid(&s.path("pb"), Duration::from_secs(15));
+    assert!(
+        alive(pid_a),
+        "a's command should still run while a is frozen"
+    );
+    let resumed = Instant::now();
+    a.signal(libc::SIGCONT);
+    let killed_after = wait_until(
+        Duration::from_secs(5),
+        "a's command to be killed after a resumed",
+        || !alive(pid_a),
+    );
+    println!("a's command was killed {killed_after:?} after a resumed");
+    assert!(resumed.elapsed() < Duration::from_secs(5));
+    let status = a.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(3), "{}", a.log());
+    assert!(a.log().contains("lost"), "{}", a.log());
+    assert!(alive(pid_b), "b's command must not be disturbed");
+    let ev = events(&log);
+    let token = |pid| ev.iter().find(|e| e.pid == pid).map_or(0, |e| e.token);
+    assert!(token(pid_b) > token(pid_a), "{ev:?}");
+    drop(b);
+}
+
+#[test]
+fn bad_input_ends_with_one_clear_line_and_a_documented_code() {
+    let s = Scratch::new("bad");
+    let state = s.state();
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec!["run", "--lease", "a/b", "--state-dir", &state, "--", "true"],
+            2,
+            "lease",
+        ),
+        (
+            vec![
+                "run",
+                "--lease",
+                "x",
+                "--state-dir",
+                &state,
+                "--lease-duration",
+                "3s",
+                "--renew-deadline",
+                "5s",
+                "--retry-period",
+                "1s",
+                "--",
+                "true",
+            ],
+            2,
+            "--lease-duration must be greater than --renew-deadline",
+        ),
+        (
+            vec![
+                "run",
+                "--lease",
+                "x",
+                "--backend",
+                "ftp://u:hunter2@h",
+                "--",
+                "true",
+            ],
+            2,
+            "expected local, kube",
+        ),
+        (
+            vec![
+                "run",
+                "--lease",
+                "x",
+                "--backend",
+                "redis://127.0.0.1:1",
+                "--",
+                "true",
+            ],
+            4,
+            "redis",
+        ),
+        (
+            vec![
+                "run",
+                "--lease",
+                "x",
+                "--state-dir",
+                "/proc/version/x",
+                "--",
+                "true",
+            ],
+            4,
+            "/proc/version/x",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let (c, _, err) = run_to_end(&args, &[]);
+        assert_eq!(c, code, "{args:?}: {err}");
+        let lines: Vec<&str> = err
+            .lines()
+            .filter(|l| l.starts_with("tenure: ") && !l.starts_with("tenure: warning:"))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{args:?} should print one error line: {err}"
+        );
+        assert!(lines[0].contains(needle), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("hunter2"),
+            "{err}"
+        );
+    }
+    // clap's own usage errors also exit 2.
+    let (c, _, err) = run_to_end(&["run", "--lease", "x", "--grace", "5", "--", "true"], &[]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("no unit"), "{err}");
+}
+
+#[test]
+fn status_shows_the_holder_and_its_token() {
+    let s = Scratch::new("status");
+    let log = s.path("log");
+    let _t = Tenure::start(
+        &run_args(
+            &s,
+            "shown",
+            &["--identity", "holder-1"],
+            worker(&log, &s.path("p"), -1.0, 0),
+        ),
+        &[],
+        s.path("err"),
+    );
+    read_pid(&s.path("p"), Duration::from_secs(10));
+    let token = events(&log)[0].token.to_string();
+    let (c, out, err) = run_to_end(
+        &["status", "--lease", "shown", "--state-dir", &s.state()],
+        &[],
+    );
+    assert_eq!(c, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("LEASE") && lines[0].contains("FENCING TOKEN"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("holder-1") && lines[1].contains(&token),
+        "{out}"
+    );
+    let (c, out, err) = run_to_end(
+        &[
+            "status",
+            "--lease",
+            "shown",
+            "--state-dir",
+            &s.state(),
+            "--output",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("\"holder\":\"holder-1\""), "{out}");
+    assert!(out.contains(&format!("\"fencingToken\":{token}")), "{out}");
+}
+
+/// A plain HTTP GET on loopback: (status line, body).
+fn get(addr: &str, path: &str) -> (String, String) {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
+    write!(conn, "GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").unwrap_or_else(|e| panic!("{e}"));
+    let mut response = String::new();
+    conn.read_to_string(&mut response)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[test]
+fn listen_serves_metrics_and_probes() {
+    let s = Scratch::new("listen");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = format!("127.0.0.1:{port}");
+    let _t = Tenure::start(
+        &run_args(
+            &s,
+            "probed",
+            &["--listen", &addr],
+            worker(&s.path("log"), &s.path("p"), -1.0, 0),
+        ),
+        &[],
+        s.path("err"),
+    );
+    read_pid(&s.path("p"), Duration::from_secs(10));
+    let (status, body) = get(&addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("leader_election_master_status{")
+                && l.contains("probed")
+                && l.ends_with(" 1")),
+        "{body}"
+    );
+    assert!(get(&addr, "/healthz").0.contains("200"));
+    let (status, body) = get(&addr, "/readyz");
+    assert!(
+        status.contains("200") && body.contains("leading"),
+        "{status} {body}"
+    );
+    assert!(get(&addr, "/nope").0.contains("404"));
+}
+
+#[test]
+fn crd_prints_the_election_definition() {
+    let (c, out, err) = run_to_end(&["crd"], &[]);
+    assert_eq!(c, 0, "{err}");
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/election.yaml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(out, committed);
+}

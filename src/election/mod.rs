@@ -42,7 +42,7 @@ use tracing::Instrument;
 
 pub use error::ElectionError;
 #[cfg(feature = "healthz")]
-pub use healthz::serve_healthz;
+pub use healthz::{ProbeServer, serve_healthz};
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
 
@@ -418,6 +418,14 @@ impl LeaderElector {
         self.inner.locker.identity()
     }
 
+    /// The lease duration, renew deadline and retry period, for the `Election` resource's
+    /// spec and the status publisher's default heartbeat ([`crate::crd`]).
+    #[cfg(feature = "crd")]
+    pub(crate) fn timings(&self) -> (Duration, Duration, Duration) {
+        let c = &self.inner.config;
+        (c.lease_duration, c.renew_deadline, c.retry_period)
+    }
+
     /// Whether this process leads right now: it holds a term whose lease is valid.
     #[must_use]
     pub fn is_leader(&self) -> bool {
@@ -767,6 +775,7 @@ impl LeaderElector {
 
     /// Samples the lease for metrics: remaining validity, and the latency of the latest
     /// renewal if one happened since the last sample. Returns the renewal count seen.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     fn record_sample(&self, lease: &LeaseShared, seen: u32) -> u32 {
         let (renewals, _latency) = lease.renewal_stats();
         #[cfg(feature = "metrics")]

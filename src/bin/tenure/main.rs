@@ -1,2 +1,80 @@
-//! The `tenure` command-line tool.
-fn main() {}
+//! `tenure`: run any command as a singleton, fenced by a lease on Kubernetes, Redis or local
+//! files. See `tenure --help` and the README's "Run any command as a singleton".
+
+mod args;
+mod backend;
+mod child;
+mod error;
+mod publish;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+use crate::error::CliError;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    // One thread runs everything but the watchdog: the command is forked from this thread,
+    // and its parent-death signal fires when the forking *thread* exits.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tenure: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Status(args) => status::status(args).await,
+            Command::Crd => {
+                print!("{}", tenure::crd::crd_yaml());
+                Ok(0)
+            }
+            Command::Install { dir } => install(&dir),
+        }
+    });
+    // Background tasks (watches, the probe server) must not hold the exit.
+    runtime.shutdown_background();
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("tenure: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Logs to stderr; `TENURE_LOG` takes a tracing filter (default `info`).
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TENURE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// `tenure install DIR`: copies this executable to `DIR/tenure`.
+fn install(dir: &std::path::Path) -> Result<u8, CliError> {
+    use std::os::unix::fs::PermissionsExt;
+    let fail = |what: &str, e: std::io::Error| CliError::Config {
+        message: format!("install into {}: {what}: {e}", dir.display()),
+    };
+    let me = std::env::current_exe().map_err(|e| fail("cannot find this executable", e))?;
+    let target = dir.join("tenure");
+    std::fs::copy(&me, &target).map_err(|e| fail("cannot copy", e))?;
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| fail("cannot make it executable", e))?;
+    println!("{}", target.display());
+    Ok(0)
+}

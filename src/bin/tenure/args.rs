@@ -1,0 +1,209 @@
+//! The command line: subcommands, flags, their defaults and help, and the duration syntax.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Exit codes of tenure itself, listed in `--help` and the README.
+pub const EXIT_CODES: &str = "\
+Exit codes:
+  N        the command's own exit code (128 + signal number when a signal killed it)
+  2        bad usage or configuration (flags, lease name, durations)
+  3        the lease was lost and --rejoin is off; the command was stopped
+  4        the backend could not be used (unreachable, credentials, permissions)
+  126/127  the command could not be run / was not found
+  128 + N  tenure stopped by signal N while it was not leading";
+
+/// Run a command on one replica at a time, fenced by a lease.
+#[derive(Debug, Parser)]
+#[command(name = "tenure", version, about, after_long_help = EXIT_CODES)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run CMD only while this process holds the lease.
+    ///
+    /// Campaigns for the lease, starts CMD once it is held, and stops CMD (SIGTERM to its
+    /// process group, SIGKILL after --grace) when the lease is lost. CMD gets
+    /// TENURE_FENCING_TOKEN, TENURE_LEASE and TENURE_IDENTITY in its environment. When CMD
+    /// exits, the lease is released and tenure exits with CMD's exit code.
+    ///
+    /// Example: tenure run --lease nightly-report -- ./report.sh --since yesterday
+    #[command(after_long_help = EXIT_CODES)]
+    Run(RunArgs),
+    /// Show who holds a lease.
+    ///
+    /// Example: tenure status --lease nightly-report --backend redis://127.0.0.1:6379
+    Status(StatusArgs),
+    /// Print the Election custom resource definition (YAML) for `kubectl apply -f -`.
+    Crd,
+    /// Copy this executable to DIR/tenure, for an init container that injects tenure into
+    /// another image.
+    Install {
+        /// The directory to copy into (usually an emptyDir volume).
+        dir: PathBuf,
+    },
+}
+
+/// `tenure run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lease's name; every replica of one singleton uses the same name.
+    #[arg(long, value_name = "NAME")]
+    pub lease: String,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// This replica's identity, shown to the others [default: $POD_NAME, else hostname-pid].
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
+
+    /// How long the lease lasts without renewal; others wait this long for a silent leader.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// A leader that has not renewed for this long stops its command.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+
+    /// Pause between retries of failed requests.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+
+    /// How long the command may take to exit after SIGTERM before it gets SIGKILL (never past
+    /// the lease's validity).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+
+    /// After losing the lease, campaign again and rerun the command instead of exiting.
+    #[arg(long)]
+    pub rejoin: bool,
+
+    /// Serve GET /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090).
+    #[arg(long, value_name = "ADDR", env = "TENURE_LISTEN")]
+    pub listen: Option<std::net::SocketAddr>,
+
+    /// Publish this replica's view into the status of the Election custom resource (needs
+    /// Kubernetes access, whatever the backend).
+    #[arg(long)]
+    pub publish_status: bool,
+
+    /// The Election resource to publish to [default: the lease name].
+    #[arg(long, value_name = "NAME", requires = "publish_status")]
+    pub election: Option<String>,
+
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// `tenure status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lease's name.
+    #[arg(long, value_name = "NAME")]
+    pub lease: String,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+/// Output formats of `tenure status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Aligned columns for people.
+    Table,
+    /// One JSON object for scripts.
+    Json,
+}
+
+/// Where the lease lives, shared by `run` and `status`.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// `local` (files on this host), `kube` (a Kubernetes Lease) or a `redis://` / `rediss://`
+    /// URL. Without it tenure uses `local` and warns: no mutual exclusion across hosts.
+    #[arg(long, value_name = "BACKEND", env = "TENURE_BACKEND")]
+    pub backend: Option<String>,
+
+    /// Kubernetes namespace of the Lease and the Election [default: the pod's, or the
+    /// kubeconfig context's].
+    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Local backend: the state directory [default: $XDG_RUNTIME_DIR/tenure, else
+    /// /tmp/tenure-UID].
+    #[arg(long, value_name = "DIR", env = "TENURE_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Redis ACL user (overrides the URL's).
+    #[arg(long, value_name = "USER", env = "TENURE_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+
+    /// Redis password read from this file (trailing newline ignored). The password may also
+    /// come from $TENURE_REDIS_PASSWORD; it is never logged.
+    #[arg(long, value_name = "PATH", env = "TENURE_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// PEM file of the CA that signed the Redis server's certificate (rediss://).
+    #[arg(long, value_name = "PATH", env = "TENURE_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Redis key prefix of the lease's keys.
+    #[arg(long, value_name = "PREFIX", env = "TENURE_KEY_PREFIX")]
+    pub key_prefix: Option<String>,
+}
+
+/// Parses `500ms`, `15s`, `2m`, `1h` or `1.5s`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{s:?} has no unit (write 500ms, 15s, 2m or 1h)"))?;
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} does not start with a number"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{s:?} is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("15").unwrap_err().contains("no unit"));
+        assert!(parse_duration("15d").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,156 @@
+//! Turns `--backend` and its companion flags into a connected lease store.
+
+use std::sync::Arc;
+
+use tenure::Backend;
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::backend::local::{self, LocalBackend};
+use tenure::backend::redis::{RedisBackend, RedisConfig};
+
+use crate::args::BackendArgs;
+use crate::error::CliError;
+
+/// The environment variable a Redis password may come from.
+pub const REDIS_PASSWORD_ENV: &str = "TENURE_REDIS_PASSWORD";
+
+/// A connected store and how to describe it (never with secrets).
+pub struct Connected {
+    /// The store.
+    pub backend: Arc<dyn Backend>,
+    /// `local /run/user/1000/tenure`, `kube namespace default`, `redis://host:6379/0`.
+    pub description: String,
+    /// The value for the Election's spec.
+    pub kind: &'static str,
+}
+
+/// Connects to the configured backend; `warn_local` prints the single-host warning when the
+/// local backend was chosen by default.
+pub async fn connect(args: &BackendArgs, warn_local: bool) -> Result<Connected, CliError> {
+    match args.backend.as_deref().map(str::trim) {
+        None | Some("") => {
+            let c = local(args)?;
+            if warn_local {
+                eprintln!(
+                    "tenure: warning: no --backend given: using the local backend ({}); it gives NO mutual exclusion across hosts. Use --backend kube or --backend redis://… for replicas on several machines.",
+                    c.description
+                );
+            }
+            Ok(c)
+        }
+        Some("local") => local(args),
+        Some("kube" | "kubernetes") => kube(args).await,
+        Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            redis(url, args).await
+        }
+        Some(other) => Err(CliError::Config {
+            message: format!(
+                "--backend {:?}: expected local, kube, or a redis:// or rediss:// URL",
+                redact_url(other)
+            ),
+        }),
+    }
+}
+
+fn local(args: &BackendArgs) -> Result<Connected, CliError> {
+    let dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(local::default_state_dir);
+    let backend = LocalBackend::open(&dir)
+        .map_err(|e| CliError::backend(&format!("local state directory {}", dir.display()), &e))?;
+    Ok(Connected {
+        backend: Arc::new(backend),
+        description: format!("local {}", dir.display()),
+        kind: "local",
+    })
+}
+
+async fn kube(args: &BackendArgs) -> Result<Connected, CliError> {
+    let mut options = KubeOptions::new();
+    if let Some(ns) = &args.namespace {
+        options = options.namespace(ns.clone());
+    }
+    let backend = KubeBackend::infer(options)
+        .await
+        .map_err(|e| CliError::backend("kube backend", &e))?;
+    Ok(Connected {
+        description: format!("kube namespace {}", backend.namespace()),
+        backend: Arc::new(backend),
+        kind: "kubernetes",
+    })
+}
+
+async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
+    let mut config = RedisConfig::new(url).map_err(|e| CliError::Config {
+        message: format!("--backend: {}", crate::error::chain(&e)),
+    })?;
+    if url_has_password(url) {
+        eprintln!(
+            "tenure: warning: the --backend URL contains a password, which other users can read in the process list; use ${REDIS_PASSWORD_ENV} or --redis-password-file instead"
+        );
+    }
+    if let Some(user) = &args.redis_username {
+        config = config.username(user);
+    }
+    if let Some(path) = &args.redis_password_file {
+        let password = std::fs::read_to_string(path).map_err(|e| CliError::Config {
+            message: format!("--redis-password-file {}: {e}", path.display()),
+        })?;
+        config = config.password(password.trim_end_matches(['\n', '\r']));
+    } else if let Ok(password) = std::env::var(REDIS_PASSWORD_ENV)
+        && !password.is_empty()
+    {
+        config = config.password(&password);
+    }
+    if let Some(path) = &args.redis_ca_file {
+        let pem = std::fs::read(path).map_err(|e| CliError::Config {
+            message: format!("--redis-ca-file {}: {e}", path.display()),
+        })?;
+        config = config.ca_certificate_pem(pem);
+    }
+    if let Some(prefix) = &args.key_prefix {
+        config = config.key_prefix(prefix);
+    }
+    let description = config.redacted_url();
+    let backend = RedisBackend::connect(config)
+        .await
+        .map_err(|e| CliError::backend(&format!("redis {description}"), &e))?;
+    Ok(Connected {
+        backend: Arc::new(backend),
+        description,
+        kind: "redis",
+    })
+}
+
+/// Whether a URL carries a password in its user-info part.
+fn url_has_password(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    authority
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+/// A backend string with any user-info replaced, for error messages.
+fn redact_url(s: &str) -> String {
+    match s.split_once("://") {
+        Some((scheme, rest)) => match rest.split_once('@') {
+            Some((_, host)) => format!("{scheme}://***@{host}"),
+            None => s.to_owned(),
+        },
+        None => s.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_urls_are_spotted_and_redacted() {
+        assert!(url_has_password("redis://:hunter2@127.0.0.1:6379"));
+        assert!(url_has_password("rediss://user:hunter2@h:6380/0"));
+        assert!(!url_has_password("redis://127.0.0.1:6379/0"));
+        assert!(!redact_url("memcached://u:hunter2@h").contains("hunter2"));
+    }
+}

@@ -1,0 +1,219 @@
+//! `tenure run`: campaign for the lease and run the command for each term won.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use tenure::election::{ElectionConfig, ElectionMetrics, LeaderElector};
+use tenure::{Locker, Term};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::args::RunArgs;
+use crate::backend;
+use crate::child::{Child, Watchdog, exit_code};
+use crate::error::CliError;
+
+/// The environment variables the command gets.
+pub const ENV_FENCING_TOKEN: &str = "TENURE_FENCING_TOKEN";
+/// See [`ENV_FENCING_TOKEN`].
+pub const ENV_LEASE: &str = "TENURE_LEASE";
+/// See [`ENV_FENCING_TOKEN`].
+pub const ENV_IDENTITY: &str = "TENURE_IDENTITY";
+
+/// Runs `tenure run`; the result is the process exit code.
+pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(tenure::default_identity);
+    // The command is dropped this long before the lease could be granted to another
+    // candidate. client-go has no such margin; 1 s unless the durations leave less room.
+    let stop_margin =
+        Duration::from_secs(1).min(args.lease_duration.saturating_sub(args.renew_deadline) / 2);
+    let config = ElectionConfig::new()
+        .lease_duration(args.lease_duration)
+        .renew_deadline(args.renew_deadline)
+        .retry_period(args.retry_period)
+        .stop_margin(stop_margin)
+        // The supervisor itself escalates to SIGKILL after --grace; the elector's bound is a
+        // backstop that must not cut the reaping short, or the command's exit code is lost.
+        .grace(args.grace + Duration::from_secs(2))
+        .rejoin(args.rejoin);
+
+    let connected = backend::connect(&args.backend, true).await?;
+    let locker = Locker::with_identity(Arc::clone(&connected.backend), &identity).map_err(|e| {
+        CliError::Config {
+            message: format!("--identity: {}", crate::error::chain(&e)),
+        }
+    })?;
+    let mut elector = LeaderElector::new(locker, &args.lease, config)?;
+    probe(&connected, &args.lease, args.retry_period).await?;
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    elector = elector.with_metrics(ElectionMetrics::register(&mut registry));
+    if let Some(addr) = args.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| CliError::Config {
+                message: format!("--listen {addr}: {e}"),
+            })?;
+        let server = tenure::election::ProbeServer::new(elector.clone())
+            .tolerance(args.lease_duration)
+            .metrics(registry);
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(listener).await {
+                tracing::error!(error = %e, "the /metrics and probe endpoint stopped");
+            }
+        });
+    }
+    if args.publish_status {
+        crate::publish::spawn(&args, &connected, &elector).await?;
+    }
+
+    let watchdog = Watchdog::start().map_err(|e| CliError::Internal {
+        message: format!("cannot start the watchdog thread: {e}"),
+    })?;
+    let received = Arc::new(AtomicI32::new(0));
+    let shutdown = shutdown_signal(Arc::clone(&received))?;
+    tracing::info!(
+        lease = %args.lease,
+        identity = %identity,
+        backend = %connected.description,
+        "campaigning"
+    );
+    let supervisor = Supervisor {
+        command: args.command,
+        grace: args.grace,
+        stop_margin,
+        watchdog,
+        received: Arc::clone(&received),
+    };
+    let outcome = elector
+        .run_until(shutdown, |term| supervisor.term(term))
+        .await;
+    match outcome {
+        Ok(Some(code)) => code,
+        Ok(None) => {
+            let signo = received.load(Ordering::Acquire);
+            tracing::info!(signal = signo, "stopped by signal");
+            Ok(u8::try_from(128 + signo).unwrap_or(1))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One request to the store before campaigning, so that a wrong URL, bad credentials or
+/// missing permissions end tenure with one clear line instead of endless retries.
+async fn probe(
+    connected: &backend::Connected,
+    lease: &str,
+    retry_period: Duration,
+) -> Result<(), CliError> {
+    let timeout = retry_period.max(Duration::from_secs(2));
+    match tokio::time::timeout(timeout, connected.backend.inspect(lease)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(CliError::backend(
+            &format!("cannot read lease {lease:?} from {}", connected.description),
+            &e,
+        )),
+        Err(_) => Err(CliError::Backend {
+            message: format!(
+                "cannot read lease {lease:?} from {}: no answer within {timeout:?}",
+                connected.description
+            ),
+        }),
+    }
+}
+
+/// Completes on the first SIGTERM or SIGINT, recording which.
+fn shutdown_signal(received: Arc<AtomicI32>) -> Result<impl Future<Output = ()> + use<>, CliError> {
+    let install = |kind: SignalKind| {
+        signal(kind).map_err(|e| CliError::Internal {
+            message: format!("cannot install a signal handler: {e}"),
+        })
+    };
+    let mut term = install(SignalKind::terminate())?;
+    let mut int = install(SignalKind::interrupt())?;
+    Ok(async move {
+        let signo = tokio::select! {
+            _ = term.recv() => libc::SIGTERM,
+            _ = int.recv() => libc::SIGINT,
+        };
+        received.store(signo, Ordering::Release);
+        tracing::info!(signal = signo, "shutting down");
+    })
+}
+
+/// Runs the command for one term and stops it when the term ends.
+struct Supervisor {
+    command: Vec<std::ffi::OsString>,
+    grace: Duration,
+    stop_margin: Duration,
+    watchdog: Watchdog,
+    /// The signal tenure received, forwarded to the command on shutdown (0: none).
+    received: Arc<AtomicI32>,
+}
+
+impl Supervisor {
+    /// The workload of one term. Dropping the future (the elector does so at
+    /// `valid_until − stop_margin`) kills the command's process group.
+    fn term(&self, term: Term) -> impl Future<Output = Result<u8, CliError>> + use<> {
+        let command = self.command.clone();
+        let grace = self.grace;
+        let stop_margin = self.stop_margin;
+        let watchdog = self.watchdog.clone();
+        let received = Arc::clone(&self.received);
+        async move {
+            let env = [
+                (ENV_FENCING_TOKEN, term.fencing_token().to_string()),
+                (ENV_LEASE, term.lease_name().to_owned()),
+                (ENV_IDENTITY, term.identity().to_owned()),
+            ];
+            let mut child = Child::spawn(&command, &env)?;
+            let deadline_term = term.clone();
+            watchdog.arm(child.group(), move || {
+                let until = deadline_term.valid_until().into_std();
+                until.checked_sub(stop_margin).unwrap_or(until)
+            });
+            let _disarm = Disarm(&watchdog);
+            tracing::info!(
+                fencing_token = %term.fencing_token(),
+                pid = child.group().id(),
+                "leading: started the command"
+            );
+            let status = tokio::select! {
+                status = child.wait() => status,
+                () = term.cancellation().cancelled() => {
+                    let signo = match received.load(Ordering::Acquire) {
+                        0 => libc::SIGTERM,
+                        s => s,
+                    };
+                    tracing::info!(signal = signo, ?grace, "term ending: signalling the command");
+                    child.group().signal(signo);
+                    match tokio::time::timeout(grace, child.wait()).await {
+                        Ok(status) => status,
+                        Err(_) => {
+                            tracing::warn!(?grace, "the command outlived the grace period: SIGKILL");
+                            child.group().signal(libc::SIGKILL);
+                            child.wait().await
+                        }
+                    }
+                }
+            };
+            let status = status.map_err(|e| CliError::Internal {
+                message: format!("cannot wait for the command: {e}"),
+            })?;
+            tracing::info!(%status, "the command exited");
+            Ok(exit_code(status))
+        }
+    }
+}
+
+/// Disarms the watchdog when the term's workload ends, however it ends.
+struct Disarm<'a>(&'a Watchdog);
+
+impl Drop for Disarm<'_> {
+    fn drop(&mut self) {
+        self.0.disarm();
+    }
+}

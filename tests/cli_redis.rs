@@ -1,0 +1,190 @@
+//! The real `tenure` binary on a real `redis-server`: hand-over between two replicas,
+//! `kill -9`, a lease deleted under the leader (exit 3, or a new term with `--rejoin`), and
+//! credentials from the environment or a file, never echoed.
+
+mod cli_support;
+mod support;
+
+use std::time::Duration;
+
+use cli_support::{
+    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, strings,
+    wait_until, worker,
+};
+use support::{RedisServer, TempDir};
+
+fn run_args(url: &str, lease: &str, extra: &[&str], command: Vec<String>) -> Vec<String> {
+    let mut args = strings(&["run", "--lease", lease, "--backend", url]);
+    args.extend(strings(&FAST));
+    args.extend(strings(extra));
+    args.push("--".into());
+    args.extend(command);
+    args
+}
+
+#[test]
+fn two_replicas_take_turns_and_kill_9_hands_over() {
+    let server = RedisServer::start();
+    let dir = TempDir::new("cli-redis");
+    let p = |n: &str| dir.path().join(n);
+    let log = p("log");
+    let url = server.url();
+    let mut a = Tenure::start(
+        &run_args(
+            &url,
+            "job",
+            &["--identity", "a"],
+            worker(&log, &p("pa"), -1.0, 0),
+        ),
+        &[],
+        p("ea"),
+    );
+    let pid_a = read_pid(&p("pa"), Duration::from_secs(10));
+    let mut b = Tenure::start(
+        &run_args(
+            &url,
+            "job",
+            &["--identity", "b"],
+            worker(&log, &p("pb"), 1.0, 0),
+        ),
+        &[],
+        p("eb"),
+    );
+    let mut c = Tenure::start(
+        &run_args(
+            &url,
+            "job",
+            &["--identity", "c"],
+            worker(&log, &p("pc"), 1.0, 5),
+        ),
+        &[],
+        p("ec"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    a.signal(libc::SIGKILL);
+    a.wait(Duration::from_secs(5));
+    wait_until(Duration::from_secs(5), "a's command to die with a", || {
+        !alive(pid_a)
+    });
+    let death = now_ns();
+    let b_status = b.wait(Duration::from_secs(30));
+    let c_status = c.wait(Duration::from_secs(30));
+    assert_eq!(b_status.code(), Some(0), "{}", b.log());
+    assert_eq!(c_status.code(), Some(5), "{}", c.log());
+    let ev = events(&log);
+    assert_eq!(ev.iter().filter(|e| e.kind == "start").count(), 3, "{ev:?}");
+    assert_one_at_a_time(&ev, &[(pid_a, death)]);
+}
+
+#[test]
+fn a_deleted_lease_ends_the_term_and_rejoin_starts_a_new_one() {
+    let server = RedisServer::start();
+    let dir = TempDir::new("cli-redis-del");
+    let p = |n: &str| dir.path().join(n);
+    let url = server.url();
+
+    // Without --rejoin: the command is stopped and tenure exits 3.
+    let mut once = Tenure::start(
+        &run_args(&url, "del1", &[], worker(&p("log1"), &p("p1"), -1.0, 0)),
+        &[],
+        p("e1"),
+    );
+    let pid = read_pid(&p("p1"), Duration::from_secs(10));
+    server.cmd(&["DEL", "tenure:{del1}"]);
+    let status = once.wait(Duration::from_secs(15));
+    assert_eq!(status.code(), Some(3), "{}", once.log());
+    assert!(!alive(pid));
+
+    // With --rejoin: a new term, a new command, a higher token.
+    let _again = Tenure::start(
+        &run_args(
+            &url,
+            "del2",
+            &["--rejoin"],
+            worker(&p("log2"), &p("p2"), -1.0, 0),
+        ),
+        &[],
+        p("e2"),
+    );
+    let first = read_pid(&p("p2"), Duration::from_secs(10));
+    std::fs::remove_file(p("p2")).unwrap_or_else(|e| panic!("{e}"));
+    server.cmd(&["DEL", "tenure:{del2}"]);
+    let second = read_pid(&p("p2"), Duration::from_secs(15));
+    assert_ne!(first, second);
+    assert!(!alive(first), "the first term's command still runs");
+    let ev = events(&p("log2"));
+    let starts: Vec<_> = ev.iter().filter(|e| e.kind == "start").collect();
+    assert_eq!(starts.len(), 2, "{ev:?}");
+    assert!(starts[1].token > starts[0].token, "{ev:?}");
+}
+
+#[test]
+fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
+    const PW: &str = "s3cret-cli-pw";
+    let server = RedisServer::options()
+        .acl_user(&format!(
+            "tenure on >{PW} resetkeys ~tenure:* resetchannels &tenure:* -@all \
+             +evalsha +script|load +subscribe +unsubscribe +ping \
+             +get +set +incr +pexpire +pttl +publish +time"
+        ))
+        .start();
+    let dir = TempDir::new("cli-redis-pw");
+    let url = server.url();
+    let base = |extra: &[&str]| {
+        let mut a = vec!["run", "--lease", "pw", "--backend", url.as_str()];
+        a.extend_from_slice(&FAST);
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--redis-username", "tenure", "--", "sh", "-c", "exit 9"]);
+        a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>, env: &[(&str, &str)]| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_to_end(&refs, env)
+    };
+
+    let (c, _, err) = run(base(&[]), &[("TENURE_REDIS_PASSWORD", PW)]);
+    assert_eq!(c, 9, "password from the environment: {err}");
+
+    let file = dir.path().join("pw");
+    std::fs::write(&file, format!("{PW}\n")).unwrap_or_else(|e| panic!("{e}"));
+    let file = file.display().to_string();
+    let (c, _, err) = run(base(&["--redis-password-file", &file]), &[]);
+    assert_eq!(c, 9, "password from a file: {err}");
+
+    let (c, out, err) = run(base(&[]), &[("TENURE_REDIS_PASSWORD", "wrong-pw-123")]);
+    assert_eq!(c, 4, "{err}");
+    assert!(
+        err.lines().filter(|l| l.starts_with("tenure: ")).count() == 1,
+        "{err}"
+    );
+    assert!(err.to_lowercase().contains("auth"), "{err}");
+    assert!(
+        !err.contains("wrong-pw-123") && !out.contains("wrong-pw-123"),
+        "{err}"
+    );
+
+    // A password in the URL works but earns a warning, and is not echoed either.
+    let with_pw = format!("redis://tenure:{PW}@127.0.0.1:{}", server.port());
+    let mut args = vec!["run", "--lease", "pw", "--backend", with_pw.as_str()];
+    args.extend_from_slice(&FAST);
+    args.extend_from_slice(&["--", "sh", "-c", "exit 9"]);
+    let (c, out, err) = run_to_end(&args, &[]);
+    assert_eq!(c, 9, "{err}");
+    assert!(err.contains("contains a password"), "{err}");
+    assert!(!err.contains(PW) && !out.contains(PW), "{err}");
+
+    let (c, out, err) = run_to_end(
+        &[
+            "status",
+            "--lease",
+            "pw",
+            "--backend",
+            &with_pw,
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("\"held\":false") && !out.contains(PW), "{out}");
+}

@@ -1,0 +1,237 @@
+//! Drives the real `tenure` binary for the CLI tests: starts `tenure run` processes around a
+//! small shell command that logs when it starts and ends (with its fencing token and pid),
+//! and reads those logs back.
+
+#![allow(dead_code)] // Each CLI test binary uses a different part of the harness.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test, built by cargo for the integration tests.
+pub const TENURE: &str = env!("CARGO_BIN_EXE_tenure");
+
+/// Short durations so the tests take seconds: lease 3 s, renew deadline 2 s, retry 500 ms.
+pub const FAST: [&str; 6] = [
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
+
+/// Wall-clock nanoseconds, comparable with the `date +%s%N` stamps the commands log.
+pub fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// A shell command that logs `start <token> <pid> <ns>` to `log`, writes its pid to
+/// `<pidfile>`, works for `seconds` (a negative value: forever), then logs `end …` and exits
+/// with `code`.
+pub fn worker(log: &Path, pidfile: &Path, seconds: f64, code: i32) -> Vec<String> {
+    let body = format!(
+        r#"echo "start $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_LEASE $TENURE_IDENTITY" >> {log}
+echo $$ > {pid}.tmp && mv {pid}.tmp {pid}
+if [ "{forever}" = 1 ]; then while :; do sleep 0.1; done; fi
+sleep {seconds}
+echo "end $TENURE_FENCING_TOKEN $$ $(date +%s%N)" >> {log}
+exit {code}"#,
+        log = log.display(),
+        pid = pidfile.display(),
+        forever = u8::from(seconds < 0.0),
+        seconds = seconds.max(0.0),
+    );
+    vec!["sh".into(), "-c".into(), body]
+}
+
+/// One line of a worker log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub kind: String,
+    pub token: u64,
+    pub pid: u32,
+    pub at_ns: u128,
+    pub rest: String,
+}
+
+/// Reads a worker log (missing file: no events).
+pub fn events(log: &Path) -> Vec<Event> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let mut parts = line.splitn(5, ' ');
+            let mut next = || parts.next().unwrap_or_default().to_owned();
+            let kind = next();
+            let token = next()
+                .parse()
+                .unwrap_or_else(|e| panic!("bad token in {line:?}: {e}"));
+            let pid = next()
+                .parse()
+                .unwrap_or_else(|e| panic!("bad pid in {line:?}: {e}"));
+            let at_ns = next()
+                .parse()
+                .unwrap_or_else(|e| panic!("bad time in {line:?}: {e}"));
+            Event {
+                kind,
+                token,
+                pid,
+                at_ns,
+                rest: next(),
+            }
+        })
+        .collect()
+}
+
+/// A running `tenure` process whose stderr goes to a file.
+pub struct Tenure {
+    pub child: Child,
+    pub stderr: PathBuf,
+}
+
+impl Tenure {
+    /// Starts `tenure <args…>` with extra environment variables.
+    pub fn start(args: &[String], env: &[(&str, &str)], stderr: PathBuf) -> Self {
+        let err = std::fs::File::create(&stderr)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", stderr.display()));
+        let mut cmd = Command::new(TENURE);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .env("TENURE_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {TENURE}: {e}"));
+        Self { child, stderr }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.pid()).unwrap_or(0);
+        assert!(pid > 1);
+        // SAFETY: sending a signal to our own child process.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+    }
+
+    /// Waits for exit, failing the test after `limit`.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tenure did not exit within {limit:?}; stderr:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// What tenure wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Tenure {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `tenure <args…>` to completion: (exit code, stdout, stderr).
+pub fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(TENURE);
+    cmd.args(args).stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {TENURE}: {e}"));
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the field after the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds, failing with `what` after `limit`.
+pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+/// The pid written to `pidfile` by [`worker`], once it exists.
+pub fn read_pid(pidfile: &Path, limit: Duration) -> u32 {
+    let mut pid = 0;
+    wait_until(limit, &format!("{} to appear", pidfile.display()), || {
+        pid = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    pid
+}
+
+/// Asserts that the `start`/`end` intervals in `events` never overlap and that tokens rise
+/// from one command to the next. `deaths` gives the end time of commands that were killed
+/// (pid → ns), which log no `end` line.
+pub fn assert_one_at_a_time(events: &[Event], deaths: &[(u32, u128)]) {
+    let mut intervals: Vec<(u128, u128, u64, u32)> = Vec::new();
+    for e in events.iter().filter(|e| e.kind == "start") {
+        let end = events
+            .iter()
+            .find(|x| x.kind == "end" && x.pid == e.pid)
+            .map(|x| x.at_ns)
+            .or_else(|| deaths.iter().find(|(p, _)| *p == e.pid).map(|(_, t)| *t))
+            .unwrap_or_else(|| panic!("command {} has no end: {events:?}", e.pid));
+        intervals.push((e.at_ns, end, e.token, e.pid));
+    }
+    intervals.sort_unstable();
+    for pair in intervals.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        assert!(
+            a.1 <= b.0,
+            "commands {} and {} ran at the same time: {intervals:?}",
+            a.3,
+            b.3
+        );
+        assert!(b.2 > a.2, "token did not rise: {intervals:?}");
+    }
+}
+
+/// `args` as owned strings.
+pub fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
