@@ -101,3 +101,90 @@ fn two_replicas_on_a_lease_hand_over_on_exit_and_on_kill_9() {
     assert_eq!(ev.iter().filter(|e| e.kind == "start").count(), 3, "{ev:?}");
     assert_one_at_a_time(&ev, &[(pid_a, death)]);
 }
+
+/// Reads the Election's status as admin.
+async fn election_status(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Option<tenure::crd::ElectionStatus> {
+    let api: kube::Api<tenure::crd::Election> = kube::Api::namespaced(client.clone(), ns);
+    api.get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get election: {e}"))
+        .and_then(|e| e.status)
+}
+
+#[test]
+fn publish_status_shows_who_leads_in_the_election() {
+    let server = kube_support::shared();
+    let rt = runtime();
+    let client = rt.block_on(server.admin());
+    rt.block_on(kube_support::install_crd(&client));
+    let ns = kube_support::unique("cli-el");
+    rt.block_on(server.namespace(&ns));
+    let kubeconfig = server.admin_kubeconfig().display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let dir = kube_support::fresh_dir("cli-el");
+    let p = |n: &str| dir.join(n);
+    let log = p("log");
+    // The lease lives on the local backend; the Election in Kubernetes says who leads.
+    let run_args = |id: &str, command: Vec<String>| {
+        let mut a = strings(&["run", "--lease", "report", "--backend", "local"]);
+        a.extend(strings(&["--state-dir", &p("state").display().to_string()]));
+        a.extend(strings(&["--namespace", &ns, "--publish-status"]));
+        a.extend(strings(&FAST));
+        a.extend(strings(&["--identity", id, "--"]));
+        a.extend(command);
+        a
+    };
+    let mut a = Tenure::start(
+        &run_args("a", worker(&log, &p("pa"), 6.0, 0)),
+        &env,
+        p("ea"),
+    );
+    read_pid(&p("pa"), Duration::from_secs(20));
+    let mut b = Tenure::start(
+        &run_args("b", worker(&log, &p("pb"), -1.0, 0)),
+        &env,
+        p("eb"),
+    );
+    let token_a = events(&log)[0].token;
+    let mut seen = None;
+    wait_until(
+        Duration::from_secs(20),
+        "the Election to show a leading",
+        || {
+            seen = rt.block_on(election_status(&client, &ns, "report"));
+            seen.as_ref().is_some_and(|s| {
+                s.leader.as_deref() == Some("a") && s.fencing_token == Some(token_a)
+            })
+        },
+    );
+    // a's command ends after 6 s; b takes over and publishes its higher token.
+    assert!(a.wait(Duration::from_secs(20)).success(), "{}", a.log());
+    read_pid(&p("pb"), Duration::from_secs(20));
+    let token_b = events(&log)
+        .iter()
+        .find(|e| e.kind == "start" && e.rest.ends_with(" b"))
+        .map_or(0, |e| e.token);
+    assert!(token_b > token_a);
+    wait_until(
+        Duration::from_secs(20),
+        "the Election to show b leading",
+        || {
+            seen = rt.block_on(election_status(&client, &ns, "report"));
+            seen.as_ref().is_some_and(|s| {
+                s.leader.as_deref() == Some("b") && s.fencing_token == Some(token_b)
+            })
+        },
+    );
+    let status = seen.unwrap_or_default();
+    assert!(status.transitions.unwrap_or(0) >= 1, "{status:?}");
+    assert!(
+        status.candidates.iter().any(|c| c.identity == "b"),
+        "{status:?}"
+    );
+    b.signal(libc::SIGTERM);
+    b.wait(Duration::from_secs(20));
+}

@@ -144,6 +144,12 @@ fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
 
     let (c, _, err) = run(base(&[]), &[("TENURE_REDIS_PASSWORD", PW)]);
     assert_eq!(c, 9, "password from the environment: {err}");
+    // The command does not inherit tenure's password.
+    let mut leak = base(&[]);
+    leak.truncate(leak.len() - 3);
+    leak.extend(strings(&["sh", "-c", "exit ${TENURE_REDIS_PASSWORD:+1}0"]));
+    let (c, _, err) = run(leak, &[("TENURE_REDIS_PASSWORD", PW)]);
+    assert_eq!(c, 0, "the command saw TENURE_REDIS_PASSWORD: {err}");
 
     let file = dir.path().join("pw");
     std::fs::write(&file, format!("{PW}\n")).unwrap_or_else(|e| panic!("{e}"));

@@ -1,1 +1,1595 @@
-//! placeholder
+//! The Helm chart `charts/tenure`: `helm lint --strict`, `helm template` with default and
+//! non-default values, the values schema's refusals, and the rendered objects on a real
+//! kube-apiserver (the harness's, `tests/kube_support`): `helm install` into fresh namespaces
+//! that enforce Pod Security "restricted", Pods from the Deployment's template admitted (and
+//! weakened ones refused) by the apiserver, `kubectl auth can-i` for the ServiceAccount, and
+//! tenure's own Kubernetes backend running under exactly the chart's Role.
+//!
+//! helm (`e2e/scripts/helm.sh build`) and kubectl (`e2e/scripts/kube-testenv.sh
+//! build-kubectl`) are built from Go modules into `~/.cache/tenure` on first use. Nothing is
+//! skipped: if a tool cannot be built, the test fails saying why.
+
+mod kube_support;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube_support::{shared, unique};
+use serde_json::{Value, json};
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::backend::{Backend, BackendErrorKind, LeadershipEvent};
+use tenure::{LockError, LockOptions, Locker};
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart() -> PathBuf {
+    repo().join("charts/tenure")
+}
+
+/// A values file of the chart's `ci/` directory.
+fn ci(name: &str) -> String {
+    chart().join("ci").join(name).display().to_string()
+}
+
+/// Runs `bash SCRIPT ARG`, which builds (or finds in the cache) a tool and prints its path.
+fn build_tool(script: &str, arg: &str) -> PathBuf {
+    let script = repo().join(script);
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(arg)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "`{} {arg}` failed ({}): the chart checks need Go and the Go module proxy for the \
+         first build of the tool (see the script's header)",
+        script.display(),
+        out.status
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let path = PathBuf::from(stdout.trim().lines().last().unwrap_or_default());
+    assert!(
+        path.is_file(),
+        "`{} {arg}` printed no binary path (stdout: {stdout:?})",
+        script.display()
+    );
+    path
+}
+
+/// helm v3, built from `helm.sh/helm/v3/cmd/helm`.
+fn helm() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build_tool("e2e/scripts/helm.sh", "build"))
+}
+
+/// kubectl of the apiserver's release, built from `k8s.io/kubernetes/cmd/kubectl`.
+fn kubectl() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build_tool("e2e/scripts/kube-testenv.sh", "build-kubectl"))
+}
+
+/// helm's own state (cache, config, data) in a directory of this process, never the user's.
+fn helm_home() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| kube_support::fresh_dir("helm-home"))
+}
+
+/// What a command did.
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    what: String,
+}
+
+impl Run {
+    /// Its stdout; panics with everything it said if it failed.
+    fn expect_ok(self) -> String {
+        assert!(
+            self.ok,
+            "`{}` failed:\n{}\n{}",
+            self.what, self.stderr, self.stdout
+        );
+        self.stdout
+    }
+}
+
+/// Runs `cmd`, feeding `input` on stdin.
+fn run(cmd: &mut Command, input: Option<&str>) -> Run {
+    let what = format!(
+        "{} {}",
+        cmd.get_program().to_string_lossy(),
+        cmd.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mut child = cmd
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run `{what}`: {e}"));
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(input.as_bytes())
+            .unwrap_or_else(|e| panic!("`{what}`: writing stdin: {e}"));
+    }
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("`{what}`: {e}"));
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        what,
+    }
+}
+
+fn helm_cmd() -> Command {
+    let home = helm_home();
+    let mut cmd = Command::new(helm());
+    cmd.env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("KUBECONFIG");
+    cmd
+}
+
+/// kubectl as the apiserver's admin.
+fn kubectl_cmd() -> Command {
+    let mut cmd = Command::new(kubectl());
+    cmd.arg("--kubeconfig").arg(shared().admin_kubeconfig());
+    cmd
+}
+
+/// `helm template RELEASE charts/tenure --namespace NS ARGS...`: the YAML, or helm's error.
+fn template(release: &str, ns: &str, args: &[&str]) -> Result<String, String> {
+    let r = run(
+        helm_cmd()
+            .arg("template")
+            .arg(release)
+            .arg(chart())
+            .args(["--namespace", ns])
+            .args(args),
+        None,
+    );
+    if r.ok { Ok(r.stdout) } else { Err(r.stderr) }
+}
+
+/// The objects `helm template` renders, as JSON.
+fn render(release: &str, ns: &str, args: &[&str]) -> Vec<Value> {
+    let yaml = template(release, ns, args)
+        .unwrap_or_else(|e| panic!("helm template {release} {args:?} failed:\n{e}"));
+    objects(&yaml)
+}
+
+/// Multi-document YAML to JSON objects, offline: `kubectl annotate --local` parses the
+/// documents without a server and prints them as JSON (removing an annotation nobody has).
+fn objects(yaml: &str) -> Vec<Value> {
+    let out = run(
+        Command::new(kubectl())
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .args(["annotate", "--local", "-f", "-", "-o", "json"])
+            .arg("tenure.test/none-"),
+        Some(yaml),
+    )
+    .expect_ok();
+    serde_json::Deserializer::from_str(&out)
+        .into_iter::<Value>()
+        .map(|v| {
+            let mut v = v.unwrap_or_else(|e| panic!("kubectl printed bad JSON: {e}\n{out}"));
+            if v["metadata"]["annotations"] == json!({}) {
+                v["metadata"]
+                    .as_object_mut()
+                    .expect("metadata")
+                    .remove("annotations");
+            }
+            v
+        })
+        .collect()
+}
+
+fn kinds(objs: &[Value]) -> BTreeSet<String> {
+    objs.iter()
+        .map(|o| o["kind"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The only object of `kind`.
+fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = objs.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "expected one {kind} in {:?}", kinds(objs));
+    found[0]
+}
+
+fn pod_spec(objs: &[Value]) -> &Value {
+    &one(objs, "Deployment")["spec"]["template"]["spec"]
+}
+
+fn container<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no container {name} in {list}"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|s| {
+            s.as_str()
+                .unwrap_or_else(|| panic!("not a string: {s}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The env var `name` of container `c`.
+fn env<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
+    c["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == name))
+}
+
+/// Pod Security "restricted", checked on the rendered object (the apiserver checks it again
+/// in `pod_security_restricted_is_enforced_by_the_apiserver`).
+fn assert_restricted(spec: &Value) {
+    let pod = &spec["securityContext"];
+    assert_eq!(pod["runAsNonRoot"], true, "{pod}");
+    assert!(pod["runAsUser"].as_i64().is_some_and(|u| u > 0), "{pod}");
+    assert_eq!(pod["seccompProfile"]["type"], "RuntimeDefault", "{pod}");
+    let all = spec["containers"]
+        .as_array()
+        .into_iter()
+        .chain(spec["initContainers"].as_array())
+        .flatten();
+    for c in all {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", c["name"]);
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", c["name"]);
+        assert_eq!(sc["runAsNonRoot"], true, "{}", c["name"]);
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", c["name"]);
+        assert!(sc["capabilities"]["add"].is_null(), "{}", c["name"]);
+        assert_eq!(
+            sc["seccompProfile"]["type"], "RuntimeDefault",
+            "{}",
+            c["name"]
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Offline: lint, template, schema.
+
+#[test]
+fn lint_strict_with_default_and_ci_values() {
+    let mut files: Vec<String> = std::fs::read_dir(chart().join("ci"))
+        .expect("charts/tenure/ci")
+        .map(|e| e.expect("ci entry").path().display().to_string())
+        .filter(|p| p.ends_with(".yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "ci values files: {files:?}");
+    let mut cases: Vec<Vec<String>> = vec![vec![]];
+    cases.extend(files.into_iter().map(|f| vec!["-f".to_owned(), f]));
+    // The Redis backend without the Election and without CA: no RBAC at all.
+    cases.push(
+        [
+            "--set",
+            "backend.type=redis,backend.redis.url=redis://redis:6379,backend.redis.passwordSecret.name=redis",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    );
+    for args in cases {
+        let out = run(
+            helm_cmd()
+                .arg("lint")
+                .arg("--strict")
+                .arg(chart())
+                .args(&args),
+            None,
+        )
+        .expect_ok();
+        assert!(
+            out.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "{args:?}: {out}"
+        );
+        assert!(!out.contains("[WARNING]"), "{args:?}: {out}");
+    }
+    // --strict turns a values problem into a failure.
+    let r = run(
+        helm_cmd()
+            .arg("lint")
+            .arg("--strict")
+            .arg(chart())
+            .args(["--set", "backend.type=etcd"]),
+        None,
+    );
+    assert!(!r.ok, "{}", r.stdout);
+    assert!(
+        r.stdout.contains("value must be one of 'kube', 'redis'"),
+        "{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn default_values_render_a_kubernetes_lease_singleton() {
+    let objs = render("demo", "apps", &[]);
+    assert_eq!(
+        kinds(&objs),
+        [
+            "Deployment",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount"
+        ]
+        .map(str::to_owned)
+        .into(),
+        "no ServiceMonitor, no Election by default"
+    );
+    for o in &objs {
+        assert_eq!(o["metadata"]["namespace"], "apps", "{}", o["kind"]);
+    }
+
+    let deploy = one(&objs, "Deployment");
+    assert_eq!(deploy["metadata"]["name"], "demo-tenure");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let spec = pod_spec(&objs);
+    assert_eq!(spec["serviceAccountName"], "demo-tenure");
+    assert_eq!(spec["automountServiceAccountToken"], true);
+    assert_eq!(spec["enableServiceLinks"], false);
+    let grace = spec["terminationGracePeriodSeconds"]
+        .as_i64()
+        .expect("grace");
+    assert!(
+        grace > 5,
+        "terminationGracePeriodSeconds {grace} must exceed --grace 5s"
+    );
+    assert_restricted(spec);
+
+    // The injector copies tenure into an emptyDir the workload runs it from.
+    let init = container(&spec["initContainers"], "tenure-install");
+    assert_eq!(init["image"], "tenure:0.1.0");
+    assert_eq!(
+        strings(&init["command"]),
+        ["/usr/local/bin/tenure", "install", "/tenure-bin"]
+    );
+    assert_eq!(init["volumeMounts"][0]["mountPath"], "/tenure-bin");
+    let worker = container(&spec["containers"], "worker");
+    assert_eq!(worker["image"], "busybox:1.37");
+    assert_eq!(strings(&worker["command"]), ["/tenure-bin/tenure"]);
+    let args = strings(&worker["args"]);
+    let dashdash = args.iter().position(|a| a == "--").expect("-- in args");
+    assert_eq!(
+        args[..dashdash],
+        [
+            "run",
+            "--lease=demo-tenure",
+            "--backend=kube",
+            "--namespace=$(POD_NAMESPACE)",
+            "--identity=$(POD_NAME)",
+            "--lease-duration=15s",
+            "--renew-deadline=10s",
+            "--retry-period=2s",
+            "--grace=5s",
+            "--rejoin",
+            "--listen=0.0.0.0:9090",
+        ]
+    );
+    assert_eq!(args[dashdash + 1..dashdash + 3], ["sh", "-c"]);
+    assert!(
+        args[dashdash + 3].contains("$TENURE_FENCING_TOKEN"),
+        "{args:?}"
+    );
+    assert_eq!(
+        env(worker, "POD_NAME").expect("POD_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert_eq!(
+        env(worker, "POD_NAMESPACE").expect("POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert!(env(worker, "TENURE_REDIS_PASSWORD").is_none());
+    assert_eq!(worker["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(worker["livenessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(worker["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(worker["readinessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(
+        worker["ports"],
+        json!([{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}])
+    );
+    assert!(worker["resources"]["requests"]["cpu"].is_string());
+    let mounts: BTreeSet<&str> = worker["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .map(|m| m["mountPath"].as_str().expect("path"))
+        .collect();
+    assert_eq!(mounts, ["/tenure-bin", "/tmp"].into());
+
+    // Exactly the elector's verbs, on its own Lease where RBAC can restrict by name.
+    let role = one(&objs, "Role");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["demo-tenure"], "verbs": ["get", "list", "watch", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    let binding = one(&objs, "RoleBinding");
+    assert_eq!(binding["roleRef"]["name"], "demo-tenure");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "demo-tenure", "namespace": "apps"}])
+    );
+    assert_eq!(
+        one(&objs, "PodDisruptionBudget")["spec"]["maxUnavailable"],
+        1
+    );
+    let svc = one(&objs, "Service");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9090);
+    assert_eq!(svc["spec"]["ports"][0]["targetPort"], "metrics");
+}
+
+#[test]
+fn non_default_values_render() {
+    // Redis over TLS, password and CA from existing objects, Election status, ServiceMonitor,
+    // tenure already in the workload image.
+    let objs = render("r", "jobs", &["-f", &ci("redis-values.yaml")]);
+    assert_eq!(
+        kinds(&objs),
+        [
+            "Deployment",
+            "Election",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "ServiceMonitor"
+        ]
+        .map(str::to_owned)
+        .into()
+    );
+    let deploy = one(&objs, "Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 3);
+    let spec = pod_spec(&objs);
+    assert_restricted(spec);
+    assert!(spec["initContainers"].is_null(), "inject: false");
+    assert_eq!(spec["terminationGracePeriodSeconds"], 45);
+    let worker = container(&spec["containers"], "worker");
+    assert_eq!(worker["image"], "registry.example.com/team/reporter:2.4.1");
+    assert_eq!(strings(&worker["command"]), ["/usr/local/bin/tenure"]);
+    assert_eq!(
+        strings(&worker["args"]),
+        [
+            "run",
+            "--lease=nightly-report",
+            "--backend=rediss://redis.data.svc:6380/2",
+            "--namespace=$(POD_NAMESPACE)",
+            "--identity=$(POD_NAME)",
+            "--lease-duration=30s",
+            "--renew-deadline=20s",
+            "--retry-period=4s",
+            "--grace=20s",
+            "--listen=0.0.0.0:9400",
+            "--publish-status",
+            "--election=nightly-report",
+            "--redis-username=tenure",
+            "--redis-ca-file=/etc/tenure/redis-ca/ca.crt",
+            "--key-prefix=reports:",
+            "--",
+            "/app/reporter",
+            "--once",
+            "--token=$(TENURE_FENCING_TOKEN)",
+        ]
+    );
+    assert_eq!(
+        env(worker, "TENURE_REDIS_PASSWORD").expect("password env")["valueFrom"],
+        json!({"secretKeyRef": {"name": "redis-auth", "key": "password"}})
+    );
+    assert_eq!(env(worker, "RUST_LOG").expect("user env")["value"], "info");
+    let ca = spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "redis-ca"))
+        .expect("redis-ca volume");
+    assert_eq!(ca["secret"]["secretName"], "redis-ca");
+    assert!(
+        worker["volumeMounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .any(|m| m["mountPath"] == "/etc/tenure/redis-ca" && m["readOnly"] == true)
+    );
+    // Redis: no Lease or Event permissions; only the Election, by name.
+    assert_eq!(
+        one(&objs, "Role")["rules"],
+        json!([
+            {"apiGroups": ["tenure.dev"], "resources": ["elections/status"],
+             "resourceNames": ["nightly-report"], "verbs": ["get", "update"]},
+        ])
+    );
+    let election = one(&objs, "Election");
+    assert_eq!(election["apiVersion"], "tenure.dev/v1alpha1");
+    assert_eq!(election["metadata"]["name"], "nightly-report");
+    assert_eq!(
+        election["spec"],
+        json!({"lease": "nightly-report", "backend": {"type": "Redis", "keyPrefix": "reports:"},
+               "leaseDuration": "30s", "renewDeadline": "20s", "retryPeriod": "4s"})
+    );
+    let monitor = one(&objs, "ServiceMonitor");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    let svc = one(&objs, "Service");
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
+        svc["metadata"]["labels"]["app.kubernetes.io/component"]
+    );
+    let pdb = &one(&objs, "PodDisruptionBudget")["spec"];
+    assert_eq!(pdb["minAvailable"], 1);
+    assert!(pdb["maxUnavailable"].is_null());
+
+    // Redis without the Election: the pods never talk to the API server.
+    let objs = render(
+        "r",
+        "jobs",
+        &[
+            "--set",
+            "backend.type=redis,backend.redis.url=redis://redis:6379/0,\
+             backend.redis.passwordSecret.name=redis-auth",
+        ],
+    );
+    let k = kinds(&objs);
+    assert!(!k.contains("Role") && !k.contains("RoleBinding"), "{k:?}");
+    assert_eq!(pod_spec(&objs)["automountServiceAccountToken"], false);
+    assert_eq!(
+        one(&objs, "ServiceAccount")["automountServiceAccountToken"],
+        false
+    );
+    let worker = container(&pod_spec(&objs)["containers"], "worker");
+    assert!(strings(&worker["args"]).contains(&"--backend=redis://redis:6379/0".to_owned()));
+    assert!(
+        !strings(&worker["args"])
+            .iter()
+            .any(|a| a.starts_with("--redis-ca-file"))
+    );
+
+    // Kubernetes backend with the Election: lease and Election rules together; image digest.
+    let objs = render("m", "db", &["-f", &ci("kube-publish-values.yaml")]);
+    let rules = &one(&objs, "Role")["rules"];
+    assert_eq!(rules.as_array().map(Vec::len), Some(4), "{rules}");
+    assert_eq!(rules[0]["resourceNames"], json!(["schema-migrations"]));
+    assert_eq!(
+        rules[3],
+        json!({"apiGroups": ["tenure.dev"], "resources": ["elections/status"],
+               "resourceNames": ["schema-migrations"], "verbs": ["get", "update"]})
+    );
+    let spec = pod_spec(&objs);
+    let worker = container(&spec["containers"], "worker");
+    assert_eq!(
+        worker["image"],
+        "registry.example.com/team/migrator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    );
+    assert_eq!(
+        container(&spec["initContainers"], "tenure-install")["image"],
+        "registry.example.com/tenure:0.1.0"
+    );
+    // grace 30s and no explicit terminationGracePeriodSeconds: grace + 10 s.
+    assert_eq!(spec["terminationGracePeriodSeconds"], 40);
+    assert_eq!(
+        one(&objs, "Election")["spec"]["backend"]["type"],
+        "Kubernetes"
+    );
+
+    // IPv6 listener.
+    let objs = render("v6", "x", &["--set", "metrics.host=::"]);
+    let worker = container(&pod_spec(&objs)["containers"], "worker");
+    assert!(strings(&worker["args"]).contains(&"--listen=[::]:9090".to_owned()));
+}
+
+#[test]
+fn bad_values_fail_with_a_clear_message() {
+    let schema = "values don't meet the specifications of the schema(s)";
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--set", "backend.type=etcd"],
+            &[
+                schema,
+                "at '/backend/type': value must be one of 'kube', 'redis'",
+            ],
+        ),
+        (
+            &["--set", "election.leaseDuration=15 seconds"],
+            &[
+                schema,
+                "at '/election/leaseDuration': '15 seconds' does not match pattern",
+            ],
+        ),
+        (
+            &["--set", "replicas=3"],
+            &[schema, "additional properties 'replicas' not allowed"],
+        ),
+        (
+            &["--set", "election.rejion=true"],
+            &[
+                schema,
+                "at '/election': additional properties 'rejion' not allowed",
+            ],
+        ),
+        (
+            &["--set", "backend.type=redis"],
+            &[schema, "at '/backend/redis/url': minLength: got 0, want 1"],
+        ),
+        (
+            &[
+                "--set",
+                "backend.type=redis,backend.redis.url=redis://u:secret@redis:6379",
+            ],
+            &[
+                schema,
+                "'redis://u:secret@redis:6379' does not match pattern",
+            ],
+        ),
+        (
+            &["--set", "election.lease=My_Lease"],
+            &[schema, "at '/election/lease'"],
+        ),
+        (
+            &["--set", "replicaCount=-1"],
+            &[schema, "at '/replicaCount': minimum: got -1, want 0"],
+        ),
+        (
+            &["--set", "metrics.port=70000"],
+            &[
+                schema,
+                "at '/metrics/port': maximum: got 70,000, want 65,535",
+            ],
+        ),
+        (
+            &["--set-json", "command=[]"],
+            &[schema, "at '/command': minItems: got 0, want 1"],
+        ),
+        (
+            &["--set", "image.pullPolicy=Sometimes"],
+            &[schema, "at '/image/pullPolicy'"],
+        ),
+        // Cross-field rules, checked by the templates.
+        (
+            &["--set", "election.renewDeadline=20s"],
+            &["election.renewDeadline (20s) must be shorter than election.leaseDuration (15s)"],
+        ),
+        (
+            &["--set", "election.retryPeriod=9s"],
+            &["election.renewDeadline (10s) must be longer than 1.2 × election.retryPeriod (9s)"],
+        ),
+        (
+            &["--set", "terminationGracePeriodSeconds=5"],
+            &["terminationGracePeriodSeconds (5) must be longer than election.grace (5s)"],
+        ),
+        (
+            &[
+                "--set",
+                "backend.type=redis,backend.redis.url=redis://r:6379,backend.redis.ca.secretName=ca",
+            ],
+            &["backend.redis.ca is set but backend.redis.url is not rediss:// (TLS)"],
+        ),
+    ];
+    for (args, expected) in cases {
+        let err = match template("bad", "ns", args) {
+            Ok(out) => panic!("{args:?} rendered:\n{out}"),
+            Err(e) => e,
+        };
+        for want in *expected {
+            assert!(
+                err.contains(want),
+                "{args:?}: expected {want:?} in helm's error:\n{err}"
+            );
+        }
+        assert!(err.lines().count() <= 8, "{args:?}: too long:\n{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the real apiserver.
+
+/// A stand-in for the Prometheus Operator's ServiceMonitor CRD (not on this apiserver): same
+/// group, version and names, any fields.
+fn servicemonitor_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"plural": "servicemonitors", "singular": "servicemonitor",
+                      "kind": "ServiceMonitor", "listKind": "ServiceMonitorList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {"spec": {
+                        "type": "object",
+                        "required": ["selector"],
+                        "x-kubernetes-preserve-unknown-fields": true
+                    }}
+                }}
+            }]
+        }
+    })
+}
+
+/// Applies `yaml_or_json` with server-side apply as admin.
+fn apply(input: &str) -> String {
+    run(
+        kubectl_cmd().args([
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=helm-chart-test",
+            "-f",
+            "-",
+        ]),
+        Some(input),
+    )
+    .expect_ok()
+}
+
+/// The ServiceMonitor stand-in, once per server.
+fn servicemonitor_crd_installed() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        apply(&servicemonitor_crd().to_string());
+        run(
+            kubectl_cmd().args([
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/servicemonitors.monitoring.coreos.com",
+            ]),
+            None,
+        )
+        .expect_ok();
+    });
+}
+
+/// The Election CRD the chart ships, applied once per server.
+fn election_crd_installed() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let path = chart().join("crds/election.yaml");
+        let crd = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; the chart must ship the Election CRD (a copy of crds/election.yaml, \
+                 generated by `tenure crd`)",
+                path.display()
+            )
+        });
+        let reference = repo().join("crds/election.yaml");
+        if let Ok(generated) = std::fs::read_to_string(&reference) {
+            assert_eq!(
+                crd,
+                generated,
+                "{} differs from {}",
+                path.display(),
+                reference.display()
+            );
+        }
+        apply(&crd);
+        run(
+            kubectl_cmd().args([
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/elections.tenure.dev",
+            ]),
+            None,
+        )
+        .expect_ok();
+    });
+}
+
+/// A fresh namespace that enforces Pod Security "restricted" (latest).
+fn restricted_namespace(prefix: &str) -> String {
+    let ns = unique(prefix);
+    apply(
+        &json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+                "pod-security.kubernetes.io/warn": "restricted",
+                "pod-security.kubernetes.io/warn-version": "latest",
+            }}
+        })
+        .to_string(),
+    );
+    ns
+}
+
+/// `helm install RELEASE charts/tenure -n NS ARGS...` against the test apiserver.
+fn helm_install(release: &str, ns: &str, args: &[&str]) -> Run {
+    run(
+        helm_cmd()
+            .args(["install", release])
+            .arg(chart())
+            .args(["--namespace", ns, "--kubeconfig"])
+            .arg(shared().admin_kubeconfig())
+            .args(args),
+        None,
+    )
+}
+
+/// (kind, name) of every object in `objs`.
+fn names(objs: &[Value]) -> BTreeSet<(String, String)> {
+    objs.iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap_or_default().to_owned(),
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The (kind, name) of the objects the apiserver has for release `release` in `ns`.
+fn installed(ns: &str, release: &str) -> BTreeSet<(String, String)> {
+    let out = run(
+        kubectl_cmd().args([
+            "get",
+            "deployments,serviceaccounts,roles,rolebindings,services,poddisruptionbudgets,\
+             servicemonitors.monitoring.coreos.com,elections.tenure.dev",
+            "-n",
+            ns,
+            "-l",
+            &format!("app.kubernetes.io/instance={release}"),
+            "-o",
+            "json",
+        ]),
+        None,
+    )
+    .expect_ok();
+    let list: Value = serde_json::from_str(&out).expect("kubectl get -o json");
+    names(list["items"].as_array().expect("items"))
+}
+
+#[test]
+fn helm_install_on_the_real_apiserver() {
+    servicemonitor_crd_installed();
+    election_crd_installed();
+    let cases: &[(&str, &[&str])] = &[
+        ("defaults", &[]),
+        ("kube-publish", &["-f", &ci("kube-publish-values.yaml")]),
+        ("redis", &["-f", &ci("redis-values.yaml")]),
+    ];
+    for (release, args) in cases {
+        let ns = restricted_namespace(&format!("helm-{release}"));
+        let out = helm_install(release, &ns, args).expect_ok_with_stderr();
+        // The Deployment's pods would be admitted under "restricted": no warning.
+        assert!(
+            !out.1.contains("PodSecurity"),
+            "{release}: helm install warned:\n{}",
+            out.1
+        );
+        let notes = out.0;
+        assert!(notes.contains("STATUS: deployed"), "{release}: {notes}");
+        let expected = names(&render(release, &ns, args));
+        assert_eq!(installed(&ns, release), expected, "{release}");
+        let status = run(
+            helm_cmd()
+                .args([
+                    "status",
+                    release,
+                    "-o",
+                    "json",
+                    "--namespace",
+                    &ns,
+                    "--kubeconfig",
+                ])
+                .arg(shared().admin_kubeconfig()),
+            None,
+        )
+        .expect_ok();
+        let status: Value = serde_json::from_str(&status).expect("helm status json");
+        assert_eq!(status["info"]["status"], "deployed", "{release}");
+
+        match *release {
+            "defaults" => {
+                assert!(
+                    notes.contains(&format!(
+                        "kubectl get lease defaults-tenure -n {ns} -o yaml"
+                    )),
+                    "{notes}"
+                );
+                assert!(!notes.contains("kubectl get elections"), "{notes}");
+            }
+            "kube-publish" => {
+                assert!(
+                    notes.contains(&format!("kubectl get elections -n {ns}")),
+                    "{notes}"
+                );
+                assert!(
+                    notes.contains(&format!(
+                        "kubectl get lease schema-migrations -n {ns} -o yaml"
+                    )),
+                    "{notes}"
+                );
+                // The Election passed the CRD's schema and shows its spec.
+                let el = run(
+                    kubectl_cmd().args([
+                        "get",
+                        "election",
+                        "schema-migrations",
+                        "-n",
+                        &ns,
+                        "-o",
+                        "json",
+                    ]),
+                    None,
+                )
+                .expect_ok();
+                let el: Value = serde_json::from_str(&el).expect("election json");
+                assert_eq!(el["spec"]["lease"], "schema-migrations");
+                assert_eq!(el["spec"]["backend"]["type"], "Kubernetes");
+                assert_eq!(el["spec"]["renewDeadline"], "12s");
+                let table =
+                    run(kubectl_cmd().args(["get", "elections", "-n", &ns]), None).expect_ok();
+                assert!(table.contains("schema-migrations"), "{table}");
+            }
+            _ => {
+                assert!(notes.contains("kubectl get elections"), "{notes}");
+                assert!(!notes.contains("kubectl get lease"), "redis: {notes}");
+                assert!(
+                    notes.contains(&format!(
+                        "kubectl exec -n {ns} deploy/redis-tenure -c worker -- /usr/local/bin/tenure \
+                         status --lease nightly-report --backend rediss://redis.data.svc:6380/2"
+                    )),
+                    "{notes}"
+                );
+            }
+        }
+    }
+}
+
+impl Run {
+    /// (stdout, stderr); panics with both if it failed.
+    fn expect_ok_with_stderr(self) -> (String, String) {
+        assert!(
+            self.ok,
+            "`{}` failed:\n{}\n{}",
+            self.what, self.stderr, self.stdout
+        );
+        (self.stdout, self.stderr)
+    }
+}
+
+/// A Pod made of the Deployment's pod template.
+fn pod_from(objs: &[Value], name: &str) -> Value {
+    let template = &one(objs, "Deployment")["spec"]["template"];
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"],
+    })
+}
+
+/// `kubectl create --dry-run=server` of `obj` in `ns`.
+fn create_dry_run(ns: &str, obj: &Value) -> Run {
+    run(
+        kubectl_cmd().args([
+            "create",
+            "--dry-run=server",
+            "-n",
+            ns,
+            "-o",
+            "name",
+            "-f",
+            "-",
+        ]),
+        Some(&obj.to_string()),
+    )
+}
+
+#[test]
+fn pod_security_restricted_is_enforced_by_the_apiserver() {
+    let ns = restricted_namespace("psa");
+    // The chart's pods, with and without the injecting init container, are admitted.
+    for (i, args) in [
+        vec![],
+        vec!["-f".to_owned(), ci("redis-values.yaml")],
+        vec!["-f".to_owned(), ci("kube-publish-values.yaml")],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let objs = render("psa", &ns, &args);
+        let r = create_dry_run(&ns, &pod_from(&objs, &format!("chart-pod-{i}")));
+        assert!(r.ok, "{args:?}: the chart's pod was refused:\n{}", r.stderr);
+        assert!(!r.stderr.contains("PodSecurity"), "{args:?}: {}", r.stderr);
+        // And its Deployment draws no Pod Security warning.
+        let r = create_dry_run(&ns, one(&objs, "Deployment"));
+        assert!(r.ok, "{args:?}: {}", r.stderr);
+        assert!(!r.stderr.contains("PodSecurity"), "{args:?}: {}", r.stderr);
+    }
+
+    // Weakened through the values: refused, naming what is wrong.
+    let weakened: &[(&[&str], &str)] = &[
+        (
+            &["--set", "securityContext.allowPrivilegeEscalation=true"],
+            "allowPrivilegeEscalation != false",
+        ),
+        (
+            &[
+                "--set",
+                "podSecurityContext.runAsNonRoot=false,securityContext.runAsNonRoot=false",
+            ],
+            "runAsNonRoot != true",
+        ),
+        (
+            &["--set-json", "securityContext.capabilities.drop=null"],
+            "unrestricted capabilities",
+        ),
+        (
+            &[
+                "--set-json",
+                "podSecurityContext.seccompProfile=null,securityContext.seccompProfile=null",
+            ],
+            "seccompProfile",
+        ),
+    ];
+    for (i, (args, why)) in weakened.iter().enumerate() {
+        let objs = render("weak", &ns, args);
+        let r = create_dry_run(&ns, &pod_from(&objs, &format!("weak-pod-{i}")));
+        assert!(!r.ok, "{args:?}: a weakened pod was admitted");
+        assert!(
+            r.stderr
+                .contains("violates PodSecurity \"restricted:latest\""),
+            "{args:?}: {}",
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains(why),
+            "{args:?}: expected {why:?} in {}",
+            r.stderr
+        );
+        // Its Deployment is accepted (Pod Security admits controllers) but warned about.
+        let r = create_dry_run(&ns, one(&objs, "Deployment"));
+        assert!(r.ok, "{args:?}: {}", r.stderr);
+        assert!(
+            r.stderr
+                .contains("would violate PodSecurity \"restricted:latest\""),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+}
+
+/// `can_i`'s namespace for "in all namespaces" (`--all-namespaces`).
+const ALL: &str = "*";
+
+/// `kubectl auth can-i VERB RESOURCE -n NS --as USER [--subresource S]`.
+fn can_i(user: &str, ns: &str, verb: &str, resource: &str, subresource: Option<&str>) -> bool {
+    let mut cmd = kubectl_cmd();
+    cmd.args(["auth", "can-i", verb, resource, "--as", user]);
+    if ns == ALL {
+        cmd.arg("--all-namespaces");
+    } else {
+        cmd.args(["-n", ns]);
+    }
+    if let Some(s) = subresource {
+        cmd.arg(format!("--subresource={s}"));
+    }
+    let r = run(&mut cmd, None);
+    match r.stdout.split_whitespace().next() {
+        Some("yes") => true,
+        Some("no") => false,
+        _ => panic!("`{}`: {}\n{}", r.what, r.stdout, r.stderr),
+    }
+}
+
+/// Waits until RBAC's caches have the new binding: `user` may `verb resource`.
+fn wait_allowed(user: &str, ns: &str, verb: &str, resource: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !can_i(user, ns, verb, resource, None) {
+        assert!(
+            Instant::now() < deadline,
+            "{user} still may not {verb} {resource} in {ns}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The resource rules of `kubectl auth can-i --list` (resource, resource names, verbs).
+fn rules_of(user: &str, ns: &str) -> BTreeSet<(String, String, String)> {
+    let out = run(
+        kubectl_cmd().args(["auth", "can-i", "--list", "-n", ns, "--as", user]),
+        None,
+    )
+    .expect_ok();
+    out.lines()
+        .skip(1)
+        .filter(|l| !l.starts_with(char::is_whitespace) && !l.is_empty())
+        .map(|l| {
+            let resource = l.split_whitespace().next().unwrap_or_default().to_owned();
+            let groups: Vec<String> = l
+                .split('[')
+                .skip(1)
+                .map(|g| g.split(']').next().unwrap_or_default().to_owned())
+                .collect();
+            assert_eq!(groups.len(), 3, "can-i --list row {l:?}");
+            (resource, groups[1].clone(), groups[2].clone())
+        })
+        .collect()
+}
+
+/// What the ServiceAccount may do beyond what every authenticated user may.
+fn granted(ns: &str, sa: &str) -> BTreeSet<(String, String, String)> {
+    let baseline = rules_of(&format!("system:serviceaccount:{ns}:nobody"), ns);
+    rules_of(&format!("system:serviceaccount:{ns}:{sa}"), ns)
+        .difference(&baseline)
+        .cloned()
+        .collect()
+}
+
+fn rule(resource: &str, names: &str, verbs: &str) -> (String, String, String) {
+    (resource.to_owned(), names.to_owned(), verbs.to_owned())
+}
+
+#[test]
+fn the_service_account_can_do_exactly_what_the_elector_needs() {
+    servicemonitor_crd_installed();
+    election_crd_installed();
+
+    // Kubernetes backend (defaults).
+    let ns = restricted_namespace("rbac-kube");
+    helm_install("el", &ns, &[]).expect_ok();
+    let sa = format!("system:serviceaccount:{ns}:el-tenure");
+    wait_allowed(&sa, &ns, "get", "leases/el-tenure");
+    for (verb, resource) in [
+        ("get", "leases/el-tenure"),
+        ("list", "leases/el-tenure"),
+        ("watch", "leases/el-tenure"),
+        ("update", "leases/el-tenure"),
+        ("create", "leases"),
+        ("create", "events"),
+    ] {
+        assert!(can_i(&sa, &ns, verb, resource, None), "{verb} {resource}");
+    }
+    for (verb, resource) in [
+        ("delete", "leases/el-tenure"),
+        ("patch", "leases/el-tenure"),
+        ("get", "leases/someone-else"),
+        ("update", "leases/someone-else"),
+        ("list", "leases"),
+        ("watch", "leases"),
+        ("deletecollection", "leases"),
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("get", "configmaps"),
+        ("create", "pods"),
+        ("list", "pods"),
+        ("get", "events"),
+        ("delete", "events"),
+        ("get", "elections.tenure.dev/el-tenure"),
+    ] {
+        assert!(
+            !can_i(&sa, &ns, verb, resource, None),
+            "may {verb} {resource}"
+        );
+    }
+    // Nothing in another namespace, nothing cluster-wide.
+    for (verb, resource) in [
+        ("get", "leases/el-tenure"),
+        ("create", "leases"),
+        ("create", "events"),
+    ] {
+        assert!(
+            !can_i(&sa, "default", verb, resource, None),
+            "{verb} {resource} in default"
+        );
+        assert!(
+            !can_i(&sa, "kube-system", verb, resource, None),
+            "{verb} {resource} in kube-system"
+        );
+    }
+    assert!(!can_i(&sa, ALL, "list", "namespaces", None));
+    assert!(!can_i(&sa, ALL, "list", "leases", None));
+    assert!(!can_i(&sa, ALL, "create", "leases", None));
+    assert_eq!(
+        granted(&ns, "el-tenure"),
+        [
+            rule("events", "", "create"),
+            rule("leases.coordination.k8s.io", "", "create"),
+            rule(
+                "leases.coordination.k8s.io",
+                "el-tenure",
+                "get list watch update"
+            ),
+        ]
+        .into()
+    );
+
+    // Kubernetes backend + Election status.
+    let ns = restricted_namespace("rbac-publish");
+    helm_install("mig", &ns, &["-f", &ci("kube-publish-values.yaml")]).expect_ok();
+    let sa = format!("system:serviceaccount:{ns}:mig-tenure");
+    let el = "elections.tenure.dev/schema-migrations";
+    wait_allowed(&sa, &ns, "update", "leases/schema-migrations");
+    for verb in ["get", "update"] {
+        assert!(can_i(&sa, &ns, verb, el, Some("status")), "{verb} status");
+    }
+    assert!(!can_i(&sa, &ns, "patch", el, Some("status")));
+    for verb in ["get", "update", "patch", "delete"] {
+        assert!(
+            !can_i(&sa, &ns, verb, el, None),
+            "may {verb} the Election itself"
+        );
+    }
+    assert!(!can_i(&sa, &ns, "create", "elections.tenure.dev", None));
+    assert!(!can_i(&sa, &ns, "list", "elections.tenure.dev", None));
+    assert!(!can_i(
+        &sa,
+        &ns,
+        "get",
+        "elections.tenure.dev/other",
+        Some("status")
+    ));
+    assert!(!can_i(
+        &sa,
+        &ns,
+        "update",
+        "elections.tenure.dev/other",
+        Some("status")
+    ));
+    assert!(!can_i(&sa, "default", "update", el, Some("status")));
+    assert_eq!(
+        granted(&ns, "mig-tenure"),
+        [
+            rule("events", "", "create"),
+            rule("leases.coordination.k8s.io", "", "create"),
+            rule(
+                "leases.coordination.k8s.io",
+                "schema-migrations",
+                "get list watch update"
+            ),
+            rule(
+                "elections.tenure.dev/status",
+                "schema-migrations",
+                "get update"
+            ),
+        ]
+        .into()
+    );
+
+    // Redis + Election status: the Election only; no Lease, no Events.
+    let ns = restricted_namespace("rbac-redis");
+    helm_install("rep", &ns, &["-f", &ci("redis-values.yaml")]).expect_ok();
+    let sa = format!("system:serviceaccount:{ns}:rep-tenure");
+    let el = "elections.tenure.dev/nightly-report";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !can_i(&sa, &ns, "update", el, Some("status")) {
+        assert!(
+            Instant::now() < deadline,
+            "{sa} still may not update {el}/status"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (verb, resource) in [
+        ("get", "leases/nightly-report"),
+        ("create", "leases"),
+        ("create", "events"),
+    ] {
+        assert!(
+            !can_i(&sa, &ns, verb, resource, None),
+            "redis: may {verb} {resource}"
+        );
+    }
+    assert_eq!(
+        granted(&ns, "rep-tenure"),
+        [rule(
+            "elections.tenure.dev/status",
+            "nightly-report",
+            "get update"
+        )]
+        .into()
+    );
+
+    // Redis alone: no Role at all.
+    let ns = restricted_namespace("rbac-redis-only");
+    helm_install(
+        "solo",
+        &ns,
+        &[
+            "--set",
+            "backend.type=redis,backend.redis.url=redis://redis:6379,backend.redis.passwordSecret.name=redis",
+        ],
+    )
+    .expect_ok();
+    assert!(granted(&ns, "solo-tenure").is_empty());
+}
+
+/// A kubeconfig like the admin's, but authenticating with `token`.
+fn kubeconfig_with_token(token: &str) -> PathBuf {
+    let admin = std::fs::read_to_string(shared().admin_kubeconfig()).expect("admin kubeconfig");
+    let mut replaced = 0;
+    let text: Vec<String> = admin
+        .lines()
+        .map(|l| match l.split_once("token: ") {
+            Some((indent, _)) if indent.trim().is_empty() => {
+                replaced += 1;
+                format!("{indent}token: {token}")
+            }
+            _ => l.to_owned(),
+        })
+        .collect();
+    assert_eq!(replaced, 1, "one token line in the admin kubeconfig");
+    let path = kube_support::fresh_dir("sa-kubeconfig").join("kubeconfig");
+    std::fs::write(&path, text.join("\n") + "\n").expect("write kubeconfig");
+    path
+}
+
+/// The chart's Role is not just what `can-i` says: tenure's Kubernetes backend, authenticated
+/// as the chart's ServiceAccount, creates, renews, watches, releases and takes over its Lease
+/// and records its Events, and is refused any other Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kube_backend_works_under_exactly_the_chart_role() {
+    let ns = tokio::task::spawn_blocking(|| {
+        let ns = restricted_namespace("rbac-real");
+        helm_install("wk", &ns, &[]).expect_ok();
+        wait_allowed(
+            &format!("system:serviceaccount:{ns}:wk-tenure"),
+            &ns,
+            "get",
+            "leases/wk-tenure",
+        );
+        ns
+    })
+    .await
+    .expect("setup");
+    let token = run(
+        kubectl_cmd().args(["create", "token", "wk-tenure", "-n", &ns, "--duration=10m"]),
+        None,
+    )
+    .expect_ok();
+    let kubeconfig = kubeconfig_with_token(token.trim());
+    let backend = || async {
+        KubeBackend::from_kubeconfig(&kubeconfig, KubeOptions::new().namespace(ns.clone()))
+            .await
+            .expect("backend as the ServiceAccount")
+    };
+    let lease_name = "wk-tenure";
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(1))
+        .auto_renew(true);
+
+    let first = Locker::with_identity(backend().await, "wk-0").expect("identity");
+    let lease = first
+        .try_acquire(lease_name, &opts)
+        .await
+        .expect("create the Lease");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        lease.is_valid(),
+        "renewals (update) must work: {:?}",
+        lease.end()
+    );
+
+    // Observers (list + watch by name) see the holder.
+    let watcher = backend().await;
+    let mut changes = watcher.observe(lease_name);
+    let seen = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("list + watch by name are granted");
+    match seen {
+        Some(Ok(change)) => assert_eq!(change.holder.as_deref(), Some("wk-0")),
+        other => panic!("observe: {other:?}"),
+    }
+
+    // A waiter is woken by the release and takes over (get + update).
+    let second = Locker::with_identity(backend().await, "wk-1").expect("identity");
+    let wait_opts = opts
+        .clone()
+        .retry_interval(Duration::from_secs(30))
+        .wait(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move { second.acquire(lease_name, &wait_opts).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lease.release().await.expect("release (update)");
+    let next = waiting
+        .await
+        .expect("waiter task")
+        .expect("taken over after the release");
+    assert!(next.fencing_token() > lease.fencing_token());
+
+    // Events: create is granted.
+    let events_backend = backend().await;
+    events_backend
+        .announce(
+            lease_name,
+            &LeadershipEvent::BecameLeader {
+                identity: "wk-1".into(),
+                fencing: next.fencing_token(),
+            },
+        )
+        .await;
+    next.release().await.expect("release");
+    let ns2 = ns.clone();
+    let events = tokio::task::spawn_blocking(move || {
+        run(
+            kubectl_cmd().args([
+                "get",
+                "events",
+                "-n",
+                &ns2,
+                "--field-selector",
+                "involvedObject.name=wk-tenure,reason=LeaderElection",
+                "-o",
+                "name",
+            ]),
+            None,
+        )
+        .expect_ok()
+    })
+    .await
+    .expect("events");
+    assert!(
+        !events.trim().is_empty(),
+        "no LeaderElection Event recorded"
+    );
+
+    // Any other Lease: refused.
+    let other = Locker::with_identity(backend().await, "wk-2").expect("identity");
+    match other.try_acquire("someone-else", &opts).await {
+        Err(LockError::Backend(e)) => {
+            assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{e}");
+        }
+        other => panic!("another Lease: {other:?}"),
+    }
+}
+
+/// `GET path` on 127.0.0.1:`port`: (status, body), or `None` if nothing answers.
+#[cfg(feature = "cli")]
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// The Deployment's container command line, run as it would be in the pod: the real `tenure`
+/// binary with exactly the chart's arguments, authenticated as the chart's ServiceAccount
+/// (only its Role), leads, runs the command with the documented environment, serves
+/// `/readyz`, `/healthz` and `/metrics` on the metrics port, and releases the Lease when the
+/// command exits. Needs the binary, so it exists with the `cli` feature (CI's
+/// `--all-features`).
+#[cfg(feature = "cli")]
+#[test]
+fn the_rendered_command_line_runs_the_real_tenure() {
+    let ns = restricted_namespace("cli");
+    let port = kube_support::free_port();
+    let values = [
+        "--set".to_owned(),
+        format!("metrics.host=127.0.0.1,metrics.port={port}"),
+        "--set-json".to_owned(),
+        r#"command=["sh","-c","echo token=$TENURE_FENCING_TOKEN lease=$TENURE_LEASE id=$TENURE_IDENTITY; sleep 4"]"#
+            .to_owned(),
+    ];
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    helm_install("cli", &ns, &values).expect_ok();
+    let sa = format!("system:serviceaccount:{ns}:cli-tenure");
+    wait_allowed(&sa, &ns, "get", "leases/cli-tenure");
+    let token = run(
+        kubectl_cmd().args(["create", "token", "cli-tenure", "-n", &ns, "--duration=10m"]),
+        None,
+    )
+    .expect_ok();
+    let kubeconfig = kubeconfig_with_token(token.trim());
+
+    let objs = render("cli", &ns, &values);
+    let worker = container(&pod_spec(&objs)["containers"], "worker");
+    assert_eq!(strings(&worker["command"]), ["/tenure-bin/tenure"]);
+    // Kubernetes' $(VAR) expansion of the two downward-API variables.
+    let args: Vec<String> = strings(&worker["args"])
+        .into_iter()
+        .map(|a| {
+            a.replace("$(POD_NAMESPACE)", &ns)
+                .replace("$(POD_NAME)", "cli-pod-0")
+        })
+        .collect();
+    let child = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAME", "cli-pod-0")
+        .env("POD_NAMESPACE", &ns)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("TENURE_BACKEND")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tenure");
+
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let ready = loop {
+        match http_get(port, "/readyz") {
+            Some((200, _)) => break true,
+            _ if Instant::now() > deadline => break false,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    let health = http_get(port, "/healthz");
+    let metrics = http_get(port, "/metrics");
+    let out = child.wait_with_output().expect("wait for tenure");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tenure: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(ready, "/readyz never answered 200 while leading:\n{stderr}");
+    assert_eq!(health.map(|h| h.0), Some(200), "/healthz");
+    let metrics = metrics.map(|m| m.1).unwrap_or_default();
+    assert!(
+        metrics.contains("leader_election_master_status{name=\"cli-tenure\"} 1"),
+        "{metrics}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("token="))
+        .unwrap_or_else(|| panic!("the command did not run:\n{stdout}\n{stderr}"));
+    assert!(line.ends_with(" lease=cli-tenure id=cli-pod-0"), "{line}");
+    let token: u64 = line["token=".len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no fencing token in {line:?}"));
+    assert!(token > 0);
+    // Released when the command exited (client-go's release: holder cleared).
+    let lease = run(
+        kubectl_cmd().args(["get", "lease", "cli-tenure", "-n", &ns, "-o", "json"]),
+        None,
+    )
+    .expect_ok();
+    let lease: Value = serde_json::from_str(&lease).expect("lease json");
+    assert_eq!(
+        lease["spec"]["holderIdentity"].as_str().unwrap_or_default(),
+        "",
+        "{lease}"
+    );
+}

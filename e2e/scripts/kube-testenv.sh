@@ -4,6 +4,7 @@
 #
 #   kube-testenv.sh build              build (or reuse) the launcher; prints its path
 #   kube-testenv.sh build-candidate    same for the client-go leader-election candidate
+#   kube-testenv.sh build-kubectl      same for kubectl (k8s.io/kubernetes/cmd/kubectl, same release)
 #   kube-testenv.sh start DIR [-- ARGS] start it with --dir DIR, wait for DIR/ready
 #   kube-testenv.sh stop DIR           SIGTERM the launcher of DIR, SIGKILL after a timeout
 #
@@ -108,6 +109,10 @@ build_one() {
 
 cmd_build() { build_one kube-testenv .; }
 cmd_build_candidate() { build_one clientgo-candidate ./cmd/clientgo-candidate; }
+# kubectl of the pinned release, for the Helm chart checks (`kubectl apply
+# --dry-run=server`, `kubectl auth can-i`), at the apiserver's release. go.mod lists it
+# as a `tool`, so its dependencies are in go.mod/go.sum (-mod=readonly works).
+cmd_build_kubectl() { build_one kubectl k8s.io/kubernetes/cmd/kubectl; }
 
 # alive PID: the process exists and is not a zombie.
 alive() {
@@ -195,7 +200,8 @@ cmd_stop() {
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
   build-candidate) shift; cmd_build_candidate "$@" ;;
+  build-kubectl) shift; cmd_build_kubectl "$@" ;;
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;
-  *) sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+  *) sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac

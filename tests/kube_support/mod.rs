@@ -340,3 +340,57 @@ fn getrandom_fill(b: &mut [u8]) {
     let t = tenure::backend::HolderToken::random();
     b.copy_from_slice(&t.as_bytes()[..b.len()]);
 }
+
+/// Applies the committed `Election` CRD (server-side apply; idempotent, so every test may
+/// call it) and waits until the API server has established it and serves the resource.
+#[cfg(feature = "crd")]
+pub async fn install_crd(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Patch, PatchParams};
+    use tenure::crd::{CRD_NAME, Election};
+
+    let path = repo().join("crds/election.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("parse: {e}"));
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        CRD_NAME,
+        &PatchParams::apply("tenure-crd-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply the CRD: {e}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = api.get(CRD_NAME).await.unwrap_or_else(|e| panic!("{e}"));
+        let conditions = got.status.and_then(|s| s.conditions).unwrap_or_default();
+        let is = |t: &str| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == t && c.status == "True")
+        };
+        assert!(
+            !is("NonStructuralSchema"),
+            "the API server finds the schema non-structural: {conditions:?}"
+        );
+        if is("Established") && is("NamesAccepted") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "CRD not established: {conditions:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Established can come a moment before the resource is served.
+    let probe: Api<Election> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while let Err(e) = probe.list(&Default::default()).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "elections not served: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -6,6 +6,7 @@ use tenure::Backend;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::backend::local::{self, LocalBackend};
 use tenure::backend::redis::{RedisBackend, RedisConfig};
+use tenure::crd::ElectionBackend;
 
 use crate::args::BackendArgs;
 use crate::error::CliError;
@@ -19,8 +20,8 @@ pub struct Connected {
     pub backend: Arc<dyn Backend>,
     /// `local /run/user/1000/tenure`, `kube namespace default`, `redis://host:6379/0`.
     pub description: String,
-    /// The value for the Election's spec.
-    pub kind: &'static str,
+    /// Where the lease lives, as the Election custom resource describes it.
+    pub election_backend: ElectionBackend,
 }
 
 /// Connects to the configured backend; `warn_local` prints the single-host warning when the
@@ -61,7 +62,7 @@ fn local(args: &BackendArgs) -> Result<Connected, CliError> {
     Ok(Connected {
         backend: Arc::new(backend),
         description: format!("local {}", dir.display()),
-        kind: "local",
+        election_backend: ElectionBackend::local(),
     })
 }
 
@@ -75,8 +76,8 @@ async fn kube(args: &BackendArgs) -> Result<Connected, CliError> {
         .map_err(|e| CliError::backend("kube backend", &e))?;
     Ok(Connected {
         description: format!("kube namespace {}", backend.namespace()),
+        election_backend: ElectionBackend::kubernetes().namespace(backend.namespace()),
         backend: Arc::new(backend),
-        kind: "kubernetes",
     })
 }
 
@@ -111,6 +112,10 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
     if let Some(prefix) = &args.key_prefix {
         config = config.key_prefix(prefix);
     }
+    let mut election_backend = ElectionBackend::redis();
+    if let Some(prefix) = &args.key_prefix {
+        election_backend = election_backend.key_prefix(prefix.clone());
+    }
     let description = config.redacted_url();
     let backend = RedisBackend::connect(config)
         .await
@@ -118,7 +123,7 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
     Ok(Connected {
         backend: Arc::new(backend),
         description,
-        kind: "redis",
+        election_backend,
     })
 }
 

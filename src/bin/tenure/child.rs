@@ -59,12 +59,17 @@ fn signal_group(group: libc::pid_t, signal: libc::c_int) -> bool {
 }
 
 impl Child {
-    /// Starts `command` in a new process group, with `env` added to tenure's environment and
-    /// SIGKILL as its parent-death signal.
+    /// Starts `command` in a new process group, with `env` added to tenure's environment,
+    /// the variables named in `secrets` removed from it, and SIGKILL as its parent-death
+    /// signal.
     ///
     /// The parent-death signal fires when the *thread* that forked the child exits; tenure
     /// forks from the runtime's main thread, which lives as long as the process.
-    pub fn spawn(command: &[OsString], env: &[(&str, String)]) -> Result<Self, CliError> {
+    pub fn spawn(
+        command: &[OsString],
+        env: &[(&str, String)],
+        secrets: &[&str],
+    ) -> Result<Self, CliError> {
         let (program, args) = command.split_first().ok_or_else(|| CliError::Config {
             message: "no command given after --".into(),
         })?;
@@ -73,6 +78,9 @@ impl Child {
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::inherit())
             .process_group(0);
+        for name in secrets {
+            cmd.env_remove(name);
+        }
         let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
         // SAFETY: the closure runs in the forked child before exec, so it may only call
         // async-signal-safe functions: prctl, getppid and a raw-errno io::Error (no

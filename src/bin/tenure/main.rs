@@ -53,14 +53,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr; `TENURE_LOG` takes a tracing filter (default `info`).
+/// Logs to stderr; `TENURE_LOG` takes a tracing filter (default `info`). Colours only on a
+/// terminal, so `kubectl logs` shows no escape codes.
 fn init_tracing() {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TENURE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 

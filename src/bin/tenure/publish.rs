@@ -1,19 +1,57 @@
 //! `--publish-status`: this replica's view of the election, written into the status of the
-//! `Election` custom resource.
+//! `Election` custom resource (whatever the backend), so `kubectl get elections` shows it.
 
+use std::time::Duration;
+
+use tenure::crd::{ElectionSpec, StatusPublisher};
 use tenure::election::LeaderElector;
+use tokio_util::sync::CancellationToken;
 
 use crate::args::RunArgs;
 use crate::backend::Connected;
 use crate::error::CliError;
 
-/// Starts the status publisher in the background.
+/// How long tenure waits on exit for the publisher's last write (stepping down).
+const FINAL_WRITE: Duration = Duration::from_secs(3);
+
+/// A running publisher.
+pub struct Publishing {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Publishing {
+    /// Asks the publisher to record the step-down and waits a little for it.
+    pub async fn finish(self) {
+        self.stop.cancel();
+        let _ = tokio::time::timeout(FINAL_WRITE, self.task).await;
+    }
+}
+
+/// Starts the status publisher in the background. Its failures are logged and never affect
+/// the lease; only a missing Kubernetes configuration stops tenure here.
 pub async fn spawn(
-    _args: &RunArgs,
-    _connected: &Connected,
-    _elector: &LeaderElector,
-) -> Result<(), CliError> {
-    Err(CliError::Config {
-        message: "--publish-status is not available yet".into(),
-    })
+    args: &RunArgs,
+    connected: &Connected,
+    elector: &LeaderElector,
+) -> Result<Publishing, CliError> {
+    let config = kube::Config::infer().await.map_err(|e| CliError::Backend {
+        message: format!(
+            "--publish-status needs Kubernetes access (in-cluster service account, $KUBECONFIG or ~/.kube/config): {e}"
+        ),
+    })?;
+    let namespace = args
+        .backend
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).map_err(|e| CliError::Backend {
+        message: format!("--publish-status: cannot build a Kubernetes client: {e}"),
+    })?;
+    let name = args.election.as_deref().unwrap_or(&args.lease);
+    let spec = ElectionSpec::for_elector(elector, connected.election_backend.clone());
+    let publisher = StatusPublisher::new(client, &namespace, name).create_if_missing(spec);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(publisher.run(elector.clone(), stop.clone().cancelled_owned()));
+    Ok(Publishing { stop, task })
 }

@@ -66,9 +66,11 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             }
         });
     }
-    if args.publish_status {
-        crate::publish::spawn(&args, &connected, &elector).await?;
-    }
+    let publishing = if args.publish_status {
+        Some(crate::publish::spawn(&args, &connected, &elector).await?)
+    } else {
+        None
+    };
 
     let watchdog = Watchdog::start().map_err(|e| CliError::Internal {
         message: format!("cannot start the watchdog thread: {e}"),
@@ -91,6 +93,9 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let outcome = elector
         .run_until(shutdown, |term| supervisor.term(term))
         .await;
+    if let Some(publishing) = publishing {
+        publishing.finish().await;
+    }
     match outcome {
         Ok(Some(code)) => code,
         Ok(None) => {
@@ -169,7 +174,8 @@ impl Supervisor {
                 (ENV_LEASE, term.lease_name().to_owned()),
                 (ENV_IDENTITY, term.identity().to_owned()),
             ];
-            let mut child = Child::spawn(&command, &env)?;
+            // tenure's own credentials are not the command's business.
+            let mut child = Child::spawn(&command, &env, &[backend::REDIS_PASSWORD_ENV])?;
             let deadline_term = term.clone();
             watchdog.arm(child.group(), move || {
                 let until = deadline_term.valid_until().into_std();

@@ -1,0 +1,130 @@
+{{/* The chart's name. */}}
+{{- define "tenure.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name (object names). */}}
+{{- define "tenure.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tenure.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tenure.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tenure.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tenure.labels" -}}
+helm.sh/chart: {{ include "tenure.chart" . }}
+{{ include "tenure.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "tenure.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tenure.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The lease's name. */}}
+{{- define "tenure.lease" -}}
+{{- default (include "tenure.fullname" .) .Values.election.lease -}}
+{{- end -}}
+
+{{/* The Election custom resource's name. */}}
+{{- define "tenure.election" -}}
+{{- default (include "tenure.lease" .) .Values.election.name -}}
+{{- end -}}
+
+{{/* Whether the pods talk to the Kubernetes API at all. */}}
+{{- define "tenure.needsApi" -}}
+{{- if or (eq .Values.backend.type "kube") .Values.election.publishStatus -}}true{{- end -}}
+{{- end -}}
+
+{{/* An image reference from {repository, tag, digest} and a default tag. */}}
+{{- define "tenure.imageRef" -}}
+{{- $img := index . 0 -}}
+{{- $defaultTag := index . 1 -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository (toString (default $defaultTag $img.tag)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A duration (500ms, 15s, 2m) in milliseconds. */}}
+{{- define "tenure.durationMs" -}}
+{{- $d := toString . -}}
+{{- if hasSuffix "ms" $d -}}
+{{- trimSuffix "ms" $d | int64 -}}
+{{- else if hasSuffix "s" $d -}}
+{{- mul (trimSuffix "s" $d | int64) 1000 -}}
+{{- else if hasSuffix "m" $d -}}
+{{- mul (trimSuffix "m" $d | int64) 60000 -}}
+{{- else -}}
+{{- fail (printf "%q is not a duration like 500ms, 15s or 2m" $d) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Cross-field rules the schema cannot express, checked at template/install time with a clear
+message. Renders nothing.
+*/}}
+{{- define "tenure.validate" -}}
+{{- $e := .Values.election -}}
+{{- $lease := include "tenure.durationMs" $e.leaseDuration | int64 -}}
+{{- $deadline := include "tenure.durationMs" $e.renewDeadline | int64 -}}
+{{- $retry := include "tenure.durationMs" $e.retryPeriod | int64 -}}
+{{- if le $lease $deadline -}}
+{{- fail (printf "election.renewDeadline (%s) must be shorter than election.leaseDuration (%s)" $e.renewDeadline $e.leaseDuration) -}}
+{{- end -}}
+{{- if le (mul $deadline 5) (mul $retry 6) -}}
+{{- fail (printf "election.renewDeadline (%s) must be longer than 1.2 × election.retryPeriod (%s)" $e.renewDeadline $e.retryPeriod) -}}
+{{- end -}}
+{{- $grace := include "tenure.durationMs" $e.grace | int64 -}}
+{{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (mul (int64 .Values.terminationGracePeriodSeconds) 1000) $grace) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than election.grace (%s): tenure needs the grace period and then time to release the lease" .Values.terminationGracePeriodSeconds $e.grace) -}}
+{{- end -}}
+{{- if and (eq .Values.backend.type "redis") .Values.backend.redis.ca.secretName .Values.backend.redis.ca.configMapName -}}
+{{- fail "backend.redis.ca: set secretName or configMapName, not both" -}}
+{{- end -}}
+{{- if and (eq .Values.backend.type "redis") (or .Values.backend.redis.ca.secretName .Values.backend.redis.ca.configMapName) (not (hasPrefix "rediss://" .Values.backend.redis.url)) -}}
+{{- fail "backend.redis.ca is set but backend.redis.url is not rediss:// (TLS)" -}}
+{{- end -}}
+{{- if and (not .Values.tenure.inject) (hasPrefix "/tenure-bin/" .Values.tenure.path) -}}
+{{- fail "tenure.path points into /tenure-bin, which only exists with tenure.inject: true" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: the value given, else grace (rounded up) + 10 s. */}}
+{{- define "tenure.terminationGrace" -}}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds -}}
+{{- $grace := include "tenure.durationMs" .Values.election.grace | int64 -}}
+{{- add (div (add $grace 999) 1000) 10 -}}
+{{- else -}}
+{{- .Values.terminationGracePeriodSeconds -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The tenure executable in the workload container. */}}
+{{- define "tenure.exe" -}}
+{{- if .Values.tenure.inject -}}/tenure-bin/tenure{{- else -}}{{ .Values.tenure.path }}{{- end -}}
+{{- end -}}

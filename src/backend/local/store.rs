@@ -1,0 +1,436 @@
+//! The state directory's files and the contract's operations on them, each one critical section
+//! under the lock's file lock.
+//!
+//! Per lock name `N` the directory holds:
+//! - `N.lock`: an empty file, never removed, whose `flock` serialises every change of `N`
+//!   (across processes, and across threads: each operation opens it anew, and `flock` locks
+//!   belong to the open file description).
+//! - `N.lease`: the record ([`Record`]), replaced as a whole by `rename` from `.N.tmp`, so a
+//!   reader (with or without the lock) sees either the old or the new record, never a mix, and
+//!   a writer killed at any point leaves the old record in place.
+//!
+//! Writes that issue a fencing token are made durable (`fdatasync` of the new record, `rename`,
+//! `fsync` of the directory) before the token is returned. Other writes (renewals, replays,
+//! releases) are not synced: they matter only until the next boot, which expires every lease
+//! anyway, and a killed process cannot lose them (they are in the page cache).
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::record::{Holder, Record};
+use super::sys;
+use crate::backend::{
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, HolderChange,
+    HolderToken, LeaseRecord, Released, Renewed,
+};
+
+/// Where the kernel publishes the id of the current boot.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// How long an operation waits for another process's critical section (normally microseconds)
+/// before giving up with a timeout; only a process stopped in the middle of an update holds it
+/// longer.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Records are a few hundred bytes; anything far larger is not one.
+const MAX_RECORD: u64 = 64 * 1024;
+
+/// The state directory and the boot it is used in.
+#[derive(Debug)]
+pub(super) struct Store {
+    dir: PathBuf,
+    boot: String,
+}
+
+impl Store {
+    /// Opens (creating it if needed) the state directory `dir`.
+    pub(super) fn open(dir: PathBuf) -> Result<Self, BackendError> {
+        let boot = fs::read_to_string(BOOT_ID)
+            .map_err(|e| io_error("read the boot id from", Path::new(BOOT_ID), &e))?
+            .trim()
+            .to_owned();
+        if boot.is_empty() || boot.contains(char::is_whitespace) {
+            return Err(BackendError::new(
+                BackendErrorKind::Config,
+                format!("unexpected boot id {boot:?} in {BOOT_ID}"),
+            ));
+        }
+        let store = Self { dir, boot };
+        store.ensure_dir()?;
+        Ok(store)
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub(super) fn record_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.lease"))
+    }
+
+    fn lock_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.lock"))
+    }
+
+    fn temp_path(&self, name: &str) -> PathBuf {
+        // Lock names never start with a dot, so this cannot be another lock's file.
+        self.dir.join(format!(".{name}.tmp"))
+    }
+
+    /// Creates the directory (mode 0700) if it is missing, and checks that it is a directory
+    /// only this user can write to.
+    pub(super) fn ensure_dir(&self) -> Result<(), BackendError> {
+        let dir = &self.dir;
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io_error("create the state directory", dir, &e))?;
+        let meta =
+            fs::metadata(dir).map_err(|e| io_error("inspect the state directory", dir, &e))?;
+        let refuse = |why: String| {
+            Err(BackendError::new(
+                BackendErrorKind::PermissionDenied,
+                format!(
+                    "refusing the state directory {}: {why}; another user could forge or delete \
+                     its lease records (choose a directory of your own, e.g. with \
+                     TENURE_STATE_DIR)",
+                    dir.display()
+                ),
+            ))
+        };
+        if !meta.is_dir() {
+            return Err(BackendError::new(
+                BackendErrorKind::Config,
+                format!("the state directory {} is not a directory", dir.display()),
+            ));
+        }
+        let me = sys::effective_uid();
+        if meta.uid() != me {
+            return refuse(format!(
+                "it is owned by uid {}, not by uid {me}",
+                meta.uid()
+            ));
+        }
+        if meta.mode() & 0o002 != 0 {
+            return refuse(format!(
+                "it is writable by every user (mode {:o})",
+                meta.mode() & 0o7777
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes the file lock of `name`, waiting at most [`LOCK_WAIT`] or until the caller gave
+    /// up (`abandoned`). Released when the returned file is dropped.
+    fn lock(&self, name: &str, abandoned: &AtomicBool) -> Result<File, BackendError> {
+        let path = self.lock_path(name);
+        let give_up = Instant::now() + LOCK_WAIT;
+        let timed_out = || {
+            BackendError::new(
+                BackendErrorKind::Timeout,
+                format!(
+                    "{} stayed locked for {LOCK_WAIT:?}: a process may be stopped in the middle \
+                     of an update",
+                    path.display()
+                ),
+            )
+        };
+        let mut recreated = false;
+        loop {
+            let file = match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && !recreated => {
+                    // The directory was removed (a wipe, a logout cleaning $XDG_RUNTIME_DIR).
+                    recreated = true;
+                    self.ensure_dir()?;
+                    continue;
+                }
+                Err(e) => return Err(io_error("open the lock file", &path, &e)),
+            };
+            let mut spins = 0u32;
+            loop {
+                match file.try_lock() {
+                    Ok(()) => break,
+                    Err(fs::TryLockError::WouldBlock) => {
+                        if abandoned.load(Ordering::Relaxed) {
+                            return Err(BackendError::new(
+                                BackendErrorKind::Timeout,
+                                "the request was abandoned before it ran",
+                            ));
+                        }
+                        if Instant::now() >= give_up {
+                            return Err(timed_out());
+                        }
+                        backoff(&mut spins);
+                    }
+                    Err(fs::TryLockError::Error(e)) => {
+                        return Err(io_error("lock", &path, &e));
+                    }
+                }
+            }
+            // The lock only counts if the file is still the one at `path`: had the directory
+            // been wiped after we opened it, a newcomer would lock a different file.
+            let held = file
+                .metadata()
+                .map_err(|e| io_error("inspect the lock file", &path, &e))?;
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => return Ok(file),
+                _ if Instant::now() >= give_up => return Err(timed_out()),
+                _ => {}
+            }
+        }
+    }
+
+    /// The record of `name`, `None` when there is none.
+    pub(super) fn read(&self, name: &str) -> Result<Option<Record>, BackendError> {
+        let path = self.record_path(name);
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_error("open the lease record", &path, &e)),
+        };
+        let mut bytes = Vec::with_capacity(512);
+        file.take(MAX_RECORD + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error("read the lease record", &path, &e))?;
+        if bytes.len() as u64 > MAX_RECORD {
+            return Err(corrupt(&path, "larger than any lease record"));
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|_| corrupt(&path, "not UTF-8 text"))?;
+        Record::parse(text)
+            .map(Some)
+            .map_err(|why| corrupt(&path, &why))
+    }
+
+    /// Replaces the record of `name`; `durable` makes it survive a power loss before returning.
+    fn write(&self, name: &str, record: &Record, durable: bool) -> Result<(), BackendError> {
+        let tmp = self.temp_path(name);
+        let path = self.record_path(name);
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+                .map_err(|e| io_error("create", &tmp, &e))?;
+            f.write_all(record.encode().as_bytes())
+                .map_err(|e| io_error("write", &tmp, &e))?;
+            if durable {
+                f.sync_data().map_err(|e| io_error("sync", &tmp, &e))?;
+            }
+            drop(f);
+            fs::rename(&tmp, &path).map_err(|e| io_error("replace the lease record", &path, &e))
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+            return result;
+        }
+        if durable {
+            File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_error("sync the state directory", &self.dir, &e))?;
+        }
+        Ok(())
+    }
+
+    /// One attempt to take `req.name`.
+    pub(super) fn try_acquire(
+        &self,
+        req: &AcquireRequest,
+        abandoned: &AtomicBool,
+    ) -> Result<Acquired, BackendError> {
+        let _lock = self.lock(&req.name, abandoned)?;
+        let now = now_ns()?;
+        let record = self.read(&req.name)?;
+        if let Some(mut r) = record.clone()
+            && let Some(h) = r.live(&self.boot, now)
+        {
+            if h.token != req.holder {
+                return Ok(Acquired::Busy {
+                    holder: Some(h.identity.clone()),
+                    remaining: Some(Duration::from_nanos(h.expires_ns - now)),
+                });
+            }
+            // A replay by the current holder: the original token, the ttl restarted from now.
+            if let Some(h) = r.holder.as_mut() {
+                h.expires_ns = deadline(now, req.ttl);
+            }
+            self.write(&req.name, &r, false)?;
+            return Ok(Acquired::Granted {
+                fencing: FencingToken::new(r.fencing),
+            });
+        }
+        let fencing = next_fencing(record.as_ref(), &self.boot, &self.record_path(&req.name))?;
+        let mut r = record.unwrap_or_else(|| Record {
+            boot: String::new(),
+            fencing: 0,
+            grants: 0,
+            holder: None,
+            acks: Vec::new(),
+        });
+        r.boot.clone_from(&self.boot);
+        r.fencing = fencing;
+        r.grants = r.grants.saturating_add(1);
+        r.holder = Some(Holder {
+            token: req.holder,
+            identity: req.identity.to_string(),
+            expires_ns: deadline(now, req.ttl),
+        });
+        self.write(&req.name, &r, true)?;
+        Ok(Acquired::Granted {
+            fencing: FencingToken::new(fencing),
+        })
+    }
+
+    /// Extends `name`'s ttl to `ttl` from now if `holder` holds it.
+    pub(super) fn renew(
+        &self,
+        name: &str,
+        holder: &HolderToken,
+        ttl: Duration,
+        abandoned: &AtomicBool,
+    ) -> Result<Renewed, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        let now = now_ns()?;
+        let Some(mut r) = self.read(name)? else {
+            return Ok(Renewed::NotHeld);
+        };
+        if r.live(&self.boot, now).is_none_or(|h| h.token != *holder) {
+            return Ok(Renewed::NotHeld);
+        }
+        if let Some(h) = r.holder.as_mut() {
+            h.expires_ns = deadline(now, ttl);
+        }
+        self.write(name, &r, false)?;
+        Ok(Renewed::Held)
+    }
+
+    /// Gives `name` up if `holder` holds it (or already gave it up).
+    pub(super) fn release(
+        &self,
+        name: &str,
+        holder: &HolderToken,
+        abandoned: &AtomicBool,
+    ) -> Result<Released, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        let now = now_ns()?;
+        let Some(mut r) = self.read(name)? else {
+            return Ok(Released::NotHeld);
+        };
+        if r.acks.contains(holder) {
+            return Ok(Released::Released);
+        }
+        if r.live(&self.boot, now).is_none_or(|h| h.token != *holder) {
+            return Ok(Released::NotHeld);
+        }
+        r.holder = None;
+        r.ack(*holder);
+        self.write(name, &r, false)?;
+        Ok(Released::Released)
+    }
+
+    /// Who holds `name` now. Reads without the file lock: a record is replaced atomically.
+    pub(super) fn inspect(&self, name: &str) -> Result<Option<LeaseRecord>, BackendError> {
+        let Some(r) = self.read(name)? else {
+            return Ok(None);
+        };
+        let now = now_ns()?;
+        Ok(r.live(&self.boot, now).map(|h| LeaseRecord {
+            identity: h.identity.clone(),
+            fencing: FencingToken::new(r.fencing),
+            remaining: Some(Duration::from_nanos(h.expires_ns - now)),
+            transitions: Some(r.grants.saturating_sub(1)),
+        }))
+    }
+
+    /// The state of `name` as an observer sees it.
+    pub(super) fn holder_change(&self, name: &str) -> Result<HolderChange, BackendError> {
+        let record = self.read(name)?;
+        let now = now_ns()?;
+        Ok(record.map_or_else(HolderChange::free, |r| r.change(&self.boot, now)))
+    }
+}
+
+/// The token of a fresh grant: one more than the last, or, when the counter is missing (a new
+/// lock, or a wiped directory), the wall clock in microseconds, as the Redis backend seeds its
+/// counter from `TIME`. A record from an earlier boot is also raised to the wall clock, so
+/// tokens keep rising even if a power loss lost the latest grants.
+fn next_fencing(record: Option<&Record>, boot: &str, path: &Path) -> Result<u64, BackendError> {
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    match record {
+        None => Ok(seed.max(1)),
+        Some(r) => {
+            let next = r
+                .fencing
+                .checked_add(1)
+                .ok_or_else(|| corrupt(path, "the fencing counter is exhausted"))?;
+            Ok(if r.boot == boot { next } else { next.max(seed) })
+        }
+    }
+}
+
+fn deadline(now_ns: u64, ttl: Duration) -> u64 {
+    now_ns.saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn now_ns() -> Result<u64, BackendError> {
+    sys::monotonic_ns().map_err(|e| {
+        BackendError::new(
+            BackendErrorKind::Unavailable,
+            format!("cannot read CLOCK_MONOTONIC: {e}"),
+        )
+    })
+}
+
+/// Yields the processor a few times, then sleeps a little longer each time, up to 1 ms:
+/// another process's critical section lasts microseconds.
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins <= 8 {
+        std::thread::yield_now();
+    } else {
+        let micros = 20u64 << (*spins - 8).min(6);
+        std::thread::sleep(Duration::from_micros(micros.min(1000)));
+    }
+}
+
+/// An I/O failure on `path`, naming it and the OS error.
+pub(super) fn io_error(what: &str, path: &Path, e: &io::Error) -> BackendError {
+    let kind = match e.kind() {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+            BackendErrorKind::PermissionDenied
+        }
+        _ => BackendErrorKind::Unavailable,
+    };
+    BackendError::new(kind, format!("cannot {what} {}: {e}", path.display()))
+}
+
+/// A record that cannot be interpreted: fail closed, naming the file.
+fn corrupt(path: &Path, why: &str) -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Protocol,
+        format!(
+            "corrupt lease record {}: {why} (move it aside to reset the lock; the next grant \
+             seeds its fencing counter from the clock)",
+            path.display()
+        ),
+    )
+}

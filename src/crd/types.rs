@@ -1,0 +1,246 @@
+//! The `Election` resource's Rust types: spec, status, candidates and the backend reference.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use kube::core::Duration;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::election::LeaderElector;
+
+/// The pattern of a duration field: Go's `time.ParseDuration` syntax without a sign
+/// (`15s`, `1.5s`, `500ms`, `1m30s`), as `metav1.Duration` writes it.
+const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+)$";
+
+/// The condition type the publisher maintains: `True` while a leader is published.
+pub const LEADER_ELECTED: &str = "LeaderElected";
+
+/// What an `Election` describes: one lease, where it lives, and the elector's durations.
+///
+/// The spec is documentation for humans and tools (`kubectl get elections -o yaml`); the
+/// electors do not read it. Secrets (a Redis URL or password) never belong here.
+// kube's `printcolumn(...)` repeats keys (`type_`, `priority`) by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "tenure.dev",
+    version = "v1alpha1",
+    kind = "Election",
+    plural = "elections",
+    singular = "election",
+    shortname = "el",
+    category = "tenure",
+    namespaced,
+    status = "ElectionStatus",
+    derive = "PartialEq",
+    doc = "A leader election run by tenure: the lease it is about (spec) and who leads it, as published by the candidates (status). The status is an informational, eventually consistent view; never use it for fencing.",
+    printcolumn(
+        name = "Leader",
+        type_ = "string",
+        json_path = ".status.leader",
+        description = "The identity of the current leader, as last published"
+    ),
+    printcolumn(
+        name = "Token",
+        type_ = "integer",
+        json_path = ".status.fencingToken",
+        description = "The fencing token of the current leader's term"
+    ),
+    printcolumn(
+        name = "Transitions",
+        type_ = "integer",
+        json_path = ".status.transitions",
+        description = "How many times a new term was published after the first",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Lease",
+        type_ = "string",
+        json_path = ".spec.lease",
+        description = "The lease's name in its backend",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Backend",
+        type_ = "string",
+        json_path = ".spec.backend.type",
+        description = "Where the lease lives",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionSpec {
+    /// The lease's name in its backend (the Lease object's name, or the Redis lock name).
+    #[schemars(length(min = 1, max = 253))]
+    pub lease: String,
+    /// Where the lease lives.
+    pub backend: ElectionBackend,
+    /// How long a lease lasts without renewal (Go duration syntax, e.g. `15s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub lease_duration: Option<Duration>,
+    /// How long a leader keeps trying to renew before it steps down (e.g. `10s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub renew_deadline: Option<Duration>,
+    /// The pause between retries of failed requests (e.g. `2s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(DURATION_PATTERN))]
+    pub retry_period: Option<Duration>,
+}
+
+impl ElectionSpec {
+    /// A spec for lease `lease` in `backend`, without durations.
+    #[must_use]
+    pub fn new(lease: impl Into<String>, backend: ElectionBackend) -> Self {
+        Self {
+            lease: lease.into(),
+            backend,
+            lease_duration: None,
+            renew_deadline: None,
+            retry_period: None,
+        }
+    }
+
+    /// A spec describing `elector`: its lease's name and its three durations.
+    #[must_use]
+    pub fn for_elector(elector: &LeaderElector, backend: ElectionBackend) -> Self {
+        let (lease_duration, renew_deadline, retry_period) = elector.timings();
+        Self {
+            lease: elector.lease_name().to_owned(),
+            backend,
+            lease_duration: Some(lease_duration.into()),
+            renew_deadline: Some(renew_deadline.into()),
+            retry_period: Some(retry_period.into()),
+        }
+    }
+}
+
+/// Where an election's lease lives. Never carries credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionBackend {
+    /// The kind of store.
+    #[serde(rename = "type")]
+    pub kind: BackendKind,
+    /// Kubernetes: the namespace of the Lease, when it is not the Election's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Redis: the key prefix of the lock's keys, when it is not the default `tenure:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+}
+
+impl ElectionBackend {
+    fn of(kind: BackendKind) -> Self {
+        Self {
+            kind,
+            namespace: None,
+            key_prefix: None,
+        }
+    }
+
+    /// A Kubernetes Lease in the Election's own namespace.
+    #[must_use]
+    pub fn kubernetes() -> Self {
+        Self::of(BackendKind::Kubernetes)
+    }
+
+    /// A Redis lock under the default key prefix.
+    #[must_use]
+    pub fn redis() -> Self {
+        Self::of(BackendKind::Redis)
+    }
+
+    /// The local (one host, files under a directory) backend.
+    #[must_use]
+    pub fn local() -> Self {
+        Self::of(BackendKind::Local)
+    }
+
+    /// The in-process memory backend (tests, development).
+    #[must_use]
+    pub fn memory() -> Self {
+        Self::of(BackendKind::Memory)
+    }
+
+    /// The namespace of the Lease (Kubernetes).
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The key prefix (Redis).
+    #[must_use]
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = Some(prefix.into());
+        self
+    }
+}
+
+/// The kind of store a lease lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum BackendKind {
+    /// A `coordination.k8s.io/v1` Lease.
+    Kubernetes,
+    /// A Redis lock.
+    Redis,
+    /// The local backend: files under a directory on one host.
+    Local,
+    /// The in-process memory backend.
+    Memory,
+}
+
+/// Who leads, as published by the candidates. Every field is optional: an Election nobody
+/// has published to yet has an empty status.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ElectionStatus {
+    /// The identity of the leader, as last published; absent when no leader is published
+    /// (none yet, or the last one stepped down and nobody has taken over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// The fencing token of the last published term. Kept when the leader steps down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int64"))]
+    pub fencing_token: Option<u64>,
+    /// How many times a new term (a new fencing token) was published after the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("format" = "int64"))]
+    pub transitions: Option<u64>,
+    /// When the published leader last changed (a new term, or a step-down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+    /// The candidates that published recently, one entry per identity.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["identity"]))]
+    pub candidates: Vec<Candidate>,
+    /// `LeaderElected`: `True` while a leader is published.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl ElectionStatus {
+    /// The `LeaderElected` condition, if present.
+    #[must_use]
+    pub fn leader_elected(&self) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == LEADER_ELECTED)
+    }
+}
+
+/// A candidate that published recently.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Candidate {
+    /// The candidate's identity.
+    pub identity: String,
+    /// When it last published (its own wall clock, whole seconds).
+    pub last_seen: Time,
+}
