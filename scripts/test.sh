@@ -22,5 +22,6 @@ echo "== cargo test (all features)"
 cargo test --all-features --no-fail-fast
 
 echo "== examples"
+bash scripts/demo.sh
 cargo run --quiet --example contention
 cargo run --quiet --all-features --example fenced_writes
