@@ -7,10 +7,18 @@
 //! # Layers
 //!
 //! - [`backend`]: the storage contract, a few atomic primitives ([`Backend`]). The
-//!   [`memory`](backend::memory) backend is always available; Redis and Kubernetes backends
-//!   come behind the `redis` and `kube` features.
+//!   [`memory`](backend::memory) backend is always available; the local (files on one host),
+//!   Redis and Kubernetes backends come behind the `local`, `redis` and `kube` features.
 //! - [`lock`]: the lock runtime. A [`Locker`] acquires [`Lease`]s, renews them from one shared
 //!   scheduler task, and runs closures under them with [`Locker::with_lock`].
+//! - [`election`]: [`LeaderElector`] runs a workload only while this replica holds a lease,
+//!   with client-go's durations; probes and metrics behind `healthz` and `metrics`.
+//! - [`fence`]: how to make stale writers harmless with the fencing token.
+//! - `crd` (feature `crd`): the `Election` custom resource and a publisher that shows who
+//!   leads in `kubectl get elections`, for any backend.
+//!
+//! The `tenure` command (feature `cli`) wraps any process: `tenure run --lease NAME -- CMD`
+//! runs CMD only while it holds the lease (see the README).
 //!
 //! # Quick start
 //!

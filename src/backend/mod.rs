@@ -51,7 +51,7 @@ pub use types::{
 ///
 /// # Contract
 ///
-/// Every implementation must pass the shared conformance suite ([`crate::conformance`], behind
+/// Every implementation must pass the shared conformance suite (`tenure::conformance`, behind
 /// the `conformance` feature). In words:
 ///
 /// - **Ownership.** A lock is held by at most one holder token at a time. Only the current

@@ -17,7 +17,7 @@
 //!
 //!   For an insert-or-update, use `INSERT … ON CONFLICT (id) DO UPDATE SET … WHERE
 //!   reports.fencing_token <= excluded.fencing_token`.
-//! - In Redis, use [`redis::fenced_set`] (feature `redis`): one script compares and writes
+//! - In Redis, use `fence::redis::fenced_set` (feature `redis`): one script compares and writes
 //!   atomically.
 //! - In process, [`Fence`] does the comparison for state you guard yourself.
 //!
