@@ -76,7 +76,7 @@ impl Child {
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::inherit())
+            .stdin(stdin())
             .process_group(0);
         for name in secrets {
             cmd.env_remove(name);
@@ -125,6 +125,18 @@ impl Child {
     /// the `Child` is dropped).
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         self.process.wait().await
+    }
+}
+
+/// The command's stdin: tenure's, unless that is a terminal. The command runs in its own
+/// process group, which is not the terminal's foreground group, so reading the terminal
+/// would stop it with SIGTTIN; it reads end-of-file instead.
+fn stdin() -> Stdio {
+    use std::io::IsTerminal;
+    if std::io::stdin().is_terminal() {
+        Stdio::null()
+    } else {
+        Stdio::inherit()
     }
 }
 
