@@ -1,21 +1,10 @@
-//! The supervised command: started in its own process group with a parent-death signal,
-//! stopped group-wide, and killed by a watchdog thread the moment this process's monotonic
-//! clock says the lease's validity is over — even if tenure itself was frozen until then.
-//!
-//! # Why a thread and not a tokio timer
-//!
-//! After a SIGSTOP/SIGCONT past the lease, every task in the runtime wakes at once and runs
-//! in whatever order the scheduler picks. The watchdog sleeps on an *absolute*
-//! `CLOCK_MONOTONIC` deadline (`clock_nanosleep(TIMER_ABSTIME)`), which returns the moment the
-//! process resumes when the deadline has passed, and its first act is the SIGKILL. The clock
-//! keeps running while the process is stopped, so the frozen time is counted.
+//! The supervised command: started in its own process group with a parent-death signal, and
+//! stopped group-wide. [`crate::watchdog`] makes sure it never outlives the lease.
 
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use crate::error::CliError;
 
@@ -49,7 +38,7 @@ impl Drop for ProcessGroup {
     }
 }
 
-fn signal_group(group: libc::pid_t, signal: libc::c_int) -> bool {
+pub(crate) fn signal_group(group: libc::pid_t, signal: libc::c_int) -> bool {
     if group <= 1 {
         // Never signal "every process" (0, -1) or init, whatever went wrong upstream.
         return false;
@@ -114,7 +103,7 @@ impl Child {
         })
     }
 
-    /// The process group, to signal it or hand it to the [`Watchdog`].
+    /// The process group, to signal it or hand it to the watchdog.
     pub fn group(&self) -> &ProcessGroup {
         &self.group
     }
@@ -150,131 +139,4 @@ pub fn exit_code(status: ExitStatus) -> u8 {
         .signal()
         .and_then(|s| u8::try_from(128 + s).ok())
         .unwrap_or(1)
-}
-
-/// A thread that SIGKILLs the armed process group when the armed deadline passes on the
-/// monotonic clock.
-#[derive(Clone)]
-pub struct Watchdog {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    armed: Mutex<Option<Arm>>,
-    changed: Condvar,
-}
-
-struct Arm {
-    group: libc::pid_t,
-    /// Re-read on every wake-up: renewals move the deadline later.
-    deadline: Box<dyn Fn() -> Instant + Send>,
-}
-
-impl Watchdog {
-    /// Starts the watchdog thread (disarmed). The thread lives as long as the process.
-    pub fn start() -> io::Result<Self> {
-        let shared = Arc::new(Shared {
-            armed: Mutex::new(None),
-            changed: Condvar::new(),
-        });
-        let thread_shared = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("tenure-watchdog".into())
-            .spawn(move || watch(&thread_shared))?;
-        Ok(Self { shared })
-    }
-
-    /// Arms the watchdog: kill `group` once `deadline()` is in the past.
-    pub fn arm(&self, group: &ProcessGroup, deadline: impl Fn() -> Instant + Send + 'static) {
-        *self.lock() = Some(Arm {
-            group: group.id(),
-            deadline: Box::new(deadline),
-        });
-        self.shared.changed.notify_all();
-    }
-
-    /// Disarms it (the term ended and the group was dealt with).
-    pub fn disarm(&self) {
-        *self.lock() = None;
-        self.shared.changed.notify_all();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arm>> {
-        self.shared
-            .armed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-fn watch(shared: &Shared) {
-    // Bound each sleep so a re-arm with an earlier deadline is noticed promptly.
-    const MAX_SLEEP: Duration = Duration::from_millis(500);
-    loop {
-        let mut armed = shared.armed.lock().unwrap_or_else(PoisonError::into_inner);
-        while armed.is_none() {
-            armed = shared
-                .changed
-                .wait(armed)
-                .unwrap_or_else(PoisonError::into_inner);
-        }
-        let Some(arm) = armed.as_ref() else { continue };
-        let deadline = (arm.deadline)();
-        let now = Instant::now();
-        if now >= deadline {
-            let group = arm.group;
-            *armed = None;
-            drop(armed);
-            // The kill comes first; the report can wait.
-            let killed = signal_group(group, libc::SIGKILL);
-            if killed {
-                eprintln!(
-                    "tenure: the lease's validity ran out {:?} ago on the monotonic clock (was this process frozen?); killed the command's process group",
-                    now - deadline
-                );
-            }
-            continue;
-        }
-        drop(armed);
-        sleep_until(now, (deadline - now).min(MAX_SLEEP));
-    }
-}
-
-/// Sleeps until `now + wait` on an absolute CLOCK_MONOTONIC deadline, so that a SIGSTOP in
-/// between cannot stretch the sleep past that instant.
-fn sleep_until(now: Instant, wait: Duration) {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) } != 0 {
-        std::thread::sleep(wait);
-        return;
-    }
-    // Account for the time since `now` was read, then add the wait.
-    let wait = wait.saturating_sub(now.elapsed());
-    let total_ns = i128::from(ts.tv_nsec) + i128::from(wait.subsec_nanos());
-    let secs = i64::try_from(wait.as_secs()).unwrap_or(i64::MAX);
-    ts.tv_sec = ts
-        .tv_sec
-        .saturating_add(secs)
-        .saturating_add(i64::try_from(total_ns / 1_000_000_000).unwrap_or(0));
-    ts.tv_nsec = i64::try_from(total_ns % 1_000_000_000).unwrap_or(0);
-    loop {
-        // SAFETY: clock_nanosleep reads the timespec we own; with TIMER_ABSTIME the remainder
-        // argument is unused and may be null.
-        let rc = unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &raw const ts,
-                std::ptr::null_mut(),
-            )
-        };
-        // Interrupted by a signal handler: sleep again to the same absolute instant.
-        if rc != libc::EINTR {
-            return;
-        }
-    }
 }

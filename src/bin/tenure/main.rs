@@ -8,6 +8,7 @@ mod error;
 mod publish;
 mod run;
 mod status;
+mod watchdog;
 
 use std::process::ExitCode;
 
@@ -17,6 +18,12 @@ use crate::args::{Cli, Command};
 use crate::error::CliError;
 
 fn main() -> ExitCode {
+    // The watchdog process is tenure re-executed; it needs neither clap nor a runtime.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == watchdog::SUBCOMMAND) {
+        let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
+        return ExitCode::from(watchdog::process_main(&rest));
+    }
     let cli = Cli::parse();
     init_tracing();
     // One thread runs everything but the watchdog: the command is forked from this thread,

@@ -10,8 +10,9 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::args::RunArgs;
 use crate::backend;
-use crate::child::{Child, Watchdog, exit_code};
+use crate::child::{Child, exit_code};
 use crate::error::CliError;
+use crate::watchdog::Watchdog;
 
 /// The environment variables the command gets.
 pub const ENV_FENCING_TOKEN: &str = "TENURE_FENCING_TOKEN";
@@ -180,7 +181,7 @@ impl Supervisor {
             watchdog.arm(child.group(), move || {
                 let until = deadline_term.valid_until().into_std();
                 until.checked_sub(stop_margin).unwrap_or(until)
-            });
+            })?;
             let _disarm = Disarm(&watchdog);
             tracing::info!(
                 fencing_token = %term.fencing_token(),
