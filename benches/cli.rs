@@ -694,7 +694,9 @@ fn flock_kill(lockfile: &Path, close: bool, dir: &Path, tag: &str) -> FlockKill 
 
 #[derive(Default)]
 struct Freeze {
-    /// SIGCONT → A's command gone.
+    /// SIGSTOP → A's command gone (the watchdog process kills it while tenure is frozen).
+    stop_to_gone: Vec<f64>,
+    /// SIGCONT → A's command gone (0 when it was gone before the SIGCONT).
     resume_to_gone: Vec<f64>,
     /// SIGSTOP → B's start.
     takeover: Vec<f64>,
@@ -710,18 +712,28 @@ fn freeze(w: &Wrapper, dir: &Path, tag: &str) -> Freeze {
         let (mut a, mut b) =
             leader_and_follower(w, dir, &format!("{tag}-fz"), i, reps(FREEZE_REPS));
         let stopped = now_ns();
+        let frozen_at = Instant::now();
         a.signal(libc::SIGSTOP);
-        std::thread::sleep(LEASE + Duration::from_secs(1));
+        let freeze_for = LEASE + Duration::from_secs(1);
+        let command = a.command.as_ref().unwrap_or_else(|| panic!("no pidfd"));
+        // Watch the command during the freeze: it may be killed before tenure resumes.
+        let gone_while_frozen = command.wait_exit(freeze_for);
+        let gone_frozen_at = now_ns();
+        std::thread::sleep(freeze_for.saturating_sub(frozen_at.elapsed()));
         let resumed = now_ns();
         a.signal(libc::SIGCONT);
-        let command = a.command.as_ref().unwrap_or_else(|| panic!("no pidfd"));
-        assert!(
-            command.wait_exit(SHORT),
-            "A's command survived the resume; stderr:\n{}",
-            a.stderr_text()
-        );
-        let gone = now_ns();
-        out.resume_to_gone.push(ms(gone - resumed));
+        let gone = if gone_while_frozen {
+            gone_frozen_at
+        } else {
+            assert!(
+                command.wait_exit(SHORT),
+                "A's command survived the resume; stderr:\n{}",
+                a.stderr_text()
+            );
+            now_ns()
+        };
+        out.stop_to_gone.push(ms(gone - stopped));
+        out.resume_to_gone.push(ms(gone.saturating_sub(resumed)));
         let b_start = b.wait_stamp("start", SHORT);
         out.takeover.push(ms(b_start - stopped));
         out.overlap.push(ms(gone - b_start).max(0.0));
@@ -739,8 +751,9 @@ fn freeze(w: &Wrapper, dir: &Path, tag: &str) -> Freeze {
 const HANDOFF: &str = "hand-off on exit: A's `end` → B's `start`";
 const FAILOVER: &str = "failover: `kill -9` of the leading wrapper → B's `start`";
 const PDEATH: &str = "`kill -9` of the leading tenure → A's command gone";
+const FROZEN_KILL: &str = "SIGSTOP of the leading tenure for 4 s (lease + 1 s) → A's command gone";
 const RESUME: &str =
-    "SIGSTOP of the leading tenure for 4 s (lease + 1 s), SIGCONT → A's command gone";
+    "SIGSTOP of the leading tenure for 4 s (lease + 1 s), SIGCONT → A's command gone (0: before)";
 const FROZEN_OVERLAP: &str = "SIGSTOP'd tenure: A's command still running after B's `start`";
 const STARTUP: &str = "start-up: spawn → the command's `start`, free lease";
 
@@ -923,6 +936,10 @@ fn measure(label: &str, w: &Wrapper, dir: &Path, full: bool, report: &mut Report
             reps(FREEZE_REPS)
         );
         let z = freeze(w, dir, &tag);
+        report.raw(
+            &format!("{label}: SIGSTOP → command gone, ms"),
+            &z.stop_to_gone,
+        );
         report.raw(
             &format!("{label}: SIGCONT → command gone, ms"),
             &z.resume_to_gone,
@@ -1151,6 +1168,13 @@ fn assemble(
     }
     for t in &all {
         let Some(fz) = &t.freeze else { continue };
+        report.text(
+            FROZEN_KILL,
+            &t.label,
+            &fz.stop_to_gone,
+            "",
+            "flock(1): no lease, nothing expires".into(),
+        );
         report.text(
             RESUME,
             &t.label,

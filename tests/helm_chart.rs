@@ -655,6 +655,40 @@ fn bad_values_fail_with_a_clear_message() {
             &["--set", "election.lease=My_Lease"],
             &[schema, "at '/election/lease'"],
         ),
+        // A zero retry period passes every cross-field rule but makes `tenure run` exit at
+        // start (and the pods crash-loop): refused before anything is installed.
+        (
+            &["--set", "election.retryPeriod=0s"],
+            &[
+                schema,
+                "at '/election/retryPeriod': '0s' does not match pattern",
+            ],
+        ),
+        // Helm's int64 reads a leading zero as octal (015s would be checked as 13 s, 09s as
+        // 0) while `tenure run` reads decimal: refused.
+        (
+            &["--set", "election.leaseDuration=015s"],
+            &[
+                schema,
+                "at '/election/leaseDuration': '015s' does not match pattern",
+            ],
+        ),
+        // Names that would render objects the apiserver refuses.
+        (
+            &[
+                "--set",
+                "backend.type=redis,backend.redis.url=redis://r:6379,backend.redis.passwordSecret.name=Redis_Password",
+            ],
+            &[schema, "at '/backend/redis/passwordSecret/name'"],
+        ),
+        (
+            &["--set", "serviceAccount.name=My SA"],
+            &[schema, "at '/serviceAccount/name'"],
+        ),
+        (
+            &["--set", "fullnameOverride=My_App"],
+            &[schema, "at '/fullnameOverride'"],
+        ),
         (
             &["--set", "replicaCount=-1"],
             &[schema, "at '/replicaCount': minimum: got -1, want 0"],
@@ -685,7 +719,11 @@ fn bad_values_fail_with_a_clear_message() {
         ),
         (
             &["--set", "terminationGracePeriodSeconds=5"],
-            &["terminationGracePeriodSeconds (5) must be longer than election.grace (5s)"],
+            &["terminationGracePeriodSeconds (5) must be longer than election.grace (5s) + 2s"],
+        ),
+        (
+            &["--set", "terminationGracePeriodSeconds=7"],
+            &["terminationGracePeriodSeconds (7) must be longer than election.grace (5s) + 2s"],
         ),
         (
             &[

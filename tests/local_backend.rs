@@ -790,6 +790,49 @@ fn open_creates_a_private_directory_and_refuses_unsafe_ones() {
     assert!(text.contains("os error"), "the OS error is named: {text}");
 }
 
+/// A symbolic link another user could re-point is refused as the state directory, and a
+/// directory that is replaced after `open` by one anybody can write to is refused by the next
+/// change (it would otherwise receive our lock files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symlinks_of_other_users_and_replaced_directories_are_refused() {
+    let base = TempDir::new("symlink");
+    let target = base.path().join("target");
+    let backend = open(&target);
+
+    // A link of our own is fine, and so is (below) a link of root's.
+    let mine = base.path().join("mine");
+    std::os::unix::fs::symlink(&target, &mine).unwrap_or_else(|e| panic!("{e}"));
+    open(&mine);
+    // SAFETY: getuid and geteuid take no arguments and cannot fail.
+    let (uid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
+    if euid == 0 {
+        let foreign = base.path().join("foreign");
+        std::os::unix::fs::symlink(&target, &foreign).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::lchown(&foreign, Some(uid.max(1) + 4242), None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let err = LocalBackend::open(&foreign)
+            .err()
+            .unwrap_or_else(|| panic!("accepted another user's symbolic link"));
+        assert_eq!(err.kind(), BackendErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+    }
+
+    // The directory is replaced behind the open backend's back by a world-writable one.
+    let req = request("before", Duration::from_secs(5));
+    granted(&backend, &req).await;
+    std::fs::remove_dir_all(&target).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&target).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o777))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = backend
+        .try_acquire(&request("after", Duration::from_secs(5)))
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("granted a lock in a world-writable directory"));
+    assert_eq!(err.kind(), BackendErrorKind::PermissionDenied, "{err}");
+    assert!(!err.is_transient());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_state_dir_follows_the_documented_order() {
     if run_child_role().await {

@@ -69,6 +69,13 @@ impl PublishError {
                 };
                 match status.code {
                     403 | 401 => Self::Forbidden { op, message },
+                    // A create answered 404: the resource type itself is missing.
+                    404 if op.starts_with("create") => Self::Rejected {
+                        op,
+                        message: format!(
+                            "{message} (is the Election CRD installed? `tenure crd | kubectl apply -f -`)"
+                        ),
+                    },
                     404 => Self::NotFound {
                         election: election.to_owned(),
                     },

@@ -188,11 +188,14 @@ impl StatusPublisher {
 
     async fn follow<S: Future<Output = ()>>(&self, elector: &LeaderElector, shutdown: S) {
         let (lease_duration, _, _) = elector.timings();
+        // Saturating arithmetic throughout: durations come from the caller unbounded, and an
+        // overflow must not panic the publisher (a `Duration::MAX` heartbeat means "never").
         let heartbeat = self
             .heartbeat
-            .unwrap_or_else(|| (lease_duration * 4).max(MIN_DEFAULT_HEARTBEAT))
+            .unwrap_or_else(|| lease_duration.saturating_mul(4).max(MIN_DEFAULT_HEARTBEAT))
             .max(Duration::from_millis(10));
-        let step_down_grace = lease_duration * 2;
+        let prune_older_than = heartbeat.saturating_mul(self.prune_after);
+        let step_down_grace = lease_duration.saturating_mul(2);
         let poll_every = self
             .min_interval
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
@@ -212,7 +215,7 @@ impl StatusPublisher {
         };
         loop {
             let term = leading(elector, &leader_rx.borrow_and_update());
-            st.observe(term, Instant::now() + step_down_grace);
+            st.observe(term, after(Instant::now(), step_down_grace));
             let due = st.due();
             tokio::select! {
                 biased;
@@ -227,14 +230,14 @@ impl StatusPublisher {
                 () = tokio::time::sleep_until(due) => {
                     let now = Instant::now();
                     let term = leading(elector, &leader_rx.borrow());
-                    st.observe(term, now + step_down_grace);
+                    st.observe(term, after(now, step_down_grace));
                     let intent = Intent {
                         identity: elector.identity(),
                         lead: st.want,
                         clear: st.step_down.filter(|(_, at)| *at <= now).map(|(t, _)| t),
                         heartbeat: st.heartbeat_at <= now,
                         leave: false,
-                        prune_older_than: heartbeat * self.prune_after,
+                        prune_older_than,
                     };
                     if intent.is_empty() {
                         continue;
@@ -259,9 +262,9 @@ impl StatusPublisher {
                 clear: st.published,
                 heartbeat: false,
                 leave: true,
-                prune_older_than: heartbeat * self.prune_after,
+                prune_older_than,
             };
-            let bound = self.request_timeout * 2;
+            let bound = self.request_timeout.saturating_mul(2);
             // Never create the Election just to leave it.
             let mut spec_checked = true;
             let leave = self.sync(&intent, elector.lease_name(), &mut spec_checked, false);
@@ -326,7 +329,7 @@ impl StatusPublisher {
             } else {
                 serde_json::from_value(existing.clone()).unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "the election's status does not parse; rewriting it");
-                    ElectionStatus::default()
+                    salvage(&existing)
                 })
             };
             let generation = object.metadata.generation;
@@ -550,6 +553,16 @@ fn set_condition(
     }
 }
 
+/// What can be kept of a status that does not parse: the fencing token and the transition
+/// count when they are readable, so that the published token never goes down.
+fn salvage(existing: &Value) -> ElectionStatus {
+    ElectionStatus {
+        fencing_token: existing.get("fencingToken").and_then(Value::as_u64),
+        transitions: existing.get("transitions").and_then(Value::as_u64),
+        ..ElectionStatus::default()
+    }
+}
+
 /// The status to write: `existing` with the fields this publisher owns replaced by
 /// `status`'s, so fields written by a newer version survive.
 fn merge_status(existing: Value, status: &ElectionStatus) -> Value {
@@ -632,11 +645,11 @@ impl State {
             Ok(wrote) => {
                 if wrote {
                     stats.inner.writes.fetch_add(1, Ordering::Relaxed);
-                    self.not_before = now + settings.min_interval;
+                    self.not_before = after(now, settings.min_interval);
                     // Every write refreshes our entry.
-                    self.heartbeat_at = now + jittered(settings.heartbeat);
+                    self.heartbeat_at = after(now, jittered(settings.heartbeat));
                 } else if intent.heartbeat {
-                    self.heartbeat_at = now + jittered(settings.heartbeat);
+                    self.heartbeat_at = after(now, jittered(settings.heartbeat));
                 }
                 if let Some(token) = intent.lead {
                     // Published, or a newer term already was: either way nothing is pending.
@@ -658,10 +671,12 @@ impl State {
                 stats.inner.failures.fetch_add(1, Ordering::Relaxed);
                 let backoff = self
                     .backoff
-                    .map_or(settings.min_interval.max(Duration::from_secs(1)), |b| b * 2)
+                    .map_or(settings.min_interval.max(Duration::from_secs(1)), |b| {
+                        b.saturating_mul(2)
+                    })
                     .min(settings.heartbeat);
                 self.backoff = Some(backoff);
-                self.not_before = now + backoff;
+                self.not_before = after(now, backoff);
                 if self.logged.should_warn(e.kind_name(), now) {
                     tracing::warn!(error = %e, retry_in = ?backoff, "cannot publish the election's status; the lease and the workload are unaffected");
                 } else {
@@ -675,6 +690,14 @@ impl State {
             }
         }
     }
+}
+
+/// `now + d`, or about 30 years from now when that does not fit an `Instant` (tokio's own
+/// "far future"): never a panic on a huge caller-supplied duration.
+fn after(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400 * 365 * 30)))
+        .unwrap_or(now)
 }
 
 /// `d` minus up to 10 %, at random.
@@ -896,6 +919,36 @@ mod tests {
         assert!(apply(&mut s, &leave, None, at(201)));
         assert!(s.candidates.is_empty());
         assert!(!apply(&mut s, &leave, None, at(202)));
+    }
+
+    #[test]
+    fn salvage_should_keep_the_token_of_a_status_that_does_not_parse() {
+        let existing = serde_json::json!({
+            "leader": 42,
+            "fencingToken": 1_000,
+            "transitions": 7,
+            "candidates": "garbage",
+        });
+        assert!(serde_json::from_value::<ElectionStatus>(existing.clone()).is_err());
+        let mut s = salvage(&existing);
+        assert_eq!((s.fencing_token, s.transitions), (Some(1_000), Some(7)));
+        // An older term is still refused after the rewrite.
+        let old = Intent {
+            lead: token(999),
+            ..intent("a")
+        };
+        apply(&mut s, &old, None, at(0));
+        assert_eq!((s.leader, s.fencing_token), (None, Some(1_000)));
+    }
+
+    #[test]
+    fn after_should_saturate_instead_of_panicking() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(86_400 * 365));
+        assert_eq!(
+            after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
     }
 
     #[test]

@@ -567,7 +567,7 @@ impl LeaderElector {
         let span =
             tracing::info_span!("campaign", lease = %self.inner.name, identity = %self.identity());
         let inner = &self.inner;
-        let window = inner.config.lease_duration * 4;
+        let window = inner.config.lease_duration.saturating_mul(4);
         let opts = inner.lease_opts.clone().wait(window);
         let attempt = async {
             let started = Instant::now();

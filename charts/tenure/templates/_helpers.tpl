@@ -100,8 +100,8 @@ message. Renders nothing.
 {{- fail (printf "election.renewDeadline (%s) must be longer than 1.2 × election.retryPeriod (%s)" $e.renewDeadline $e.retryPeriod) -}}
 {{- end -}}
 {{- $grace := include "tenure.durationMs" $e.grace | int64 -}}
-{{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (mul (int64 .Values.terminationGracePeriodSeconds) 1000) $grace) -}}
-{{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than election.grace (%s): tenure needs the grace period and then time to release the lease" .Values.terminationGracePeriodSeconds $e.grace) -}}
+{{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (mul (int64 .Values.terminationGracePeriodSeconds) 1000) (add $grace 2000)) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than election.grace (%s) + 2s: tenure needs the grace period and then time to release the lease" .Values.terminationGracePeriodSeconds $e.grace) -}}
 {{- end -}}
 {{- if and (eq .Values.backend.type "redis") .Values.backend.redis.ca.secretName .Values.backend.redis.ca.configMapName -}}
 {{- fail "backend.redis.ca: set secretName or configMapName, not both" -}}

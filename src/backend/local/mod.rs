@@ -80,8 +80,12 @@
 //!   directory makes every change cost a `rename` (and every grant two syncs, milliseconds on a
 //!   disk); a tmpfs directory makes them cost microseconds.
 //! - **The directory must belong to you.** [`LocalBackend::open`] refuses a directory owned by
-//!   another user or writable by everyone: anybody who can write to it can forge or delete
-//!   leases. Files are opened with `O_NOFOLLOW`.
+//!   another user or writable by everyone, and a symbolic link to it owned by another user
+//!   (who could re-point it): anybody who can write to it can forge or delete leases. Every
+//!   change checks this again, so a directory that was removed and recreated by someone else
+//!   is refused too. Files are opened with `O_NOFOLLOW`. A directory writable by its *group*
+//!   is accepted (a user-private group under umask 002 is common); keep other users out of
+//!   that group.
 //! - **A power loss** can leave a renewal or a release unwritten, which does not matter (the
 //!   boot id changes); on filesystems that do not order a rename after its data (ext4, XFS and
 //!   btrfs all do), it could also leave an empty record, which is then reported as corrupt.
@@ -408,28 +412,44 @@ impl Backend for LocalBackend {
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
-        let (tx, rx) = match self.hub() {
-            Ok(hub) => hub.subscribe(name),
+        let hub = match self.hub() {
+            Ok(hub) => hub,
             Err(e) => return Box::pin(futures::stream::iter([Err(e)])),
         };
+        let (tx, rx) = hub.subscribe(name);
         let store = self.inner.store.clone();
         let name = name.to_owned();
         // The watch is in place and `name` registered before the first read, so a change after
-        // that read is published to `rx`. Publishing the read and marking it seen happen
-        // together, so a newer state published meanwhile is not skipped.
+        // that read is published to `rx`. The read runs on the blocking pool (file I/O) and is
+        // published in the hub's read order (`Hub::read_and_publish`), so it never overwrites
+        // a newer state the watcher published meanwhile; marking it seen right after the
+        // publication does not skip a newer one either.
         let first = futures::stream::once(async move {
-            let mut rx = rx;
-            let item = store.holder_change(&name).map(|change| {
-                watch::publish(&tx, change);
-                rx.borrow_and_update().clone()
-            });
-            (item, rx)
+            let read = tokio::task::spawn_blocking(move || {
+                let mut rx = rx;
+                let item = hub
+                    .read_and_publish(&store, &name, &tx)
+                    .map(|()| rx.borrow_and_update().clone());
+                (item, rx)
+            })
+            .await;
+            match read {
+                Ok((item, rx)) => (item, Some(rx)),
+                Err(e) => (
+                    Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        format!("reading a local lease record did not complete: {e}"),
+                    )),
+                    None,
+                ),
+            }
         });
         Box::pin(futures::StreamExt::flat_map(first, |(item, rx)| {
-            let rest = futures::stream::unfold(rx, |mut rx| async move {
+            let rest = futures::stream::unfold(rx, |rx| async move {
+                let mut rx = rx?;
                 rx.changed().await.ok()?;
                 let change = rx.borrow_and_update().clone();
-                Some((Ok(change), rx))
+                Some((Ok(change), Some(rx)))
             });
             futures::StreamExt::chain(futures::stream::iter([item]), rest)
         }))

@@ -79,8 +79,9 @@ impl Store {
         self.dir.join(format!(".{name}.tmp"))
     }
 
-    /// Creates the directory (mode 0700) if it is missing, and checks that it is a directory
-    /// only this user can write to.
+    /// Creates the directory (mode 0700) if it is missing, and checks it ([`check_dir`]).
+    ///
+    /// [`check_dir`]: Self::check_dir
     pub(super) fn ensure_dir(&self) -> Result<(), BackendError> {
         let dir = &self.dir;
         DirBuilder::new()
@@ -88,8 +89,15 @@ impl Store {
             .mode(0o700)
             .create(dir)
             .map_err(|e| io_error("create the state directory", dir, &e))?;
-        let meta =
-            fs::metadata(dir).map_err(|e| io_error("inspect the state directory", dir, &e))?;
+        self.check_dir()
+    }
+
+    /// Checks that the state directory is a directory only this user can write to, reached
+    /// through no symbolic link that another user could re-point (a link of its own, or of
+    /// root's, is fine). Run by every change, not only at open: a directory removed (a wipe,
+    /// `/tmp` cleaning) and recreated by another user must not receive our lock files.
+    fn check_dir(&self) -> Result<(), BackendError> {
+        let dir = &self.dir;
         let refuse = |why: String| {
             Err(BackendError::new(
                 BackendErrorKind::PermissionDenied,
@@ -101,13 +109,26 @@ impl Store {
                 ),
             ))
         };
+        let me = sys::effective_uid();
+        let inspect = |e: io::Error| io_error("inspect the state directory", dir, &e);
+        let link = fs::symlink_metadata(dir).map_err(inspect)?;
+        let meta = if link.file_type().is_symlink() {
+            if link.uid() != me && link.uid() != 0 {
+                return refuse(format!(
+                    "it is a symbolic link owned by uid {}, who can re-point it at any time",
+                    link.uid()
+                ));
+            }
+            fs::metadata(dir).map_err(inspect)?
+        } else {
+            link
+        };
         if !meta.is_dir() {
             return Err(BackendError::new(
                 BackendErrorKind::Config,
                 format!("the state directory {} is not a directory", dir.display()),
             ));
         }
-        let me = sys::effective_uid();
         if meta.uid() != me {
             return refuse(format!(
                 "it is owned by uid {}, not by uid {me}",
@@ -184,7 +205,10 @@ impl Store {
                 .metadata()
                 .map_err(|e| io_error("inspect the lock file", &path, &e))?;
             match fs::symlink_metadata(&path) {
-                Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => return Ok(file),
+                Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => {
+                    self.check_dir()?;
+                    return Ok(file);
+                }
                 _ if Instant::now() >= give_up => return Err(timed_out()),
                 _ => {}
             }

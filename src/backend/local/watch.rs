@@ -38,6 +38,11 @@ const MASK: u32 = libc::IN_MOVED_TO
 #[derive(Debug, Default)]
 pub(super) struct Hub {
     observed: Mutex<HashMap<String, watch::Sender<HolderChange>>>,
+    /// Held from reading a record to publishing what was read, so that publications happen in
+    /// the order of the reads: the watcher thread and a new observer's first read both
+    /// publish, and an older read published after a newer one would leave observers on a
+    /// stale state (a release nobody is woken for).
+    reading: Mutex<()>,
 }
 
 impl Hub {
@@ -67,6 +72,22 @@ impl Hub {
         self.locked().keys().cloned().collect()
     }
 
+    /// Reads `name`'s record and publishes its state to `tx` if it changed, serialised with
+    /// every other read-and-publish of this hub. Blocking (file I/O).
+    pub(super) fn read_and_publish(
+        &self,
+        store: &Store,
+        name: &str,
+        tx: &watch::Sender<HolderChange>,
+    ) -> Result<(), BackendError> {
+        let _serial = self
+            .reading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        publish(tx, store.holder_change(name)?);
+        Ok(())
+    }
+
     /// Reads `name` and publishes its state if it changed.
     fn refresh(&self, store: &Store, name: &str) {
         let Some(tx) = self.locked().get(name).cloned() else {
@@ -74,9 +95,7 @@ impl Hub {
         };
         // An unreadable record is reported by the operations themselves; observers keep the
         // last known state (and waiters their timed fallback).
-        if let Ok(change) = store.holder_change(name) {
-            publish(&tx, change);
-        }
+        let _ = self.read_and_publish(store, name, &tx);
     }
 
     fn refresh_all(&self, store: &Store) {
@@ -88,7 +107,7 @@ impl Hub {
 }
 
 /// Sends `change` unless it is what the channel already holds.
-pub(super) fn publish(tx: &watch::Sender<HolderChange>, change: HolderChange) {
+fn publish(tx: &watch::Sender<HolderChange>, change: HolderChange) {
     tx.send_if_modified(|cur| {
         if *cur == change {
             false
@@ -228,11 +247,14 @@ impl Thread {
                     & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF)
                     != 0
                 {
-                    // The directory went away (or moved): watch it again once it is back.
-                    if let Some(wd) = self.wd.take() {
-                        sys::inotify_rm_watch(inotify, wd);
+                    // The directory went away (or moved): watch it again once it is back. An
+                    // IN_IGNORED of a watch removed earlier must not drop its successor.
+                    if self.wd == Some(event.wd) {
+                        if let Some(wd) = self.wd.take() {
+                            sys::inotify_rm_watch(inotify, wd);
+                        }
+                        everything = true;
                     }
-                    everything = true;
                 } else if let Some(name) = std::str::from_utf8(event.name)
                     .ok()
                     .and_then(|f| f.strip_suffix(".lease"))
@@ -255,6 +277,8 @@ impl Thread {
 
 /// One inotify event.
 struct Event<'a> {
+    /// The watch descriptor the event belongs to (-1 for a queue overflow).
+    wd: i32,
     mask: u32,
     name: &'a [u8],
 }
@@ -275,12 +299,14 @@ impl<'a> Iterator for Events<'a> {
             b.copy_from_slice(&header[i * 4..i * 4 + 4]);
             u32::from_ne_bytes(b)
         };
+        let wd = i32::from_ne_bytes(word(0).to_ne_bytes());
         let mask = word(1);
         let len = usize::try_from(word(3)).ok()?;
         let name = self.0.get(HEADER..HEADER + len)?;
         let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
         self.0 = &self.0[HEADER + len..];
         Some(Event {
+            wd,
             mask,
             name: &name[..end],
         })
@@ -303,12 +329,14 @@ mod tests {
             }
             buf.extend_from_slice(name);
         }
-        let events: Vec<_> = Events(&buf).map(|e| (e.mask, e.name.to_vec())).collect();
+        let events: Vec<_> = Events(&buf)
+            .map(|e| (e.wd, e.mask, e.name.to_vec()))
+            .collect();
         assert_eq!(
             events,
             vec![
-                (libc::IN_MOVED_TO, b"job.lease".to_vec()),
-                (libc::IN_Q_OVERFLOW, Vec::new())
+                (1, libc::IN_MOVED_TO, b"job.lease".to_vec()),
+                (1, libc::IN_Q_OVERFLOW, Vec::new())
             ]
         );
         // A torn buffer ends the iteration instead of reading past it.

@@ -17,7 +17,7 @@ Exit codes:
 
 /// Run a command on one replica at a time, fenced by a lease.
 #[derive(Debug, Parser)]
-#[command(name = "tenure", version, about, after_long_help = EXIT_CODES)]
+#[command(name = "tenure", version, after_long_help = EXIT_CODES)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
