@@ -733,7 +733,7 @@ fn freeze(w: &Wrapper, dir: &Path, tag: &str) -> Freeze {
             now_ns()
         };
         out.stop_to_gone.push(ms(gone - stopped));
-        out.resume_to_gone.push(ms(gone.saturating_sub(resumed)));
+        out.resume_to_gone.push(ms((gone - resumed).max(0)));
         let b_start = b.wait_stamp("start", SHORT);
         out.takeover.push(ms(b_start - stopped));
         out.overlap.push(ms(gone - b_start).max(0.0));
