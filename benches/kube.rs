@@ -1,6 +1,6 @@
-//! Leader election on a real kube-apiserver, side by side: tenure (the lock runtime standing in
-//! for the elector), client-go's `leaderelection` (the `clientgo-candidate` of `e2e/`) and the
-//! `kube-lease-manager` crate, each at its default settings, against the same server.
+//! Leader election on a real kube-apiserver, side by side: tenure's `LeaderElector`, client-go's
+//! `leaderelection` (the `clientgo-candidate` of `e2e/`) and the `kube-lease-manager` crate,
+//! each at its default settings, against the same server.
 //!
 //! For each implementation: a leader and two followers, each its own process (this binary
 //! re-executes itself for the Rust ones) with its own User-Agent; the API server's audit log
@@ -18,10 +18,9 @@
 //! `cargo bench --bench kube --features kube`. `TENURE_BENCH_WINDOW_SECS` sets the
 //! steady-state window (default 60).
 //!
-//! tenure has no elector in this build yet: the tenure candidate is `Locker::acquire` with a
-//! long wait (a follower sits on the Lease watch), then an auto-renewed lease with the
-//! elector's defaults (ttl 15 s, renew every ttl/3, retry 2 s, renew deadline 10 s). Switch it
-//! to `LeaderElector` once that exists.
+//! The tenure candidate is `LeaderElector::run_until` with client-go's durations (lease 15 s,
+//! renew deadline 10 s, retry 2 s); SIGTERM is its shutdown signal, so a graceful hand-off is
+//! the elector's own shutdown, which releases the Lease.
 
 #[path = "../tests/kube_support/mod.rs"]
 mod kube_support;
@@ -102,10 +101,11 @@ async fn config(kubeconfig: &str, user_agent: &str) -> Result<kube::Config, Stri
     Ok(config)
 }
 
-/// tenure: wait on the Lease (the watch), lead with an auto-renewed lease, release on SIGTERM.
+/// tenure: a `LeaderElector` whose workload lasts its term; SIGTERM shuts it down (releasing).
 async fn tenure_candidate(kubeconfig: &str, lease: &str, identity: &str) -> Result<(), String> {
+    use tenure::Locker;
     use tenure::backend::kube::{KubeBackend, KubeOptions};
-    use tenure::{LockError, LockOptions, Locker};
+    use tenure::election::{ElectionConfig, LeaderElector};
     use tokio::signal::unix::{SignalKind, signal};
 
     let backend = KubeBackend::from_config(
@@ -114,35 +114,24 @@ async fn tenure_candidate(kubeconfig: &str, lease: &str, identity: &str) -> Resu
     )
     .map_err(|e| e.to_string())?;
     let locker = Locker::with_identity(backend, identity).map_err(|e| e.to_string())?;
-    let opts = LockOptions::new()
-        .ttl(LEASE)
-        .renew_fraction(1.0 / 3.0)
-        .retry_interval(RETRY)
+    let config = ElectionConfig::new()
+        .lease_duration(LEASE)
         .renew_deadline(RENEW_DEADLINE)
-        .request_timeout(Duration::from_millis(1500))
-        .auto_renew(true)
-        .wait(Duration::from_secs(3600));
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    loop {
-        let held = tokio::select! {
-            r = locker.acquire(lease, &opts) => r,
-            _ = term.recv() => return Ok(()),
-        };
-        let held = match held {
-            Ok(l) => l,
-            Err(LockError::NotAcquired { .. }) => continue,
-            Err(e) => return Err(e.to_string()),
-        };
-        emit("STARTED", identity);
-        tokio::select! {
-            _ = term.recv() => {
-                emit("ENDED", identity);
-                held.release().await.map_err(|e| e.to_string())?;
-                return Ok(());
-            }
-            _ = held.lost() => emit("ENDED", identity),
-        }
-    }
+        .retry_period(RETRY);
+    let elector = LeaderElector::new(locker, lease, config).map_err(|e| e.to_string())?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let shutdown = async move {
+        sigterm.recv().await;
+    };
+    elector
+        .run_until(shutdown, |term| async move {
+            emit("STARTED", identity);
+            term.cancellation().cancelled().await;
+            emit("ENDED", identity);
+        })
+        .await
+        .map(|_returned_or_stopped| ())
+        .map_err(|e| e.to_string())
 }
 
 /// kube-lease-manager 0.13 at its defaults (30 s duration, 5 s grace), in its watch mode.
@@ -192,7 +181,7 @@ enum Kind {
 impl Kind {
     fn label(self) -> &'static str {
         match self {
-            Kind::Tenure => "tenure (lock runtime)",
+            Kind::Tenure => "tenure LeaderElector",
             Kind::ClientGo => "client-go leaderelection",
             Kind::LeaseManager => "kube-lease-manager 0.13",
         }

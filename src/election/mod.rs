@@ -157,6 +157,18 @@ impl ElectionConfig {
     /// Checks the rules and derives the lease options.
     fn lease_options(&self) -> Result<LockOptions, ElectionError> {
         let invalid = |rule: &str| Err(ElectionError::InvalidConfig { rule: rule.into() });
+        for (name, value) in [
+            ("lease_duration", Some(self.lease_duration)),
+            ("renew_deadline", Some(self.renew_deadline)),
+            ("retry_period", Some(self.retry_period)),
+            ("stop_margin", Some(self.stop_margin)),
+            ("grace", Some(self.grace)),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if value.is_some_and(|v| v > crate::lock::MAX_DURATION) {
+                return invalid(&format!("{name} must be at most 365 days"));
+            }
+        }
         if self.retry_period.is_zero() {
             return invalid("retry_period must be positive");
         }

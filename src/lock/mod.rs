@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::{LeaseEnd, LockError, LostReason, WithLockError};
 pub use lease::{Lease, LockGuard};
-pub use options::{DRIFT_FLOOR, LockOptions, MIN_AUTO_RENEW_TTL};
+pub use options::{DRIFT_FLOOR, LockOptions, MAX_DURATION, MIN_AUTO_RENEW_TTL};
 
 use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToken};
 pub(crate) use lease::LeaseShared;

@@ -8,6 +8,10 @@ use super::LockError;
 /// jitter would eat most of the lease.
 pub const MIN_AUTO_RENEW_TTL: Duration = Duration::from_millis(30);
 
+/// The longest value any duration option accepts: 365 days. Longer values are mistakes, and
+/// instants that far ahead approach what clock arithmetic can represent.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The fixed part of the clock-drift allowance subtracted from every validity estimate.
 pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
@@ -170,6 +174,18 @@ impl LockOptions {
     pub(crate) fn plan(&self, auto_renew_default: bool) -> Result<Plan, LockError> {
         let invalid = |rule: &str| Err(LockError::InvalidConfig { rule: rule.into() });
         let auto_renew = self.auto_renew.unwrap_or(auto_renew_default);
+        for (name, value) in [
+            ("ttl", Some(self.ttl)),
+            ("wait", Some(self.wait)),
+            ("retry_interval", Some(self.retry_interval)),
+            ("release_timeout", Some(self.release_timeout)),
+            ("renew_deadline", self.renew_deadline),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if value.is_some_and(|v| v > MAX_DURATION) {
+                return invalid(&format!("{name} must be at most 365 days"));
+            }
+        }
         if self.ttl.is_zero() {
             return invalid("ttl must be positive");
         }
@@ -281,6 +297,24 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn durations_beyond_a_year_are_refused_not_overflowed() {
+        let year_and_a_day = MAX_DURATION + Duration::from_secs(86_400);
+        for opts in [
+            LockOptions::new().ttl(year_and_a_day),
+            LockOptions::new().wait(year_and_a_day),
+            LockOptions::new().retry_interval(year_and_a_day),
+            LockOptions::new().request_timeout(year_and_a_day),
+        ] {
+            assert!(
+                matches!(opts.plan(false), Err(LockError::InvalidConfig { ref rule }) if rule.contains("at most 365 days")),
+                "{opts:?}"
+            );
+        }
+        assert!(LockOptions::new().ttl(MAX_DURATION).plan(false).is_ok());
+    }
+
     use super::*;
 
     fn rule(opts: &LockOptions, auto: bool) -> String {

@@ -67,6 +67,7 @@ fn flag_names(rule: &str) -> String {
     rule.replace("lease_duration", "--lease-duration")
         .replace("renew_deadline", "--renew-deadline")
         .replace("retry_period", "--retry-period")
+        .replace("grace", "--grace")
 }
 
 /// An error and its sources joined with ": ", each distinct message once.

@@ -38,7 +38,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .stop_margin(stop_margin)
         // The supervisor itself escalates to SIGKILL after --grace; the elector's bound is a
         // backstop that must not cut the reaping short, or the command's exit code is lost.
-        .grace(args.grace + Duration::from_secs(2))
+        .grace(args.grace.saturating_add(Duration::from_secs(2)))
         .rejoin(args.rejoin);
 
     let connected = backend::connect(&args.backend, true).await?;
