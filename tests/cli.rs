@@ -244,6 +244,41 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
 }
 
 #[test]
+fn a_second_signal_kills_the_command_without_waiting_for_the_grace_period() {
+    let s = Scratch::new("hurry");
+    let script = format!(
+        "trap '' INT TERM; echo $$ > {}; while :; do sleep 0.1; done",
+        s.path("pid").display()
+    );
+    let mut t = Tenure::start(
+        &run_args(
+            &s,
+            "hurry",
+            &["--grace", "60s"],
+            strings(&["sh", "-c", &script]),
+        ),
+        &[],
+        s.path("err"),
+    );
+    let pid = read_pid(&s.path("pid"), Duration::from_secs(10));
+    let sent = Instant::now();
+    t.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        alive(pid),
+        "the first signal alone must leave the grace period running"
+    );
+    t.signal(libc::SIGTERM);
+    let status = t.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(137), "{}", t.log());
+    assert!(!alive(pid));
+    assert!(
+        sent.elapsed() < Duration::from_secs(30),
+        "waited for the grace period"
+    );
+}
+
+#[test]
 fn a_frozen_tenure_cannot_leave_its_command_running_into_the_next_term() {
     let s = Scratch::new("frozen");
     let log = s.path("log");

@@ -77,7 +77,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         message: format!("cannot start the watchdog thread: {e}"),
     })?;
     let received = Arc::new(AtomicI32::new(0));
-    let shutdown = shutdown_signal(Arc::clone(&received))?;
+    let hurry = Arc::new(tokio::sync::Notify::new());
+    let shutdown = shutdown_signal(Arc::clone(&received), Arc::clone(&hurry))?;
     tracing::info!(
         lease = %args.lease,
         identity = %identity,
@@ -90,6 +91,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         stop_margin,
         watchdog,
         received: Arc::clone(&received),
+        hurry,
     };
     let outcome = elector
         .run_until(shutdown, |term| supervisor.term(term))
@@ -131,8 +133,12 @@ async fn probe(
     }
 }
 
-/// Completes on the first SIGTERM or SIGINT, recording which.
-fn shutdown_signal(received: Arc<AtomicI32>) -> Result<impl Future<Output = ()> + use<>, CliError> {
+/// Completes on the first SIGTERM or SIGINT, recording which; a second one wakes `hurry`
+/// (the command is killed at once instead of after the grace period).
+fn shutdown_signal(
+    received: Arc<AtomicI32>,
+    hurry: Arc<tokio::sync::Notify>,
+) -> Result<impl Future<Output = ()> + use<>, CliError> {
     let install = |kind: SignalKind| {
         signal(kind).map_err(|e| CliError::Internal {
             message: format!("cannot install a signal handler: {e}"),
@@ -147,6 +153,15 @@ fn shutdown_signal(received: Arc<AtomicI32>) -> Result<impl Future<Output = ()> 
         };
         received.store(signo, Ordering::Release);
         tracing::info!(signal = signo, "shutting down");
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::warn!("second signal: killing the command now");
+            // A stored permit: it counts even if the supervisor is not waiting yet.
+            hurry.notify_one();
+        });
     })
 }
 
@@ -158,6 +173,8 @@ struct Supervisor {
     watchdog: Watchdog,
     /// The signal tenure received, forwarded to the command on shutdown (0: none).
     received: Arc<AtomicI32>,
+    /// Woken by a second signal: skip the rest of the grace period.
+    hurry: Arc<tokio::sync::Notify>,
 }
 
 impl Supervisor {
@@ -169,6 +186,7 @@ impl Supervisor {
         let stop_margin = self.stop_margin;
         let watchdog = self.watchdog.clone();
         let received = Arc::clone(&self.received);
+        let hurry = Arc::clone(&self.hurry);
         async move {
             let env = [
                 (ENV_FENCING_TOKEN, term.fencing_token().to_string()),
@@ -197,10 +215,14 @@ impl Supervisor {
                     };
                     tracing::info!(signal = signo, ?grace, "term ending: signalling the command");
                     child.group().signal(signo);
-                    match tokio::time::timeout(grace, child.wait()).await {
-                        Ok(status) => status,
-                        Err(_) => {
+                    tokio::select! {
+                        status = child.wait() => status,
+                        () = tokio::time::sleep(grace) => {
                             tracing::warn!(?grace, "the command outlived the grace period: SIGKILL");
+                            child.group().signal(libc::SIGKILL);
+                            child.wait().await
+                        }
+                        () = hurry.notified() => {
                             child.group().signal(libc::SIGKILL);
                             child.wait().await
                         }
