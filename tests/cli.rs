@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cli_support::{
-    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, strings,
-    wait_until, worker,
+    FAST, TENURE as TENURE_BIN, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid,
+    run_to_end, strings, wait_until, worker,
 };
 
 /// A fresh state directory and log files under the system temp dir.
@@ -275,6 +275,77 @@ fn a_second_signal_kills_the_command_without_waiting_for_the_grace_period() {
     assert!(
         sent.elapsed() < Duration::from_secs(30),
         "waited for the grace period"
+    );
+}
+
+/// The children of `pid` (all its threads), from /proc.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// Whether `pid` is a zombie.
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn as_pid_1_tenure_reaps_the_orphans_its_command_leaves() {
+    let s = Scratch::new("pid1");
+    // The command starts a background process from a shell that exits at once: the orphan
+    // is adopted by PID 1 (tenure, as in a container) and exits 200 ms later.
+    let script = format!(
+        "sh -c 'sleep 0.2 &'; echo $$ > {}; sleep 30",
+        s.path("pid").display()
+    );
+    let mut args = strings(&["--pid", "--fork", "--mount-proc", TENURE_BIN]);
+    args.extend(run_args(&s, "pid1", &[], strings(&["sh", "-c", &script])));
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(&args)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::fs::File::create(s.path("err")).unwrap_or_else(|e| panic!("{e}")));
+    let mut unshare = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run unshare (util-linux; needs root): {e}"));
+    read_pid(&s.path("pid"), Duration::from_secs(10));
+    let tenure = children_of(unshare.id());
+    assert_eq!(
+        tenure.len(),
+        1,
+        "unshare should have one child, tenure as PID 1"
+    );
+    let tenure = tenure[0];
+    std::thread::sleep(Duration::from_millis(1500));
+    let kids = children_of(tenure);
+    let zombies: Vec<u32> = kids.iter().copied().filter(|&k| zombie(k)).collect();
+    let _ = unshare.kill();
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &tenure.to_string()])
+        .status();
+    let _ = unshare.wait();
+    assert!(
+        kids.len() >= 2,
+        "tenure's children: {kids:?} (the command and its watchdog)"
+    );
+    assert!(
+        zombies.is_empty(),
+        "zombies under tenure (PID 1): {zombies:?}"
     );
 }
 

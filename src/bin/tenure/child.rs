@@ -97,6 +97,8 @@ impl Child {
             .ok_or_else(|| CliError::Internal {
                 message: "the started command has no pid".into(),
             })?;
+        // No await between the spawn and this: the reaper (same thread) cannot run first.
+        crate::reaper::manage(pid);
         Ok(Self {
             process,
             group: ProcessGroup(pid),
@@ -113,7 +115,11 @@ impl Child {
     /// Cancel safe: dropping the future leaves the process running (the group is killed when
     /// the `Child` is dropped).
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        self.process.wait().await
+        let status = self.process.wait().await;
+        if status.is_ok() {
+            crate::reaper::release(self.group.0);
+        }
+        status
     }
 }
 

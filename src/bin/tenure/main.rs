@@ -6,6 +6,7 @@ mod backend;
 mod child;
 mod error;
 mod publish;
+mod reaper;
 mod run;
 mod status;
 mod watchdog;

@@ -73,6 +73,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         None
     };
 
+    crate::reaper::start();
     let watchdog = Watchdog::start().map_err(|e| CliError::Internal {
         message: format!("cannot start the watchdog thread: {e}"),
     })?;

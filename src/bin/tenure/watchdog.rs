@@ -159,8 +159,14 @@ fn spawn_process(group: &ProcessGroup, deadline: Instant) -> Result<File, CliErr
     let fd: OwnedFd = stdin
         .into_owned_fd()
         .map_err(|e| internal("stdin pipe", e))?;
-    // The process is reaped by tokio's orphan reaper when it ends (killed with the group).
-    drop(child);
+    if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // No await since the spawn: the reaper (same thread) has not seen it yet.
+        crate::reaper::manage(pid);
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            crate::reaper::release(pid);
+        });
+    }
     Ok(File::from(fd))
 }
 

@@ -1,0 +1,91 @@
+//! Reaping adopted orphans: tenure is a child subreaper (and often a container's PID 1), so
+//! processes the command leaves behind when their parent exits become tenure's children.
+//! Without this module they would stay zombies until tenure exits.
+//!
+//! tokio reaps the children tenure spawns itself (the command, the watchdog process) and needs
+//! their exit statuses, so those are registered here and never touched; every other child is
+//! an adopted orphan and is reaped on `SIGCHLD`.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Pids of children tokio waits for.
+fn managed() -> &'static Mutex<HashSet<libc::pid_t>> {
+    static SET: OnceLock<Mutex<HashSet<libc::pid_t>>> = OnceLock::new();
+    SET.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// Marks `pid` as a child tokio waits for (until [`release`]).
+pub fn manage(pid: libc::pid_t) {
+    managed()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(pid);
+}
+
+/// `pid` has been waited for; a later child with the same pid is an orphan again.
+pub fn release(pid: libc::pid_t) {
+    managed()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&pid);
+}
+
+/// Makes tenure a child subreaper and reaps adopted orphans in the background. Best effort:
+/// failures are logged, never fatal.
+pub fn start() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag and touches no memory.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        tracing::debug!(
+            error = %std::io::Error::last_os_error(),
+            "cannot become a child subreaper; orphans go to init"
+        );
+    }
+    let mut children = match signal(SignalKind::child()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGCHLD; orphaned processes will not be reaped");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while children.recv().await.is_some() {
+            reap_orphans();
+        }
+    });
+}
+
+/// Reaps every exited child that tokio does not manage.
+fn reap_orphans() {
+    for pid in children() {
+        if managed()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&pid)
+        {
+            continue;
+        }
+        let mut status = 0;
+        // SAFETY: waitpid on one specific pid with WNOHANG writes only into `status`.
+        unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+    }
+}
+
+/// This process's children, from `/proc/self/task/*/children`.
+fn children() -> Vec<libc::pid_t> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<libc::pid_t>().ok()),
+            );
+        }
+    }
+    out
+}
