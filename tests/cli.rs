@@ -350,6 +350,36 @@ fn as_pid_1_tenure_reaps_the_orphans_its_command_leaves() {
 }
 
 #[test]
+fn processes_that_escape_the_process_group_do_not_outlive_the_term() {
+    let s = Scratch::new("escape");
+    // A daemon in its own session (out of the command's process group), then the command
+    // exits: the term is over, so the daemon must be gone too.
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 100' </dev/null >/dev/null 2>&1 & sleep 0.5; exit 0",
+        s.path("escaped").display()
+    );
+    let started = Instant::now();
+    let (code, _, err) = run_to_end(
+        &run_args(&s, "escape", &[], strings(&["sh", "-c", &script]))
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "tenure waited for the daemon"
+    );
+    let escaped = read_pid(&s.path("escaped"), Duration::from_secs(5));
+    wait_until(
+        Duration::from_secs(5),
+        "the escaped daemon to be killed",
+        || !alive(escaped),
+    );
+}
+
+#[test]
 fn a_frozen_tenure_cannot_leave_its_command_running_into_the_next_term() {
     let s = Scratch::new("frozen");
     let log = s.path("log");

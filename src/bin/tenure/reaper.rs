@@ -5,8 +5,14 @@
 //! tokio reaps the children tenure spawns itself (the command, the watchdog process) and needs
 //! their exit statuses, so those are registered here and never touched; every other child is
 //! an adopted orphan and is reaped on `SIGCHLD`.
+//!
+//! Adopted orphans are the command's descendants (a `setsid` daemon, a double fork) that
+//! escaped its process group. They may run during the term; when the term ends they are
+//! killed ([`end_term`]), and so is every orphan adopted while no term runs (the grandchildren
+//! of a killed one, reparented as their parents die).
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -15,6 +21,21 @@ use tokio::signal::unix::{SignalKind, signal};
 fn managed() -> &'static Mutex<HashSet<libc::pid_t>> {
     static SET: OnceLock<Mutex<HashSet<libc::pid_t>>> = OnceLock::new();
     SET.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// Whether a term is running, so adopted orphans may live.
+static IN_TERM: AtomicBool = AtomicBool::new(false);
+
+/// A term begins: orphans adopted from now on belong to its command.
+pub fn begin_term() {
+    IN_TERM.store(true, Ordering::Release);
+}
+
+/// The term is over: kills every adopted orphan now, and any adopted later until the next
+/// term begins. Call it after the command's process group was killed.
+pub fn end_term() {
+    IN_TERM.store(false, Ordering::Release);
+    sweep();
 }
 
 /// Marks `pid` as a child tokio waits for (until [`release`]).
@@ -52,24 +73,31 @@ pub fn start() {
     };
     tokio::spawn(async move {
         while children.recv().await.is_some() {
-            reap_orphans();
+            sweep();
         }
     });
 }
 
-/// Reaps every exited child that tokio does not manage.
-fn reap_orphans() {
+/// Reaps every exited child that tokio does not manage and, outside a term, kills the live
+/// ones (their deaths bring the next `SIGCHLD`, and their own orphans with it).
+fn sweep() {
+    let kill = !IN_TERM.load(Ordering::Acquire);
     for pid in children() {
-        if managed()
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(&pid)
+        if pid <= 1
+            || managed()
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&pid)
         {
             continue;
         }
         let mut status = 0;
         // SAFETY: waitpid on one specific pid with WNOHANG writes only into `status`.
-        unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+        let reaped = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+        if reaped == 0 && kill {
+            // SAFETY: kill only sends a signal, to a child of this process.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 

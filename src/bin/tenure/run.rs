@@ -202,6 +202,7 @@ impl Supervisor {
                 until.checked_sub(stop_margin).unwrap_or(until)
             })?;
             let _disarm = Disarm(&watchdog);
+            crate::reaper::begin_term();
             tracing::info!(
                 fencing_token = %term.fencing_token(),
                 pid = child.group().id(),
@@ -239,11 +240,13 @@ impl Supervisor {
     }
 }
 
-/// Disarms the watchdog when the term's workload ends, however it ends.
+/// Disarms the watchdog when the term's workload ends, however it ends, and kills what the
+/// command left behind outside its process group.
 struct Disarm<'a>(&'a Watchdog);
 
 impl Drop for Disarm<'_> {
     fn drop(&mut self) {
         self.0.disarm();
+        crate::reaper::end_term();
     }
 }
