@@ -32,7 +32,8 @@ pub fn begin_term() {
 }
 
 /// The term is over: kills every adopted orphan now, and any adopted later until the next
-/// term begins. Call it after the command's process group was killed.
+/// term begins — including the command's children reparented when its process group is
+/// killed right after (their parent's death brings a `SIGCHLD`, hence a sweep).
 pub fn end_term() {
     IN_TERM.store(false, Ordering::Release);
     sweep();
