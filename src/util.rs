@@ -1,4 +1,5 @@
-//! Small helpers shared across the crate: randomness for jitter, the default identity.
+//! Small helpers shared across the crate: randomness for jitter, the default identity, error
+//! messages with their causes.
 
 /// A random u64 from the OS source, for jitter (not for secrets: see
 /// [`HolderToken`](crate::backend::HolderToken)).
@@ -34,4 +35,21 @@ pub fn default_identity() -> String {
         })
         .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}-{}", std::process::id())
+}
+
+/// `e` and its sources joined with ": ", each distinct message once (a source whose text the
+/// message already contains adds nothing).
+#[cfg(feature = "kube")]
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out
 }

@@ -1,5 +1,7 @@
 //! Why a status write failed ([`PublishError`]), mapped from the Kubernetes client's errors.
 
+use crate::util::error_chain;
+
 /// Why the [`StatusPublisher`](super::StatusPublisher) could not write an `Election`'s status.
 ///
 /// The publisher never returns these: it logs them (rate-limited), retries with a backoff,
@@ -117,19 +119,4 @@ impl PublishError {
             Self::TokenOutOfRange { .. } => "token out of range",
         }
     }
-}
-
-/// `e` and its sources, joined with `: `.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
 }

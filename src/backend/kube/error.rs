@@ -1,6 +1,7 @@
 //! Maps the Kubernetes client's errors into [`BackendError`] kinds, naming the verb and resource.
 
 use crate::backend::{BackendError, BackendErrorKind};
+use crate::util::error_chain;
 
 /// A Kubernetes resource: its plural name and API group.
 #[derive(Clone, Copy, Debug)]
@@ -132,7 +133,7 @@ pub fn map(e: kube::Error, op: Op<'_>) -> BackendError {
             } else {
                 (
                     BackendErrorKind::Unavailable,
-                    format!("{op}: cannot reach the API server: {}", chain(&e)),
+                    format!("{op}: cannot reach the API server: {}", error_chain(&e)),
                 )
             }
         }
@@ -153,24 +154,9 @@ pub fn map(e: kube::Error, op: Op<'_>) -> BackendError {
     BackendError::new(kind, message).with_source(e)
 }
 
-/// The error and its sources, joined with ": ".
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out
-}
-
 /// A configuration error (kubeconfig unreadable, no cluster found).
 pub fn config(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> BackendError {
-    let message = format!("{what}: {}", chain(&e));
+    let message = format!("{what}: {}", error_chain(&e));
     BackendError::new(BackendErrorKind::Config, message).with_source(e)
 }
 
