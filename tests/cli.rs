@@ -3,6 +3,8 @@
 //! `tenure status` and the probe endpoints.
 
 mod cli_support;
+#[path = "support/tempdir.rs"]
+mod tempdir;
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -12,42 +14,26 @@ use cli_support::{
     FAST, TENURE as TENURE_BIN, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid,
     run_to_end, strings, wait_until, worker,
 };
+use tempdir::TempDir;
 
-/// A fresh state directory and log files under the system temp dir.
-struct Scratch(std::path::PathBuf);
+/// A fresh directory for one test: the state directory and log files.
+struct Scratch(TempDir);
 
 impl Scratch {
     fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "tenure-cli-{tag}-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        Self(dir)
+        Self(TempDir::new(&format!("cli-{tag}")))
     }
     fn path(&self, name: &str) -> std::path::PathBuf {
-        self.0.join(name)
+        self.0.path().join(name)
     }
     fn state(&self) -> String {
         self.path("state").display().to_string()
     }
 }
 
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `tenure run --lease <lease> <FAST> <extra…> -- <command…>` on the local backend in `s`.
 fn run_args(s: &Scratch, lease: &str, extra: &[&str], command: Vec<String>) -> Vec<String> {
-    let mut args = strings(&["run", "--lease", lease, "--state-dir", &s.state()]);
-    args.extend(strings(&FAST));
-    args.extend(strings(extra));
-    args.push("--".into());
-    args.extend(command);
-    args
+    cli_support::run_args(lease, &["--state-dir", &s.state()], extra, command)
 }
 
 #[test]
@@ -213,24 +199,31 @@ fn sigterm_is_forwarded_to_the_command_and_its_exit_code_returned() {
     assert!(out.contains("\"held\":false"), "{out}");
 }
 
-#[test]
-fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
-    let s = Scratch::new("grace");
+/// Starts tenure with `--grace <grace>` on a command that ignores SIGINT and SIGTERM; returns
+/// tenure and the command's pid once it runs.
+fn start_stubborn(s: &Scratch, lease: &str, grace: &str) -> (Tenure, u32) {
     let script = format!(
         "trap '' INT TERM; echo $$ > {}; while :; do sleep 0.1; done",
         s.path("pid").display()
     );
-    let mut t = Tenure::start(
+    let t = Tenure::start(
         &run_args(
-            &s,
-            "grace",
-            &["--grace", "1s"],
+            s,
+            lease,
+            &["--grace", grace],
             strings(&["sh", "-c", &script]),
         ),
         &[],
         s.path("err"),
     );
     let pid = read_pid(&s.path("pid"), Duration::from_secs(10));
+    (t, pid)
+}
+
+#[test]
+fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    let s = Scratch::new("grace");
+    let (mut t, pid) = start_stubborn(&s, "grace", "1s");
     let sent = Instant::now();
     t.signal(libc::SIGINT);
     let status = t.wait(Duration::from_secs(10));
@@ -246,21 +239,7 @@ fn a_command_that_ignores_sigterm_is_killed_after_the_grace_period() {
 #[test]
 fn a_second_signal_kills_the_command_without_waiting_for_the_grace_period() {
     let s = Scratch::new("hurry");
-    let script = format!(
-        "trap '' INT TERM; echo $$ > {}; while :; do sleep 0.1; done",
-        s.path("pid").display()
-    );
-    let mut t = Tenure::start(
-        &run_args(
-            &s,
-            "hurry",
-            &["--grace", "60s"],
-            strings(&["sh", "-c", &script]),
-        ),
-        &[],
-        s.path("err"),
-    );
-    let pid = read_pid(&s.path("pid"), Duration::from_secs(10));
+    let (mut t, pid) = start_stubborn(&s, "hurry", "60s");
     let sent = Instant::now();
     t.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));

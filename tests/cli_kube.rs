@@ -7,8 +7,7 @@ mod kube_support;
 use std::time::Duration;
 
 use cli_support::{
-    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, strings,
-    wait_until, worker,
+    Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, wait_until, worker,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -29,19 +28,12 @@ fn two_replicas_on_a_lease_hand_over_on_exit_and_on_kill_9() {
     let p = |n: &str| dir.join(n);
     let log = p("log");
     let run_args = |id: &str, command: Vec<String>| {
-        let mut a = strings(&[
-            "run",
-            "--lease",
+        cli_support::run_args(
             "worker",
-            "--backend",
-            "kube",
-            "--namespace",
-            &ns,
-        ]);
-        a.extend(strings(&FAST));
-        a.extend(strings(&["--identity", id, "--"]));
-        a.extend(command);
-        a
+            &["--backend", "kube", "--namespace", &ns],
+            &["--identity", id],
+            command,
+        )
     };
     let mut a = Tenure::start(
         &run_args("a", worker(&log, &p("pa"), -1.0, 0)),
@@ -129,14 +121,22 @@ fn publish_status_shows_who_leads_in_the_election() {
     let p = |n: &str| dir.join(n);
     let log = p("log");
     // The lease lives on the local backend; the Election in Kubernetes says who leads.
+    let state = p("state").display().to_string();
     let run_args = |id: &str, command: Vec<String>| {
-        let mut a = strings(&["run", "--lease", "report", "--backend", "local"]);
-        a.extend(strings(&["--state-dir", &p("state").display().to_string()]));
-        a.extend(strings(&["--namespace", &ns, "--publish-status"]));
-        a.extend(strings(&FAST));
-        a.extend(strings(&["--identity", id, "--"]));
-        a.extend(command);
-        a
+        let backend = [
+            "--backend",
+            "local",
+            "--state-dir",
+            &state,
+            "--namespace",
+            &ns,
+        ];
+        cli_support::run_args(
+            "report",
+            &backend,
+            &["--publish-status", "--identity", id],
+            command,
+        )
     };
     let mut a = Tenure::start(
         &run_args("a", worker(&log, &p("pa"), 6.0, 0)),
@@ -150,17 +150,22 @@ fn publish_status_shows_who_leads_in_the_election() {
         p("eb"),
     );
     let token_a = events(&log)[0].token;
-    let mut seen = None;
-    wait_until(
-        Duration::from_secs(20),
-        "the Election to show a leading",
-        || {
-            seen = rt.block_on(election_status(&client, &ns, "report"));
-            seen.as_ref().is_some_and(|s| {
-                s.leader.as_deref() == Some("a") && s.fencing_token == Some(token_a)
-            })
-        },
-    );
+    // Polls the Election until it shows `leader` with `token`; returns that status.
+    let wait_for_leader = |leader: &str, token: u64| {
+        let mut seen = None;
+        wait_until(
+            Duration::from_secs(20),
+            &format!("the Election to show {leader} leading"),
+            || {
+                seen = rt.block_on(election_status(&client, &ns, "report"));
+                seen.as_ref().is_some_and(|s| {
+                    s.leader.as_deref() == Some(leader) && s.fencing_token == Some(token)
+                })
+            },
+        );
+        seen.unwrap_or_default()
+    };
+    wait_for_leader("a", token_a);
     // a's command ends after 6 s; b takes over and publishes its higher token.
     assert!(a.wait(Duration::from_secs(20)).success(), "{}", a.log());
     read_pid(&p("pb"), Duration::from_secs(20));
@@ -169,17 +174,7 @@ fn publish_status_shows_who_leads_in_the_election() {
         .find(|e| e.kind == "start" && e.rest.ends_with(" b"))
         .map_or(0, |e| e.token);
     assert!(token_b > token_a);
-    wait_until(
-        Duration::from_secs(20),
-        "the Election to show b leading",
-        || {
-            seen = rt.block_on(election_status(&client, &ns, "report"));
-            seen.as_ref().is_some_and(|s| {
-                s.leader.as_deref() == Some("b") && s.fencing_token == Some(token_b)
-            })
-        },
-    );
-    let status = seen.unwrap_or_default();
+    let status = wait_for_leader("b", token_b);
     assert!(status.transitions.unwrap_or(0) >= 1, "{status:?}");
     assert!(
         status.candidates.iter().any(|c| c.identity == "b"),

@@ -14,12 +14,7 @@ use cli_support::{
 use support::{RedisServer, TempDir};
 
 fn run_args(url: &str, lease: &str, extra: &[&str], command: Vec<String>) -> Vec<String> {
-    let mut args = strings(&["run", "--lease", lease, "--backend", url]);
-    args.extend(strings(&FAST));
-    args.extend(strings(extra));
-    args.push("--".into());
-    args.extend(command);
-    args
+    cli_support::run_args(lease, &["--backend", url], extra, command)
 }
 
 #[test]

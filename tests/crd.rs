@@ -4,12 +4,14 @@
 //! often the lease renews, a publisher without permission never disturbs its elector, and
 //! the printer columns show leader and token.
 
+#[path = "support/captured.rs"]
+mod captured;
 mod kube_support;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use captured::Captured;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
@@ -555,46 +557,12 @@ async fn status_writes_do_not_scale_with_renewals() {
     assert_eq!(leader_stats.failures() + follower_stats.failures(), 0);
 }
 
-/// Log lines captured from `tracing`.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(
-            &self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
-        .into_owned()
-    }
-}
-
 /// The `tester` user has no permission on elections: the publisher logs (once, at warn),
 /// keeps retrying quietly, and the elector — on the Kubernetes backend, as admin — leads on.
 #[test]
 fn a_publisher_without_permission_logs_and_the_elector_keeps_leading() {
     let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
+    let subscriber = log.subscriber(tracing::Level::DEBUG);
     let _guard = tracing::subscriber::set_default(subscriber);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -3,16 +3,19 @@
 //! `TENURE_LOCAL_CHILD`), SIGKILL of a holder, reopened and wiped directories, corrupted
 //! records, names, and notification-driven hand-off.
 
+#[path = "support/tempdir.rs"]
+mod tempdir;
+
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use tempdir::TempDir;
 use tenure::backend::local::{LocalBackend, MAX_NAME_LEN, default_state_dir};
 use tenure::backend::{
     AcquireRequest, Acquired, Backend, BackendErrorKind, FencingToken, HolderToken, Released,
@@ -31,32 +34,6 @@ const CHILD_WORK: &str = "TENURE_LOCAL_CHILD_WORK";
 const CHILD_TTL: &str = "TENURE_LOCAL_CHILD_TTL";
 /// The lock every child contends for.
 const LOCK: &str = "job";
-
-/// A private directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "tenure-local-backend-{label}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        Self(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn open(dir: &Path) -> LocalBackend {
     LocalBackend::open(dir).unwrap_or_else(|e| panic!("cannot open {}: {e}", dir.display()))
@@ -289,7 +266,10 @@ async fn two_processes_never_hold_at_once_and_tokens_rise() {
     if run_child_role().await {
         return;
     }
-    let (dir, work) = (TempDir::new("contend"), TempDir::new("contend-work"));
+    let (dir, work) = (
+        TempDir::reserve("local-backend-contend"),
+        TempDir::reserve("local-backend-contend-work"),
+    );
     std::fs::create_dir_all(work.path()).unwrap_or_else(|e| panic!("{e}"));
     let children: Vec<_> = ["a", "b"]
         .into_iter()
@@ -334,7 +314,7 @@ async fn killed_holder_process_is_succeeded_after_its_ttl_with_a_higher_token() 
     if run_child_role().await {
         return;
     }
-    let dir = TempDir::new("kill");
+    let dir = TempDir::reserve("local-backend-kill");
     let mut child = ChildProc::spawn(
         "killed_holder_process_is_succeeded_after_its_ttl_with_a_higher_token",
         "hold",
@@ -393,7 +373,7 @@ async fn processes_killed_mid_update_never_corrupt_the_record() {
     if run_child_role().await {
         return;
     }
-    let dir = TempDir::new("churn");
+    let dir = TempDir::reserve("local-backend-churn");
     let mut highest = 0u64;
     for round in 0..5u64 {
         let mut child = ChildProc::spawn(
@@ -449,7 +429,7 @@ async fn release_wakes_a_waiting_process_long_before_its_retry_interval() {
     if run_child_role().await {
         return;
     }
-    let dir = TempDir::new("handoff");
+    let dir = TempDir::reserve("local-backend-handoff");
     // A long ttl, so that the holder's remaining ttl never ends the waiter's pause early.
     let mut child = ChildProc::spawn_with_ttl(
         "release_wakes_a_waiting_process_long_before_its_retry_interval",
@@ -506,7 +486,7 @@ async fn release_wakes_a_waiting_process_long_before_its_retry_interval() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reopened_directory_keeps_the_counter_and_transitions() {
-    let dir = TempDir::new("reopen");
+    let dir = TempDir::reserve("local-backend-reopen");
     let first = open(dir.path());
     let mut last = None;
     for i in 0..3 {
@@ -549,7 +529,7 @@ async fn reopened_directory_keeps_the_counter_and_transitions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_directory_frees_locks_and_tokens_keep_rising() {
-    let dir = TempDir::new("wipe");
+    let dir = TempDir::reserve("local-backend-wipe");
     let backend = open(dir.path());
     let mut highest = FencingToken::new(0);
     for _ in 0..20 {
@@ -587,7 +567,7 @@ async fn wiped_directory_frees_locks_and_tokens_keep_rising() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_record_is_a_typed_error_naming_the_file() {
-    let dir = TempDir::new("corrupt");
+    let dir = TempDir::reserve("local-backend-corrupt");
     let backend = open(dir.path());
     let req = request("victim", Duration::from_secs(5));
     let before = granted(&backend, &req).await;
@@ -641,7 +621,7 @@ async fn corrupted_record_is_a_typed_error_naming_the_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_from_an_earlier_boot_counts_as_expired() {
-    let dir = TempDir::new("boot");
+    let dir = TempDir::reserve("local-backend-boot");
     let backend = open(dir.path());
     let old = request("before-reboot", Duration::from_secs(3600));
     let before = granted(&backend, &old).await;
@@ -670,7 +650,7 @@ async fn record_from_an_earlier_boot_counts_as_expired() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_starts_with_the_state_then_reports_grants_and_releases_only() {
-    let dir = TempDir::new("observe");
+    let dir = TempDir::reserve("local-backend-observe");
     let (a, b) = (open(dir.path()), open(dir.path()));
     let req = request("first", Duration::from_secs(30));
     let fencing = granted(&a, &req).await;
@@ -713,7 +693,7 @@ async fn observe_starts_with_the_state_then_reports_grants_and_releases_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_names_are_rejected_with_the_rule() {
-    let dir = TempDir::new("names");
+    let dir = TempDir::reserve("local-backend-names");
     let backend = open(dir.path());
     for ok in ["job", "a.b_c-9", "X"] {
         assert_eq!(backend.validate_name(ok), Ok(()));
@@ -750,7 +730,7 @@ async fn invalid_names_are_rejected_with_the_rule() {
 
 #[test]
 fn open_creates_a_private_directory_and_refuses_unsafe_ones() {
-    let dir = TempDir::new("open");
+    let dir = TempDir::reserve("local-backend-open");
     let nested = dir.path().join("a/b");
     let backend = open(&nested);
     let mode = std::fs::metadata(&nested)
@@ -795,7 +775,7 @@ fn open_creates_a_private_directory_and_refuses_unsafe_ones() {
 /// change (it would otherwise receive our lock files).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn symlinks_of_other_users_and_replaced_directories_are_refused() {
-    let base = TempDir::new("symlink");
+    let base = TempDir::reserve("local-backend-symlink");
     let target = base.path().join("target");
     let backend = open(&target);
 
@@ -892,7 +872,7 @@ async fn default_state_dir_follows_the_documented_order() {
 /// each other exactly as two processes do (the file lock is per open, not per process).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_tasks_on_separate_opens_exclude_each_other() {
-    let dir = TempDir::new("tasks");
+    let dir = TempDir::reserve("local-backend-tasks");
     let register = Arc::new(tenure::conformance::FencedRegister::default());
     let mut tasks = Vec::new();
     for i in 0..4 {

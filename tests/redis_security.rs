@@ -2,12 +2,13 @@
 //! tenure's keys, a wrong password, a user without the keys, TLS with a test CA and with a wrong
 //! one, and passwords never showing in errors, `Debug` output or logs.
 
+#[path = "support/captured.rs"]
+mod captured;
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use captured::Captured;
 use futures::StreamExt;
 use support::RedisServer;
 use tenure::backend::redis::{RedisBackend, RedisConfig};
@@ -175,33 +176,11 @@ async fn tls_with_the_test_ca_works_and_a_wrong_ca_is_refused() {
     );
 }
 
-/// A `Write` that appends to a shared buffer: the captured log.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn passwords_never_appear_in_errors_debug_output_or_logs() {
     let server = RedisServer::options().acl_user(&tenure_user()).start();
     let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
+    let subscriber = log.subscriber(tracing::Level::TRACE);
     let mut seen = Vec::<String>::new();
     tracing::subscriber::with_default(subscriber, || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -250,12 +229,7 @@ fn passwords_never_appear_in_errors_debug_output_or_logs() {
             }
         });
     });
-    let log = String::from_utf8_lossy(
-        &log.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    )
-    .into_owned();
+    let log = log.text();
     assert!(
         log.contains("redis backend connected"),
         "the log was captured:\n{log}"

@@ -21,6 +21,22 @@ pub const FAST: [&str; 6] = [
     "500ms",
 ];
 
+/// `tenure run --lease <lease> <backend…> <FAST> <extra…> -- <command…>`.
+pub fn run_args(
+    lease: &str,
+    backend: &[&str],
+    extra: &[&str],
+    command: Vec<String>,
+) -> Vec<String> {
+    let mut args = strings(&["run", "--lease", lease]);
+    args.extend(strings(backend));
+    args.extend(strings(&FAST));
+    args.extend(strings(extra));
+    args.push("--".into());
+    args.extend(command);
+    args
+}
+
 /// Wall-clock nanoseconds, comparable with the `date +%s%N` stamps the commands log.
 pub fn now_ns() -> u128 {
     std::time::SystemTime::now()

@@ -9,43 +9,13 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The password of the `default` user when a server is started with ACL users.
 pub const ADMIN_PASSWORD: &str = "admin-pw-8f2c";
 
-static NEXT_DIR: AtomicU64 = AtomicU64::new(0);
-
-/// A temporary directory, removed on drop.
-#[derive(Debug)]
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(label: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = std::env::temp_dir().join(format!(
-            "tenure-{label}-{}-{}-{nanos}",
-            std::process::id(),
-            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&path)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
-        Self(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod tempdir;
+pub use tempdir::TempDir;
 
 /// A CA and a server certificate for 127.0.0.1 / localhost signed by it, made with `openssl`.
 #[derive(Debug)]
