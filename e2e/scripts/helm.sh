@@ -27,12 +27,8 @@ CACHE_ROOT=${TENURE_CACHE:-${HOME:-/root}/.cache/tenure}/helm
 log() { echo "helm.sh: $*" >&2; }
 die() { log "$@"; exit 1; }
 
-find_go() {
-  if [[ -n ${GO:-} ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  die "no Go toolchain found (put go on PATH or set GO=/path/to/go)"
-}
+# shellcheck source=find-go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/find-go.sh"
 
 cache_dir() {
   local go=$1 hash

@@ -33,12 +33,8 @@ STOP_TIMEOUT=${KUBE_TESTENV_STOP_TIMEOUT:-60}
 log() { echo "kube-testenv.sh: $*" >&2; }
 die() { log "$@"; exit 1; }
 
-find_go() {
-  if [[ -n ${GO:-} ]]; then echo "$GO"; return; fi
-  if command -v go >/dev/null 2>&1; then command -v go; return; fi
-  if [[ -x /usr/local/go/bin/go ]]; then echo /usr/local/go/bin/go; return; fi
-  die "no Go toolchain found (put go on PATH or set GO=/path/to/go)"
-}
+# shellcheck source=find-go.sh
+source "$(dirname "${BASH_SOURCE[0]}")/find-go.sh"
 
 # Hash of everything that determines the binaries.
 source_hash() {
