@@ -136,13 +136,14 @@ impl Driver {
                     .invoke_async(conn)
                     .await;
                 let ok = matches!(&granted, Ok(redis::Value::Array(a))
-                    if matches!(a.first(), Some(redis::Value::Array(e)) if e.first() == Some(&redis::Value::Int(1))));
+                    if matches!(a.first(), Some(redis::Value::Int(f)) if *f > 0));
                 if !ok {
                     return false;
                 }
                 let released: redis::RedisResult<redis::Value> = release
                     .key(&lock)
-                    .arg(60_000)
+                    .arg(10_000)
+                    .arg("0")
                     .arg(&holder)
                     .invoke_async(conn)
                     .await;
@@ -446,8 +447,9 @@ fn redis_benchmark(server: &RedisServer, pipeline: u32, requests: u32) -> (f64, 
                 KEYSPACE - 1
             ),
             _ => format!(
-                "for i = 0, {} do redis.call('SET', string.format('tenure:{{b%012d}}', i), '{holder}:1000::bench', 'PX', 600000) end return 1",
-                KEYSPACE - 1
+                "for i = 0, {} do redis.call('SET', string.format('tenure:{{b%012d}}', i), '+{holder}0{none}1000:bench', 'PX', 600000) end return 1",
+                KEYSPACE - 1,
+                none = "-".repeat(32),
             ),
         };
         server.cmd(&["EVAL", &script, "0"]);
@@ -500,7 +502,8 @@ fn redis_benchmark(server: &RedisServer, pipeline: u32, requests: u32) -> (f64, 
         &rel,
         "1",
         "tenure:{b__rand_int__}",
-        "60000",
+        "10000",
+        "0",
         holder,
     ]);
     server.cmd(&["FLUSHALL"]);
@@ -518,11 +521,16 @@ fn implied_cycles(acquire: f64, release: f64) -> f64 {
 fn main() {
     let secs: f64 = env_or("TENURE_BENCH_SECS", 3.0);
     let reps: usize = env_or("TENURE_BENCH_REPS", 3);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let rt = if std::env::var("TENURE_BENCH_RT").as_deref() == Ok("current") {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    }
+    .enable_all()
+    .build()
+    .unwrap_or_else(|e| panic!("{e}"));
     // For development: TENURE_BENCH_ONLY=limits,cycles,handoff,renew,trips (default: all).
     let only = std::env::var("TENURE_BENCH_ONLY").unwrap_or_default();
     let want = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);

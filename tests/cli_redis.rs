@@ -120,7 +120,7 @@ fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
         .acl_user(&format!(
             "tenure on >{PW} resetkeys ~tenure:* resetchannels &tenure:* -@all \
              +evalsha +script|load +subscribe +unsubscribe +ping \
-             +get +set +incr +pexpire +pttl +publish +time"
+             +get +set +setrange +incr +pexpire +pttl +publish +time"
         ))
         .start();
     let dir = TempDir::new("cli-redis-pw");

@@ -99,7 +99,8 @@ async fn replayed_release_reports_success_and_spares_the_successor() {
         b.renew(&s.name, &s.holder, s.ttl).await.ok(),
         Some(Renewed::Held)
     );
-    // Acks expire: with a short ack ttl, a late replay is answered NotHeld (conservative).
+    // Acks expire: a release is remembered for what remained of the lease or the ack ttl,
+    // whichever is longer; a later replay is answered NotHeld (conservative).
     let short = RedisBackend::connect(
         RedisConfig::new(&server.url())
             .unwrap_or_else(|e| panic!("{e}"))
@@ -107,16 +108,47 @@ async fn replayed_release_reports_success_and_spares_the_successor() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let c = req("short-ack", "c", Duration::from_secs(5));
+    let c = req("short-ack", "c", Duration::from_millis(400));
     granted(&short, &c).await;
     assert_eq!(
         short.release(&c.name, &c.holder).await.ok(),
         Some(Released::Released)
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let tombstone_ttl = int(&server.cmd(&["PTTL", "tenure:{short-ack}"]));
+    assert!(
+        (100..=400).contains(&tombstone_ttl),
+        "the tombstone keeps the lease's remaining ttl ({tombstone_ttl} ms)"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
         short.release(&c.name, &c.holder).await.ok(),
         Some(Released::NotHeld)
+    );
+    // A release close to the lease's end still leaves the ack for the ack ttl.
+    let long = RedisBackend::connect(
+        RedisConfig::new(&server.url())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .release_ack_ttl(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = req("late-release", "d", Duration::from_millis(600));
+    granted(&long, &d).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        long.release(&d.name, &d.holder).await.ok(),
+        Some(Released::Released)
+    );
+    let tombstone_ttl = int(&server.cmd(&["PTTL", "tenure:{late-release}"]));
+    assert!(
+        tombstone_ttl > 4000,
+        "raised to the ack ttl ({tombstone_ttl} ms)"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        long.release(&d.name, &d.holder).await.ok(),
+        Some(Released::Released),
+        "a replay after the lease would have expired still finds the ack"
     );
 }
 
@@ -172,7 +204,11 @@ async fn key_layout_and_fencing_counter_seeded_from_server_time() {
         redis::Value::BulkString(v) => String::from_utf8_lossy(&v).into_owned(),
         other => panic!("lock key holds {other:?}"),
     };
-    assert_eq!(value, format!("{}:{token}::pod-7", r.holder.to_hex()));
+    // '+' held, holder token, '0' nobody watches, no previous release, token, identity.
+    assert_eq!(
+        value,
+        format!("+{}0{}{token}:pod-7", r.holder.to_hex(), "-".repeat(32))
+    );
     let counter = server.cmd(&["GET", "tenure:{layout}:fence"]);
     assert_eq!(
         counter,
@@ -511,6 +547,72 @@ async fn observe_starts_with_the_state_and_reports_grants_and_releases_but_not_r
             .unwrap_or_else(|e| panic!("{e}"))
             .is_free()
     );
+}
+
+/// The watch mark: a lock nobody waits for or observes publishes its releases but not its
+/// grants; a waiter told "busy" or an observer marks it, and from then on grants are published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_are_published_once_someone_watches() {
+    let server = RedisServer::start();
+    let b = support::backend(&server).await;
+    let publishes = || server.command_calls("publish");
+    let cycle = |who: &'static str| {
+        let b = b.clone();
+        async move {
+            let r = req("watched", who, Duration::from_secs(5));
+            let token = granted(&b, &r).await;
+            assert_eq!(
+                b.release(&r.name, &r.holder).await.ok(),
+                Some(Released::Released)
+            );
+            token
+        }
+    };
+    cycle("alone").await;
+    let before = publishes();
+    for _ in 0..5 {
+        cycle("alone").await;
+    }
+    assert_eq!(
+        publishes() - before,
+        5,
+        "unwatched: one PUBLISH per release, none per grant"
+    );
+
+    // A waiter told "busy" marks the lock: the holder's release and the next grant publish.
+    let holder = req("watched", "holder", Duration::from_secs(5));
+    granted(&b, &holder).await;
+    assert!(matches!(
+        b.try_acquire(&req("watched", "waiter", Duration::from_secs(5)))
+            .await,
+        Ok(Acquired::Busy { .. })
+    ));
+    let before = publishes();
+    assert_eq!(
+        b.release(&holder.name, &holder.holder).await.ok(),
+        Some(Released::Released)
+    );
+    cycle("next").await;
+    assert_eq!(publishes() - before, 3, "release, grant, release");
+
+    // An observer of a lock that was never held hears the first grant (the key was missing, so
+    // nobody could mark it), marks the lock, and then hears every later grant too.
+    let mut s = b.observe("fresh");
+    assert!(next(&mut s).await.unwrap_or_else(|e| panic!("{e}")).is_free());
+    for who in ["one", "two", "three"] {
+        let r = req("fresh", who, Duration::from_secs(5));
+        let token = granted(&b, &r).await;
+        let grant = next(&mut s).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (grant.holder.as_deref(), grant.fencing),
+            (Some(who), Some(token))
+        );
+        assert_eq!(
+            b.release(&r.name, &r.holder).await.ok(),
+            Some(Released::Released)
+        );
+        assert!(next(&mut s).await.unwrap_or_else(|e| panic!("{e}")).is_free());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@ fn tenure_user() -> String {
     format!(
         "tenure on >{USER_PASSWORD} resetkeys ~tenure:* resetchannels &tenure:* -@all \
          +evalsha +script|load +subscribe +unsubscribe +ping \
-         +get +set +incr +pexpire +pttl +publish +time"
+         +get +set +setrange +incr +pexpire +pttl +publish +time"
     )
 }
 

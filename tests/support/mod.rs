@@ -187,7 +187,7 @@ impl RedisServer {
     /// and CONFIG), by name, from INFO commandstats: how round trips are counted.
     pub fn top_level_calls(&self) -> std::collections::BTreeMap<String, u64> {
         const NOT_TOP_LEVEL: &[&str] = &[
-            "get", "set", "incr", "pexpire", "pttl", "publish", "time", "info",
+            "get", "set", "setrange", "incr", "pexpire", "pttl", "publish", "time", "info",
         ];
         let info = match self.cmd(&["INFO", "commandstats"]) {
             redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),

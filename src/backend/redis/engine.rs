@@ -77,6 +77,9 @@ pub(crate) struct RenewEntry {
 pub(crate) struct ReleaseEntry {
     pub(crate) lock: String,
     pub(crate) holder: String,
+    /// The lease may have less than the release-ack ttl left on the server: the tombstone's
+    /// ttl must be raised to it.
+    pub(crate) short: bool,
 }
 
 /// A lock's state as one atomic read sees it, with its place in the lock's history.
@@ -103,24 +106,42 @@ impl Snapshot {
     }
 }
 
-/// Parses a notification payload: `g:<fencing>:<identity>` or `r:<fencing>`.
-pub(crate) fn parse_notification(payload: &[u8]) -> Option<(Version, HolderChange)> {
+/// A parsed notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Notification {
+    pub(crate) version: Version,
+    pub(crate) change: HolderChange,
+    /// The lock is not marked watched, so its next grant will not be published unless an
+    /// observer marks it (upper-case kinds `G`, `R`).
+    pub(crate) unwatched: bool,
+}
+
+/// Parses a notification payload: `g:<fencing>:<identity>` or `r:<fencing>` (a watched lock),
+/// `G:…` or `R:…` (an unwatched one).
+pub(crate) fn parse_notification(payload: &[u8]) -> Option<Notification> {
     let text = std::str::from_utf8(payload).ok()?;
-    if let Some(rest) = text.strip_prefix("g:") {
-        let (f, identity) = rest.split_once(':')?;
-        let f: u64 = f.parse().ok()?;
-        Some((
-            Version(f, 0),
-            HolderChange {
-                holder: Some(identity.to_owned()),
-                fencing: Some(FencingToken::new(f)),
-            },
-        ))
-    } else if let Some(f) = text.strip_prefix("r:") {
-        Some((Version(f.parse().ok()?, 1), HolderChange::free()))
-    } else {
-        None
-    }
+    let (kind, rest) = text.split_once(':')?;
+    let unwatched = kind == "G" || kind == "R";
+    let (version, change) = match kind {
+        "g" | "G" => {
+            let (f, identity) = rest.split_once(':')?;
+            let f: u64 = f.parse().ok()?;
+            (
+                Version(f, 0),
+                HolderChange {
+                    holder: Some(identity.to_owned()),
+                    fencing: Some(FencingToken::new(f)),
+                },
+            )
+        }
+        "r" | "R" => (Version(rest.parse().ok()?, 1), HolderChange::free()),
+        _ => return None,
+    };
+    Some(Notification {
+        version,
+        change,
+        unwatched,
+    })
 }
 
 /// Sends script calls over the shared connection.
@@ -342,7 +363,11 @@ impl Engine {
                 for e in chunk {
                     pipe.arg(&e.lock);
                 }
-                pipe.arg(ack_ms);
+                let short: String = chunk
+                    .iter()
+                    .map(|e| if e.short { '1' } else { '0' })
+                    .collect();
+                pipe.arg(ack_ms).arg(short);
                 for e in chunk {
                     pipe.arg(&e.holder);
                 }
@@ -356,14 +381,16 @@ impl Engine {
         .await
     }
 
-    /// Reads a lock's record and its version, atomically.
-    pub(crate) async fn inspect(&self, name: &str) -> Result<Snapshot, BackendError> {
+    /// Reads a lock's record and its version, atomically; with `watch`, also marks the lock
+    /// watched so that its next grant is published (what an observer does).
+    pub(crate) async fn inspect(&self, name: &str, watch: bool) -> Result<Snapshot, BackendError> {
         let mut pipe = ::redis::pipe();
         pipe.cmd("EVALSHA")
             .arg(&INSPECT.sha)
             .arg(2)
             .arg(self.keys.lock(name))
-            .arg(self.keys.fence(name));
+            .arg(self.keys.fence(name))
+            .arg(if watch { "1" } else { "0" });
         self.counters.entries.fetch_add(1, Ordering::Relaxed);
         let reply = self
             .send(&pipe, &[&*INSPECT], "inspect")
@@ -478,12 +505,11 @@ fn as_fencing(v: &Value) -> Option<FencingToken> {
 
 fn parse_acquired(item: &Value) -> Option<Acquired> {
     let Value::Array(parts) = item else {
-        return None;
+        return Some(Acquired::Granted {
+            fencing: as_fencing(item)?,
+        });
     };
     match (as_i64(parts.first()?)?, parts.len()) {
-        (1, 2) => Some(Acquired::Granted {
-            fencing: as_fencing(&parts[1])?,
-        }),
         (0, 3) => {
             let pttl = as_i64(&parts[1])?;
             Some(Acquired::Busy {
@@ -495,12 +521,13 @@ fn parse_acquired(item: &Value) -> Option<Acquired> {
     }
 }
 
-/// Splits a held lock's value `<holder>:<fencing>:<acks>:<identity>` into identity and
-/// fencing token.
+/// Splits a held lock's value (`+`, holder token, watch mark, previous releaser's token,
+/// `<fencing>:<identity>`; see acquire.lua) into identity and fencing token.
 fn parse_lock_value(value: &str) -> Option<(String, FencingToken)> {
-    let rest = value.get(33..)?;
-    let (fencing, rest) = rest.split_once(':')?;
-    let (_acks, identity) = rest.split_once(':')?;
+    if !value.starts_with('+') {
+        return None;
+    }
+    let (fencing, identity) = value.get(66..)?.split_once(':')?;
     let fencing: u64 = fencing.parse().ok()?;
     Some((identity.to_owned(), FencingToken::new(fencing)))
 }
@@ -547,18 +574,10 @@ mod tests {
 
     #[test]
     fn acquire_answers_parse() {
-        let granted = Value::Array(vec![Value::Int(1), Value::Int(1_796_003_281_177_730)]);
         assert_eq!(
-            parse_acquired(&granted),
+            parse_acquired(&Value::Int(1_796_003_281_177_730)),
             Some(Acquired::Granted {
                 fencing: FencingToken::new(1_796_003_281_177_730)
-            })
-        );
-        let replay = Value::Array(vec![Value::Int(1), bulk("42")]);
-        assert_eq!(
-            parse_acquired(&replay),
-            Some(Acquired::Granted {
-                fencing: FencingToken::new(42)
             })
         );
         let busy = Value::Array(vec![Value::Int(0), Value::Int(9989), bulk("host:1")]);
@@ -577,12 +596,16 @@ mod tests {
                 remaining: None
             })
         );
-        assert_eq!(parse_acquired(&Value::Int(1)), None);
         assert_eq!(
-            parse_acquired(&Value::Array(vec![Value::Int(1), Value::Int(0)])),
+            parse_acquired(&Value::Array(vec![Value::Int(1), Value::Int(5)])),
+            None
+        );
+        assert_eq!(
+            parse_acquired(&Value::Int(0)),
             None,
             "token zero is never issued"
         );
+        assert_eq!(parse_acquired(&Value::Nil), None);
         assert_eq!(
             entry_error(&Value::Array(vec![Value::Int(-1), bulk("WRONGTYPE x")])).as_deref(),
             Some("WRONGTYPE x")
@@ -592,7 +615,7 @@ mod tests {
     #[test]
     fn snapshots_parse_and_order() {
         let held = Value::Array(vec![
-            bulk(&format!("{}:77:{}:pod-a:1", "a".repeat(32), "b".repeat(32))),
+            bulk(&format!("+{}1{}77:pod-a:1", "a".repeat(32), "-".repeat(32))),
             Value::Int(500),
             bulk("77"),
         ]);
@@ -609,6 +632,12 @@ mod tests {
             f.version > s.version,
             "freed after 77 comes after held by 77"
         );
+        let old_layout = Value::Array(vec![
+            bulk(&format!("{}:77::pod-a", "a".repeat(32))),
+            Value::Int(500),
+            bulk("77"),
+        ]);
+        assert!(parse_snapshot(&old_layout).is_none(), "not tenure's layout");
         let fresh = Value::Array(vec![Value::Nil, Value::Int(-2), Value::Nil]);
         assert_eq!(
             parse_snapshot(&fresh).map(|s| s.version),
@@ -626,14 +655,25 @@ mod tests {
 
     #[test]
     fn notifications_parse() {
-        let (v, c) = parse_notification(b"g:12:host:9").expect("grant");
-        assert_eq!(v, Version(12, 0));
-        assert_eq!(c.holder.as_deref(), Some("host:9"));
-        assert_eq!(c.fencing, Some(FencingToken::new(12)));
-        let (v, c) = parse_notification(b"r:12").expect("release");
-        assert_eq!(v, Version(12, 1));
-        assert!(c.is_free());
+        let n = parse_notification(b"g:12:host:9").expect("grant");
+        assert_eq!(n.version, Version(12, 0));
+        assert_eq!(n.change.holder.as_deref(), Some("host:9"));
+        assert_eq!(n.change.fencing, Some(FencingToken::new(12)));
+        assert!(!n.unwatched);
+        let n = parse_notification(b"G:13:host:9").expect("unwatched grant");
+        assert_eq!(n.version, Version(13, 0));
+        assert!(n.unwatched);
+        let n = parse_notification(b"r:12").expect("release");
+        assert_eq!(n.version, Version(12, 1));
+        assert!(n.change.is_free());
+        assert!(!n.unwatched);
+        assert!(
+            parse_notification(b"R:12")
+                .expect("unwatched release")
+                .unwatched
+        );
         assert!(parse_notification(b"x").is_none());
+        assert!(parse_notification(b"x:1").is_none());
         assert!(parse_notification(b"g:zz:a").is_none());
     }
 }

@@ -1,20 +1,25 @@
 -- inspect.lua: read who holds a lock, atomically with its remaining ttl and its counter.
--- Read-only.
+-- Read-only, unless asked to mark the lock watched (what an observer does when it subscribes,
+-- so that the next grant is published; see acquire.lua for the layout and the mark).
 --
 -- KEYS:
---   KEYS[1]  the lock key        <prefix>{<name>}, see acquire.lua for its layout
+--   KEYS[1]  the lock key        <prefix>{<name>}
 --   KEYS[2]  the fencing counter <prefix>{<name>}:fence
--- ARGV: none.
+-- ARGV:
+--   ARGV[1]  '1' to mark the lock watched, '0' to only read
 --
 -- Returns {value, pttl, counter}:
---   value    the lock key's value when it is held ("<holder>:<fencing>:<acks>:<identity>"),
---            nil when the lock is free (no key, or a release tombstone "~...")
+--   value    the lock key's value unless the lock is free (no key, or a tombstone "~...")
 --   pttl     the remaining ttl in milliseconds (-1: no expiry, -2: free)
 --   counter  the fencing counter as a decimal string, or nil when it is missing
 
 local cur = redis.call('GET', KEYS[1])
+local state = cur and string.byte(cur, 1)
+if ARGV[1] == '1' and (state == 43 or state == 126) and string.byte(cur, 34) ~= 49 then
+  redis.call('SETRANGE', KEYS[1], 33, '1')
+end
 local pttl = -2
-if cur and string.byte(cur, 1) == 126 then
+if state == 126 then
   cur = false
 end
 if cur then

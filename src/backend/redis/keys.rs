@@ -29,8 +29,8 @@ impl Keys {
         &self.prefix
     }
 
-    /// `<prefix>{<name>}`: holder token, fencing token, release acks and identity, with the ttl
-    /// as PX; after a release, a tombstone `~<fencing>:<acks>`.
+    /// `<prefix>{<name>}`: the lock's value (layout in acquire.lua), with the lease ttl as PX;
+    /// after a release, its tombstone.
     pub(crate) fn lock(&self, name: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + name.len() + 2);
         k.push_str(&self.prefix);

@@ -40,17 +40,27 @@
 //!
 //! | key | holds | ttl |
 //! |---|---|---|
-//! | `tenure:{jobs}` while held | `<holder token>:<fencing token>:<acks>:<identity>` | the lease ttl (PX) |
-//! | `tenure:{jobs}` once released | `~<fencing token>:<acks>` (a tombstone: free) | [`release_ack_ttl`](RedisConfig::release_ack_ttl) |
+//! | `tenure:{jobs}` while held | `+<holder token><watched><previous holder token><fencing token>:<identity>` | the lease ttl (PX) |
+//! | `tenure:{jobs}` once released | the same with `~` first (a tombstone: free) | what remained of the lease, at least [`release_ack_ttl`](RedisConfig::release_ack_ttl) |
 //! | `tenure:{jobs}:fence` | the fencing counter | none |
 //!
-//! `<acks>` are the holder tokens of the latest releases (up to 4, newest first): the release
-//! acknowledgement, so that a replayed release still reports success, also after a successor
-//! took the lock (its grant carries them over).
+//! Holder tokens are 32 hex digits and `<watched>` is one character, so every field but the
+//! identity sits at a fixed position: the scripts compare and patch the value in place (a
+//! release turns the first byte into `~`) instead of splitting it into new strings, which is
+//! what a script's time goes to. The tombstone is the release acknowledgement: a replayed
+//! release finds its own holder token in it and reports success again; a successor's grant
+//! keeps it as `<previous holder token>` (32 `-` when there was none), so a replay is still
+//! recognised after a successor took the lock.
 //!
-//! and publishes `g:<fencing>:<identity>` (granted) and `r:<fencing>` (released) on the channel
-//! `tenure:{jobs}`. All keys of one lock share the hash tag `{jobs}`, so they live in one Redis
-//! Cluster slot; lock names therefore may not contain `{` or `}`.
+//! The channel `tenure:{jobs}` carries `r:<fencing>` for every release, so waiters retry at
+//! once, and `g:<fencing>:<identity>` for a grant — but only when the lock is *watched*:
+//! `<watched>` is set to `1` by an acquire answered "busy" (a waiter) and by
+//! [`observe`](crate::Backend::observe) (an observer), and carried from tombstone to grant. A
+//! lock nobody waits for or observes publishes no grants. A grant on a missing key (first use,
+//! or after expiry) publishes `G:…`, and a release of an unwatched lock `R:…`: an observer
+//! hearing either marks the lock, reading its state in the same step. All keys of one lock
+//! share the hash tag `{jobs}`, so they live in one Redis Cluster slot; lock names therefore
+//! may not contain `{` or `}`.
 //!
 //! # The scripts
 //!
@@ -90,7 +100,7 @@
 //! ```text
 //! ACL SETUSER tenure on >password resetkeys ~tenure:* resetchannels &tenure:* -@all
 //!     +evalsha +script|load +subscribe +unsubscribe +ping
-//!     +get +set +incr +pexpire +pttl +publish +time
+//!     +get +set +setrange +incr +pexpire +pttl +publish +time
 //! ```
 //!
 //! (`+get … +time` are the commands the scripts call: Redis checks them against the caller's
@@ -107,12 +117,13 @@
 mod batch;
 mod engine;
 mod error;
+mod expiry;
 mod keys;
 mod observe;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
@@ -141,7 +152,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "tenure:";
 /// | [`key_prefix`](Self::key_prefix) | `tenure:` |
 /// | [`request_timeout`](Self::request_timeout) | 1 s |
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s |
-/// | [`release_ack_ttl`](Self::release_ack_ttl) | 60 s |
+/// | [`release_ack_ttl`](Self::release_ack_ttl) | 5 s |
 /// | [`coalesce`](Self::coalesce) | on |
 /// | [`max_batch`](Self::max_batch) | 256 locks per script call |
 ///
@@ -225,7 +236,7 @@ impl RedisConfig {
             prefix: DEFAULT_KEY_PREFIX.to_owned(),
             request_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(2),
-            release_ack_ttl: Duration::from_secs(60),
+            release_ack_ttl: Duration::from_secs(5),
             coalesce: true,
             max_batch: 256,
         })
@@ -272,8 +283,12 @@ impl RedisConfig {
         self
     }
 
-    /// How long a released lock's tombstone (its release acknowledgement) lives, so that a
-    /// replayed release still reports success (default 60 s).
+    /// How long a released lock's tombstone (its release acknowledgement) lives at least, so
+    /// that a replayed release still reports success (default 5 s).
+    ///
+    /// The tombstone keeps what remained of the lease's ttl; only a release that this backend
+    /// cannot show to come at least this long before the lease's expiry raises it to this ttl
+    /// (one more command in the script). Replays come from request retries, within seconds.
     pub fn release_ack_ttl(mut self, ttl: Duration) -> Self {
         self.release_ack_ttl = ttl;
         self
@@ -404,6 +419,7 @@ pub struct RedisBackend {
 
 struct Inner {
     engine: Arc<Engine>,
+    expiries: expiry::Expiries,
     hub: Arc<Hub>,
     acquire: Coalescer<AcquireEntry, Acquired>,
     renew: Coalescer<RenewEntry, Renewed>,
@@ -512,6 +528,7 @@ impl RedisBackend {
         Ok(Self {
             inner: Arc::new(Inner {
                 engine,
+                expiries: expiry::Expiries::default(),
                 hub,
                 acquire,
                 renew,
@@ -548,6 +565,21 @@ impl RedisBackend {
     #[must_use]
     pub fn lock_key(&self, name: &str) -> String {
         self.inner.engine.keys.lock(name)
+    }
+
+    /// Keeps the expiry table in step with a renewal's answer.
+    fn renewed(
+        &self,
+        holder: &HolderToken,
+        sent: Instant,
+        ttl: Duration,
+        answer: &Result<Renewed, BackendError>,
+    ) {
+        match answer {
+            Ok(Renewed::Held) => self.inner.expiries.extended(holder, sent, ttl),
+            Ok(Renewed::NotHeld) => self.inner.expiries.forget(holder),
+            Err(_) => {}
+        }
     }
 
     /// Bounds `fut` by the request timeout.
@@ -598,8 +630,14 @@ impl Backend for RedisBackend {
                 identity: req.identity.clone(),
                 ttl_ms: ttl_ms(req.ttl),
             };
-            self.bounded("redis acquire", self.inner.acquire.call(entry, true))
-                .await
+            let sent = Instant::now();
+            let answer = self
+                .bounded("redis acquire", self.inner.acquire.call(entry, true))
+                .await;
+            if let Ok(Acquired::Granted { .. }) = answer {
+                self.inner.expiries.extended(&req.holder, sent, req.ttl);
+            }
+            answer
         })
     }
 
@@ -616,8 +654,12 @@ impl Backend for RedisBackend {
                 holder: hex(holder),
                 ttl_ms: ttl_ms(ttl),
             };
-            self.bounded("redis renew", self.inner.renew.call(entry, true))
-                .await
+            let sent = Instant::now();
+            let answer = self
+                .bounded("redis renew", self.inner.renew.call(entry, true))
+                .await;
+            self.renewed(holder, sent, ttl, &answer);
+            answer
         })
     }
 
@@ -643,6 +685,7 @@ impl Backend for RedisBackend {
                 }
             }
             let t = self.inner.request_timeout;
+            let sent = Instant::now();
             let answers = tokio::time::timeout(t, self.inner.engine.renew_slice(&entries))
                 .await
                 .unwrap_or_else(|_| {
@@ -650,6 +693,8 @@ impl Backend for RedisBackend {
                     engine::errors(&e, slots.len()).collect()
                 });
             for (slot, answer) in slots.into_iter().zip(answers) {
+                let r = &batch[slot];
+                self.renewed(&r.holder, sent, r.ttl, &answer);
                 out[slot] = Some(answer);
             }
             out.into_iter()
@@ -676,6 +721,7 @@ impl Backend for RedisBackend {
             let entry = ReleaseEntry {
                 lock: keys.lock(name),
                 holder: hex(holder),
+                short: (self.inner.expiries).take_ends_within(holder, self.inner.engine.ack_ttl),
             };
             self.bounded("redis release", self.inner.release.call(entry, false))
                 .await
@@ -688,7 +734,7 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         Box::pin(async move {
             keys::validate_name(name).map_err(name_error)?;
-            self.bounded("redis inspect", self.inner.engine.inspect(name))
+            self.bounded("redis inspect", self.inner.engine.inspect(name, false))
                 .await
                 .map(|s| s.record)
         })

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::{Engine, Version, parse_notification};
+use super::engine::{Engine, Notification, Snapshot, Version, parse_notification};
 use super::error::from_redis;
 use crate::backend::{BackendError, BackendErrorKind, HolderChange};
 
@@ -36,7 +36,7 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
 /// What the hub delivers to an observer.
 enum Note {
-    Change(Version, HolderChange),
+    Change(Notification),
     /// The connection of this epoch dropped: notifications may have been missed.
     Lost(u64),
     /// The mailbox overflowed: read the state afresh.
@@ -167,6 +167,7 @@ impl Hub {
             name: name.to_owned(),
             synced: None,
             epoch: 0,
+            unmarked: false,
             backoff: None,
         };
         Box::pin(futures::stream::unfold(observer, |mut o| async move {
@@ -291,7 +292,7 @@ impl Hub {
     }
 
     fn dispatch(&self, msg: &::redis::Msg) {
-        let Some((version, change)) = parse_notification(msg.get_payload_bytes()) else {
+        let Some(note) = parse_notification(msg.get_payload_bytes()) else {
             tracing::debug!(
                 channel = msg.get_channel_name(),
                 "ignoring a malformed tenure notification"
@@ -301,7 +302,7 @@ impl Hub {
         let st = self.lock();
         if let Some(ch) = st.channels.get(msg.get_channel_name()) {
             for (_, mailbox) in &ch.observers {
-                mailbox.push(Note::Change(version, change.clone()));
+                mailbox.push(Note::Change(note.clone()));
             }
         }
     }
@@ -460,6 +461,8 @@ struct Observer {
     synced: Option<Version>,
     /// The connection epoch of the last sync; older `Lost` notes are stale.
     epoch: u64,
+    /// The last notification reported came from a lock not marked watched.
+    unmarked: bool,
     /// After a failed sync, when to try again (and the pause used), so that a dead server does
     /// not turn the stream into a busy loop.
     backoff: Option<(Instant, Duration)>,
@@ -471,10 +474,28 @@ impl Observer {
             let Some(last) = self.synced else {
                 return self.sync().await;
             };
+            if std::mem::take(&mut self.unmarked) {
+                // The last notification said the lock is not marked watched, so its next grant
+                // would go unannounced: mark it. The same atomic read reports a grant that came
+                // before the mark; if it fails, a full sync (which marks too) follows.
+                match self.read(true).await {
+                    Ok(snapshot) if snapshot.version > last => {
+                        self.synced = Some(snapshot.version);
+                        return Ok(snapshot.change());
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(lock = %self.name, error = %e, "marking a lock watched failed");
+                        self.synced = None;
+                        continue;
+                    }
+                }
+            }
             match self.reg.mailbox.next().await {
-                Note::Change(v, change) if v > last => {
-                    self.synced = Some(v);
-                    return Ok(change);
+                Note::Change(n) if n.version > last => {
+                    self.synced = Some(n.version);
+                    self.unmarked = n.unwatched;
+                    return Ok(n.change);
                 }
                 Note::Change(..) => {}
                 Note::Lost(epoch) if epoch >= self.epoch => {
@@ -490,6 +511,14 @@ impl Observer {
         }
     }
 
+    /// Reads the lock's state, bounded by the request timeout; with `watch`, marks it watched.
+    async fn read(&self, watch: bool) -> Result<Snapshot, BackendError> {
+        let t = self.reg.hub.request_timeout;
+        tokio::time::timeout(t, self.engine.inspect(&self.name, watch))
+            .await
+            .map_err(|_| BackendError::timeout("redis inspect", t))?
+    }
+
     /// Subscribes (if not yet) and reads the current state: the stream's first item.
     async fn sync(&mut self) -> Result<HolderChange, BackendError> {
         if let Some((at, _)) = self.backoff {
@@ -497,12 +526,8 @@ impl Observer {
         }
         let result = async {
             let epoch = self.reg.hub.wait_confirmed(&self.reg.channel).await?;
-            let snapshot = tokio::time::timeout(
-                self.reg.hub.request_timeout,
-                self.engine.inspect(&self.name),
-            )
-            .await
-            .map_err(|_| BackendError::timeout("redis inspect", self.reg.hub.request_timeout))??;
+            // Marks the lock watched too, so that grants are published from now on.
+            let snapshot = self.read(true).await?;
             Ok::<_, BackendError>((epoch, snapshot))
         }
         .await;

@@ -1,7 +1,7 @@
 -- renew.lua: extend each of N leases if its holder still holds it (N >= 1; N > 1 for batched
 -- renewals). Never recreates a missing key and never revives a released one: a lease that
 -- expired, was released, was taken over or was lost with the server's data stays lost.
--- (A released lock's tombstone starts with '~', so it never matches a holder token.)
+-- (A released lock's tombstone starts with '~', so it is never taken for a held one.)
 --
 -- KEYS, for entry i (1-based):
 --   KEYS[i]     the lock key <prefix>{<name>}, see acquire.lua for its layout
@@ -20,7 +20,7 @@ for i = 1, #KEYS do
   local cur = redis.pcall('GET', lock)
   if type(cur) == 'table' then
     out[i] = {-1, cur.err or 'error'}
-  elseif cur and string.sub(cur, 1, 32) == ARGV[2 * i - 1] then
+  elseif cur and string.byte(cur, 1) == 43 and string.find(cur, ARGV[2 * i - 1], 2, true) == 2 then
     redis.call('PEXPIRE', lock, ARGV[2 * i])
     out[i] = 1
   else
