@@ -598,7 +598,12 @@ async fn grants_are_published_once_someone_watches() {
     // An observer of a lock that was never held hears the first grant (the key was missing, so
     // nobody could mark it), marks the lock, and then hears every later grant too.
     let mut s = b.observe("fresh");
-    assert!(next(&mut s).await.unwrap_or_else(|e| panic!("{e}")).is_free());
+    assert!(
+        next(&mut s)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_free()
+    );
     for who in ["one", "two", "three"] {
         let r = req("fresh", who, Duration::from_secs(5));
         let token = granted(&b, &r).await;
@@ -611,7 +616,12 @@ async fn grants_are_published_once_someone_watches() {
             b.release(&r.name, &r.holder).await.ok(),
             Some(Released::Released)
         );
-        assert!(next(&mut s).await.unwrap_or_else(|e| panic!("{e}")).is_free());
+        assert!(
+            next(&mut s)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_free()
+        );
     }
 }
 

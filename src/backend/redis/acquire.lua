@@ -59,7 +59,7 @@ for i = 1, #KEYS / 2 do
       local who = false
       if ours then
         if string.byte(cur, 34) ~= 49 then
-          redis.call('SETRANGE', lock, 33, '1')
+          redis.call('SETRANGE', lock, '33', '1')
         end
         local sep = string.find(cur, ':', 67, true)
         who = sep and string.sub(cur, sep + 1) or false

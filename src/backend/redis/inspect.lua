@@ -16,7 +16,7 @@
 local cur = redis.call('GET', KEYS[1])
 local state = cur and string.byte(cur, 1)
 if ARGV[1] == '1' and (state == 43 or state == 126) and string.byte(cur, 34) ~= 49 then
-  redis.call('SETRANGE', KEYS[1], 33, '1')
+  redis.call('SETRANGE', KEYS[1], '33', '1')
 end
 local pttl = -2
 if state == 126 then

@@ -41,7 +41,8 @@ for i = 1, #KEYS do
       -- Publish first, so that a denied PUBLISH fails before anything is written.
       local kind = string.byte(cur, 34) == 49 and 'r:' or 'R:'
       redis.call('PUBLISH', lock, kind .. string.match(cur, '^%d+', 67))
-      redis.call('SETRANGE', lock, 0, '~')
+      -- (Offsets go as strings: a Lua number would be formatted with sprintf on every call.)
+      redis.call('SETRANGE', lock, '0', '~')
       if string.byte(short, i) == 49 and redis.call('PTTL', lock) < ack_ttl then
         redis.call('PEXPIRE', lock, ack_ttl)
       end
