@@ -189,3 +189,33 @@ fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
     assert_eq!(c, 0, "{err}");
     assert!(out.contains("\"held\":false") && !out.contains(PW), "{out}");
 }
+
+#[test]
+fn runs_on_a_redis_cluster_with_rising_tokens() {
+    let cluster = support::RedisCluster::start(3);
+    let url = cluster.url();
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let mut args = vec!["run", "--lease", "clustered", "--backend", url.as_str()];
+        args.extend_from_slice(&FAST);
+        args.extend_from_slice(&[
+            "--redis-cluster",
+            "--",
+            "sh",
+            "-c",
+            "echo $TENURE_FENCING_TOKEN",
+        ]);
+        let (code, out, err) = run_to_end(&args, &[]);
+        assert_eq!(code, 0, "{err}");
+        tokens.push(
+            out.trim()
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("{out:?}: {e}")),
+        );
+    }
+    assert!(tokens[1] > tokens[0], "{tokens:?}");
+    assert!(
+        cluster.command_calls("evalsha") >= 4,
+        "the runs went through the cluster"
+    );
+}

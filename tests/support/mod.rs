@@ -128,6 +128,7 @@ pub fn make_tls(dir: &Path) -> Tls {
 pub struct Options {
     tls: bool,
     acl_users: Vec<String>,
+    cluster: bool,
 }
 
 impl Options {
@@ -144,8 +145,69 @@ impl Options {
         self
     }
 
+    /// Cluster mode: the node serves no slot until [`RedisCluster`] assigns them.
+    fn cluster(mut self) -> Self {
+        self.cluster = true;
+        self
+    }
+
     pub fn start(self) -> RedisServer {
         RedisServer::start_with(self)
+    }
+}
+
+/// A Redis Cluster of private servers on loopback, each serving a share of the 16384 slots,
+/// without replicas; killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `n` (at least 3, what `redis-cli --cluster create` asks) masters and joins them.
+    pub fn start(n: usize) -> Self {
+        let nodes: Vec<RedisServer> = (0..n)
+            .map(|_| Options::default().cluster().start())
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port()));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli (Debian package redis-tools): {e}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let known = Some(cluster.nodes.len().to_string());
+        while !cluster.nodes.iter().all(|n| {
+            n.cluster_info("cluster_state").as_deref() == Some("ok")
+                && n.cluster_info("cluster_known_nodes") == known
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not settle in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// A seed node's URL.
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
+    }
+
+    /// `calls` of a command summed over every node's INFO commandstats.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.nodes.iter().map(|n| n.command_calls(command)).sum()
     }
 }
 
@@ -249,6 +311,11 @@ impl RedisServer {
                 t.ca_cert.display()
             )),
             None => c.push_str(&format!("port {}\n", self.port)),
+        }
+        if self.opts.cluster {
+            c.push_str(
+                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 2000\n",
+            );
         }
         if !self.opts.acl_users.is_empty() {
             c.push_str(&format!("user default on >{ADMIN_PASSWORD} ~* &* +@all\n"));
@@ -399,6 +466,19 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("INFO failed: {e}"));
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_owned))
+    }
+
+    /// A field of `CLUSTER INFO`.
+    pub fn cluster_info(&self, field: &str) -> Option<String> {
+        let mut c = self.admin();
+        let info: String = redis::cmd("CLUSTER")
+            .arg("INFO")
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("CLUSTER INFO failed: {e}"));
+        info.lines().find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_owned())
+        })
     }
 
     /// `calls` of a command in INFO commandstats (e.g. `evalsha`), 0 if never called.

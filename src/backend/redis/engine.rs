@@ -7,9 +7,9 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use ::redis::aio::ConnectionManager;
 use ::redis::{Pipeline, Value};
 
+use super::conn::Conn;
 use super::error::{Scrubber, from_redis, from_reply};
 use super::keys::Keys;
 use crate::backend::{
@@ -146,7 +146,7 @@ pub(crate) fn parse_notification(payload: &[u8]) -> Option<Notification> {
 
 /// Sends script calls over the shared connection.
 pub(crate) struct Engine {
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Conn,
     pub(crate) keys: Keys,
     pub(crate) scrub: Scrubber,
     pub(crate) counters: Counters,
@@ -174,13 +174,13 @@ impl Engine {
         scripts: &[&'static Lua],
         what: &str,
     ) -> Result<Vec<Result<Value, BackendError>>, BackendError> {
-        let mut conn = self.conn.clone();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         self.counters
             .script_calls
             .fetch_add(scripts.len() as u64, Ordering::Relaxed);
-        let mut replies = conn
-            .send_packed_commands(pipe, 0, scripts.len())
+        let mut replies = self
+            .conn
+            .send(pipe, scripts.len())
             .await
             .map_err(|e| from_redis(&e, what, &self.scrub))?;
         if replies.len() != scripts.len() {
@@ -219,8 +219,9 @@ impl Engine {
                 .reloads
                 .fetch_add(loaded.len() as u64, Ordering::Relaxed);
             self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-            let answers = conn
-                .send_packed_commands(&retry, 0, loaded.len() + missing.len())
+            let answers = self
+                .conn
+                .send(&retry, loaded.len() + missing.len())
                 .await
                 .map_err(|e| from_redis(&e, what, &self.scrub))?;
             let mut answers = answers.into_iter();
@@ -246,8 +247,9 @@ impl Engine {
             .collect())
     }
 
-    /// Runs `script` over `entries` in calls of at most `max_entries`, one round trip, and parses
-    /// each entry's answer with `parse`.
+    /// Runs `script` over `entries` and parses each entry's answer with `parse`: on a single
+    /// server in calls of at most `max_entries`, one round trip; in a cluster one call per
+    /// entry, concurrently.
     async fn run_batch<E, T>(
         &self,
         script: &'static Lua,
@@ -256,6 +258,31 @@ impl Engine {
         keys_per_entry: usize,
         encode: impl Fn(&mut Pipeline, &[E]),
         parse: impl Fn(&Value) -> Result<T, BackendError>,
+    ) -> Vec<Result<T, BackendError>> {
+        if self.conn.batches() || entries.len() <= 1 {
+            return self
+                .run_calls(script, what, entries, keys_per_entry, &encode, &parse)
+                .await;
+        }
+        let calls = entries
+            .chunks(1)
+            .map(|one| self.run_calls(script, what, one, keys_per_entry, &encode, &parse));
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Runs `script` over `entries` in calls of at most `max_entries`, one round trip.
+    async fn run_calls<E, T>(
+        &self,
+        script: &'static Lua,
+        what: &str,
+        entries: &[E],
+        keys_per_entry: usize,
+        encode: &impl Fn(&mut Pipeline, &[E]),
+        parse: &impl Fn(&Value) -> Result<T, BackendError>,
     ) -> Vec<Result<T, BackendError>> {
         if entries.is_empty() {
             return Vec::new();
@@ -400,16 +427,13 @@ impl Engine {
         parse_snapshot(&reply).ok_or_else(|| protocol("inspect", &reply))
     }
 
-    /// Loads every script, in one round trip.
+    /// Loads every script (on every node of a cluster).
     pub(crate) async fn load_scripts(&self) -> Result<(), BackendError> {
-        let mut pipe = ::redis::pipe();
-        for s in all_scripts() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(s.src);
-        }
-        let mut conn = self.conn.clone();
+        let sources = all_scripts().map(|s| s.src);
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
-        let replies = conn
-            .send_packed_commands(&pipe, 0, all_scripts().len())
+        let replies = self
+            .conn
+            .load(&sources)
             .await
             .map_err(|e| from_redis(&e, "script load", &self.scrub))?;
         for r in replies {

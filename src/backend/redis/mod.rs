@@ -78,7 +78,8 @@
 //! the backend sends what queued up while the previous call was in flight as one call (group
 //! commit), so that one script call serves many locks; a lone caller's request is sent at once,
 //! never delayed. [`renew_many`](crate::Backend::renew_many) sends all due renewals in one round
-//! trip. Turn coalescing off with [`RedisConfig::coalesce`] to send one call per lock.
+//! trip. Turn coalescing off with [`RedisConfig::coalesce`] to send one call per lock; on a
+//! [Redis Cluster](RedisConfig::cluster) every call carries one lock.
 //!
 //! # What survives a Redis restart
 //!
@@ -105,16 +106,20 @@
 //!
 //! (`+get … +time` are the commands the scripts call: Redis checks them against the caller's
 //! permissions too.) A denied command surfaces as [`BackendErrorKind::PermissionDenied`], a
-//! refused password as [`BackendErrorKind::Unauthenticated`].
+//! refused password as [`BackendErrorKind::Unauthenticated`]. In a cluster the client also
+//! discovers the topology with `CLUSTER SLOTS` (`+cluster|slots`).
 //!
 //! # Caveats
 //!
-//! - Redis Cluster: the key layout is cluster-ready, but this backend talks to one server over a
-//!   single-node connection; cluster connections are not implemented yet.
+//! - Redis Cluster ([`RedisConfig::cluster`]): one script call per lock, no group commit, so a
+//!   cluster serves fewer locks per second per node than a single server does. The subscriber
+//!   connection goes to the seed node only; if that node is down, waiters fall back to their
+//!   timers until it is back.
 //! - Expiry follows the server's clock (PX); a server clock that jumps forward ends leases early.
 //!   Keep NTP slewing.
 
 mod batch;
+mod conn;
 mod engine;
 mod error;
 mod expiry;
@@ -132,6 +137,7 @@ use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
 use self::batch::Coalescer;
+use self::conn::Conn;
 use self::engine::{AcquireEntry, Engine, ReleaseEntry, RenewEntry, hex, millis};
 use self::error::{Scrubber, from_redis};
 use self::observe::Hub;
@@ -155,6 +161,7 @@ pub const DEFAULT_KEY_PREFIX: &str = "tenure:";
 /// | [`release_ack_ttl`](Self::release_ack_ttl) | 5 s |
 /// | [`coalesce`](Self::coalesce) | on |
 /// | [`max_batch`](Self::max_batch) | 256 locks per script call |
+/// | [`cluster`](Self::cluster) | off: a single server |
 ///
 /// Its `Debug` output shows the URL with the password replaced by `***`.
 ///
@@ -182,6 +189,7 @@ pub struct RedisConfig {
     release_ack_ttl: Duration,
     coalesce: bool,
     max_batch: usize,
+    cluster: bool,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -195,6 +203,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("release_ack_ttl", &self.release_ack_ttl)
             .field("coalesce", &self.coalesce)
             .field("max_batch", &self.max_batch)
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -239,6 +248,7 @@ impl RedisConfig {
             release_ack_ttl: Duration::from_secs(5),
             coalesce: true,
             max_batch: 256,
+            cluster: false,
         })
     }
 
@@ -346,12 +356,68 @@ impl RedisConfig {
         if self.max_batch == 0 {
             return Err(config_error("max_batch must be positive"));
         }
+        if self.cluster {
+            if matches!(self.info.addr(), ConnectionAddr::Unix(_)) {
+                return Err(config_error(
+                    "a Redis Cluster is reached over TCP, not a Unix socket",
+                ));
+            }
+            if self.info.redis_settings().db() != 0 {
+                return Err(config_error(
+                    "a Redis Cluster has only database 0; drop the database from the URL",
+                ));
+            }
+        }
         if self.ca_pem.is_some() && !matches!(self.info.addr(), ConnectionAddr::TcpTls { .. }) {
             return Err(config_error(
                 "a CA certificate was given but the URL is not rediss://",
             ));
         }
         Ok(())
+    }
+
+    /// Treats the URL's server as a seed node of a Redis Cluster: the backend discovers the
+    /// other nodes, sends each call to the node serving the lock's slot, and follows the
+    /// cluster through resharding and failover.
+    ///
+    /// In a cluster every script call carries one lock (the keys of different locks hash to
+    /// different slots), so concurrent operations are not coalesced and
+    /// [`max_batch`](Self::max_batch) does not apply; [`renew_many`](crate::Backend::renew_many)
+    /// sends its renewals concurrently. Notifications come over one subscriber connection to
+    /// the seed node (a cluster forwards every PUBLISH to every node). A cluster has only
+    /// database 0.
+    ///
+    /// The same caveat as for a single server's replica applies to every shard: a failover to
+    /// a replica that missed the latest writes can lose a lease, and only the fencing token,
+    /// checked where you write, makes that safe.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tenure::backend::redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::new("redis://10.0.0.5:7000")?.cluster();
+    /// # Ok::<(), tenure::backend::BackendError>(())
+    /// ```
+    pub fn cluster(mut self) -> Self {
+        self.cluster = true;
+        self
+    }
+
+    fn cluster_client(&self) -> Result<::redis::cluster::ClusterClient, BackendError> {
+        let scrub = self.scrubber();
+        let mut builder = ::redis::cluster::ClusterClient::builder(vec![self.info.clone()])
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.request_timeout);
+        if let Some(pem) = &self.ca_pem {
+            builder = builder.certs(::redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        builder
+            .build()
+            .map_err(|e| from_redis(&e, "cluster client", &scrub))
     }
 
     fn client(&self) -> Result<::redis::Client, BackendError> {
@@ -464,31 +530,45 @@ impl RedisBackend {
         config.validate()?;
         let scrub = config.scrubber();
         let client = config.client()?;
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.request_timeout))
-            .set_min_delay(Duration::from_millis(25))
-            .set_max_delay(Duration::from_secs(1))
-            .set_number_of_retries(5);
-        let conn = tokio::time::timeout(
-            config.connect_timeout * 2,
-            ConnectionManager::new_with_config(client.clone(), manager_config),
-        )
-        .await
-        .map_err(|_| BackendError::timeout("redis connect", config.connect_timeout * 2))?
-        .map_err(|e| from_redis(&e, "connect", &scrub))?;
+        let connecting = async {
+            if config.cluster {
+                let cluster = config.cluster_client()?;
+                let c = cluster.get_async_connection().await;
+                c.map(Conn::Cluster)
+                    .map_err(|e| from_redis(&e, "connect", &scrub))
+            } else {
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(Some(config.request_timeout))
+                    .set_min_delay(Duration::from_millis(25))
+                    .set_max_delay(Duration::from_secs(1))
+                    .set_number_of_retries(5);
+                ConnectionManager::new_with_config(client.clone(), manager_config)
+                    .await
+                    .map(Conn::Single)
+                    .map_err(|e| from_redis(&e, "connect", &scrub))
+            }
+        };
+        let conn = tokio::time::timeout(config.connect_timeout * 2, connecting)
+            .await
+            .map_err(|_| BackendError::timeout("redis connect", config.connect_timeout * 2))??;
+        let batches = conn.batches();
         let engine = Arc::new(Engine {
             conn,
             keys: keys::Keys::new(&config.prefix),
             scrub,
             counters: engine::Counters::default(),
-            max_entries: config.max_batch,
+            max_entries: if batches { config.max_batch } else { 1 },
             ack_ttl: config.release_ack_ttl,
         });
         tokio::time::timeout(config.request_timeout, engine.load_scripts())
             .await
             .map_err(|_| BackendError::timeout("redis script load", config.request_timeout))??;
-        let in_flight = if config.coalesce { 1 } else { usize::MAX };
+        let in_flight = if config.coalesce && batches {
+            1
+        } else {
+            usize::MAX
+        };
         let shutdown = CancellationToken::new();
         let timeout = config.request_timeout;
         let e = engine.clone();

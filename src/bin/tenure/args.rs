@@ -159,6 +159,11 @@ pub struct BackendArgs {
     #[arg(long, value_name = "PATH", env = "TENURE_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
 
+    /// The Redis URL names a seed node of a Redis Cluster (one script call per lock, routed to
+    /// the node serving its slot).
+    #[arg(long, env = "TENURE_REDIS_CLUSTER")]
+    pub redis_cluster: bool,
+
     /// Redis key prefix of the lease's keys.
     #[arg(long, value_name = "PREFIX", env = "TENURE_KEY_PREFIX")]
     pub key_prefix: Option<String>,

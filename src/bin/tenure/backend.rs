@@ -112,6 +112,9 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
     if let Some(prefix) = &args.key_prefix {
         config = config.key_prefix(prefix);
     }
+    if args.redis_cluster {
+        config = config.cluster();
+    }
     let mut election_backend = ElectionBackend::redis();
     if let Some(prefix) = &args.key_prefix {
         election_backend = election_backend.key_prefix(prefix.clone());

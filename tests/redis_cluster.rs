@@ -1,0 +1,189 @@
+//! The Redis backend against a real Redis Cluster (three `redis-server` masters joined by
+//! `redis-cli --cluster create`, on loopback): the core conformance suite unchanged, one script
+//! call per lock, locks spread over the nodes, and release notifications crossing nodes.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use support::RedisCluster;
+use tenure::backend::redis::{RedisBackend, RedisConfig};
+use tenure::backend::{
+    AcquireRequest, Acquired, Backend, HolderToken, Released, RenewRequest, Renewed,
+};
+use tenure::conformance::Suite;
+use tenure::{LockOptions, Locker};
+
+async fn connect(cluster: &RedisCluster) -> RedisBackend {
+    let config = RedisConfig::new(&cluster.url())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .cluster();
+    RedisBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the cluster: {e}"))
+}
+
+/// The port of the node serving `key`'s slot.
+fn owner(cluster: &RedisCluster, key: &str) -> u16 {
+    let slot = match cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]) {
+        redis::Value::Int(s) => s,
+        other => panic!("CLUSTER KEYSLOT answered {other:?}"),
+    };
+    let redis::Value::Array(ranges) = cluster.nodes[0].cmd(&["CLUSTER", "SLOTS"]) else {
+        panic!("CLUSTER SLOTS is not an array");
+    };
+    for range in ranges {
+        let redis::Value::Array(parts) = range else {
+            continue;
+        };
+        let (redis::Value::Int(lo), redis::Value::Int(hi), redis::Value::Array(master)) =
+            (&parts[0], &parts[1], &parts[2])
+        else {
+            continue;
+        };
+        if (*lo..=*hi).contains(&slot)
+            && let Some(redis::Value::Int(port)) = master.get(1)
+        {
+            return u16::try_from(*port).unwrap_or(0);
+        }
+    }
+    panic!("no node serves slot {slot}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    Suite::new(connect(&cluster).await)
+        .ttl(Duration::from_secs(1))
+        .run_all()
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_carries_one_lock_and_locks_spread_over_the_nodes() {
+    let cluster = RedisCluster::start(3);
+    let b = connect(&cluster).await;
+    let names: Vec<String> = (0..48).map(|i| format!("spread-{i}")).collect();
+    let owners: BTreeSet<u16> = names
+        .iter()
+        .map(|n| owner(&cluster, &b.lock_key(n)))
+        .collect();
+    assert_eq!(owners.len(), 3, "48 locks land on all three nodes");
+    let before = cluster.command_calls("evalsha");
+    let reqs: Vec<AcquireRequest> = names
+        .iter()
+        .map(|n| AcquireRequest {
+            name: n.as_str().into(),
+            holder: HolderToken::random(),
+            identity: "me".into(),
+            ttl: Duration::from_secs(10),
+        })
+        .collect();
+    // Concurrent acquires: on a single server they would share script calls.
+    let answers = futures::future::join_all(reqs.iter().map(|r| b.try_acquire(r))).await;
+    for a in &answers {
+        assert!(matches!(a, Ok(Acquired::Granted { .. })), "{a:?}");
+    }
+    let renewals: Vec<RenewRequest> = reqs
+        .iter()
+        .map(|r| RenewRequest {
+            name: r.name.clone(),
+            holder: r.holder,
+            ttl: r.ttl,
+        })
+        .collect();
+    for answer in b.renew_many(&renewals).await {
+        assert_eq!(answer.ok(), Some(Renewed::Held));
+    }
+    let released =
+        futures::future::join_all(reqs.iter().map(|r| b.release(&r.name, &r.holder))).await;
+    for r in released {
+        assert_eq!(r.ok(), Some(Released::Released));
+    }
+    assert_eq!(
+        cluster.command_calls("evalsha") - before,
+        3 * 48,
+        "one script call per lock and operation"
+    );
+    // Tokens still come from each lock's own counter, on its own node.
+    let again = AcquireRequest {
+        name: "spread-0".into(),
+        holder: HolderToken::random(),
+        identity: "me".into(),
+        ttl: Duration::from_secs(10),
+    };
+    let first = match answers[0] {
+        Ok(Acquired::Granted { fencing }) => fencing,
+        ref other => panic!("{other:?}"),
+    };
+    match b.try_acquire(&again).await {
+        Ok(Acquired::Granted { fencing }) => assert_eq!(fencing.get(), first.get() + 1),
+        other => panic!("{other:?}"),
+    }
+    // A node that forgot the scripts gets them again, on the node that answered NOSCRIPT.
+    for node in &cluster.nodes {
+        node.cmd(&["SCRIPT", "FLUSH"]);
+    }
+    assert_eq!(
+        b.release(&again.name, &again.holder).await.ok(),
+        Some(Released::Released)
+    );
+    assert_eq!(b.stats().script_reloads, 1);
+}
+
+/// The subscriber connection goes to the seed node; the lock's slot lives on another node. A
+/// cluster forwards every PUBLISH to every node, so the waiter still wakes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_wakes_on_a_release_published_on_another_node() {
+    let cluster = RedisCluster::start(3);
+    let b = connect(&cluster).await;
+    let seed = cluster.nodes[0].port();
+    let name = (0..100)
+        .map(|i| format!("far-{i}"))
+        .find(|n| owner(&cluster, &b.lock_key(n)) != seed)
+        .unwrap_or_else(|| panic!("every name hashed to the seed node"));
+    let locker = Locker::new(b.clone());
+    // A long ttl: without the notification the waiter would sleep until the expiry.
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(20));
+    let held = locker
+        .try_acquire(&name, &opts)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let waiter = {
+        let locker = locker.clone();
+        let name = name.clone();
+        let opts = opts.clone();
+        tokio::spawn(async move {
+            let lease = locker.acquire(&name, &opts).await;
+            (Instant::now(), lease)
+        })
+    };
+    // Let the waiter be told "busy" and subscribe.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap_or_else(|e| panic!("{e}"));
+    let (granted_at, lease) = waiter.await.unwrap_or_else(|e| panic!("{e}"));
+    let lease = lease.unwrap_or_else(|e| panic!("{e}"));
+    assert!(lease.fencing_token() > held.fencing_token());
+    let waited = granted_at - released_at;
+    assert!(
+        waited < Duration::from_secs(2),
+        "the waiter was woken by the notification, not its 30 s timer ({waited:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_configs_that_cannot_work_are_refused() {
+    for url in ["redis://127.0.0.1:7000/3", "redis+unix:///tmp/redis.sock"] {
+        let config = RedisConfig::new(url)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .cluster();
+        let e = RedisBackend::connect(config)
+            .await
+            .expect_err("refused before connecting");
+        assert_eq!(e.kind(), tenure::backend::BackendErrorKind::Config, "{e}");
+    }
+}
