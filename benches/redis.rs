@@ -175,8 +175,14 @@ async fn driver(client: Client, server: &RedisServer) -> Driver {
 }
 
 /// Cycles per second of `tasks` tasks, each on its own lock, for `secs`; also how busy the
+/// client (this process: the bench runs nothing else meanwhile) and
 /// server was (its CPU time over the wall time).
-async fn cycles(client: Client, server: &RedisServer, tasks: usize, secs: f64) -> (f64, u64, f64) {
+async fn cycles(
+    client: Client,
+    server: &RedisServer,
+    tasks: usize,
+    secs: f64,
+) -> (f64, u64, f64, f64) {
     let d = driver(client, server).await;
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
@@ -184,6 +190,7 @@ async fn cycles(client: Client, server: &RedisServer, tasks: usize, secs: f64) -
     let mut handles = Vec::new();
     let started = Instant::now();
     let cpu0 = cpu_time(server.pid());
+    let own0 = cpu_time(std::process::id());
     for t in 0..tasks {
         let (mut d, stop, done, failed) = (d.clone(), stop.clone(), done.clone(), failed.clone());
         let name = format!("bench-{}-{t}", client.key());
@@ -202,10 +209,16 @@ async fn cycles(client: Client, server: &RedisServer, tasks: usize, secs: f64) -
     let n = done.load(Ordering::Relaxed);
     let elapsed = started.elapsed().as_secs_f64();
     let busy = (cpu_time(server.pid()) - cpu0).as_secs_f64() / elapsed;
+    let own = (cpu_time(std::process::id()) - own0).as_secs_f64() / elapsed;
     for h in handles {
         let _ = h.await;
     }
-    (n as f64 / elapsed, failed.load(Ordering::Relaxed), busy)
+    (
+        n as f64 / elapsed,
+        failed.load(Ordering::Relaxed),
+        busy,
+        own,
+    )
 }
 
 /// CPU time (user + system) the process has used, from /proc.
@@ -512,7 +525,7 @@ fn redis_benchmark(server: &RedisServer, pipeline: u32, requests: u32) -> (f64, 
 
 /// One client at one concurrency: median cycles/s, every run's cycles/s, failed cycles, and the
 /// median server CPU µs per cycle.
-type Row = (f64, Vec<f64>, u64, f64);
+type Row = (f64, Vec<f64>, u64, f64, f64);
 
 fn implied_cycles(acquire: f64, release: f64) -> f64 {
     1.0 / (1.0 / acquire + 1.0 / release)
@@ -577,27 +590,36 @@ fn main() {
                 server.cmd(&["FLUSHALL"]);
                 let _ = cycles(c, &server, tasks, 0.5).await;
             }
-            let mut runs: BTreeMap<Client, (Vec<f64>, u64, Vec<f64>)> = BTreeMap::new();
+            let mut runs: BTreeMap<Client, (Vec<f64>, u64, Vec<f64>, Vec<f64>)> =
+                BTreeMap::new();
             // Interleave the clients so that drift of the machine hits them alike.
             for rep in 0..reps {
                 for &c in &clients {
                     server.cmd(&["FLUSHALL"]);
-                    let (rate, failed, busy) = cycles(c, &server, tasks, secs).await;
+                    let (rate, failed, busy, own) = cycles(c, &server, tasks, secs).await;
                     eprintln!(
-                        "  {tasks:>2} tasks, rep {rep}: {:<24} {rate:>10.0} cycles/s  (redis-server CPU {:.0}%)",
+                        "  {tasks:>2} tasks, rep {rep}: {:<24} {rate:>10.0} cycles/s  (redis-server CPU {:.0}%, client CPU {:.0}%)",
                         c.label(),
-                        busy * 100.0
+                        busy * 100.0,
+                        own * 100.0
                     );
                     let e = runs.entry(c).or_default();
                     e.0.push(rate);
                     e.1 += failed;
                     e.2.push(busy * 1e6 / rate.max(1.0));
+                    e.3.push(own * 1e6 / rate.max(1.0));
                 }
             }
-            for (c, (rates, failed, server_us)) in runs {
+            for (c, (rates, failed, server_us, client_us)) in runs {
                 table.insert(
                     (c, tasks),
-                    (median(rates.clone()), rates, failed, median(server_us)),
+                    (
+                        median(rates.clone()),
+                        rates,
+                        failed,
+                        median(server_us),
+                        median(client_us),
+                    ),
                 );
             }
         }
@@ -657,21 +679,32 @@ fn main() {
     );
     let _ = writeln!(
         out,
-        "{:<26} {:>9} {:>9} {:>9} {:>9} {:>13} {:>13}",
-        "client", "1 task", "64 tasks", "1/rslock", "64/rslock", "srv µs/cyc 1", "srv µs/cyc 64"
+        "{:<26} {:>9} {:>9} {:>9} {:>9} {:>13} {:>13} {:>13} {:>13}",
+        "client",
+        "1 task",
+        "64 tasks",
+        "1/rslock",
+        "64/rslock",
+        "srv µs/cyc 1",
+        "srv µs/cyc 64",
+        "cli µs/cyc 1",
+        "cli µs/cyc 64"
     );
     let server_us = |c: Client, t: usize| table.get(&(c, t)).map_or(0.0, |e| e.3);
+    let client_us = |c: Client, t: usize| table.get(&(c, t)).map_or(0.0, |e| e.4);
     for &c in &clients {
         let (a, b) = (get(c, 1), get(c, 64));
         let fails = table.get(&(c, 1)).map_or(0, |e| e.2) + table.get(&(c, 64)).map_or(0, |e| e.2);
         let _ = writeln!(
             out,
-            "{:<26} {a:>9.0} {b:>9.0} {:>9.2} {:>9.2} {:>13.1} {:>13.1}{}",
+            "{:<26} {a:>9.0} {b:>9.0} {:>9.2} {:>9.2} {:>13.1} {:>13.1} {:>13.1} {:>13.1}{}",
             c.label(),
             a / get(Client::Rslock, 1),
             b / get(Client::Rslock, 64),
             server_us(c, 1),
             server_us(c, 64),
+            client_us(c, 1),
+            client_us(c, 64),
             if fails > 0 {
                 format!("  ({fails} failed cycles)")
             } else {
@@ -687,7 +720,7 @@ fn main() {
     );
     let _ = writeln!(
         out,
-        "  (srv µs/cyc: redis-server CPU time per cycle, from /proc: the server's cost of one acquire+release)"
+        "  (srv / cli µs/cyc: redis-server's / this process's CPU time per cycle, from /proc: what one acquire+release costs each side)"
     );
     let _ = writeln!(
         out,
@@ -806,14 +839,16 @@ fn main() {
                 })
             };
             format!(
-                "    \"{}\": {{\"1\": {:.0}, \"64\": {:.0}, \"runs_1\": [{}], \"runs_64\": [{}], \"server_us_per_cycle_1\": {:.2}, \"server_us_per_cycle_64\": {:.2}}}",
+                "    \"{}\": {{\"1\": {:.0}, \"64\": {:.0}, \"runs_1\": [{}], \"runs_64\": [{}], \"server_us_per_cycle_1\": {:.2}, \"server_us_per_cycle_64\": {:.2}, \"client_us_per_cycle_1\": {:.2}, \"client_us_per_cycle_64\": {:.2}}}",
                 c.key(),
                 get(*c, 1),
                 get(*c, 64),
                 runs(1),
                 runs(64),
                 server_us(*c, 1),
-                server_us(*c, 64)
+                server_us(*c, 64),
+                client_us(*c, 1),
+                client_us(*c, 64)
             )
         })
         .collect();

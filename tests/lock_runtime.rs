@@ -57,13 +57,24 @@ async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due
 }
 
 #[tokio::test(start_paused = true)]
-async fn scheduler_should_exit_when_no_lease_is_held_and_restart_for_the_next() {
+async fn scheduler_should_exit_a_second_after_the_last_lease_and_restart_for_the_next() {
     let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
     let lease = locker.try_acquire("a", &renewing()).await.expect("free");
     tokio::task::yield_now().await;
     assert_eq!(locker.stats().scheduler_tasks, 1);
     lease.release().await.expect("released");
-    tokio::time::sleep(Duration::from_millis(1)).await;
+    // It lingers a second for the next lease (no task started per lease), then exits.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(locker.stats().scheduler_tasks, 1);
+    let between = locker.try_acquire("b", &renewing()).await.expect("free");
+    tokio::task::yield_now().await;
+    between.release().await.expect("released");
+    assert_eq!(
+        locker.stats().scheduler_tasks,
+        1,
+        "the lingering task took it"
+    );
+    tokio::time::sleep(Duration::from_millis(1001)).await;
     assert_eq!(locker.stats().scheduler_tasks, 0);
     assert_eq!(
         tokio::runtime::Handle::current()

@@ -336,25 +336,29 @@ impl Lease {
     ///
     /// Cancel safe: the release goes on in the background; call again for its result.
     pub async fn release(&self) -> Result<(), LockError> {
-        self.release_shared().await
-    }
-
-    fn release_shared(&self) -> Shared<BoxFuture<'static, Result<(), LockError>>> {
-        self.release
+        let release = self
+            .release
             .get_or_init(|| {
-                let task = tokio::spawn(release_task(self.locker.clone(), self.shared.clone()));
-                task.map(|joined| {
-                    joined.unwrap_or_else(|e| {
-                        Err(LockError::Backend(crate::backend::BackendError::new(
-                            crate::backend::BackendErrorKind::Unavailable,
-                            format!("release task failed: {e}"),
-                        )))
+                std::panic::AssertUnwindSafe(release_task(self.locker.clone(), self.shared.clone()))
+                    .catch_unwind()
+                    .map(|done| {
+                        done.unwrap_or_else(|_| {
+                            Err(LockError::Backend(crate::backend::BackendError::new(
+                                crate::backend::BackendErrorKind::Unavailable,
+                                "the release panicked",
+                            )))
+                        })
                     })
-                })
-                .boxed()
-                .shared()
+                    .boxed()
+                    .shared()
             })
-            .clone()
+            .clone();
+        // The release runs on the caller's task (no task spawned per release); if the caller
+        // stops waiting, the rest of it runs in the background.
+        let mut detach = DetachOnDrop(Some(release.clone()));
+        let out = release.await;
+        detach.0 = None;
+        out
     }
 
     /// Stops renewing and leaves the lease to expire by its ttl, without contacting the
@@ -364,6 +368,19 @@ impl Lease {
     pub fn orphan(&self) {
         if self.shared.end(LeaseEnd::Orphaned).is_none() {
             self.locker.inner.scheduler.remove(self.shared.key);
+        }
+    }
+}
+
+/// Finishes a release in the background when the future waiting for it is dropped.
+struct DetachOnDrop(Option<Shared<BoxFuture<'static, Result<(), LockError>>>>);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        if let Some(release) = self.0.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(release);
         }
     }
 }

@@ -82,7 +82,8 @@ pub struct LockerStats {
     /// Leases the scheduler task has taken in. The task learns of new leases through a
     /// queue, so this trails `active_leases` briefly after a burst of acquisitions.
     pub tracked_leases: usize,
-    /// Renewal scheduler tasks running: 1 while any lease is held, 0 otherwise.
+    /// Renewal scheduler tasks running: 1 while any lease is held (and for a second after the
+    /// last one ended), 0 otherwise.
     pub scheduler_tasks: usize,
     /// Successful background renewals so far.
     pub renewals: u64,

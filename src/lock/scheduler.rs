@@ -3,9 +3,11 @@
 //! deadline or validity passes.
 //!
 //! One task and one timer heap serve all leases of a locker, so N held leases cost one task and
-//! O(N) memory, never a task per lease. The task starts with the first lease and exits when the
-//! last one ends. It never waits on the store inside its loop: renewal batches are in-flight
-//! futures polled beside the timer, so one slow batch cannot delay another lease's deadline.
+//! O(N) memory, never a task per lease. The task starts with the first lease and exits
+//! [`LINGER`] after the last one ends (so a locker taking one lease after another does not
+//! start a task per lease). It never waits on the store inside its loop: renewal batches are
+//! in-flight futures polled beside the timer, so one slow batch cannot delay another lease's
+//! deadline.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +27,9 @@ use crate::backend::{Backend, BackendError, HolderToken, RenewRequest, Renewed};
 
 /// The most renewals sent in one `renew_many` call; larger due sets are split.
 const MAX_BATCH: usize = 4096;
+
+/// How long the task stays after its last lease ended, waiting for the next one.
+pub(crate) const LINGER: Duration = Duration::from_secs(1);
 
 /// The scheduler of one locker: a lazily started task and the channel to it.
 pub(crate) struct Scheduler {
@@ -299,6 +304,8 @@ impl Drop for Task {
 
 impl Task {
     async fn run(mut self) {
+        // Set while nothing is tracked or in flight: when the task may exit.
+        let mut idle_until: Option<Instant> = None;
         loop {
             let wake = self.timers.next();
             tokio::select! {
@@ -312,10 +319,17 @@ impl Task {
                     self.finish_batch(done);
                 }
                 () = sleep_until_opt(wake) => self.fire_due(),
+                () = sleep_until_opt(idle_until) => {
+                    if self.try_exit() {
+                        return;
+                    }
+                }
             }
-            if self.is_empty() && self.in_flight.is_empty() && self.try_exit() {
-                return;
-            }
+            idle_until = if self.is_empty() && self.in_flight.is_empty() {
+                idle_until.or_else(|| Some(Instant::now() + LINGER))
+            } else {
+                None
+            };
         }
     }
 
