@@ -527,6 +527,15 @@ fn redis_benchmark(server: &RedisServer, pipeline: u32, requests: u32) -> (f64, 
 /// median server CPU µs per cycle.
 type Row = (f64, Vec<f64>, u64, f64, f64);
 
+/// Every run of one client at one concurrency.
+#[derive(Default)]
+struct Runs {
+    rates: Vec<f64>,
+    failed: u64,
+    server_us: Vec<f64>,
+    client_us: Vec<f64>,
+}
+
 fn implied_cycles(acquire: f64, release: f64) -> f64 {
     1.0 / (1.0 / acquire + 1.0 / release)
 }
@@ -590,8 +599,7 @@ fn main() {
                 server.cmd(&["FLUSHALL"]);
                 let _ = cycles(c, &server, tasks, 0.5).await;
             }
-            let mut runs: BTreeMap<Client, (Vec<f64>, u64, Vec<f64>, Vec<f64>)> =
-                BTreeMap::new();
+            let mut runs: BTreeMap<Client, Runs> = BTreeMap::new();
             // Interleave the clients so that drift of the machine hits them alike.
             for rep in 0..reps {
                 for &c in &clients {
@@ -604,21 +612,21 @@ fn main() {
                         own * 100.0
                     );
                     let e = runs.entry(c).or_default();
-                    e.0.push(rate);
-                    e.1 += failed;
-                    e.2.push(busy * 1e6 / rate.max(1.0));
-                    e.3.push(own * 1e6 / rate.max(1.0));
+                    e.rates.push(rate);
+                    e.failed += failed;
+                    e.server_us.push(busy * 1e6 / rate.max(1.0));
+                    e.client_us.push(own * 1e6 / rate.max(1.0));
                 }
             }
-            for (c, (rates, failed, server_us, client_us)) in runs {
+            for (c, r) in runs {
                 table.insert(
                     (c, tasks),
                     (
-                        median(rates.clone()),
-                        rates,
-                        failed,
-                        median(server_us),
-                        median(client_us),
+                        median(r.rates.clone()),
+                        r.rates,
+                        r.failed,
+                        median(r.server_us),
+                        median(r.client_us),
                     ),
                 );
             }
