@@ -524,7 +524,7 @@ fn redis_benchmark(server: &RedisServer, pipeline: u32, requests: u32) -> (f64, 
 }
 
 /// One client at one concurrency: median cycles/s, every run's cycles/s, failed cycles, and the
-/// median server CPU µs per cycle.
+/// median server and client CPU µs per cycle.
 type Row = (f64, Vec<f64>, u64, f64, f64);
 
 /// Every run of one client at one concurrency.
