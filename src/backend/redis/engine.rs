@@ -111,17 +111,17 @@ impl Snapshot {
 pub(crate) struct Notification {
     pub(crate) version: Version,
     pub(crate) change: HolderChange,
-    /// The lock is not marked watched, so its next grant will not be published unless an
-    /// observer marks it (upper-case kinds `G`, `R`).
+    /// The lock is not marked watched (a `G` grant), so its next grant and release will not be
+    /// published unless an observer marks it.
     pub(crate) unwatched: bool,
 }
 
 /// Parses a notification payload: `g:<fencing>:<identity>` or `r:<fencing>` (a watched lock),
-/// `G:…` or `R:…` (an unwatched one).
+/// or `G:…` (a grant on a lock nobody could have marked: its key was missing).
 pub(crate) fn parse_notification(payload: &[u8]) -> Option<Notification> {
     let text = std::str::from_utf8(payload).ok()?;
     let (kind, rest) = text.split_once(':')?;
-    let unwatched = kind == "G" || kind == "R";
+    let unwatched = kind == "G";
     let (version, change) = match kind {
         "g" | "G" => {
             let (f, identity) = rest.split_once(':')?;
@@ -134,7 +134,7 @@ pub(crate) fn parse_notification(payload: &[u8]) -> Option<Notification> {
                 },
             )
         }
-        "r" | "R" => (Version(rest.parse().ok()?, 1), HolderChange::free()),
+        "r" => (Version(rest.parse().ok()?, 1), HolderChange::free()),
         _ => return None,
     };
     Some(Notification {
@@ -691,11 +691,7 @@ mod tests {
         assert_eq!(n.version, Version(12, 1));
         assert!(n.change.is_free());
         assert!(!n.unwatched);
-        assert!(
-            parse_notification(b"R:12")
-                .expect("unwatched release")
-                .unwatched
-        );
+        assert!(parse_notification(b"R:12").is_none());
         assert!(parse_notification(b"x").is_none());
         assert!(parse_notification(b"x:1").is_none());
         assert!(parse_notification(b"g:zz:a").is_none());

@@ -52,13 +52,14 @@
 //! keeps it as `<previous holder token>` (32 `-` when there was none), so a replay is still
 //! recognised after a successor took the lock.
 //!
-//! The channel `tenure:{jobs}` carries `r:<fencing>` for every release, so waiters retry at
-//! once, and `g:<fencing>:<identity>` for a grant — but only when the lock is *watched*:
-//! `<watched>` is set to `1` by an acquire answered "busy" (a waiter) and by
-//! [`observe`](crate::Backend::observe) (an observer), and carried from tombstone to grant. A
-//! lock nobody waits for or observes publishes no grants. A grant on a missing key (first use,
-//! or after expiry) publishes `G:…`, and a release of an unwatched lock `R:…`: an observer
-//! hearing either marks the lock, reading its state in the same step. All keys of one lock
+//! The channel `tenure:{jobs}` carries `r:<fencing>` for a release, so waiters retry at once,
+//! and `g:<fencing>:<identity>` for a grant — when the lock is *watched*: `<watched>` is set to
+//! `1` by an acquire answered "busy" (a waiter, which then listens) and by
+//! [`observe`](crate::Backend::observe) (an observer, before its first read), and carried from
+//! tombstone to grant. A lock nobody waits for or observes publishes nothing: there is no one
+//! to tell. A grant on a missing key (first use, or after expiry, which loses the mark)
+//! publishes `G:<fencing>:<identity>`; an observer hearing it marks the lock again, reading its
+//! state in the same step. All keys of one lock
 //! share the hash tag `{jobs}`, so they live in one Redis Cluster slot; lock names therefore
 //! may not contain `{` or `}`.
 //!

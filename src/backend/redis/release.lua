@@ -21,9 +21,10 @@
 --   0                 not held by this holder token
 --   {-1, message}     this entry failed (e.g. WRONGTYPE, NOPERM); the others stand.
 --
--- Side effect of a release: PUBLISH "r:<fencing>" on the channel named like the lock key, so
--- waiters retry at once; "R:<fencing>" when the lock is not marked watched (observers then
--- mark it, or they would not hear of the next grant).
+-- Side effect of a release of a watched lock (see acquire.lua): PUBLISH "r:<fencing>" on the
+-- channel named like the lock key, so waiters retry at once. Every waiter and observer marks
+-- the lock watched before it listens, so a release of an unwatched lock has no listener and
+-- publishes nothing.
 
 local ack_ttl = tonumber(ARGV[1])
 local short = ARGV[2]
@@ -38,9 +39,10 @@ for i = 1, #KEYS do
   elseif string.find(cur, holder, 2, true) == 2 then
     local state = string.byte(cur, 1)
     if state == 43 then
-      -- Publish first, so that a denied PUBLISH fails before anything is written.
-      local kind = string.byte(cur, 34) == 49 and 'r:' or 'R:'
-      redis.call('PUBLISH', lock, kind .. string.match(cur, '^%d+', 67))
+      if string.byte(cur, 34) == 49 then
+        -- Publish first, so that a denied PUBLISH fails before anything is written.
+        redis.call('PUBLISH', lock, 'r:' .. string.match(cur, '^%d+', 67))
+      end
       -- (Offsets go as strings: a Lua number would be formatted with sprintf on every call.)
       redis.call('SETRANGE', lock, '0', '~')
       if string.byte(short, i) == 49 and redis.call('PTTL', lock) < ack_ttl then
