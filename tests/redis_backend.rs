@@ -101,13 +101,18 @@ async fn replayed_release_reports_success_and_spares_the_successor() {
     );
     // Acks expire: a release is remembered for what remained of the lease or the ack ttl,
     // whichever is longer; a later replay is answered NotHeld (conservative).
-    let short = RedisBackend::connect(
-        RedisConfig::new(&server.url())
+    let url = server.url();
+    let with_ack_ttl = |ttl: Duration| {
+        let config = RedisConfig::new(&url)
             .unwrap_or_else(|e| panic!("{e}"))
-            .release_ack_ttl(Duration::from_millis(100)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+            .release_ack_ttl(ttl);
+        async move {
+            RedisBackend::connect(config)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    let short = with_ack_ttl(Duration::from_millis(100)).await;
     let c = req("short-ack", "c", Duration::from_millis(400));
     granted(&short, &c).await;
     assert_eq!(
@@ -125,13 +130,7 @@ async fn replayed_release_reports_success_and_spares_the_successor() {
         Some(Released::NotHeld)
     );
     // A release close to the lease's end still leaves the ack for the ack ttl.
-    let long = RedisBackend::connect(
-        RedisConfig::new(&server.url())
-            .unwrap_or_else(|e| panic!("{e}"))
-            .release_ack_ttl(Duration::from_secs(5)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let long = with_ack_ttl(Duration::from_secs(5)).await;
     let d = req("late-release", "d", Duration::from_millis(600));
     granted(&long, &d).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -499,6 +498,11 @@ async fn next(
         .expect("the stream ended")
 }
 
+async fn expect_free(s: &mut Changes) {
+    let change = next(s).await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(change.is_free(), "{change:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_starts_with_the_state_and_reports_grants_and_releases_but_not_renewals() {
     let server = RedisServer::start();
@@ -541,12 +545,7 @@ async fn observe_starts_with_the_state_and_reports_grants_and_releases_but_not_r
     );
     // A stream opened on a free lock starts with "free".
     let mut fresh = b.observe("never-held");
-    assert!(
-        next(&mut fresh)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_free()
-    );
+    expect_free(&mut fresh).await;
 }
 
 /// The watch mark: a lock nobody waits for or observes publishes nothing; a waiter told "busy"
@@ -594,12 +593,7 @@ async fn grants_are_published_once_someone_watches() {
     // An observer of a lock that was never held hears the first grant (the key was missing, so
     // nobody could mark it), marks the lock, and then hears every later grant too.
     let mut s = b.observe("fresh");
-    assert!(
-        next(&mut s)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .is_free()
-    );
+    expect_free(&mut s).await;
     for who in ["one", "two", "three"] {
         let r = req("fresh", who, Duration::from_secs(5));
         let token = granted(&b, &r).await;
@@ -612,12 +606,7 @@ async fn grants_are_published_once_someone_watches() {
             b.release(&r.name, &r.holder).await.ok(),
             Some(Released::Released)
         );
-        assert!(
-            next(&mut s)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_free()
-        );
+        expect_free(&mut s).await;
     }
 }
 
