@@ -59,9 +59,10 @@
 //! tombstone to grant. A lock nobody waits for or observes publishes nothing: there is no one
 //! to tell. A grant on a missing key (first use, or after expiry, which loses the mark)
 //! publishes `G:<fencing>:<identity>`; an observer hearing it marks the lock again, reading its
-//! state in the same step. All keys of one lock
-//! share the hash tag `{jobs}`, so they live in one Redis Cluster slot; lock names therefore
-//! may not contain `{` or `}`.
+//! state in the same step.
+//!
+//! All keys of one lock share the hash tag `{jobs}`, so they live in one Redis Cluster slot;
+//! lock names therefore may not contain `{` or `}`.
 //!
 //! # The scripts
 //!
@@ -378,8 +379,9 @@ impl RedisConfig {
     }
 
     /// Treats the URL's server as a seed node of a Redis Cluster: the backend discovers the
-    /// other nodes, sends each call to the node serving the lock's slot, and follows the
-    /// cluster through resharding and failover.
+    /// other nodes and sends each call to the node serving the lock's slot. Redirects and
+    /// topology changes (resharding, failover) are followed by the redis crate's cluster
+    /// client; tenure's tests run a stable three-master cluster and do not exercise them.
     ///
     /// In a cluster every script call carries one lock (the keys of different locks hash to
     /// different slots), so concurrent operations are not coalesced and
