@@ -543,6 +543,7 @@ fn implied_cycles(acquire: f64, release: f64) -> f64 {
 fn main() {
     let secs: f64 = env_or("TENURE_BENCH_SECS", 3.0);
     let reps: usize = env_or("TENURE_BENCH_REPS", 3);
+    // For development: TENURE_BENCH_RT=current runs everything on a current-thread runtime.
     let rt = if std::env::var("TENURE_BENCH_RT").as_deref() == Ok("current") {
         tokio::runtime::Builder::new_current_thread()
     } else {

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use support::RedisCluster;
 use tenure::backend::redis::{RedisBackend, RedisConfig};
 use tenure::backend::{
-    AcquireRequest, Acquired, Backend, HolderToken, Released, RenewRequest, Renewed,
+    AcquireRequest, Acquired, Backend, BackendErrorKind, HolderToken, Released, RenewRequest,
+    Renewed,
 };
 use tenure::conformance::Suite;
 use tenure::{LockOptions, Locker};
@@ -184,6 +185,56 @@ async fn cluster_configs_that_cannot_work_are_refused() {
         let e = RedisBackend::connect(config)
             .await
             .expect_err("refused before connecting");
-        assert_eq!(e.kind(), tenure::backend::BackendErrorKind::Config, "{e}");
+        assert_eq!(e.kind(), BackendErrorKind::Config, "{e}");
     }
+}
+
+/// The ACL the module docs give, plus `+cluster|slots` for the topology: enough on a cluster;
+/// without it the backend refuses to start, saying why, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
+    const PW: &str = "cluster-Pw-41c7";
+    let rules = "resetkeys ~tenure:* resetchannels &tenure:* -@all \
+                 +evalsha +script|load +subscribe +unsubscribe +ping \
+                 +get +set +setrange +incr +pexpire +pttl +publish +time";
+    let cluster = RedisCluster::start_with(
+        3,
+        &support::Options::default()
+            .acl_user(&format!("tenure on >{PW} {rules} +cluster|slots"))
+            .acl_user(&format!("noslots on >{PW} {rules}")),
+    );
+    let as_user = |user: &str| {
+        RedisConfig::new(&cluster.nodes[0].url_as(user, PW))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .cluster()
+    };
+    let b = RedisBackend::connect(as_user("tenure"))
+        .await
+        .unwrap_or_else(|e| panic!("the documented ACL must be enough: {e}"));
+    for i in 0..12 {
+        let r = AcquireRequest {
+            name: format!("acl-{i}").into(),
+            holder: HolderToken::random(),
+            identity: "me".into(),
+            ttl: Duration::from_secs(5),
+        };
+        assert!(matches!(
+            b.try_acquire(&r).await,
+            Ok(Acquired::Granted { .. })
+        ));
+        assert_eq!(
+            b.release(&r.name, &r.holder).await.ok(),
+            Some(Released::Released)
+        );
+    }
+    let e = RedisBackend::connect(as_user("noslots"))
+        .await
+        .expect_err("no topology without CLUSTER SLOTS");
+    let text = e.to_string();
+    assert!(!text.contains(PW), "{text}");
+    assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{text}");
+    assert!(
+        text.contains("cluster|slots"),
+        "names the missing command: {text}"
+    );
 }

@@ -166,10 +166,16 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts `n` (at least 3, what `redis-cli --cluster create` asks) masters and joins them.
     pub fn start(n: usize) -> Self {
-        let nodes: Vec<RedisServer> = (0..n)
-            .map(|_| Options::default().cluster().start())
-            .collect();
+        Self::start_with(n, &Options::default())
+    }
+
+    /// Like [`start`](Self::start), every node with `opts` (e.g. ACL users).
+    pub fn start_with(n: usize, opts: &Options) -> Self {
+        let nodes: Vec<RedisServer> = (0..n).map(|_| opts.clone().cluster().start()).collect();
         let mut create = Command::new("redis-cli");
+        if !opts.acl_users.is_empty() {
+            create.env("REDISCLI_AUTH", ADMIN_PASSWORD);
+        }
         create.arg("--cluster").arg("create");
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
