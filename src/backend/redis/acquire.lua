@@ -4,12 +4,11 @@
 --
 -- The lock key, when present, holds a value with fixed positions (1-based), so that the
 -- scripts compare and patch it in place instead of splitting it into new strings (Redis
--- hashes every byte of every string a script creates; this layout halved the server time of
--- an acquire+release cycle):
+-- hashes every byte of every string a script creates; see e2e/scripts/redis-script-costs.py):
 --   1       '+' held, or '~' released (a tombstone: free for the next acquire)
 --   2..33   the holder token, 32 lowercase hex digits
 --   34      '1' when someone watches the lock (a waiter was told "busy", or an observer
---           subscribed): grants are then published; '0' otherwise
+--           subscribed): grants and releases are then published; '0' otherwise
 --   35..66  the holder token of the release before this grant (a replayed release by it still
 --           reports success after a successor took the lock), or 32 '-' when there was none
 --   67..    the fencing token in decimal, ':', the holder's identity
