@@ -8,28 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use support::RedisServer;
+use support::{RedisServer, granted, req};
 use tenure::backend::redis::{RedisBackend, RedisConfig};
 use tenure::backend::{
-    AcquireRequest, Acquired, Backend, BackendErrorKind, FencingToken, HolderToken, Released,
-    RenewRequest, Renewed,
+    Acquired, Backend, BackendErrorKind, FencingToken, HolderToken, Released, RenewRequest, Renewed,
 };
-
-fn req(name: &str, identity: &str, ttl: Duration) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        holder: HolderToken::random(),
-        identity: identity.into(),
-        ttl,
-    }
-}
-
-async fn granted(b: &RedisBackend, r: &AcquireRequest) -> FencingToken {
-    match b.try_acquire(r).await {
-        Ok(Acquired::Granted { fencing }) => fencing,
-        other => panic!("expected a grant for {}, got {other:?}", r.name),
-    }
-}
 
 fn int(v: &redis::Value) -> i64 {
     match v {

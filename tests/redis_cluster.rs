@@ -7,11 +7,10 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use support::RedisCluster;
+use support::{RedisCluster, granted, req};
 use tenure::backend::redis::{RedisBackend, RedisConfig};
 use tenure::backend::{
-    AcquireRequest, Acquired, Backend, BackendErrorKind, HolderToken, Released, RenewRequest,
-    Renewed,
+    AcquireRequest, Acquired, Backend, BackendErrorKind, Released, RenewRequest, Renewed,
 };
 use tenure::conformance::Suite;
 use tenure::{LockOptions, Locker};
@@ -74,12 +73,7 @@ async fn each_call_carries_one_lock_and_locks_spread_over_the_nodes() {
     let before = cluster.command_calls("evalsha");
     let reqs: Vec<AcquireRequest> = names
         .iter()
-        .map(|n| AcquireRequest {
-            name: n.as_str().into(),
-            holder: HolderToken::random(),
-            identity: "me".into(),
-            ttl: Duration::from_secs(10),
-        })
+        .map(|n| req(n, "me", Duration::from_secs(10)))
         .collect();
     // Concurrent acquires: on a single server they would share script calls.
     let answers = futures::future::join_all(reqs.iter().map(|r| b.try_acquire(r))).await;
@@ -108,20 +102,12 @@ async fn each_call_carries_one_lock_and_locks_spread_over_the_nodes() {
         "one script call per lock and operation"
     );
     // Tokens still come from each lock's own counter, on its own node.
-    let again = AcquireRequest {
-        name: "spread-0".into(),
-        holder: HolderToken::random(),
-        identity: "me".into(),
-        ttl: Duration::from_secs(10),
-    };
+    let again = req("spread-0", "me", Duration::from_secs(10));
     let first = match answers[0] {
         Ok(Acquired::Granted { fencing }) => fencing,
         ref other => panic!("{other:?}"),
     };
-    match b.try_acquire(&again).await {
-        Ok(Acquired::Granted { fencing }) => assert_eq!(fencing.get(), first.get() + 1),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(granted(&b, &again).await.get(), first.get() + 1);
     // A node that forgot the scripts gets them again, on the node that answered NOSCRIPT.
     for node in &cluster.nodes {
         node.cmd(&["SCRIPT", "FLUSH"]);
@@ -212,16 +198,8 @@ async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
         .await
         .unwrap_or_else(|e| panic!("the documented ACL must be enough: {e}"));
     for i in 0..12 {
-        let r = AcquireRequest {
-            name: format!("acl-{i}").into(),
-            holder: HolderToken::random(),
-            identity: "me".into(),
-            ttl: Duration::from_secs(5),
-        };
-        assert!(matches!(
-            b.try_acquire(&r).await,
-            Ok(Acquired::Granted { .. })
-        ));
+        let r = req(&format!("acl-{i}"), "me", Duration::from_secs(5));
+        granted(&b, &r).await;
         assert_eq!(
             b.release(&r.name, &r.holder).await.ok(),
             Some(Released::Released)

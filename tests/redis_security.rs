@@ -12,7 +12,7 @@ use captured::Captured;
 use futures::StreamExt;
 use support::RedisServer;
 use tenure::backend::redis::{RedisBackend, RedisConfig};
-use tenure::backend::{AcquireRequest, Acquired, Backend, BackendErrorKind, HolderToken};
+use tenure::backend::{AcquireRequest, Acquired, Backend, BackendErrorKind};
 use tenure::conformance::Suite;
 
 const USER_PASSWORD: &str = "tenure-Pw-3b9e1";
@@ -28,12 +28,7 @@ fn tenure_user() -> String {
 }
 
 fn req(name: &str) -> AcquireRequest {
-    AcquireRequest {
-        name: name.into(),
-        holder: HolderToken::random(),
-        identity: "me".into(),
-        ttl: Duration::from_secs(5),
-    }
+    support::req(name, "me", Duration::from_secs(5))
 }
 
 async fn connect(url: &str) -> Result<RedisBackend, tenure::backend::BackendError> {

@@ -558,6 +558,27 @@ pub async fn backend(server: &RedisServer) -> tenure::backend::redis::RedisBacke
         .unwrap_or_else(|e| panic!("connect to {}: {e}", server.url()))
 }
 
+/// An acquire request for `name` with a fresh holder token.
+pub fn req(name: &str, identity: &str, ttl: Duration) -> tenure::backend::AcquireRequest {
+    tenure::backend::AcquireRequest {
+        name: name.into(),
+        holder: tenure::backend::HolderToken::random(),
+        identity: identity.into(),
+        ttl,
+    }
+}
+
+/// Sends `r`, which must be granted; its fencing token.
+pub async fn granted(
+    b: &impl tenure::backend::Backend,
+    r: &tenure::backend::AcquireRequest,
+) -> tenure::backend::FencingToken {
+    match b.try_acquire(r).await {
+        Ok(tenure::backend::Acquired::Granted { fencing }) => fencing,
+        other => panic!("expected a grant for {}, got {other:?}", r.name),
+    }
+}
+
 /// Sends a signal to a process with `kill(1)`.
 pub fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
