@@ -150,8 +150,9 @@ pub(crate) struct Engine {
     pub(crate) keys: Keys,
     pub(crate) scrub: Scrubber,
     pub(crate) counters: Counters,
-    /// The most entries one script call carries; larger batches become several calls in one
-    /// pipeline, so that no single script blocks the server for long.
+    /// The most entries one script call carries on a single server; larger batches become
+    /// several calls in one pipeline, so that no single script blocks the server for long. (In
+    /// a cluster, `run_batch` sends one call per entry.)
     pub(crate) max_entries: usize,
     pub(crate) ack_ttl: Duration,
 }
@@ -409,7 +410,7 @@ impl Engine {
     }
 
     /// Reads a lock's record and its version, atomically; with `watch`, also marks the lock
-    /// watched so that its next grant is published (what an observer does).
+    /// watched so that its grants and releases are published (what an observer does).
     pub(crate) async fn inspect(&self, name: &str, watch: bool) -> Result<Snapshot, BackendError> {
         let mut pipe = ::redis::pipe();
         pipe.cmd("EVALSHA")

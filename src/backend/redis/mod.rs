@@ -535,9 +535,11 @@ impl RedisBackend {
         let client = config.client()?;
         let connecting = async {
             if config.cluster {
-                let cluster = config.cluster_client()?;
-                let c = cluster.get_async_connection().await;
-                c.map(Conn::Cluster)
+                config
+                    .cluster_client()?
+                    .get_async_connection()
+                    .await
+                    .map(Conn::Cluster)
                     .map_err(|e| from_redis(&e, "connect", &scrub))
             } else {
                 let manager_config = ConnectionManagerConfig::new()
@@ -561,7 +563,7 @@ impl RedisBackend {
             keys: keys::Keys::new(&config.prefix),
             scrub,
             counters: engine::Counters::default(),
-            max_entries: if batches { config.max_batch } else { 1 },
+            max_entries: config.max_batch,
             ack_ttl: config.release_ack_ttl,
         });
         tokio::time::timeout(config.request_timeout, engine.load_scripts())
@@ -804,7 +806,10 @@ impl Backend for RedisBackend {
             let entry = ReleaseEntry {
                 lock: keys.lock(name),
                 holder: hex(holder),
-                short: (self.inner.expiries).take_ends_within(holder, self.inner.engine.ack_ttl),
+                short: self
+                    .inner
+                    .expiries
+                    .take_ends_within(holder, self.inner.engine.ack_ttl),
             };
             self.bounded("redis release", self.inner.release.call(entry, false))
                 .await
