@@ -15,11 +15,21 @@
 //!   without an extension, or when the pipe closes because tenure died. Being in the command's
 //!   group, it is frozen or killed exactly when the command is.
 //!
+//! The command shares its group with the watchdog process, so whatever the command sends its
+//! group (`kill -USR1 0` to reopen logs, a stray `kill -ALRM 0`) reaches the watchdog too. The
+//! process therefore blocks **every** signal that can be blocked, real-time ones and the two
+//! glibc reserves included, from before it joins the group (in the forked child, before
+//! `exec`; a blocked mask survives `exec`) until it exits: a signal the command sends the
+//! group stays pending and never runs a default action. What still reaches it: SIGKILL, which
+//! kills the command's whole group with it, and SIGSTOP, which stops the command with it.
+//! A watchdog process killed by its pid alone (`pkill -f __watchdog`) is started again by
+//! tenure while tenure runs.
+//!
 //! `CLOCK_MONOTONIC` is one clock for every process on the machine and keeps running while a
 //! process is stopped, so both halves count the time tenure was frozen.
 
 use std::fs::File;
-use std::io::{self, BufRead, Write};
+use std::io::{self, Write};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -44,6 +54,8 @@ struct Shared {
 
 struct Arm {
     group: libc::pid_t,
+    /// The pid of the group's watchdog process, to tell its exit from a replacement's.
+    process: libc::pid_t,
     /// Re-read on every wake-up: renewals move the deadline later.
     deadline: Box<dyn Fn() -> Instant + Send>,
     /// The watchdog process's stdin, and the deadline last written to it.
@@ -72,9 +84,10 @@ impl Watchdog {
         group: &ProcessGroup,
         deadline: impl Fn() -> Instant + Send + 'static,
     ) -> Result<(), CliError> {
-        let feed = spawn_process(group, deadline())?;
+        let (feed, process) = spawn_process(self, group.id(), deadline())?;
         *self.lock() = Some(Arm {
             group: group.id(),
+            process,
             deadline: Box::new(deadline),
             feed,
             fed: None,
@@ -88,6 +101,35 @@ impl Watchdog {
     pub fn disarm(&self) {
         *self.lock() = None;
         self.shared.changed.notify_all();
+    }
+
+    /// The watchdog process `process` of `group` exited. While the watchdog is still armed for
+    /// that group and the group still has members, something killed the process by its pid
+    /// (every group signal but SIGKILL is blocked, and SIGKILL would have taken the group
+    /// with it): start another, so that a frozen or killed tenure still cannot leave the
+    /// command running.
+    fn process_exited(&self, group: libc::pid_t, process: libc::pid_t) {
+        let mut armed = self.lock();
+        let Some(arm) = armed.as_mut() else { return };
+        if arm.group != group || arm.process != process || !signal_group(group, 0) {
+            return;
+        }
+        match spawn_process(self, group, (arm.deadline)()) {
+            Ok((feed, process)) => {
+                tracing::warn!(
+                    group,
+                    "the watchdog process was killed while the command runs; started another"
+                );
+                arm.feed = feed;
+                arm.process = process;
+                arm.fed = None;
+                drop(armed);
+                self.shared.changed.notify_all();
+            }
+            // The group is gone by now (setpgid found no such group), or tenure cannot fork:
+            // the watchdog thread still guards the deadline while tenure runs.
+            Err(e) => tracing::warn!(group, "cannot restart the watchdog process: {e}"),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arm>> {
@@ -119,7 +161,8 @@ fn watch(shared: &Shared) {
             drop(armed);
             // The kill comes first; the report can wait.
             if signal_group(group, libc::SIGKILL) {
-                eprintln!(
+                let _ = writeln!(
+                    io::stderr(),
                     "tenure: the lease's validity ran out {:?} ago on the monotonic clock (was this process frozen?); killed the command's process group",
                     now - deadline
                 );
@@ -127,8 +170,9 @@ fn watch(shared: &Shared) {
             continue;
         }
         if arm.fed != Some(deadline) {
-            // A failed write means the watchdog process is gone: so is the group (it killed
-            // it), or the group killed it; either way nothing is left to guard.
+            // A failed write means the watchdog process is gone: it killed the group, SIGKILL
+            // to the group took both, or it was killed alone and `process_exited` starts
+            // another (which is fed on the next lap).
             let _ = writeln!(arm.feed, "{}", monotonic_ns(deadline));
             arm.fed = Some(deadline);
         }
@@ -137,21 +181,41 @@ fn watch(shared: &Shared) {
     }
 }
 
-/// Starts `tenure __watchdog` in `group` with `deadline`, and returns the pipe that feeds it.
-fn spawn_process(group: &ProcessGroup, deadline: Instant) -> Result<File, CliError> {
+/// Starts `tenure __watchdog` in `group` with `deadline`, and returns the pipe that feeds it
+/// and its pid. When it exits, `watchdog` hears of it (to start another if it was killed).
+fn spawn_process(
+    watchdog: &Watchdog,
+    group: libc::pid_t,
+    deadline: Instant,
+) -> Result<(File, libc::pid_t), CliError> {
     let internal = |what: &str, e: io::Error| CliError::Internal {
         message: format!("cannot start the watchdog process: {what}: {e}"),
     };
     let exe = std::env::current_exe().map_err(|e| internal("cannot find this executable", e))?;
-    let mut child = tokio::process::Command::new(exe)
+    let mut command = tokio::process::Command::new(exe);
+    command
         .arg(SUBCOMMAND)
-        .arg(group.id().to_string())
+        .arg(group.to_string())
         .arg(monotonic_ns(deadline).to_string())
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .process_group(group.id())
-        .spawn()
-        .map_err(|e| internal("spawn", e))?;
+        .stdout(std::process::Stdio::null());
+    // SAFETY: the closure runs in the forked child before exec, so it may only call
+    // async-signal-safe functions: rt_sigprocmask and setpgid are system calls, and a
+    // raw-errno io::Error does not allocate.
+    unsafe {
+        command.pre_exec(move || {
+            // Block first, join the group second: from the instant it is in the command's
+            // group, nothing the command sends the group can end it. (Not
+            // `Command::process_group`, which would join before this closure runs.)
+            ignore_all_signals();
+            block_all_signals();
+            if libc::setpgid(0, group) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|e| internal("spawn", e))?;
     let stdin = child
         .stdin
         .take()
@@ -159,15 +223,78 @@ fn spawn_process(group: &ProcessGroup, deadline: Instant) -> Result<File, CliErr
     let fd: OwnedFd = stdin
         .into_owned_fd()
         .map_err(|e| internal("stdin pipe", e))?;
-    if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // No await since the spawn: the reaper (same thread) has not seen it yet.
-        crate::reaper::manage(pid);
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-            crate::reaper::release(pid);
-        });
+    let pid = child
+        .id()
+        .and_then(|p| libc::pid_t::try_from(p).ok())
+        .ok_or_else(|| internal("no pid", io::Error::other("missing")))?;
+    // No await since the spawn: the reaper (same thread) has not seen it yet.
+    crate::reaper::manage(pid);
+    let watchdog = watchdog.clone();
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+        crate::reaper::release(pid);
+        watchdog.process_exited(group, pid);
+    });
+    Ok((File::from(fd), pid))
+}
+
+/// Blocks every signal that can be blocked (the kernel leaves SIGKILL and SIGSTOP alone),
+/// real-time ones included. A raw system call, because glibc's `sigprocmask` silently keeps
+/// the two signals it reserves (32 and 33) unblocked, and their default action is to
+/// terminate. Async-signal-safe.
+fn block_all_signals() {
+    let all: u64 = u64::MAX;
+    // SAFETY: rt_sigprocmask reads an 8-byte mask we own (the kernel's sigset size on Linux)
+    // and writes no old mask (null).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK,
+            &raw const all,
+            std::ptr::null_mut::<u64>(),
+            std::mem::size_of::<u64>(),
+        );
     }
-    Ok(File::from(fd))
+}
+
+/// The kernel's `struct sigaction` (x86-64 and arm64 layout), for [`ignore_all_signals`].
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// Sets every signal's disposition to "ignore" (SIGKILL and SIGSTOP refuse), again with raw
+/// system calls so that 32 and 33 are included. Blocking alone is not enough across `exec`:
+/// glibc's start-up unblocks 32 and 33 in the new program, and a 32 the command sent the
+/// group while it was blocked would then be delivered with its default action (terminate).
+/// An ignored disposition survives `exec`, and setting it discards what is pending.
+/// Async-signal-safe.
+fn ignore_all_signals() {
+    let ignore = KernelSigaction {
+        handler: libc::SIG_IGN,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for signo in 1..=64 {
+        if signo == libc::SIGKILL || signo == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads the struct we own; SIG_IGN installs no handler code, and
+        // no old action is written (null).
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                signo,
+                &raw const ignore,
+                std::ptr::null_mut::<KernelSigaction>(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
 }
 
 /// `tenure __watchdog GROUP DEADLINE_NS`: the process half. Reads later deadlines (absolute
@@ -181,61 +308,99 @@ pub fn process_main(args: &[String]) -> u8 {
         eprintln!("tenure: usage: tenure {SUBCOMMAND} GROUP DEADLINE_NS (internal)");
         return 2;
     };
-    // The supervisor signals the whole group (SIGTERM first, then the grace period): the
-    // watchdog must outlive that, so only SIGKILL ends it.
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT] {
-        // SAFETY: setting a signal's disposition to "ignore" installs no handler code.
-        unsafe { libc::signal(signal, libc::SIG_IGN) };
-    }
-    // Lines arrive from a thread of tenure; a reader thread turns them into updates so the
-    // main thread can sleep on an absolute deadline.
-    let state = Arc::new((Mutex::new((deadline, false)), Condvar::new()));
-    let reader = Arc::clone(&state);
-    let spawned = std::thread::Builder::new()
-        .name("feed".into())
-        .spawn(move || {
-            let (lock, cvar) = &*reader;
-            for line in io::stdin().lock().lines() {
-                let Ok(line) = line else { break };
-                if let Ok(ns) = line.trim().parse::<u64>() {
-                    lock.lock().unwrap_or_else(PoisonError::into_inner).0 = ns;
-                }
-            }
-            lock.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
-            cvar.notify_all();
-        });
-    if spawned.is_err() {
-        signal_group(group, libc::SIGKILL);
-        return 1;
-    }
-    let (lock, cvar) = &*state;
+    // The supervisor signals the whole group (SIGTERM first, then the grace period), and the
+    // command may signal its own group with anything: the watchdog must outlive all of it,
+    // so only SIGKILL ends it. Already ignored and blocked before exec when tenure started
+    // it; again here for a watchdog started some other way. One thread, on purpose: glibc's
+    // first `pthread_create` unblocks 32 and 33 and installs a handler for 33.
+    ignore_all_signals();
+    block_all_signals();
+    let mut feed = Feed::default();
+    let mut deadline = deadline;
     loop {
-        let (deadline, closed) = *lock.lock().unwrap_or_else(PoisonError::into_inner);
-        if closed {
-            // tenure is gone or the term is over: nothing may run on without it.
-            signal_group(group, libc::SIGKILL);
-            return 0;
-        }
         let now = now_ns();
         if now >= deadline {
-            eprintln!(
-                "tenure: watchdog: the lease's validity ran out {} ms ago and tenure did not renew it (frozen or stuck); killing the command's process group",
+            // The kill comes first; the report can fail (a closed stderr) without a panic.
+            signal_group(group, libc::SIGKILL);
+            let _ = writeln!(
+                io::stderr(),
+                "tenure: watchdog: the lease's validity ran out {} ms ago and tenure did not renew it (frozen or stuck); killed the command's process group",
                 (now - deadline) / 1_000_000
             );
-            signal_group(group, libc::SIGKILL);
             return 0;
         }
         // Re-check the clock at least every 100 ms (so a stop of this process cannot stretch
-        // a wait past the deadline by more), and at once when the feed closes; later
-        // deadlines are picked up on the next lap.
-        let wait = Duration::from_nanos(deadline - now).min(Duration::from_millis(100));
-        let guard = lock.lock().unwrap_or_else(PoisonError::into_inner);
-        if guard.1 {
-            continue;
+        // a wait past the deadline by more), and at once when a line or the end arrives.
+        let wait_ms = ((deadline - now) / 1_000_000 + 1).min(100);
+        match feed.poll(i32::try_from(wait_ms).unwrap_or(100)) {
+            Polled::Deadline(ns) => deadline = ns,
+            Polled::Nothing => {}
+            Polled::Closed => {
+                // tenure is gone or the term is over: nothing may run on without it.
+                signal_group(group, libc::SIGKILL);
+                return 0;
+            }
         }
-        let _ = cvar
-            .wait_timeout(guard, wait)
-            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+/// The pipe from tenure (stdin), read without a thread: deadlines as decimal lines.
+#[derive(Default)]
+struct Feed {
+    partial: Vec<u8>,
+}
+
+enum Polled {
+    /// The latest complete line: a new deadline.
+    Deadline(u64),
+    /// Nothing new within the wait (or an interrupted wait).
+    Nothing,
+    /// End of file or a read error: tenure died or disarmed the watchdog.
+    Closed,
+}
+
+impl Feed {
+    /// The most a line can be; longer input is not tenure's and is dropped.
+    const MAX_LINE: usize = 64;
+
+    /// Waits up to `wait_ms` for input on stdin and reads what is there.
+    fn poll(&mut self, wait_ms: i32) -> Polled {
+        let mut fds = libc::pollfd {
+            fd: libc::STDIN_FILENO,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll reads and writes the one pollfd we own.
+        let ready = unsafe { libc::poll(&raw mut fds, 1, wait_ms) };
+        if ready <= 0 {
+            return Polled::Nothing;
+        }
+        let mut buf = [0u8; 512];
+        // SAFETY: read writes at most buf.len() bytes into the buffer we own.
+        let n = unsafe { libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len()) };
+        let n = match usize::try_from(n) {
+            Ok(0) => return Polled::Closed,
+            Ok(n) => n,
+            Err(_) if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {
+                return Polled::Nothing;
+            }
+            Err(_) => return Polled::Closed,
+        };
+        let mut latest = None;
+        for &byte in &buf[..n] {
+            if byte == b'\n' {
+                if let Some(ns) = std::str::from_utf8(&self.partial)
+                    .ok()
+                    .and_then(|l| l.trim().parse::<u64>().ok())
+                {
+                    latest = Some(ns);
+                }
+                self.partial.clear();
+            } else if self.partial.len() < Self::MAX_LINE {
+                self.partial.push(byte);
+            }
+        }
+        latest.map_or(Polled::Nothing, Polled::Deadline)
     }
 }
 

@@ -1,0 +1,240 @@
+//! The watchdog process against a hostile command: a command that signals its own process
+//! group (`kill -USR1 0` and every other signal it can ignore itself) must not disarm the
+//! watchdog, so a `tenure` killed or frozen afterwards still cannot leave the command running
+//! into the next replica's term. Also: a watchdog process killed by its pid alone is started
+//! again while tenure runs.
+
+mod cli_support;
+#[path = "support/tempdir.rs"]
+mod tempdir;
+
+use std::path::Path;
+use std::time::Duration;
+
+use cli_support::{Tenure, alive, events, now_ns, read_pid, wait_until, worker};
+use tempdir::TempDir;
+
+/// Every signal a shell can ignore (all but KILL, STOP, CONT, CHLD, and 32/33, which glibc
+/// keeps for itself): the command ignores each, then sends each to its own process group.
+const GROUP_SIGNALS: &str =
+    "1 2 3 4 5 6 7 8 10 11 12 13 14 15 16 20 21 22 23 24 25 26 27 28 29 30 31 34 35 40 50 60 63 64";
+
+/// A command that ignores [`GROUP_SIGNALS`], logs its `start` (the worker log format), sends
+/// every one of them to its whole process group, then starts a background loop that logs a
+/// `tick` every 100 ms (the writes a stale leader must not make), writes the loop's pid to
+/// `looppid` and waits. `tenure` killed with -9 takes the shell (parent-death signal), but
+/// only the watchdog process can take the loop.
+fn hostile(log: &Path, pidfile: &Path, looppid: &Path) -> Vec<String> {
+    let body = format!(
+        r#"for n in {sigs}; do trap "" $n; done
+echo "start $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_LEASE $TENURE_IDENTITY" >> {log}
+echo $$ > {pid}.tmp && mv {pid}.tmp {pid}
+for n in {sigs}; do kill -$n 0; done
+sh -c 'while :; do echo "tick $TENURE_FENCING_TOKEN $$ $(date +%s%N)" >> {log}; sleep 0.1; done' &
+echo $! > {looppid}.tmp && mv {looppid}.tmp {looppid}
+wait"#,
+        sigs = GROUP_SIGNALS,
+        log = log.display(),
+        pid = pidfile.display(),
+        looppid = looppid.display(),
+    );
+    vec!["sh".into(), "-c".into(), body]
+}
+
+fn run_args(state: &Path, identity: &str, command: Vec<String>) -> Vec<String> {
+    cli_support::run_args(
+        "hostile",
+        &["--state-dir", &state.display().to_string()],
+        &["--identity", identity],
+        command,
+    )
+}
+
+/// The pid of the worker B started, or a failure showing B's log.
+fn read_pid_or_log(pidfile: &Path, b: &Tenure) -> u32 {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "b never started its command; b's log:\n{}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The process group of `pid` (field 5 of /proc/PID/stat).
+fn pgrp(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// The live `tenure __watchdog` process in process group `group`, if any.
+fn watchdog_in(group: u32) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            pgrp(pid) == Some(group)
+                && alive(pid)
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.split(|&b| b == 0).any(|arg| arg == b"__watchdog"))
+        })
+}
+
+/// The signals `pid` blocks or ignores (SigBlk | SigIgn in /proc/PID/status).
+fn blocked_or_ignored(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let mask = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    mask("SigBlk:") | mask("SigIgn:")
+}
+
+/// Runs the scenario: A leads with the hostile command, which signals its group; then A's
+/// tenure is ended by `end_a` (kill -9 or SIGSTOP) and B takes over. The loop A's command left
+/// must be gone before B's command starts, and it must log no tick after that.
+fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> Tenure {
+    let dir = TempDir::new(&format!("cli-watchdog-{tag}"));
+    let (state, log) = (dir.path().join("state"), dir.path().join("log"));
+    let looppid = dir.path().join("loop");
+    let a = Tenure::start(
+        &run_args(&state, "a", hostile(&log, &dir.path().join("pa"), &looppid)),
+        &[],
+        dir.path().join("ea"),
+    );
+    let pid_a = read_pid(&dir.path().join("pa"), Duration::from_secs(10));
+    let loop_pid = read_pid(&looppid, Duration::from_secs(10));
+    // The command has signalled its group with everything it could: the watchdog process is
+    // still there, and is immune even to the signals a shell cannot ignore (32, 33).
+    // (tenure starts it just after the command: wait for it to join the group.)
+    let mut found = None;
+    wait_until(
+        Duration::from_secs(5),
+        "the watchdog process in the command's group (did the command's signals kill it?)",
+        || {
+            found = watchdog_in(pid_a);
+            found.is_some()
+        },
+    );
+    let watchdog = found.unwrap_or_default();
+    let mask = blocked_or_ignored(watchdog);
+    for signo in [1, 2, 10, 12, 14, 15, 32, 33, 34, 64] {
+        assert!(
+            mask & (1 << (signo - 1)) != 0,
+            "signal {signo} is neither blocked nor ignored by the watchdog process: {mask:016x}"
+        );
+    }
+    wait_until(Duration::from_secs(5), "the loop's first tick", || {
+        events(&log).iter().any(|e| e.kind == "tick")
+    });
+    let b = Tenure::start(
+        &run_args(&state, "b", worker(&log, &dir.path().join("pb"), -1.0, 0)),
+        &[],
+        dir.path().join("eb"),
+    );
+    end_a(&a);
+    wait_until(
+        Duration::from_secs(10),
+        "the loop of a's command to be killed",
+        || !alive(loop_pid),
+    );
+    let gone = now_ns();
+    let pid_b = read_pid_or_log(&dir.path().join("pb"), &b);
+    let ev = events(&log);
+    let start_b = ev
+        .iter()
+        .find(|e| e.kind == "start" && e.pid == pid_b)
+        .map_or(0, |e| e.at_ns);
+    assert!(
+        gone <= start_b,
+        "a's loop ran into b's term: gone at {gone}, b started at {start_b}\n{ev:?}"
+    );
+    let late: Vec<_> = ev
+        .iter()
+        .filter(|e| e.kind == "tick" && e.at_ns >= start_b)
+        .collect();
+    assert!(late.is_empty(), "a's loop wrote during b's term: {late:?}");
+    assert!(
+        ev.iter().any(|e| e.kind == "tick" && e.pid == loop_pid),
+        "the loop never ran: {ev:?}"
+    );
+    drop(b);
+    a
+}
+
+#[test]
+fn a_command_signalling_its_own_group_cannot_outlive_a_killed_tenure() {
+    let mut a = hostile_command_then("kill9", |a| a.signal(libc::SIGKILL));
+    a.wait(Duration::from_secs(5));
+}
+
+#[test]
+fn a_command_signalling_its_own_group_cannot_outlive_a_frozen_tenure() {
+    let mut a = hostile_command_then("frozen", |a| a.signal(libc::SIGSTOP));
+    a.signal(libc::SIGCONT);
+    let status = a.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(3), "{}", a.log());
+}
+
+#[test]
+fn a_watchdog_process_killed_by_its_pid_is_started_again() {
+    let dir = TempDir::new("cli-watchdog-respawn");
+    let (state, log) = (dir.path().join("state"), dir.path().join("log"));
+    let a = Tenure::start(
+        &run_args(&state, "a", worker(&log, &dir.path().join("pa"), -1.0, 0)),
+        &[],
+        dir.path().join("ea"),
+    );
+    let pid_a = read_pid(&dir.path().join("pa"), Duration::from_secs(10));
+    let mut first = None;
+    wait_until(Duration::from_secs(5), "the watchdog process", || {
+        first = watchdog_in(pid_a);
+        first.is_some()
+    });
+    let first = first.unwrap_or_default();
+    // SAFETY: signalling a process this test found in its own child's process group.
+    assert_eq!(
+        unsafe { libc::kill(libc::pid_t::try_from(first).unwrap_or(0), libc::SIGKILL) },
+        0
+    );
+    let mut second = None;
+    wait_until(Duration::from_secs(5), "a new watchdog process", || {
+        second = watchdog_in(pid_a).filter(|&p| p != first);
+        second.is_some()
+    });
+    assert!(alive(pid_a), "the command must keep running");
+    assert!(a.log().contains("started another"), "{}", a.log());
+    // The replacement does the job: tenure frozen, the command is killed before b leads.
+    let b = Tenure::start(
+        &run_args(&state, "b", worker(&log, &dir.path().join("pb"), -1.0, 0)),
+        &[],
+        dir.path().join("eb"),
+    );
+    a.signal(libc::SIGSTOP);
+    wait_until(
+        Duration::from_secs(10),
+        "a's command to be killed while a is frozen",
+        || !alive(pid_a),
+    );
+    let gone = now_ns();
+    let pid_b = read_pid(&dir.path().join("pb"), Duration::from_secs(15));
+    let start_b = events(&log)
+        .iter()
+        .find(|e| e.kind == "start" && e.pid == pid_b)
+        .map_or(0, |e| e.at_ns);
+    assert!(gone <= start_b, "a's command ran into b's term");
+    a.signal(libc::SIGCONT);
+    drop(b);
+}
