@@ -1,6 +1,8 @@
 //! Small helpers shared across the crate: randomness for jitter, the default identity, error
 //! messages with their causes.
 
+use crate::lock::MAX_IDENTITY_LEN;
+
 /// A random u64 from the OS source, for jitter (not for secrets: see
 /// [`HolderToken`](crate::backend::HolderToken)).
 pub(crate) fn random_u64() -> u64 {
@@ -11,22 +13,36 @@ pub(crate) fn random_u64() -> u64 {
 /// This process's default identity: `$POD_NAME` when set (the Kubernetes downward API
 /// convention), otherwise `<hostname>-<pid>`.
 ///
+/// The result is always a valid identity for [`Locker::with_identity`](crate::Locker::with_identity):
+/// at most [`MAX_IDENTITY_LEN`] bytes, without control characters. A host name too long for
+/// that is cut short (at a character boundary, keeping the pid), and control characters in it
+/// become `_`. A `$POD_NAME` that is not a valid identity (a pod name never is) is ignored
+/// with a warning, in favour of `<hostname>-<pid>`.
+///
 /// # Example
 ///
 /// ```
 /// let id = tenure::default_identity();
-/// assert!(!id.is_empty());
+/// assert!(!id.is_empty() && id.len() <= tenure::lock::MAX_IDENTITY_LEN);
 /// ```
 #[must_use]
 pub fn default_identity() -> String {
     if let Ok(pod) = std::env::var("POD_NAME")
         && !pod.trim().is_empty()
     {
-        return pod;
+        if pod.len() <= MAX_IDENTITY_LEN && !pod.chars().any(char::is_control) {
+            return pod;
+        }
+        tracing::warn!(
+            bytes = pod.len(),
+            "$POD_NAME is not a valid identity (at most {MAX_IDENTITY_LEN} bytes, no control \
+             characters); using <hostname>-<pid> instead"
+        );
     }
     let host = std::env::var("HOSTNAME")
         .ok()
-        .filter(|h| !h.trim().is_empty())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
         .or_else(|| {
             std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()
@@ -34,7 +50,24 @@ pub fn default_identity() -> String {
                 .filter(|h| !h.is_empty())
         })
         .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}-{}", std::process::id())
+    host_identity(&host, std::process::id())
+}
+
+/// `<host>-<pid>`, with `host` cut short to keep the whole within [`MAX_IDENTITY_LEN`] bytes
+/// and its control characters replaced by `_`.
+fn host_identity(host: &str, pid: u32) -> String {
+    let suffix = format!("-{pid}");
+    let room = MAX_IDENTITY_LEN - suffix.len();
+    let mut out = String::with_capacity(MAX_IDENTITY_LEN);
+    for c in host.chars() {
+        let c = if c.is_control() { '_' } else { c };
+        if out.len() + c.len_utf8() > room {
+            break;
+        }
+        out.push(c);
+    }
+    out.push_str(&suffix);
+    out
 }
 
 /// `e` and its sources joined with ": ", each distinct message once (a source whose text the
@@ -52,4 +85,22 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_identities_fit_the_cap_and_keep_the_pid() {
+        assert_eq!(host_identity("web-1", 42), "web-1-42");
+        assert_eq!(host_identity("a\nb\u{1b}", 7), "a_b_-7");
+        let long = host_identity(&"h".repeat(300), 4_194_304);
+        assert_eq!(long.len(), MAX_IDENTITY_LEN);
+        assert!(long.ends_with("h-4194304"), "{long}");
+        // Cut at a character boundary: "é" is two bytes.
+        let accented = host_identity(&"é".repeat(200), 1);
+        assert!(accented.len() <= MAX_IDENTITY_LEN && accented.ends_with("é-1"));
+        assert_eq!(accented.len(), MAX_IDENTITY_LEN - 1);
+    }
 }

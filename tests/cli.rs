@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use cli_support::{
     FAST, TENURE as TENURE_BIN, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid,
-    run_to_end, strings, wait_until, worker,
+    run_bounded, run_to_end, strings, wait_until, worker,
 };
 use tempdir::TempDir;
 
@@ -608,4 +608,123 @@ fn crd_prints_the_election_definition() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/election.yaml"))
             .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(out, committed);
+}
+
+/// The one `tenure: …` error line of `stderr` (warnings aside), failing the test otherwise.
+fn error_line(stderr: &str) -> &str {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("tenure: ") && !l.starts_with("tenure: warning:"))
+        .collect();
+    assert_eq!(lines.len(), 1, "expected one error line: {stderr}");
+    lines[0]
+}
+
+#[test]
+fn an_identity_over_the_limit_is_refused_and_the_lease_stays_usable() {
+    let s = Scratch::new("identity");
+    let state = s.state();
+    let run = |extra: &[&str], env: &[(&str, &str)], script: &str| {
+        let args = run_args(&s, "ident", extra, strings(&["sh", "-c", script]));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_bounded(&refs, env, b"", Duration::from_secs(20))
+    };
+    // 64 KiB and more: the local record could not be read back. Refused before anything is
+    // written, naming the flag and the limit, without echoing the identity.
+    let huge = "x".repeat(70_000);
+    let (c, _, err) = run(&["--identity", &huge], &[], "exit 0");
+    assert_eq!(c, 2, "{err}");
+    let line = error_line(&err);
+    assert!(
+        line.contains("--identity") && line.contains("253"),
+        "{line}"
+    );
+    assert!(
+        line.len() < 500,
+        "the identity was echoed: {} bytes",
+        line.len()
+    );
+    // Just over the limit, from $POD_NAME: the error names the variable.
+    let (c, _, err) = run(&[], &[("POD_NAME", &"p".repeat(254))], "exit 0");
+    assert_eq!(c, 2, "{err}");
+    assert!(error_line(&err).contains("$POD_NAME"), "{err}");
+    // At the limit: accepted.
+    let (c, out, err) = run(
+        &["--identity", &"y".repeat(253)],
+        &[],
+        "echo \"$TENURE_IDENTITY\"",
+    );
+    assert_eq!((c, out.trim().len()), (0, 253), "{err}");
+    // A host name too long for the default `<hostname>-<pid>` is shortened to fit.
+    let (c, out, err) = run(
+        &[],
+        &[("POD_NAME", ""), ("HOSTNAME", &"h".repeat(300))],
+        "echo \"$TENURE_IDENTITY\"",
+    );
+    assert_eq!(c, 0, "{err}");
+    let id = out.trim();
+    assert!(id.len() <= 253 && id.starts_with("hhh"), "{id}");
+    let pid = id.rsplit_once('-').map_or("", |(_, p)| p);
+    assert!(pid.parse::<u32>().is_ok(), "no pid at the end of {id:?}");
+    // Nothing the runs above did left the lease unreadable.
+    let (c, out, err) = run_bounded(
+        &["status", "--lease", "ident", "--state-dir", &state],
+        &[],
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("<none>"), "{out}");
+}
+
+#[test]
+fn a_fifo_in_place_of_the_record_fails_fast_instead_of_hanging() {
+    let s = Scratch::new("fifo");
+    let state = s.state();
+    // Create the state directory (with its checks) by running once.
+    let (c, _, err) = run_bounded(
+        &run_args(&s, "piped", &[], strings(&["true"]))
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &[],
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(c, 0, "{err}");
+    let record = s.path("state/piped.lease");
+    std::fs::remove_file(&record).unwrap_or_else(|e| panic!("{e}"));
+    let status = std::process::Command::new("mkfifo")
+        .arg(&record)
+        .status()
+        .unwrap_or_else(|e| panic!("mkfifo: {e}"));
+    assert!(status.success());
+    let record = record.display().to_string();
+    let started = Instant::now();
+    let (c, _, err) = run_bounded(
+        &["status", "--lease", "piped", "--state-dir", &state],
+        &[],
+        b"",
+        Duration::from_secs(10),
+    );
+    assert_eq!(c, 4, "{err}");
+    let line = error_line(&err);
+    assert!(
+        line.contains(&record) && line.contains("not a regular file"),
+        "{line}"
+    );
+    let args = run_args(&s, "piped", &[], strings(&["true"]));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (c, _, err) = run_bounded(&refs, &[], b"", Duration::from_secs(10));
+    assert_eq!(c, 4, "{err}");
+    let line = error_line(&err);
+    assert!(
+        line.contains(&record) && line.contains("not a regular file"),
+        "{line}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
 }

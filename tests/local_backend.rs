@@ -900,3 +900,132 @@ async fn concurrent_tasks_on_separate_opens_exclude_each_other() {
     }
     assert_eq!(register.accepted(), 20);
 }
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: `c` is a NUL-terminated path that outlives the call.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// When a test fails, opens the FIFOs for writing a while, so that a reader or writer stuck on
+/// one (the bug under test) finishes and the runtime can shut down.
+struct Unblock(Vec<PathBuf>);
+
+impl Drop for Unblock {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for _ in 0..50 {
+            for p in &self.0 {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                let _ = std::fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p);
+                let _ = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(p);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_in_place_of_a_file_is_a_typed_error_not_a_hang() {
+    let dir = TempDir::reserve("local-backend-fifo");
+    let backend = open(dir.path());
+    let record = backend.record_path(LOCK);
+    let lock_file = dir.path().join("locked.lock");
+    let temp = dir.path().join(".staged.tmp");
+    mkfifo(&record);
+    mkfifo(&lock_file);
+    mkfifo(&temp);
+    let _unblock = Unblock(vec![record.clone(), lock_file.clone(), temp.clone()]);
+    let limit = Duration::from_secs(3);
+    let refused = |what: &str, path: &Path, err: Option<tenure::backend::BackendError>| {
+        let err = err.unwrap_or_else(|| panic!("{what} accepted a FIFO"));
+        assert_eq!(err.kind(), BackendErrorKind::Protocol, "{what}: {err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&path.display().to_string()) && text.contains("not a regular file"),
+            "{what}: {text}"
+        );
+    };
+    // The record: every operation that reads it.
+    let req = request("fifo", Duration::from_secs(5));
+    let answer = timeout(limit, backend.inspect(LOCK)).await;
+    refused(
+        "inspect",
+        &record,
+        answer.expect("inspect hung on a FIFO").err(),
+    );
+    let answer = timeout(limit, backend.try_acquire(&req)).await;
+    refused(
+        "try_acquire",
+        &record,
+        answer.expect("try_acquire hung on a FIFO").err(),
+    );
+    let answer = timeout(limit, backend.observe(LOCK).next()).await;
+    refused(
+        "observe",
+        &record,
+        answer
+            .expect("observe hung on a FIFO")
+            .and_then(Result::err),
+    );
+    // The lock file.
+    let locked = AcquireRequest {
+        name: "locked".into(),
+        ..request("fifo", Duration::from_secs(5))
+    };
+    let answer = timeout(limit, backend.try_acquire(&locked)).await;
+    refused(
+        "lock",
+        &lock_file,
+        answer.expect("locking hung on a FIFO").err(),
+    );
+    // A stale temporary file is ours to replace, whatever it is.
+    let staged = AcquireRequest {
+        name: "staged".into(),
+        ..request("fifo", Duration::from_secs(5))
+    };
+    let answer = timeout(limit, backend.try_acquire(&staged)).await;
+    assert!(
+        matches!(answer, Ok(Ok(Acquired::Granted { .. }))),
+        "a FIFO as the temporary file: {answer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_too_long_for_a_record_is_refused_and_never_written() {
+    let dir = TempDir::reserve("local-backend-identity");
+    let backend = open(dir.path());
+    // Over the 64 KiB a record may have: as is, and once control characters are escaped.
+    for identity in ["x".repeat(70_000), "\u{1}".repeat(20_000)] {
+        let req = request(&identity, Duration::from_secs(5));
+        let answer = backend.try_acquire(&req).await;
+        let err = answer
+            .err()
+            .expect("an identity the reader would refuse was granted");
+        assert_eq!(err.kind(), BackendErrorKind::Config, "{err}");
+        assert!(err.to_string().contains("identity"), "{err}");
+        // Nothing was written: the lock is free and readable.
+        assert_eq!(
+            backend.inspect(LOCK).await.map_err(|e| e.to_string()),
+            Ok(None)
+        );
+    }
+    granted(&backend, &request("short", Duration::from_secs(5))).await;
+}

@@ -260,3 +260,18 @@ async fn bad_input_gets_typed_errors() {
         Some(Released::NotHeld)
     );
 }
+
+#[test]
+fn identities_are_capped_in_bytes() {
+    // Every backend stores 253 bytes (the longest Kubernetes object name, so any pod name).
+    assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(253)).is_ok());
+    for long in ["a".repeat(254), "é".repeat(127), "x".repeat(70_000)] {
+        let refused = Locker::with_identity(MemoryBackend::new(), &long);
+        assert!(
+            matches!(&refused, Err(LockError::InvalidConfig { rule }) if rule.contains("253") && rule.len() < 200),
+            "{} bytes: {refused:?}",
+            long.len()
+        );
+    }
+    assert!(tenure::default_identity().len() <= 253);
+}

@@ -27,6 +27,27 @@ use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToke
 pub(crate) use lease::LeaseShared;
 use scheduler::Scheduler;
 
+/// The longest identity a [`Locker`] accepts, in bytes (UTF-8).
+///
+/// 253 is the longest Kubernetes object name (a DNS subdomain), so every pod name — the usual
+/// identity, from `$POD_NAME` — fits, as does any host name (at most 64 bytes on Linux) with a
+/// process id. Every backend stores it: the Kubernetes API server sets no limit of its own on
+/// `spec.holderIdentity` (the object, annotations included, is bounded by its size limits), a
+/// Redis value can be far larger, and a local lease record may have 64 KiB. A bound well
+/// below those keeps every record small and every `tenure status` line readable.
+///
+/// # Example
+///
+/// ```
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::lock::MAX_IDENTITY_LEN;
+/// use tenure::Locker;
+///
+/// assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(MAX_IDENTITY_LEN)).is_ok());
+/// assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(MAX_IDENTITY_LEN + 1)).is_err());
+/// ```
+pub const MAX_IDENTITY_LEN: usize = 253;
+
 /// Acquires and holds leases on one backend.
 ///
 /// Cheap to clone: clones share the backend and the renewal scheduler. The scheduler is one
@@ -102,11 +123,20 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidConfig`] if the identity is empty or contains control characters.
+    /// [`LockError::InvalidConfig`] if the identity is empty, longer than
+    /// [`MAX_IDENTITY_LEN`] bytes, or contains control characters.
     pub fn with_identity(backend: impl Backend, identity: &str) -> Result<Self, LockError> {
         if identity.trim().is_empty() {
             return Err(LockError::InvalidConfig {
                 rule: "identity must not be empty".into(),
+            });
+        }
+        if identity.len() > MAX_IDENTITY_LEN {
+            return Err(LockError::InvalidConfig {
+                rule: format!(
+                    "identity must be at most {MAX_IDENTITY_LEN} bytes long, not {}",
+                    identity.len()
+                ),
             });
         }
         if identity.chars().any(char::is_control) {

@@ -185,6 +185,86 @@ pub fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) 
     )
 }
 
+/// Runs `tenure <args…>` with `stdin` as its input, like [`run_to_end`], but fails the test
+/// (after killing tenure) if it has not exited within `limit`, and caps its address space at
+/// 4 GiB, so a tenure that hangs or reads without bound fails the test instead of stalling it
+/// or exhausting the machine's memory.
+pub fn run_bounded(
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: &[u8],
+    limit: Duration,
+) -> (i32, String, String) {
+    run_bounded_with(Command::new(TENURE).args(args), env, stdin, limit)
+}
+
+/// [`run_bounded`] for a prepared command (another program in front of tenure, say).
+pub fn run_bounded_with(
+    cmd: &mut Command,
+    env: &[(&str, &str)],
+    stdin: &[u8],
+    limit: Duration,
+) -> (i32, String, String) {
+    use std::io::{Read as _, Write as _};
+    use std::os::unix::process::CommandExt as _;
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    // SAFETY: setrlimit is async-signal-safe and touches only the struct passed to it.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap = libc::rlimit {
+                rlim_cur: 4 << 30,
+                rlim_max: 4 << 30,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &cap) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let mut input = child.stdin.take();
+    let stdin = stdin.to_vec();
+    std::thread::spawn(move || {
+        if let Some(mut pipe) = input.take() {
+            let _ = pipe.write_all(&stdin);
+        }
+    });
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap_or_else(|e| panic!("{e}")) {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = err.join().unwrap_or_default();
+            panic!("{cmd:?} did not exit within {limit:?}; stderr:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code().unwrap_or(-1),
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

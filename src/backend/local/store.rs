@@ -34,7 +34,8 @@ const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 /// before giving up with a timeout; only a process stopped in the middle of an update holds it
 /// longer.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
-/// Records are a few hundred bytes; anything far larger is not one.
+/// Records are a few hundred bytes; anything far larger is not one. `read` refuses larger
+/// files and `write` refuses to write larger records, so the two always agree.
 const MAX_RECORD: u64 = 64 * 1024;
 
 /// The state directory and the boot it is used in.
@@ -166,7 +167,7 @@ impl Store {
                 .write(true)
                 .create(true)
                 .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(&path)
             {
                 Ok(f) => f,
@@ -178,6 +179,16 @@ impl Store {
                 }
                 Err(e) => return Err(io_error("open the lock file", &path, &e)),
             };
+            if let Some(why) = not_regular(&file, &path)? {
+                return Err(BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!(
+                        "refusing the lock file {}: {why} (move it aside; the next operation \
+                         creates a new one)",
+                        path.display()
+                    ),
+                ));
+            }
             let mut spins = 0u32;
             loop {
                 match file.try_lock() {
@@ -218,15 +229,20 @@ impl Store {
     /// The record of `name`, `None` when there is none.
     pub(super) fn read(&self, name: &str) -> Result<Option<Record>, BackendError> {
         let path = self.record_path(name);
+        // O_NONBLOCK: opening a FIFO put in place of the record must not wait for a writer
+        // (it is refused below); on a regular file the flag changes nothing.
         let file = match OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&path)
         {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_error("open the lease record", &path, &e)),
         };
+        if let Some(why) = not_regular(&file, &path)? {
+            return Err(corrupt(&path, &why));
+        }
         let mut bytes = Vec::with_capacity(512);
         file.take(MAX_RECORD + 1)
             .read_to_end(&mut bytes)
@@ -244,16 +260,36 @@ impl Store {
     fn write(&self, name: &str, record: &Record, durable: bool) -> Result<(), BackendError> {
         let tmp = self.temp_path(name);
         let path = self.record_path(name);
+        let text = record.encode();
+        // Never write what `read` would refuse: the lock would be stuck until someone moved
+        // the record aside. Only the identity makes a record long.
+        if text.len() as u64 > MAX_RECORD {
+            return Err(BackendError::new(
+                BackendErrorKind::Config,
+                format!(
+                    "refusing to write the lease record {}: it would be {} bytes, over the \
+                     {MAX_RECORD} a record may have, because the holder's identity is {} bytes \
+                     long (a Locker accepts at most {})",
+                    path.display(),
+                    text.len(),
+                    record.holder.as_ref().map_or(0, |h| h.identity.len()),
+                    crate::lock::MAX_IDENTITY_LEN,
+                ),
+            ));
+        }
         let result = (|| {
+            // Only the holder of the file lock writes the temporary file, so one left behind
+            // is a killed writer's: remove it, whatever it is, and create ours exclusively
+            // (O_EXCL: never through a link, never into a FIFO or a device).
+            let _ = fs::remove_file(&tmp);
             let mut f = OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW)
                 .open(&tmp)
                 .map_err(|e| io_error("create", &tmp, &e))?;
-            f.write_all(record.encode().as_bytes())
+            f.write_all(text.as_bytes())
                 .map_err(|e| io_error("write", &tmp, &e))?;
             if durable {
                 f.sync_data().map_err(|e| io_error("sync", &tmp, &e))?;
@@ -445,6 +481,31 @@ pub(super) fn io_error(what: &str, path: &Path, e: &io::Error) -> BackendError {
         _ => BackendErrorKind::Unavailable,
     };
     BackendError::new(kind, format!("cannot {what} {}: {e}", path.display()))
+}
+
+/// What is wrong with `file` (opened from `path`) if it is not a regular file — a FIFO, a
+/// socket, a device, a directory — naming what it is. Reading a FIFO would wait forever for a
+/// writer, so nothing but a regular file is ever read or locked.
+fn not_regular(file: &File, path: &Path) -> Result<Option<String>, BackendError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let kind = file
+        .metadata()
+        .map_err(|e| io_error("inspect", path, &e))?
+        .file_type();
+    let found = if kind.is_file() {
+        return Ok(None);
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else {
+        "something else"
+    };
+    Ok(Some(format!("not a regular file but {found}")))
 }
 
 /// A record that cannot be interpreted: fail closed, naming the file.

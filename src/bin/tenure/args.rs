@@ -62,6 +62,9 @@ pub struct RunArgs {
     pub backend: BackendArgs,
 
     /// This replica's identity, shown to the others [default: $POD_NAME, else hostname-pid].
+    ///
+    /// At most 253 bytes (the longest Kubernetes object name), without control characters;
+    /// the same rules apply to $POD_NAME. Example: --identity "$(hostname)-worker-2"
     #[arg(long, value_name = "ID")]
     pub identity: Option<String>,
 
@@ -102,6 +105,24 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+impl RunArgs {
+    /// The identity to campaign with, and where it came from, for error messages: `--identity`,
+    /// else `$POD_NAME` (taken as it is, so that a bad one is reported rather than replaced),
+    /// else [`tenure::default_identity`].
+    pub fn identity(&self) -> (String, &'static str) {
+        if let Some(id) = &self.identity {
+            return (id.clone(), "--identity");
+        }
+        match std::env::var("POD_NAME") {
+            Ok(pod) if !pod.trim().is_empty() => (pod, "$POD_NAME (the default of --identity)"),
+            _ => (
+                tenure::default_identity(),
+                "the default of --identity (<hostname>-<pid>)",
+            ),
+        }
+    }
 }
 
 /// `tenure status`.

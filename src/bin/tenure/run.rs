@@ -23,10 +23,7 @@ pub const ENV_IDENTITY: &str = "TENURE_IDENTITY";
 
 /// Runs `tenure run`; the result is the process exit code.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(tenure::default_identity);
+    let (identity, identity_source) = args.identity();
     // The command is dropped this long before the lease could be granted to another
     // candidate. client-go has no such margin; 1 s unless the durations leave less room.
     let stop_margin =
@@ -44,7 +41,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let connected = backend::connect(&args.backend, true).await?;
     let locker = Locker::with_identity(Arc::clone(&connected.backend), &identity).map_err(|e| {
         CliError::Config {
-            message: format!("--identity: {}", crate::error::chain(&e)),
+            message: format!("{identity_source}: {}", crate::error::chain(&e)),
         }
     })?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
