@@ -678,6 +678,38 @@ fn an_identity_over_the_limit_is_refused_and_the_lease_stays_usable() {
 }
 
 #[test]
+fn redis_credential_files_are_read_with_a_bound() {
+    // Read before connecting, so no server is needed: /dev/zero never ends.
+    let started = Instant::now();
+    for (url, flag, limit) in [
+        ("redis://127.0.0.1:1", "--redis-password-file", "4096 bytes"),
+        ("rediss://127.0.0.1:1", "--redis-ca-file", "1048576 bytes"),
+    ] {
+        let (c, _, err) = run_bounded(
+            &[
+                "status",
+                "--lease",
+                "x",
+                "--backend",
+                url,
+                flag,
+                "/dev/zero",
+            ],
+            &[],
+            b"",
+            Duration::from_secs(20),
+        );
+        assert_eq!(c, 2, "{flag}: {err}");
+        let line = error_line(&err);
+        assert!(
+            line.contains(&format!("{flag} /dev/zero")) && line.contains(limit),
+            "{line}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
 fn a_fifo_in_place_of_the_record_fails_fast_instead_of_hanging() {
     let s = Scratch::new("fifo");
     let state = s.state();

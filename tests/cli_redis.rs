@@ -8,8 +8,8 @@ mod support;
 use std::time::Duration;
 
 use cli_support::{
-    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, strings,
-    wait_until, worker,
+    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_bounded, run_to_end,
+    strings, wait_until, worker,
 };
 use support::{RedisServer, TempDir};
 
@@ -151,6 +151,16 @@ fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
     let file = file.display().to_string();
     let (c, _, err) = run(base(&["--redis-password-file", &file]), &[]);
     assert_eq!(c, 9, "password from a file: {err}");
+    // A pipe is a file too.
+    let args = base(&["--redis-password-file", "/dev/stdin"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (c, _, err) = run_bounded(
+        &refs,
+        &[],
+        format!("{PW}\n").as_bytes(),
+        Duration::from_secs(30),
+    );
+    assert_eq!(c, 9, "password from a pipe: {err}");
 
     let (c, out, err) = run(base(&[]), &[("TENURE_REDIS_PASSWORD", "wrong-pw-123")]);
     assert_eq!(c, 4, "{err}");

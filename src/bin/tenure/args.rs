@@ -173,10 +173,14 @@ pub struct BackendArgs {
 
     /// Redis password read from this file (trailing newline ignored). The password may also
     /// come from $TENURE_REDIS_PASSWORD; it is never logged.
+    ///
+    /// Any file that can be read will do (/dev/stdin, a pipe); at most 4096 bytes are read,
+    /// and a longer file is refused.
     #[arg(long, value_name = "PATH", env = "TENURE_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<PathBuf>,
 
-    /// PEM file of the CA that signed the Redis server's certificate (rediss://).
+    /// PEM file of the CA that signed the Redis server's certificate (rediss://); at most
+    /// 1 MiB.
     #[arg(long, value_name = "PATH", env = "TENURE_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
 

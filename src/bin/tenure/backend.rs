@@ -14,6 +14,13 @@ use crate::error::CliError;
 /// The environment variable a Redis password may come from.
 pub const REDIS_PASSWORD_ENV: &str = "TENURE_REDIS_PASSWORD";
 
+/// The most `--redis-password-file` may hold, in bytes: passwords are far shorter, and a
+/// bound keeps a wrong path (`/dev/zero`, a log file) from being read without end.
+const MAX_PASSWORD_FILE: u64 = 4096;
+
+/// The most `--redis-ca-file` may hold, in bytes: a whole system CA bundle is ~200 KiB.
+const MAX_CA_FILE: u64 = 1024 * 1024;
+
 /// A connected store and how to describe it (never with secrets).
 pub struct Connected {
     /// The store.
@@ -94,8 +101,10 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
         config = config.username(user);
     }
     if let Some(path) = &args.redis_password_file {
-        let password = std::fs::read_to_string(path).map_err(|e| CliError::Config {
-            message: format!("--redis-password-file {}: {e}", path.display()),
+        let flag = "--redis-password-file";
+        let bytes = read_bounded(flag, path, MAX_PASSWORD_FILE)?;
+        let password = String::from_utf8(bytes).map_err(|_| CliError::Config {
+            message: format!("{flag} {}: not UTF-8 text", path.display()),
         })?;
         config = config.password(password.trim_end_matches(['\n', '\r']));
     } else if let Ok(password) = std::env::var(REDIS_PASSWORD_ENV)
@@ -104,9 +113,7 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
         config = config.password(&password);
     }
     if let Some(path) = &args.redis_ca_file {
-        let pem = std::fs::read(path).map_err(|e| CliError::Config {
-            message: format!("--redis-ca-file {}: {e}", path.display()),
-        })?;
+        let pem = read_bounded("--redis-ca-file", path, MAX_CA_FILE)?;
         config = config.ca_certificate_pem(pem);
     }
     if let Some(prefix) = &args.key_prefix {
@@ -128,6 +135,30 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
         description,
         election_backend,
     })
+}
+
+/// Reads at most `max` bytes of the file at `path` named by `flag`, from any kind of file (a
+/// pipe such as `/dev/stdin` too); a longer one is refused, naming the flag and the bound.
+fn read_bounded(flag: &str, path: &std::path::Path, max: u64) -> Result<Vec<u8>, CliError> {
+    use std::io::Read as _;
+    let fail = |e: std::io::Error| CliError::Config {
+        message: format!("{flag} {}: {e}", path.display()),
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .map_err(fail)?
+        .take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(fail)?;
+    if bytes.len() as u64 > max {
+        return Err(CliError::Config {
+            message: format!(
+                "{flag} {}: longer than {max} bytes; is it the right file?",
+                path.display()
+            ),
+        });
+    }
+    Ok(bytes)
 }
 
 /// Whether a URL carries a password in its user-info part.
