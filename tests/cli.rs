@@ -710,6 +710,50 @@ fn redis_credential_files_are_read_with_a_bound() {
 }
 
 #[test]
+fn install_replaces_a_symlink_instead_of_writing_through_it() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let s = Scratch::new("install");
+    let dir = s.path("bin");
+    std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let victim = s.path("victim");
+    std::fs::write(&victim, b"precious").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::os::unix::fs::symlink(&victim, dir.join("tenure")).unwrap_or_else(|e| panic!("{e}"));
+    let dir_arg = dir.display().to_string();
+    let (c, out, err) = run_bounded(&["install", &dir_arg], &[], b"", Duration::from_secs(20));
+    assert_eq!(c, 0, "{err}");
+    assert_eq!(out.trim(), dir.join("tenure").display().to_string());
+    let victim_now = std::fs::read(&victim).unwrap_or_default();
+    assert!(
+        victim_now == b"precious",
+        "install wrote through the symlink ({} bytes now)",
+        victim_now.len()
+    );
+    let meta = std::fs::metadata(&victim).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        meta.permissions().mode() & 0o7777,
+        0o600,
+        "victim's mode changed"
+    );
+    let installed = std::fs::symlink_metadata(dir.join("tenure")).unwrap_or_else(|e| panic!("{e}"));
+    assert!(installed.file_type().is_file(), "{installed:?}");
+    assert_eq!(installed.permissions().mode() & 0o7777, 0o755);
+    let copied = std::fs::read(dir.join("tenure")).unwrap_or_default();
+    let original = std::fs::read(TENURE_BIN).unwrap_or_else(|e| panic!("{e}"));
+    assert!(copied == original, "the installed file is not tenure");
+    // No temporary file is left behind, and a second install (over a regular file) works.
+    let (c, _, err) = run_bounded(&["install", &dir_arg], &[], b"", Duration::from_secs(20));
+    assert_eq!(c, 0, "{err}");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["tenure"]);
+}
+
+#[test]
 fn a_fifo_in_place_of_the_record_fails_fast_instead_of_hanging() {
     let s = Scratch::new("fifo");
     let state = s.state();

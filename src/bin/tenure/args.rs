@@ -45,6 +45,9 @@ pub enum Command {
     Crd,
     /// Copy this executable to DIR/tenure, for an init container that injects tenure into
     /// another image.
+    ///
+    /// The copy replaces DIR/tenure in one rename: a symbolic link there is replaced, never
+    /// followed.
     Install {
         /// The directory to copy into (usually an emptyDir volume).
         dir: PathBuf,
