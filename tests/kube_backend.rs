@@ -62,11 +62,22 @@ async fn record_is_written_as_client_go_writes_it() {
         "ttl rounded up to whole seconds"
     );
     assert_eq!(s.lease_transitions, Some(0));
-    assert!(s.acquire_time.is_some() && s.acquire_time == s.renew_time);
+    assert!(s.acquire_time.is_some());
+    // The grant was followed at once by the stamp: the token (the acquiring write's rv) is in
+    // the record before `acquire` returned, and the record moved on by exactly that write.
+    assert!(
+        lease.fencing_token().get() < rv(&raw),
+        "token = rv of the acquiring write, before the stamp's"
+    );
     assert_eq!(
-        lease.fencing_token().get(),
-        rv(&raw),
-        "token = rv of the acquiring write"
+        annotation(&raw, FENCING_ANNOTATION),
+        Some(lease.fencing_token().to_string()),
+        "the grant stamps the term's fencing token before it returns"
+    );
+    assert_eq!(
+        annotation(&raw, "tenure.dev/fencing-floor"),
+        Some(lease.fencing_token().to_string()),
+        "the stamp makes the floor exact"
     );
     assert_eq!(
         annotation(&raw, HOLDER_IDENTITY_ANNOTATION).as_deref(),
@@ -76,7 +87,6 @@ async fn record_is_written_as_client_go_writes_it() {
         annotation(&raw, HOLDER_TOKEN_ANNOTATION).map(|t| t.len()),
         Some(32)
     );
-    assert_eq!(annotation(&raw, FENCING_ANNOTATION), None);
 
     lease.refresh().await.expect("renew");
     let renewed = server.lease(NS, &name).await.expect("still there");
@@ -87,7 +97,7 @@ async fn record_is_written_as_client_go_writes_it() {
     assert_eq!(
         annotation(&renewed, FENCING_ANNOTATION),
         Some(lease.fencing_token().to_string()),
-        "the first renewal stamps the term's fencing token"
+        "renewals keep the term's fencing token"
     );
     let token = annotation(&renewed, HOLDER_TOKEN_ANNOTATION);
 

@@ -19,6 +19,8 @@
 //!   reports.fencing_token <= excluded.fencing_token`.
 //! - In Redis, use `fence::redis::fenced_set` (feature `redis`): one script compares and writes
 //!   atomically.
+//! - On Kubernetes, [`kube`] (feature `kube`): the API server itself refuses a stale leader's
+//!   writes through a generated ValidatingAdmissionPolicy, and `FencedApi` carries the token.
 //! - In process, [`Fence`] does the comparison for state you guard yourself.
 //!
 //! # Example: the SQL pattern, run against SQLite
@@ -47,6 +49,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "kube")]
+pub mod kube;
 #[cfg(feature = "redis")]
 pub mod redis;
 

@@ -26,8 +26,11 @@
 //! strictly increasing across holders and across a delete and re-create of the Lease, and
 //! comparable by contract since Kubernetes 1.35 (KEP-5504). A `resourceVersion` that is not an
 //! integer fails closed with [`BackendErrorKind::Protocol`]. The acquiring write cannot
-//! contain its own `resourceVersion`, so the first renewal stamps it into the
-//! `tenure.dev/fencing` annotation; a replayed acquire returns it. A backend instance also
+//! contain its own `resourceVersion`, so a second write right after the grant (before the
+//! grant is returned) stamps it into the `tenure.dev/fencing` annotation; a replayed acquire
+//! returns it. The acquiring write itself raises `tenure.dev/fencing-floor` above every
+//! earlier term's token, which is what the API server's fencing policy compares
+//! ([`crate::fence::kube`]). A backend instance also
 //! refuses (fails closed) a grant whose `resourceVersion` is not above every one it has seen,
 //! which catches an etcd restored from a backup while the process runs.
 //!
@@ -107,7 +110,7 @@
 
 mod client;
 mod error;
-mod record;
+pub(crate) mod record;
 mod state;
 mod watch;
 
@@ -130,7 +133,7 @@ use super::{
 };
 use error::Op;
 pub use record::{
-    ANNOTATION_PREFIX, FENCING as FENCING_ANNOTATION,
+    ANNOTATION_PREFIX, FENCING as FENCING_ANNOTATION, FENCING_FLOOR as FENCING_FLOOR_ANNOTATION,
     HOLDER_IDENTITY as HOLDER_IDENTITY_ANNOTATION, HOLDER_TOKEN as HOLDER_TOKEN_ANNOTATION,
     MAX_NAME_LEN, RELEASED_TOKEN as RELEASED_TOKEN_ANNOTATION,
 };
@@ -507,6 +510,42 @@ impl Inner {
         Ok(Acquired::Granted { fencing })
     }
 
+    /// Records a new term's exact fencing token in the Lease at once (the acquiring write
+    /// cannot contain its own `resourceVersion`), before the grant is returned and so before
+    /// the term's workload starts: observers and the API server's fencing policy see the
+    /// token one write after the grant. The acquiring write already raised
+    /// [`record::FENCING_FLOOR`] above every earlier term's token, so the policy refuses the
+    /// previous leader from the grant itself; the stamp makes the floor exact. If it fails
+    /// (a foreign write in between, a transient error), the first renewal stamps instead.
+    async fn stamp(
+        &self,
+        name: &Arc<str>,
+        req: &AcquireRequest,
+        granted: Lease,
+        acquired: &Acquired,
+    ) {
+        let Acquired::Granted { fencing } = acquired else {
+            return;
+        };
+        let mut lease = granted;
+        record::renewed(&mut lease, req.ttl, Some(*fencing));
+        let started = Instant::now();
+        match self.replace(name, &lease).await {
+            Ok(obj) => {
+                tracing::debug!(lease = %name, fencing = %fencing, elapsed = ?started.elapsed(), "stamped the term's fencing token");
+                if let Err(e) = self.note(name, Some(obj), true) {
+                    tracing::warn!(lease = %name, "after stamping the fencing token: {e}");
+                }
+            }
+            Err(Fail::Conflict | Fail::NotFound) => {
+                tracing::debug!(lease = %name, "the Lease changed before the fencing token was stamped");
+            }
+            Err(Fail::Error(e)) => {
+                tracing::warn!(lease = %name, "cannot stamp the fencing token yet (the first renewal will): {e}");
+            }
+        }
+    }
+
     async fn replace(&self, name: &str, lease: &Lease) -> Result<Lease, Fail> {
         self.call(
             self.op("update", name),
@@ -525,14 +564,25 @@ impl Inner {
             let sent = Instant::now();
             let seen = match current {
                 Current::Absent => {
-                    let lease =
-                        record::created(&self.namespace, name, &req.holder, &req.identity, req.ttl);
+                    let lease = record::created(
+                        &self.namespace,
+                        name,
+                        &req.holder,
+                        &req.identity,
+                        req.ttl,
+                        floor.saturating_add(1),
+                    );
                     let op = self.op("create", name);
                     match self
                         .call(op, self.api.create(&PostParams::default(), &lease))
                         .await
                     {
-                        Ok(obj) => return self.granted(name, req, obj, sent, None, floor),
+                        Ok(obj) => {
+                            let acquired =
+                                self.granted(name, req, obj.clone(), sent, None, floor)?;
+                            self.stamp(name, req, obj, &acquired).await;
+                            return Ok(acquired);
+                        }
                         // AlreadyExists: another candidate created it first.
                         Err(Fail::Conflict) => continue,
                         Err(Fail::NotFound) => {
@@ -563,11 +613,19 @@ impl Inner {
                     });
                 }
                 last_holder = view.holder;
-                record::take_over(&mut lease, &req.holder, &req.identity, req.ttl);
+                // Every token issued before this term is at most the version we read.
+                let term_floor = seen.rv.saturating_add(1);
+                record::take_over(&mut lease, &req.holder, &req.identity, req.ttl, term_floor);
                 None
             };
             match self.replace(name, &lease).await {
-                Ok(obj) => return self.granted(name, req, obj, sent, replay, floor),
+                Ok(obj) => {
+                    let acquired = self.granted(name, req, obj.clone(), sent, replay, floor)?;
+                    if replay.is_none() {
+                        self.stamp(name, req, obj, &acquired).await;
+                    }
+                    return Ok(acquired);
+                }
                 // Someone else wrote (409), or deleted it (404): read again and decide afresh.
                 Err(Fail::Conflict | Fail::NotFound) => {}
                 Err(Fail::Error(e)) => return Err(e),

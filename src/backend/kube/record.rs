@@ -22,6 +22,18 @@ pub const HOLDER_IDENTITY: &str = "tenure.dev/holder-identity";
 pub const FENCING: &str = "tenure.dev/fencing";
 /// The holder token that released the Lease last, so a replayed release reports success.
 pub const RELEASED_TOKEN: &str = "tenure.dev/released-token";
+/// The lowest fencing token the current term accepts: every token issued before the term is
+/// below it, the term's own token is not. The API server's fencing policy
+/// ([`crate::fence::kube`]) refuses a participant's write whose token is lower.
+///
+/// Written **by the acquiring write itself**, so the policy refuses the previous leader from
+/// the instant the new term is granted: on a takeover it is the observed `resourceVersion`
+/// + 1 (the previous holder's token is at most that version; the new term's token, the
+/// acquiring write's version, is above it). On a create, no earlier version of the Lease is
+/// known, so it is one above the highest version this backend has seen, and the stamp that
+/// follows every grant at once raises it to the term's exact token. Kept on release, and kept
+/// (never lowered) by client-go, which preserves annotations.
+pub const FENCING_FLOOR: &str = "tenure.dev/fencing-floor";
 
 /// The longest Lease name Kubernetes accepts (a DNS-1123 subdomain).
 pub const MAX_NAME_LEN: usize = 253;
@@ -158,13 +170,15 @@ fn annotations_mut(lease: &mut Lease) -> &mut BTreeMap<String, String> {
     lease.metadata.annotations.get_or_insert_with(BTreeMap::new)
 }
 
-/// A new Lease `name` in `namespace` held by `holder`/`identity`, as client-go creates it.
+/// A new Lease `name` in `namespace` held by `holder`/`identity`, as client-go creates it,
+/// with `floor` as its [`FENCING_FLOOR`].
 pub fn created(
     namespace: &str,
     name: &str,
     holder: &HolderToken,
     identity: &str,
     ttl: Duration,
+    floor: u64,
 ) -> Lease {
     let mut lease = Lease {
         metadata: ObjectMeta {
@@ -174,13 +188,20 @@ pub fn created(
         },
         spec: None,
     };
-    take_over(&mut lease, holder, identity, ttl);
+    take_over(&mut lease, holder, identity, ttl, floor);
     lease
 }
 
 /// Rewrites `lease` as a new term of `holder`/`identity`, exactly as client-go's acquiring
-/// update does: transitions +1 unless the previous holder had the same identity.
-pub fn take_over(lease: &mut Lease, holder: &HolderToken, identity: &str, ttl: Duration) {
+/// update does: transitions +1 unless the previous holder had the same identity. `floor`
+/// becomes the [`FENCING_FLOOR`] unless the record already has a higher one.
+pub fn take_over(
+    lease: &mut Lease,
+    holder: &HolderToken,
+    identity: &str,
+    ttl: Duration,
+    floor: u64,
+) {
     let previous = lease.spec.as_ref();
     let same_identity = previous.and_then(|s| s.holder_identity.as_deref()) == Some(identity);
     let transitions = previous.and_then(|s| s.lease_transitions).unwrap_or(0);
@@ -201,6 +222,26 @@ pub fn take_over(lease: &mut Lease, holder: &HolderToken, identity: &str, ttl: D
     a.insert(HOLDER_TOKEN.to_owned(), holder.to_hex());
     a.insert(HOLDER_IDENTITY.to_owned(), identity.to_owned());
     a.remove(FENCING);
+    raise_floor(a, floor);
+}
+
+/// Sets [`FENCING_FLOOR`] to `floor` unless it is already higher: the floor never goes down.
+fn raise_floor(a: &mut BTreeMap<String, String>, floor: u64) {
+    let current = a
+        .get(FENCING_FLOOR)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    if floor > current {
+        a.insert(FENCING_FLOOR.to_owned(), floor.to_string());
+    }
+}
+
+#[cfg(test)]
+/// The [`FENCING_FLOOR`] `lease` records (0 when absent or malformed).
+pub fn fencing_floor(lease: &Lease) -> u64 {
+    annotation(lease, FENCING_FLOOR)
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 /// Rewrites `lease` as a renewal by its current holder: renewTime now, the duration from
@@ -211,7 +252,9 @@ pub fn renewed(lease: &mut Lease, ttl: Duration, fencing: Option<FencingToken>) 
     spec.renew_time = Some(now());
     spec.lease_duration_seconds = Some(lease_duration_seconds(ttl));
     if let Some(f) = fencing {
-        annotations_mut(lease).insert(FENCING.to_owned(), f.get().to_string());
+        let a = annotations_mut(lease);
+        a.insert(FENCING.to_owned(), f.get().to_string());
+        raise_floor(a, f.get());
     }
 }
 
@@ -295,6 +338,7 @@ mod tests {
             &HolderToken::random(),
             "me",
             Duration::from_secs(1),
+            1,
         );
         assert_eq!(
             parse_resource_version(&with_rv(lease.clone(), "42")).ok(),
@@ -309,7 +353,8 @@ mod tests {
     #[test]
     fn record_cycle_matches_client_go() {
         let a = HolderToken::random();
-        let mut lease = created("ns", "x", &a, "alpha", Duration::from_millis(1500));
+        let mut lease = created("ns", "x", &a, "alpha", Duration::from_millis(1500), 3);
+        assert_eq!(fencing_floor(&lease), 3);
         let spec = lease.spec.clone().expect("spec");
         assert_eq!(spec.holder_identity.as_deref(), Some("alpha"));
         assert_eq!(spec.lease_duration_seconds, Some(2));
@@ -329,6 +374,11 @@ mod tests {
         assert_eq!(v.duration, Duration::from_secs(3));
         assert_eq!(v.term_fencing(9), FencingToken::new(7));
         assert_eq!(
+            fencing_floor(&lease),
+            7,
+            "the stamp raises the floor to the token"
+        );
+        assert_eq!(
             lease.spec.as_ref().and_then(|s| s.lease_transitions),
             Some(0)
         );
@@ -342,24 +392,27 @@ mod tests {
         let spec = lease.spec.clone().expect("spec");
         assert_eq!(spec.holder_identity.as_deref(), Some(""));
         assert_eq!(spec.lease_transitions, Some(0));
+        assert_eq!(fencing_floor(&lease), 7, "a release keeps the floor");
 
         // A new holder: transitions +1, token replaced, the release memo kept.
         let b = HolderToken::random();
-        take_over(&mut lease, &b, "beta", Duration::from_secs(1));
+        take_over(&mut lease, &b, "beta", Duration::from_secs(1), 10);
+        assert_eq!(fencing_floor(&lease), 10);
         let v = View::of(&lease);
         assert_eq!(v.token, Some(b));
         assert_eq!(v.transitions, 1);
         assert_eq!(v.released, Some(a));
         // The same identity again (after its own expiry): client-go keeps the count.
         let c = HolderToken::random();
-        take_over(&mut lease, &c, "beta", Duration::from_secs(1));
+        take_over(&mut lease, &c, "beta", Duration::from_secs(1), 4);
         assert_eq!(View::of(&lease).transitions, 1);
+        assert_eq!(fencing_floor(&lease), 10, "the floor never goes down");
     }
 
     #[test]
     fn a_foreign_takeover_invalidates_a_kept_token() {
         let a = HolderToken::random();
-        let mut lease = created("ns", "x", &a, "rust-1", Duration::from_secs(1));
+        let mut lease = created("ns", "x", &a, "rust-1", Duration::from_secs(1), 1);
         renewed(
             &mut lease,
             Duration::from_secs(1),

@@ -1,0 +1,91 @@
+//! Fencing on Kubernetes, enforced by the API server: a stale leader's writes are refused
+//! from the moment the next term is granted, on every governed object (feature `kube`).
+//!
+//! Two halves:
+//!
+//! - **The policy** ([`FencingPolicy`]): a `ValidatingAdmissionPolicy` and its binding (CEL
+//!   in the API server, no webhook to run) for one election. It reads the election's Lease
+//!   as its parameter and refuses a participant's write whose fencing token is lower than the
+//!   current term's, or lower than the token already on the object. `tenure policy` prints
+//!   it; the Helm chart installs it with `fencing.policy.enabled=true`.
+//! - **Fenced writes** ([`Fencer`], [`FencedApi`]): a kube `Api` for one [`Term`] whose every
+//!   request carries the term's token, whose writes stamp it on the object
+//!   (`tenure.dev/fencing-token`), which refuses locally once the term has ended, and which
+//!   turns the policy's refusal into [`FenceError::Stale`], never a retry.
+//!
+//! # How the token travels
+//!
+//! In the request, not (only) in the object: the fenced client impersonates **its own**
+//! identity and adds the user extra `tenure.dev/fencing-token` (`Impersonate-Extra-…`
+//! headers), which the policy reads as `request.userInfo.extra`. So every verb carries it —
+//! create, update, every patch type, server-side apply, status and other subresource writes,
+//! and **delete**, which has no object to annotate — and the object's own annotation cannot be
+//! replayed by a stale writer (a status write keeps the stored annotations, so an annotation
+//! alone could not fence it). The identity needs RBAC to impersonate itself: for a
+//! ServiceAccount, `impersonate` on its own `serviceaccounts` object, and on
+//! `userextras/tenure.dev/fencing-token` (apiGroup `authentication.k8s.io`); the chart grants
+//! both. Impersonating yourself grants nothing you did not have.
+//!
+//! # When the gap is zero
+//!
+//! The Lease's `tenure.dev/fencing-floor` is raised by the write that grants the term (see
+//! [`crate::backend::kube`]), so the previous leader is refused from the grant itself, on
+//! objects the new leader has not touched as well. The exact token is stamped one write
+//! later, before the grant is returned.
+//!
+//! # What remains unfenced
+//!
+//! - Writes by non-participants (people, other controllers): by design.
+//! - Resources the policy does not govern (with explicit `--resource`s), and the election's
+//!   own Lease, Events and `Election` status (always excluded).
+//! - While a client-go replica holds the Lease (a mixed fleet), its writes carry no token
+//!   and are admitted, and so would be a stale client-go leader's: client-go has no fencing.
+//!   Every write with a token is refused then (no tenure replica leads).
+//! - A participant that forges a token (the fence protects against stale honest writers,
+//!   not malicious ones — as every fencing token does).
+//! - A Lease deleted by hand: participants are refused until the next grant recreates it.
+//!
+//! # Without the policy
+//!
+//! [`Fencer::without_policy`] sends no request token (no impersonation RBAC needed) and keeps
+//! the client-side half: the local refusal once the term has ended, the stamp on the object,
+//! and, on [`FencedApi::replace`], a refusal when the object read carries a higher token
+//! (with its `resourceVersion` a concurrent write makes the replace fail with 409). That only
+//! protects objects the writer re-reads; the policy protects every governed object.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client, term: tenure::election::Term) -> Result<(), tenure::fence::kube::FenceError> {
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube::api::{Patch, PatchParams};
+//! use tenure::fence::kube::{FenceError, FencedApi, Fencer};
+//!
+//! let fencer = Fencer::new(client).await?; // once per process: learns who we are
+//! let cms: FencedApi<ConfigMap> = fencer.namespaced(&term, "default");
+//! let patch = serde_json::json!({ "data": { "owner": term.identity() } });
+//! match cms.patch("report", &PatchParams::default(), &Patch::Merge(&patch)).await {
+//!     Ok(_) => {}
+//!     // A newer term exists: stop this one's work, do not retry.
+//!     Err(FenceError::Stale { .. } | FenceError::TermEnded { .. }) => return Ok(()),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(()) }
+//! ```
+
+mod client;
+mod policy;
+
+pub use client::{Current, FenceError, FencedApi, Fencer};
+pub use policy::{FencingPolicy, PolicyError};
+
+/// The user extra that carries a request's fencing token (sent as
+/// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.
+pub const REQUEST_TOKEN_EXTRA: &str = "tenure.dev/fencing-token";
+
+/// The annotation a fenced write stamps on the object: the token of the last term that
+/// wrote it. The policy refuses a write with a lower token.
+pub const OBJECT_TOKEN_ANNOTATION: &str = "tenure.dev/fencing-token";
+
+/// How every refusal message of the policy begins; [`FenceError`] is parsed from it.
+pub const REFUSAL_PREFIX: &str = "tenure fencing:";

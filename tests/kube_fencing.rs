@@ -1,0 +1,518 @@
+//! Fencing enforced by a real kube-apiserver: the generated ValidatingAdmissionPolicy with the
+//! election's Lease as its parameter, and `tenure::fence::kube`'s fenced writes. Every stale
+//! write is sent to the server (with a token handed over, so no local check stops it first)
+//! and must be refused by it; the successor's writes, and everyone else's, must land.
+
+mod kube_support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_support::{shared, unique};
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::fence::kube::{Current, FenceError, FencedApi, Fencer, FencingPolicy};
+use tenure::lock::LockOptions;
+use tenure::{FencingToken, Locker};
+
+fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, object: &K)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("tenure-tests").force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+}
+
+/// A ServiceAccount `sa` in `ns` with what a fenced controller needs: configmaps and
+/// deployments (with status), its Lease, Events, and impersonating itself with the token
+/// extra. Returns a client authenticated as it (a TokenRequest token).
+async fn participant(ns: &str, sa: &str) -> kube::Client {
+    let server = shared();
+    let admin = server.admin().await;
+    apply(
+        &Api::<ServiceAccount>::namespaced(admin.clone(), ns),
+        sa,
+        &obj(serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})),
+    )
+    .await;
+    let role = format!("{sa}-fenced");
+    apply(
+        &Api::<Role>::namespaced(admin.clone(), ns),
+        &role,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": role},
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]},
+                {"apiGroups": ["apps"], "resources": ["deployments", "deployments/status"], "verbs": ["*"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [sa], "verbs": ["impersonate"]}
+            ]
+        })),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(admin.clone(), ns),
+        &role,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        })),
+    )
+    .await;
+    let cluster_role = "tenure-fencing-token-extra";
+    apply(
+        &Api::<ClusterRole>::all(admin.clone()),
+        cluster_role,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": cluster_role},
+            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/tenure.dev/fencing-token"], "verbs": ["impersonate"]}]
+        })),
+    )
+    .await;
+    let binding = format!("tenure-fencing-token-extra-{ns}-{sa}");
+    apply(
+        &Api::<ClusterRoleBinding>::all(admin.clone()),
+        &binding,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        })),
+    )
+    .await;
+    // A token for the ServiceAccount, then a kubeconfig like the tester's with it.
+    let sas: Api<ServiceAccount> = Api::namespaced(admin, ns);
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}
+    });
+    let answer: serde_json::Value = sas
+        .create_subresource("token", sa, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {sa}: {e}"));
+    let token = answer["status"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!token.is_empty(), "no token: {answer}");
+    let tester = std::fs::read_to_string(server.tester_kubeconfig()).unwrap_or_default();
+    let tester_token = std::fs::read_to_string(server.dir.join("tester.token")).unwrap_or_default();
+    let kubeconfig = tester.replace(tester_token.trim(), &token);
+    let path = kube_support::fresh_dir("fencing").join(format!("{sa}.kubeconfig"));
+    std::fs::write(&path, kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+    server.client_from(&path).await
+}
+
+/// Installs `policy` as admin and waits until the API server enforces it (a participant's
+/// write without a token is refused).
+async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
+    let admin = shared().admin().await;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &policy.name(),
+        &policy.policy(),
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &policy.name(),
+        &policy.binding(),
+    )
+    .await;
+    let cm = cm("policy-probe", "x");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match probe.create(&PostParams::default(), &cm).await {
+            Err(kube::Error::Api(s)) if s.message.contains("tenure fencing:") => return,
+            Ok(_) => {
+                let _ = probe.delete("policy-probe", &DeleteParams::default()).await;
+            }
+            Err(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the policy was not enforced within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn cm(name: &str, value: &str) -> ConfigMap {
+    obj(serde_json::json!({"metadata": {"name": name}, "data": {"v": value}}))
+}
+
+fn deployment(name: &str) -> Deployment {
+    obj(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "example.invalid/none"}]}
+            }
+        }
+    }))
+}
+
+/// Asserts a refusal by the API server (the only kind that names the lease).
+fn assert_stale<T: std::fmt::Debug>(what: &str, r: Result<T, FenceError>, ours: u64) -> Current {
+    match r {
+        Err(FenceError::Stale {
+            ours: o,
+            current,
+            lease: Some(_),
+        }) => {
+            assert_eq!(o, ours, "{what}");
+            current
+        }
+        other => panic!("{what}: expected a stale refusal from the API server, got {other:?}"),
+    }
+}
+
+/// The election's Lease is taken by `locker` (a term), and its token returned.
+async fn take(locker: &Locker, lease: &str) -> (tenure::lock::Lease, FencingToken) {
+    let held = locker
+        .acquire(
+            lease,
+            &LockOptions::new()
+                .ttl(Duration::from_secs(5))
+                .wait(Duration::from_secs(20))
+                .auto_renew(true),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("acquire {lease}: {e}"));
+    let token = held.fencing_token();
+    (held, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
+    let server = shared();
+    let ns = unique("fence");
+    server.namespace(&ns).await;
+    let lease = "controller";
+    let client = participant(&ns, "controller").await;
+    let policy = FencingPolicy::new(&ns, lease)
+        .and_then(|p| p.service_account(&ns, "controller"))
+        .and_then(|p| p.resource("configmaps"))
+        .and_then(|p| p.resource("deployments.apps"))
+        .expect("valid policy");
+    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+
+    // Term A: the Lease exists from the first grant.
+    let backend = |c: kube::Client| {
+        KubeBackend::with_options(c, KubeOptions::new().namespace(ns.clone())).expect("backend")
+    };
+    let a = Locker::with_identity(backend(client.clone()), "a").expect("identity");
+    let (held_a, token_a) = take(&a, lease).await;
+    install(&policy, &plain).await;
+
+    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let cms_a: FencedApi<ConfigMap> = fencer.namespaced_with_token(token_a, &ns);
+    let deps_a: FencedApi<Deployment> = fencer.namespaced_with_token(token_a, &ns);
+    let pp = PostParams::default();
+    for name in ["touched", "untouched", "doomed"] {
+        cms_a
+            .create(&pp, &cm(name, "a"))
+            .await
+            .unwrap_or_else(|e| panic!("a creates {name}: {e}"));
+    }
+    let dep = deps_a
+        .create(&pp, &deployment("app"))
+        .await
+        .expect("a creates a deployment");
+    assert_eq!(
+        dep.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("tenure.dev/fencing-token")),
+        Some(&token_a.get().to_string()),
+        "a fenced write stamps the token on the object"
+    );
+    // A participant's write without a token is refused.
+    let unfenced = plain.create(&pp, &cm("unfenced", "x")).await;
+    assert!(
+        matches!(&unfenced, Err(kube::Error::Api(s)) if s.message.contains("missing token")),
+        "{unfenced:?}"
+    );
+
+    // A's term ends without a release (frozen, partitioned): B takes over after the ttl.
+    held_a.orphan();
+    let b = Locker::with_identity(backend(client.clone()), "b").expect("identity");
+    let (held_b, token_b) = take(&b, lease).await;
+    assert!(token_b > token_a);
+    let cms_b: FencedApi<ConfigMap> = fencer.namespaced_with_token(token_b, &ns);
+    let touched = cms_b
+        .patch(
+            "touched",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "b"}})),
+        )
+        .await
+        .expect("b writes");
+
+    // Every verb A can send now is refused, on objects B touched and on ones it did not.
+    let a_ours = token_a.get();
+    let mut refused = 0;
+    let merge = Patch::Merge(serde_json::json!({"data": {"v": "stale"}}));
+    for name in ["touched", "untouched"] {
+        let current = assert_stale(
+            "merge patch",
+            cms_a.patch(name, &PatchParams::default(), &merge).await,
+            a_ours,
+        );
+        assert!(
+            matches!(current, Current::Term(t) if t >= token_b.get()),
+            "{current:?}"
+        );
+        refused += 1;
+        let strategic = Patch::Strategic(serde_json::json!({"data": {"v": "stale"}}));
+        assert_stale(
+            "strategic patch",
+            cms_a.patch(name, &PatchParams::default(), &strategic).await,
+            a_ours,
+        );
+        let apply = Patch::Apply(
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": "stale"}}),
+        );
+        assert_stale(
+            "server-side apply",
+            cms_a
+                .patch(name, &PatchParams::apply("a").force(), &apply)
+                .await,
+            a_ours,
+        );
+        let mut current = cms_a.get(name).await.expect("read");
+        current.data = Some([("v".to_owned(), "stale".to_owned())].into());
+        let replaced = cms_a.replace(name, &pp, &current).await;
+        if name == "touched" {
+            // The object A re-read carries B's token: refused before sending.
+            assert!(
+                matches!(replaced, Err(FenceError::Stale { lease: None, current: Current::Object(t), .. }) if t == token_b.get()),
+                "{replaced:?}"
+            );
+        } else {
+            // It still carries A's own token: the replace reaches the server, which refuses.
+            assert_stale("replace", replaced, a_ours);
+            refused += 1;
+        }
+        refused += 3;
+    }
+    assert_stale(
+        "create",
+        cms_a.create(&pp, &cm("new-by-a", "stale")).await,
+        a_ours,
+    );
+    assert_stale(
+        "delete",
+        cms_a.delete("doomed", &DeleteParams::default()).await,
+        a_ours,
+    );
+    let mut status = deps_a.get("app").await.expect("read");
+    status.status = Some(obj(
+        serde_json::json!({"replicas": 7, "observedGeneration": 1}),
+    ));
+    assert_stale(
+        "status replace",
+        deps_a.replace_status("app", &pp, &status).await,
+        a_ours,
+    );
+    assert_stale(
+        "status patch",
+        deps_a
+            .patch_status(
+                "app",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": {"replicas": 9}})),
+            )
+            .await,
+        a_ours,
+    );
+    refused += 4;
+    println!("stale writes refused by the API server: {refused}");
+
+    // Nothing of A's landed: the objects are as B (or A's own term) left them.
+    let admin_cms: Api<ConfigMap> = Api::namespaced(server.admin().await, &ns);
+    assert_eq!(
+        admin_cms.get("touched").await.expect("exists").data,
+        touched.data
+    );
+    let untouched = admin_cms.get("untouched").await.expect("exists");
+    assert_eq!(
+        untouched.data.and_then(|d| d.get("v").cloned()).as_deref(),
+        Some("a")
+    );
+    assert!(
+        admin_cms.get_opt("doomed").await.expect("read").is_some(),
+        "a's delete was refused"
+    );
+    assert!(admin_cms.get_opt("new-by-a").await.expect("read").is_none());
+
+    // B's writes all land, on every verb; a non-participant (admin) is never affected.
+    let deps_b: FencedApi<Deployment> = fencer.namespaced_with_token(token_b, &ns);
+    deps_b
+        .patch_status(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"replicas": 1}})),
+        )
+        .await
+        .expect("b writes status");
+    cms_b
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("b deletes");
+    cms_b
+        .create(&pp, &cm("new-by-b", "b"))
+        .await
+        .expect("b creates");
+    admin_cms
+        .patch(
+            "untouched",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "admin"}})),
+        )
+        .await
+        .expect("a non-participant is not fenced");
+    held_b.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_tokens_foreign_holders_and_a_missing_lease() {
+    let server = shared();
+    let ns = unique("fence2");
+    server.namespace(&ns).await;
+    let lease = "ctl";
+    let client = participant(&ns, "ctl").await;
+    let policy = FencingPolicy::new(&ns, lease)
+        .and_then(|p| p.service_account(&ns, "ctl"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("valid policy");
+    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+
+    // No Lease yet: the binding's parameterNotFoundAction is Deny.
+    let admin = server.admin().await;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &policy.name(),
+        &policy.policy(),
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone()),
+        &policy.name(),
+        &policy.binding(),
+    )
+    .await;
+    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = fencer
+            .namespaced_with_token::<ConfigMap>(FencingToken::new(u64::MAX / 4), &ns)
+            .create(&pp, &cm("before-any-term", "x"))
+            .await;
+        match r {
+            Err(FenceError::Kube(kube::Error::Api(s)))
+                if s.message.contains("not found") || s.message.contains("params") =>
+            {
+                println!("missing Lease: {}", s.message);
+                break;
+            }
+            Ok(_) => {
+                let _ = plain
+                    .delete("before-any-term", &DeleteParams::default())
+                    .await;
+            }
+            Err(other) => println!("waiting for the policy: {other}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a write before any term was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let locker = Locker::with_identity(
+        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+            .expect("backend"),
+        "rust-1",
+    )
+    .expect("identity");
+    let (held, token) = take(&locker, lease).await;
+    let ours = fencer.namespaced_with_token::<ConfigMap>(token, &ns);
+    ours.create(&pp, &cm("obj", "1"))
+        .await
+        .expect("the leader writes");
+
+    // An object carrying a higher token (set by a non-participant) refuses a lower one.
+    let admin_cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    admin_cms
+        .patch("obj", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"tenure.dev/fencing-token": (token.get() + 1_000_000).to_string()}}})))
+        .await
+        .expect("admin stamps a higher token");
+    let current = assert_stale(
+        "object token",
+        ours.patch(
+            "obj",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
+        )
+        .await,
+        token.get(),
+    );
+    assert_eq!(current, Current::Object(token.get() + 1_000_000));
+
+    // A client-go replica takes the Lease over (it rewrites the spec and keeps the
+    // annotations): token-less writes are admitted, every tokened write is stale.
+    held.orphan();
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    let mut l = leases.get(lease).await.expect("lease");
+    if let Some(spec) = l.spec.as_mut() {
+        spec.holder_identity = Some("go-1".into());
+    }
+    leases
+        .replace(lease, &pp, &l)
+        .await
+        .expect("foreign takeover");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        // The policy reads its parameter from an informer: wait until it sees go-1.
+        if plain.create(&pp, &cm("by-go", "x")).await.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "token-less writes refused under a foreign holder"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let current = assert_stale(
+        "tokened write under a foreign holder",
+        ours.create(&pp, &cm("by-rust", "x")).await,
+        token.get(),
+    );
+    assert_eq!(current, Current::ForeignHolder("go-1".into()));
+}
