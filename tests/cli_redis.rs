@@ -8,8 +8,8 @@ mod support;
 use std::time::Duration;
 
 use cli_support::{
-    FAST, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_bounded, run_to_end,
-    strings, wait_until, worker,
+    FAST, TENURE, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_bounded,
+    run_bounded_with, run_to_end, strings, wait_until, worker,
 };
 use support::{RedisServer, TempDir};
 
@@ -182,6 +182,7 @@ fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
     let (c, out, err) = run_to_end(&args, &[]);
     assert_eq!(c, 9, "{err}");
     assert!(err.contains("contains a password"), "{err}");
+    assert!(err.contains("process list"), "from the flag: {err}");
     assert!(!err.contains(PW) && !out.contains(PW), "{err}");
 
     let (c, out, err) = run_to_end(
@@ -228,4 +229,101 @@ fn runs_on_a_redis_cluster_with_rising_tokens() {
         cluster.command_calls("evalsha") >= 4,
         "the runs went through the cluster"
     );
+}
+
+#[test]
+fn secrets_in_the_environment_do_not_reach_the_command() {
+    const PW: &str = "s3cret-env-pw";
+    let server = RedisServer::options()
+        .acl_user(&format!(
+            "tenure on >{PW} resetkeys ~tenure:* resetchannels &tenure:* -@all \
+             +evalsha +script|load +subscribe +unsubscribe +ping \
+             +get +set +setrange +incr +pexpire +pttl +publish +time"
+        ))
+        .start();
+    let dir = TempDir::new("cli-redis-env");
+    let with_pw = server.url_as("tenure", PW);
+    let run = |script: &str, env: &[(&str, &str)]| {
+        let mut args = vec!["run", "--lease", "env"];
+        args.extend_from_slice(&FAST);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        run_bounded(&args, env, b"", Duration::from_secs(30))
+    };
+    // The URL from the environment: used, named in the warning as the environment (not the
+    // process list), and removed from the command's environment.
+    let (c, out, err) = run(
+        "exit ${TENURE_BACKEND:+1}0",
+        &[("TENURE_BACKEND", &with_pw)],
+    );
+    assert_eq!(
+        c, 0,
+        "the command saw TENURE_BACKEND with its password: {err}"
+    );
+    assert!(err.contains("contains a password"), "{err}");
+    assert!(
+        err.contains("environment") && !err.contains("process list"),
+        "{err}"
+    );
+    assert!(!err.contains(PW) && !out.contains(PW), "{err}");
+    // Without credentials in it, TENURE_BACKEND is passed on (a nested `tenure status` in the
+    // command finds the same store); the password from its own variable is not.
+    let (c, _, err) = run(
+        "exit ${TENURE_BACKEND:+1}${TENURE_REDIS_PASSWORD:+2}0",
+        &[
+            ("TENURE_BACKEND", &server.url()),
+            ("TENURE_REDIS_USERNAME", "tenure"),
+            ("TENURE_REDIS_PASSWORD", PW),
+        ],
+    );
+    assert_eq!(c, 10, "{err}");
+
+    // Nor can the command read it from tenure's own /proc/PID/environ: with a password in
+    // its environment, tenure is not dumpable. Run as an unprivileged user (root could read
+    // it anyway); the same run with the password in a file (tenure stays dumpable) shows that
+    // the command could read it otherwise.
+    let file = dir.path().join("pw");
+    std::fs::write(&file, PW).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Exit 1: tenure's environment is readable; 2: some process's environment (tenure's,
+    // its watchdog's) holds the password.
+    let probe = format!(
+        "sleep 0.5; cat /proc/$PPID/environ >/dev/null 2>&1 && exit 1; \
+         grep -q -s -F '{PW}' /proc/[0-9]*/environ && exit 2; exit 0"
+    );
+    let plain = server.url();
+    let nobody = |env: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = std::process::Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", TENURE])
+            .args(["run", "--lease", "proc", "--redis-username", "tenure"])
+            .args(FAST)
+            .args(extra)
+            .args(["--", "sh", "-c", &probe]);
+        run_bounded_with(&mut cmd, env, b"", Duration::from_secs(30))
+    };
+    let file = file.display().to_string();
+    let (c, _, err) = nobody(&[], &["--backend", &plain, "--redis-password-file", &file]);
+    assert_eq!(
+        c, 1,
+        "setpriv (needs root) or /proc: the control run could not read environ: {err}"
+    );
+    for (what, env, extra) in [
+        (
+            "$TENURE_REDIS_PASSWORD",
+            [("TENURE_REDIS_PASSWORD", PW)],
+            ["--backend", plain.as_str()],
+        ),
+        (
+            "$TENURE_BACKEND",
+            [("TENURE_BACKEND", with_pw.as_str())],
+            ["--grace", "5s"],
+        ),
+    ] {
+        let (c, _, err) = nobody(&env, &extra);
+        assert_eq!(
+            c, 0,
+            "password in {what}: the command could read tenure's environment (1) or found the \
+             password in a process's environment (2): {err}"
+        );
+    }
 }

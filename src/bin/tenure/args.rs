@@ -195,6 +195,10 @@ pub struct BackendArgs {
     /// Redis key prefix of the lease's keys.
     #[arg(long, value_name = "PREFIX", env = "TENURE_KEY_PREFIX")]
     pub key_prefix: Option<String>,
+
+    /// Whether `backend` came from $TENURE_BACKEND rather than the flag (set after parsing).
+    #[arg(skip)]
+    pub backend_from_env: bool,
 }
 
 /// Parses `500ms`, `15s`, `2m`, `1h` or `1.5s`.

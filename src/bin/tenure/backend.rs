@@ -14,6 +14,31 @@ use crate::error::CliError;
 /// The environment variable a Redis password may come from.
 pub const REDIS_PASSWORD_ENV: &str = "TENURE_REDIS_PASSWORD";
 
+/// The environment variable `--backend` may come from.
+pub const BACKEND_ENV: &str = "TENURE_BACKEND";
+
+/// Whether tenure's environment holds a Redis password: `$TENURE_REDIS_PASSWORD`, or a
+/// `$TENURE_BACKEND` URL with one.
+pub fn environment_holds_secret() -> bool {
+    !secret_env_vars().is_empty()
+}
+
+/// The variables of tenure's environment that hold a secret, which the command must not
+/// inherit: `$TENURE_REDIS_PASSWORD`, and `$TENURE_BACKEND` when its URL has a password. A
+/// `$TENURE_BACKEND` without one is passed on, so a `tenure status` in the command finds the
+/// same store. (`$TENURE_REDIS_PASSWORD_FILE` is only a path, and is passed on.)
+pub fn secret_env_vars() -> Vec<&'static str> {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let mut names = Vec::new();
+    if set(REDIS_PASSWORD_ENV).is_some() {
+        names.push(REDIS_PASSWORD_ENV);
+    }
+    if set(BACKEND_ENV).is_some_and(|url| url_has_password(&url.to_string_lossy())) {
+        names.push(BACKEND_ENV);
+    }
+    names
+}
+
 /// The most `--redis-password-file` may hold, in bytes: passwords are far shorter, and a
 /// bound keeps a wrong path (`/dev/zero`, a log file) from being read without end.
 const MAX_PASSWORD_FILE: u64 = 4096;
@@ -93,9 +118,15 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
         message: format!("--backend: {}", crate::error::chain(&e)),
     })?;
     if url_has_password(url) {
-        eprintln!(
-            "tenure: warning: the --backend URL contains a password, which other users can read in the process list; use ${REDIS_PASSWORD_ENV} or --redis-password-file instead"
-        );
+        if args.backend_from_env {
+            eprintln!(
+                "tenure: warning: ${BACKEND_ENV} contains a password, which processes of the same user can read in the environment (/proc/PID/environ) of every process started with it; tenure keeps it from the command, but prefer --redis-password-file"
+            );
+        } else {
+            eprintln!(
+                "tenure: warning: the --backend URL contains a password, which other users can read in the process list; use ${REDIS_PASSWORD_ENV} or --redis-password-file instead"
+            );
+        }
     }
     if let Some(user) = &args.redis_username {
         config = config.username(user);

@@ -13,19 +13,20 @@ mod watchdog;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, Command};
 use crate::error::CliError;
 
 fn main() -> ExitCode {
+    protect_environment();
     // The watchdog process is tenure re-executed; it needs neither clap nor a runtime.
     let mut args = std::env::args_os().skip(1);
     if args.next().is_some_and(|a| a == watchdog::SUBCOMMAND) {
         let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
         return ExitCode::from(watchdog::process_main(&rest));
     }
-    let cli = Cli::parse();
+    let cli = parse();
     init_tracing();
     // One thread runs everything but the watchdog: the command is forked from this thread,
     // and its parent-death signal fires when the forking *thread* exits.
@@ -58,6 +59,44 @@ fn main() -> ExitCode {
             eprintln!("tenure: {e}");
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// The command line, as `Cli::parse` would return it, also noting where `--backend` came from
+/// (its password warning names the place).
+fn parse() -> Cli {
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let (name, backend) = match &mut cli.command {
+        Command::Run(args) => ("run", &mut args.backend),
+        Command::Status(args) => ("status", &mut args.backend),
+        Command::Crd | Command::Install { .. } => return cli,
+    };
+    backend.backend_from_env = matches
+        .subcommand_matches(name)
+        .and_then(|m| m.value_source("backend"))
+        == Some(clap::parser::ValueSource::EnvVariable);
+    cli
+}
+
+/// With a Redis password in its environment, tenure makes itself non-dumpable, as ssh-agent
+/// does: `/proc/PID/environ` (and `mem`, and ptrace) of a non-dumpable process are closed to
+/// every process without `CAP_SYS_PTRACE`, the command and other processes of the same user
+/// included. Removing the variable (`unsetenv`) would not do: `/proc/PID/environ` shows the
+/// environment block the process started with, which `unsetenv` leaves as it is. Run first
+/// thing, so the password is readable for microseconds at most; the command, `exec`'d, is
+/// dumpable again (and gets no password: see `backend::secret_env_vars`).
+fn protect_environment() {
+    if !backend::environment_holds_secret() {
+        return;
+    }
+    // SAFETY: prctl(PR_SET_DUMPABLE) takes integers only and changes a flag of this process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        eprintln!(
+            "tenure: warning: cannot make this process non-dumpable ({}): processes of the same user can read the Redis password in /proc/{}/environ",
+            std::io::Error::last_os_error(),
+            std::process::id()
+        );
     }
 }
 

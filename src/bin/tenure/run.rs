@@ -192,7 +192,7 @@ impl Supervisor {
                 (ENV_IDENTITY, term.identity().to_owned()),
             ];
             // tenure's own credentials are not the command's business.
-            let mut child = Child::spawn(&command, &env, &[backend::REDIS_PASSWORD_ENV])?;
+            let mut child = Child::spawn(&command, &env, &backend::secret_env_vars())?;
             let deadline_term = term.clone();
             watchdog.arm(child.group(), move || {
                 let until = deadline_term.valid_until().into_std();
