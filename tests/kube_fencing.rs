@@ -4,9 +4,11 @@
 //! and must be refused by it; the successor's writes, and everyone else's, must land.
 
 mod kube_support;
+mod safety;
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -40,8 +42,8 @@ where
 
 /// A ServiceAccount `sa` in `ns` with what a fenced controller needs: configmaps and
 /// deployments (with status), its Lease, Events, and impersonating itself with the token
-/// extra. Returns a client authenticated as it (a TokenRequest token).
-async fn participant(ns: &str, sa: &str) -> kube::Client {
+/// extra. Returns a client authenticated as it (a TokenRequest token), and its kubeconfig.
+async fn participant(ns: &str, sa: &str) -> (kube::Client, std::path::PathBuf) {
     let server = shared();
     let admin = server.admin().await;
     apply(
@@ -120,8 +122,8 @@ async fn participant(ns: &str, sa: &str) -> kube::Client {
     let tester_token = std::fs::read_to_string(server.dir.join("tester.token")).unwrap_or_default();
     let kubeconfig = tester.replace(tester_token.trim(), &token);
     let path = kube_support::fresh_dir("fencing").join(format!("{sa}.kubeconfig"));
-    std::fs::write(&path, kubeconfig).unwrap_or_else(|e| panic!("{e}"));
-    server.client_from(&path).await
+    std::fs::write(&path, &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+    (server.client_from(&path).await, path)
 }
 
 /// Installs `policy` as admin and waits until the API server enforces it (a participant's
@@ -213,7 +215,7 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
     let ns = unique("fence");
     server.namespace(&ns).await;
     let lease = "controller";
-    let client = participant(&ns, "controller").await;
+    let (client, _) = participant(&ns, "controller").await;
     let policy = FencingPolicy::new(&ns, lease)
         .and_then(|p| p.service_account(&ns, "controller"))
         .and_then(|p| p.resource("configmaps"))
@@ -260,9 +262,54 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
 
     // A's term ends without a release (frozen, partitioned): B takes over after the ttl.
     held_a.orphan();
+    // Watch the Lease's every version across the takeover: the grant itself must already
+    // refuse A (zero gap), not only the stamp that follows it.
+    let leases: Api<Lease> = Api::namespaced(server.admin().await, &ns);
+    let before = leases.get(lease).await.expect("lease");
+    let from = before.metadata.resource_version.clone().unwrap_or_default();
+    let mut versions = leases
+        .watch(
+            &kube::api::WatchParams::default().fields(&format!("metadata.name={lease}")),
+            &from,
+        )
+        .await
+        .expect("watch")
+        .boxed();
     let b = Locker::with_identity(backend(client.clone()), "b").expect("identity");
     let (held_b, token_b) = take(&b, lease).await;
     assert!(token_b > token_a);
+    let floor_at = |l: &Lease| -> u64 {
+        l.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("tenure.dev/fencing-floor"))
+            .and_then(|f| f.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut grant_floor = None;
+    while grant_floor.is_none() {
+        let event = tokio::time::timeout(Duration::from_secs(5), versions.next())
+            .await
+            .expect("the grant's version")
+            .expect("a watch event")
+            .expect("no watch error");
+        if let kube::api::WatchEvent::Modified(l) = event
+            && l.metadata.resource_version.as_deref() == Some(&token_b.get().to_string())
+        {
+            grant_floor = Some(floor_at(&l));
+        }
+    }
+    let grant_floor = grant_floor.unwrap_or_default();
+    assert!(
+        grant_floor > token_a.get() && grant_floor <= token_b.get(),
+        "the acquiring write's floor {grant_floor} must exclude a's token {token_a} and admit b's {token_b}"
+    );
+    let stamped = leases.get(lease).await.expect("lease");
+    assert_eq!(
+        floor_at(&stamped),
+        token_b.get(),
+        "the stamp makes the floor exact"
+    );
     let cms_b: FencedApi<ConfigMap> = fencer.namespaced_with_token(token_b, &ns);
     let touched = cms_b
         .patch(
@@ -405,7 +452,7 @@ async fn object_tokens_foreign_holders_and_a_missing_lease() {
     let ns = unique("fence2");
     server.namespace(&ns).await;
     let lease = "ctl";
-    let client = participant(&ns, "ctl").await;
+    let (client, _) = participant(&ns, "ctl").await;
     let policy = FencingPolicy::new(&ns, lease)
         .and_then(|p| p.service_account(&ns, "ctl"))
         .and_then(|p| p.resource("configmaps"))
@@ -515,4 +562,225 @@ async fn object_tokens_foreign_holders_and_a_missing_lease() {
         token.get(),
     );
     assert_eq!(current, Current::ForeignHolder("go-1".into()));
+}
+
+const CHILD_KUBECONFIG: &str = "TENURE_FENCE_KUBECONFIG";
+const CHILD_NS: &str = "TENURE_FENCE_NS";
+const CHILD_LOG: &str = "TENURE_FENCE_LOG";
+
+/// A candidate process: leads with the elector, and from its first term on writes to two
+/// ConfigMaps every 20 ms with the **last token it was given**, outside the term's workload
+/// and without any local check — the writes a frozen or partitioned leader still has in
+/// flight. Logs `GRANT token ns` and `WRITE token ns accepted|refused|error rv obj`.
+async fn fenced_candidate(kubeconfig: &str, ns: &str, identity: &str, log: &str) {
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tenure::election::LeaderElector;
+
+    let client = shared().client_from(std::path::Path::new(kubeconfig)).await;
+    let backend = KubeBackend::from_kubeconfig(kubeconfig, KubeOptions::new().namespace(ns))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let file = Arc::new(std::sync::Mutex::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("{e}")),
+    ));
+    let note = move |line: String| {
+        let mut f = file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = f.write_all(format!("{line}\n").as_bytes());
+    };
+    let token = Arc::new(AtomicU64::new(0));
+    let fencer = Fencer::new(client).await.expect("identity");
+    let writer = {
+        let (token, note, ns, id) = (
+            token.clone(),
+            note.clone(),
+            ns.to_owned(),
+            identity.to_owned(),
+        );
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let t = token.load(Ordering::Acquire);
+                if t == 0 {
+                    continue;
+                }
+                n += 1;
+                let name = if n % 2 == 0 {
+                    "touched".to_owned()
+                } else {
+                    format!("only-{id}")
+                };
+                let api: FencedApi<ConfigMap> =
+                    fencer.namespaced_with_token(FencingToken::new(t), &ns);
+                let patch = Patch::Apply(serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": name}, "data": {"by": id.clone(), "n": n.to_string()}
+                }));
+                let sent = safety::mono_ns();
+                let outcome = match api
+                    .patch(&name, &PatchParams::apply(&id).force(), &patch)
+                    .await
+                {
+                    Ok(cm) => format!(
+                        "accepted {}",
+                        cm.metadata.resource_version.unwrap_or_default()
+                    ),
+                    Err(FenceError::Stale { lease: Some(_), .. }) => "refused 0".to_owned(),
+                    Err(e) => format!("error 0 {}", e.to_string().replace(' ', "_")),
+                };
+                note(format!("WRITE {t} {sent} {outcome} {name}"));
+            }
+        })
+    };
+    let locker = Locker::with_identity(backend, identity).expect("identity");
+    let elector = LeaderElector::new(locker, "writers", safety::config()).expect("config");
+    let result = elector
+        .run(|term| {
+            let (token, note) = (token.clone(), note.clone());
+            async move {
+                token.store(term.fencing_token().get(), Ordering::Release);
+                note(format!(
+                    "GRANT {} {}",
+                    term.fencing_token().get(),
+                    safety::mono_ns()
+                ));
+                term.cancellation().cancelled().await;
+            }
+        })
+        .await;
+    writer.abort();
+    panic!("the candidate's run ended: {result:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_resumes_and_every_write_it_sends_is_refused() {
+    if let (Ok(kubeconfig), Ok(ns), Ok(log), Ok(identity)) = (
+        std::env::var(CHILD_KUBECONFIG),
+        std::env::var(CHILD_NS),
+        std::env::var(CHILD_LOG),
+        std::env::var("TENURE_SAFETY_IDENTITY"),
+    ) {
+        fenced_candidate(&kubeconfig, &ns, &identity, &log).await;
+        return;
+    }
+    let server = shared();
+    let ns = unique("frozen");
+    server.namespace(&ns).await;
+    let (client, kubeconfig) = participant(&ns, "writer").await;
+    let policy = FencingPolicy::new(&ns, "writers")
+        .and_then(|p| p.service_account(&ns, "writer"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("policy");
+    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let seed = Locker::with_identity(
+        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+            .expect("backend"),
+        "seed",
+    )
+    .expect("identity");
+    let (held, _) = take(&seed, "writers").await;
+    install(&policy, &plain).await;
+    held.release().await.expect("release");
+
+    let log = kube_support::fresh_dir("fencing").join("writes.log");
+    let env = |_: &str| {
+        vec![
+            (CHILD_KUBECONFIG, kubeconfig.display().to_string()),
+            (CHILD_NS, ns.clone()),
+            (CHILD_LOG, log.display().to_string()),
+        ]
+    };
+    let test = "a_frozen_leader_resumes_and_every_write_it_sends_is_refused";
+    let a = safety::Candidate::spawn(test, &env("a"), "a");
+    let grants = |log: &std::path::Path| -> Vec<(u64, u64)> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut p = l.split(' ');
+                (p.next() == Some("GRANT")).then(|| {
+                    (
+                        p.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+                        p.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+                    )
+                })
+            })
+            .collect()
+    };
+    let wait = |what: &str, n: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while grants(&log).len() < n {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait("a never led", 1);
+    let b = safety::Candidate::spawn(test, &env("b"), "b");
+    std::thread::sleep(Duration::from_millis(1500));
+    a.signal("STOP");
+    wait("b never took over from the frozen a", 2);
+    std::thread::sleep(Duration::from_millis(300));
+    a.signal("CONT");
+    std::thread::sleep(Duration::from_millis(2500));
+    drop(a);
+    drop(b);
+
+    let g = grants(&log);
+    let (token_a, token_b, granted_b) = (g[0].0, g[1].0, g[1].1);
+    assert!(token_b > token_a);
+    let mut stale_refused = 0;
+    let mut stale_accepted_after_grant = 0;
+    let mut first_refusal_after_grant = None;
+    let mut b_writes = 0;
+    for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
+        let p: Vec<&str> = line.split(' ').collect();
+        if p.first() != Some(&"WRITE") || p.len() < 6 {
+            continue;
+        }
+        let (t, sent, outcome, rv) = (
+            p[1].parse::<u64>().unwrap_or(0),
+            p[2].parse::<u64>().unwrap_or(0),
+            p[3],
+            p[4].parse::<u64>().unwrap_or(0),
+        );
+        if t == token_a {
+            match outcome {
+                // etcd's order is the judge: an accepted stale write must have landed before
+                // the successor's grant (revision below b's token).
+                "accepted" if rv > token_b => stale_accepted_after_grant += 1,
+                "refused" => {
+                    stale_refused += 1;
+                    if sent > granted_b && first_refusal_after_grant.is_none() {
+                        first_refusal_after_grant = Some(sent - granted_b);
+                    }
+                }
+                "error" => panic!("a's write failed otherwise: {line}"),
+                _ => {}
+            }
+        } else if t == token_b {
+            assert_eq!(outcome, "accepted", "b's write did not land: {line}");
+            b_writes += 1;
+        }
+    }
+    println!(
+        "frozen leader: {stale_refused} stale writes refused by the API server, {stale_accepted_after_grant} accepted after b's grant; b wrote {b_writes}; first refusal {:?} after b's grant",
+        first_refusal_after_grant.map(Duration::from_nanos)
+    );
+    assert_eq!(
+        stale_accepted_after_grant, 0,
+        "stale writes landed after the successor's grant"
+    );
+    assert!(
+        stale_refused > 10,
+        "a sent too few stale writes to prove anything: {stale_refused}"
+    );
+    assert!(b_writes > 10, "b wrote too little: {b_writes}");
 }
