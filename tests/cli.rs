@@ -754,6 +754,28 @@ fn install_replaces_a_symlink_instead_of_writing_through_it() {
 }
 
 #[test]
+fn error_lines_escape_control_characters() {
+    // A path (or any text) with ESC and a newline reaches the error line escaped: one line,
+    // no terminal escape sequence.
+    let (c, out, err) = run_bounded(
+        &[
+            "status",
+            "--lease",
+            "x",
+            "--state-dir",
+            "/proc/version/\x1b[31mred\nfake line",
+        ],
+        &[],
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(c, 4, "{err}");
+    assert!(!err.contains('\x1b') && !out.contains('\x1b'), "{err:?}");
+    let line = error_line(&err);
+    assert!(line.contains("\\u{1b}[31mred\\nfake line"), "{line}");
+}
+
+#[test]
 fn a_fifo_in_place_of_the_record_fails_fast_instead_of_hanging() {
     let s = Scratch::new("fifo");
     let state = s.state();

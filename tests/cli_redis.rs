@@ -327,3 +327,41 @@ fn secrets_in_the_environment_do_not_reach_the_command() {
         );
     }
 }
+
+#[test]
+fn status_escapes_control_characters_in_the_holder() {
+    let server = RedisServer::start();
+    let url = server.url();
+    // A value in tenure's layout (see acquire.lua) written by someone else, with ESC, CR and
+    // LF in the identity.
+    let evil = "evil\x1b[2J\x1b[31mred\r\nFAKE   9999   1s";
+    let value = format!("+{}0{}42:{evil}", "0".repeat(32), "0".repeat(32));
+    server.cmd(&["SET", "tenure:{esc}", &value, "PX", "60000"]);
+    let (c, out, err) = run_bounded(
+        &["status", "--lease", "esc", "--backend", &url],
+        &[],
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(c, 0, "{err}");
+    assert!(
+        !out.contains('\x1b') && !out.contains('\r'),
+        "raw control characters: {out:?}"
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert!(
+        lines[1].contains("evil\\u{1b}[2J\\u{1b}[31mred\\r\\nFAKE") && lines[1].contains("42"),
+        "{out:?}"
+    );
+    // JSON keeps the identity exact (JSON-escaped).
+    let (c, out, err) = run_bounded(
+        &["status", "--lease", "esc", "--backend", &url, "-o", "json"],
+        &[],
+        b"",
+        Duration::from_secs(20),
+    );
+    assert_eq!(c, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+    assert_eq!(v["holder"], evil);
+}

@@ -65,7 +65,7 @@ pub async fn connect(args: &BackendArgs, warn_local: bool) -> Result<Connected, 
             if warn_local {
                 eprintln!(
                     "tenure: warning: no --backend given: using the local backend ({}); it gives NO mutual exclusion across hosts. Use --backend kube or --backend redis://… for replicas on several machines.",
-                    c.description
+                    crate::error::printable(&c.description)
                 );
             }
             Ok(c)

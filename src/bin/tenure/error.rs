@@ -62,6 +62,39 @@ impl CliError {
     }
 }
 
+/// `s` as it may be shown on a terminal: control characters escaped (`\n`, `\r`, `\t`, others
+/// as `\u{1b}`), and so are the invisible format characters that reorder or hide text
+/// (bidirectional overrides, zero-width spaces). Text tenure did not write itself — a holder
+/// identity read from a store, a path in an error — must never move the cursor, recolour
+/// the screen or forge a line. JSON output needs none of this: it has its own escaping.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    use std::fmt::Write as _;
+    if !s.chars().any(needs_escape) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if needs_escape(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Control characters (C0, DEL, C1) and the invisible characters that change how the text
+/// around them is shown.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{feff}')
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}')
+}
+
 /// The library's option names in a rule, replaced by the flags that set them.
 fn flag_names(rule: &str) -> String {
     rule.replace("lease_duration", "--lease-duration")
@@ -107,5 +140,23 @@ impl From<ElectionError> for CliError {
                 message: chain(&other),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_escapes_what_a_terminal_would_interpret() {
+        assert!(matches!(
+            printable("web-1 é ü"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            printable("a\x1b[2Jb\r\nc\td\u{9b}e\u{7f}"),
+            "a\\u{1b}[2Jb\\r\\nc\\td\\u{9b}e\\u{7f}"
+        );
+        assert_eq!(printable("x\u{202e}y\u{200b}"), "x\\u{202e}y\\u{200b}");
     }
 }

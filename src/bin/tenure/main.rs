@@ -56,7 +56,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("tenure: {e}");
+            eprintln!("tenure: {}", error::printable(&e.to_string()));
             ExitCode::from(e.exit_code())
         }
     }

@@ -36,8 +36,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
         Output::Table => {
             let dash = || "-".to_owned();
             let (holder, token, expires, transitions) = match &record {
+                // The identity comes from the store: anyone who can write there chooses it.
                 Some(r) => (
-                    r.identity.clone(),
+                    crate::error::printable(&r.identity).into_owned(),
                     r.fencing.to_string(),
                     r.remaining
                         .map_or_else(dash, |d| format!("{:.1}s", d.as_secs_f64())),
@@ -54,7 +55,13 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
                     "TRANSITIONS",
                 ]
                 .map(str::to_owned),
-                [args.lease.clone(), holder, token, expires, transitions],
+                [
+                    crate::error::printable(&args.lease).into_owned(),
+                    holder,
+                    token,
+                    expires,
+                    transitions,
+                ],
             ];
             let widths: Vec<usize> = (0..5)
                 .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
