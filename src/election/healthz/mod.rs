@@ -1,20 +1,30 @@
 //! Probe endpoints for an elector (feature `healthz`): `/healthz` for a kubelet liveness
-//! probe, `/readyz` for readiness and, with the `metrics` feature, `/metrics` — with no HTTP
-//! framework behind them.
+//! probe, `/readyz` for readiness and, with the `metrics` feature, `/metrics`, served over
+//! HTTP/1.1 by hyper.
+
+mod server;
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 
 use super::LeaderElector;
 
-/// Serves `GET /healthz` on `listener` until the future is dropped; shorthand for
+/// The content type of every answer but `/metrics`.
+const TEXT: &str = "text/plain; charset=utf-8";
+
+/// Serves the probe endpoints on `listener` until the future is dropped; shorthand for
 /// [`ProbeServer::new(elector).tolerance(tolerance).serve(listener)`](ProbeServer).
 ///
 /// # Errors
 ///
-/// Only if accepting connections fails; a misbehaving client just gets its connection closed.
+/// None at present: see [`ProbeServer::serve`].
+///
+/// # Cancel safety
+///
+/// Dropping the future stops accepting; connections in flight finish on their own tasks.
 ///
 /// # Example
 ///
@@ -35,7 +45,7 @@ pub async fn serve_healthz(
         .await
 }
 
-/// HTTP endpoints for probes and scraping, answering `GET`:
+/// HTTP endpoints for probes and scraping, answering `GET` and `HEAD`:
 ///
 /// | path | answer |
 /// |---|---|
@@ -44,11 +54,44 @@ pub async fn serve_healthz(
 /// | `/metrics` | the registry in Prometheus text format (feature `metrics`, when [`metrics`](Self::metrics) was given) |
 /// | other | `404` |
 ///
+/// Routing looks at the path only: `/healthz?verbose=1` is `/healthz`. A `HEAD` request gets
+/// the status and headers of the `GET` without its body; other methods get `405`.
+///
 /// Followers are live and ready: readiness does not follow leadership, so a rolling update of
 /// a Deployment of candidates never waits for a follower to lead.
 ///
-/// One short-lived task per connection; requests are read up to 4 KiB and must arrive within
-/// a second.
+/// `/readyz` prints the leader's identity as read from the store, where any client may have
+/// written it: control characters (ESC, CR, LF, …), backslashes and quotes come out escaped as
+/// by [`str::escape_debug`] (`\u{1b}`, `\n`), so an identity cannot forge lines or terminal
+/// sequences in a log or a terminal that shows the answer.
+///
+/// # The server
+///
+/// HTTP/1.1 with keep-alive, served by hyper, one task per connection, with these limits
+/// (each has a builder method):
+///
+/// - at most [`max_connections`](Self::max_connections) connections at once (default
+///   [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), 64). At the cap the server
+///   stops accepting: further clients wait in the kernel's listen backlog and are served as
+///   connections end (one that stops sending or reading ends within the timeouts below).
+/// - a request's headers must arrive within [`header_timeout`](Self::header_timeout)
+///   (default 10 s, against slowloris clients). The clock starts when the connection waits
+///   for a request, so it also closes a connection that sends nothing, and a keep-alive
+///   connection idle between requests for that long.
+/// - headers larger than [`MAX_HEADER_BYTES`](Self::MAX_HEADER_BYTES) (16 KiB) get `431` and
+///   the connection is closed.
+/// - a connection on which no byte moves either way for
+///   [`idle_timeout`](Self::idle_timeout) (default 30 s) is closed: a client that stops
+///   reading an answer, or stops sending in the middle of a request body, cannot hold its
+///   slot.
+///
+/// NB: a connection stays open after an answer unless the request says `connection: close`
+/// (kubelet's probes do) or is HTTP/1.0; a hand-written client that reads until the end of
+/// the stream without saying so waits for the header timeout.
+///
+/// If accepting fails (`EMFILE`, out of file descriptors, is the usual cause) the server logs
+/// a warning (the first at once, then at most one every 10 s), pauses (10 ms, doubling up to
+/// 1 s) and accepts again: a passing shortage never stops the probes for good.
 ///
 /// # Example
 ///
@@ -64,16 +107,35 @@ pub async fn serve_healthz(
 pub struct ProbeServer {
     elector: LeaderElector,
     tolerance: Duration,
+    limits: server::Limits,
     #[cfg(feature = "metrics")]
     registry: Option<std::sync::Arc<prometheus_client::registry::Registry>>,
 }
 
 impl ProbeServer {
-    /// Endpoints for `elector`, with a liveness tolerance of 20 s.
+    /// How many connections are served at once unless [`max_connections`](Self::max_connections)
+    /// says otherwise.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+    /// How long a request's headers may take unless [`header_timeout`](Self::header_timeout)
+    /// says otherwise.
+    pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+    /// How long a connection may go without moving a byte unless
+    /// [`idle_timeout`](Self::idle_timeout) says otherwise.
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The largest request head (request line and headers) served; a larger one gets `431`.
+    pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+    /// Endpoints for `elector`, with a liveness tolerance of 20 s and the default limits.
     pub fn new(elector: LeaderElector) -> Self {
         Self {
             elector,
             tolerance: Duration::from_secs(20),
+            limits: server::Limits {
+                max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+                header_timeout: Self::DEFAULT_HEADER_TIMEOUT,
+                idle_timeout: Self::DEFAULT_IDLE_TIMEOUT,
+                max_header_bytes: Self::MAX_HEADER_BYTES,
+            },
             #[cfg(feature = "metrics")]
             registry: None,
         }
@@ -82,6 +144,28 @@ impl ProbeServer {
     /// How long past the renew deadline a leader without a renewal still counts as live.
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
+        self
+    }
+
+    /// How many connections are served at once (default 64; at least 1). Above it the server
+    /// stops accepting until a connection ends; clients wait in the listen backlog.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.limits.max_connections = max.max(1);
+        self
+    }
+
+    /// How long a client has to send a request's headers (default 10 s), counted from when
+    /// the connection waits for a request: it also bounds how long a keep-alive connection
+    /// may sit idle between requests.
+    pub fn header_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.header_timeout = timeout;
+        self
+    }
+
+    /// How long a connection may go without reading or writing a byte before it is closed
+    /// (default 30 s).
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.idle_timeout = timeout;
         self
     }
 
@@ -96,58 +180,50 @@ impl ProbeServer {
     ///
     /// # Errors
     ///
-    /// Only if accepting connections fails; a misbehaving client just gets its connection
-    /// closed.
+    /// None at present: a failed `accept` is logged and retried after a pause (see
+    /// [the server](Self#the-server)), and a misbehaving client only loses its own
+    /// connection. The `Result` stays so that callers handling an error keep compiling.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future stops accepting; connections in flight finish on their own tasks.
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
-        let server = std::sync::Arc::new(self);
-        loop {
-            let (mut conn, _) = listener.accept().await?;
-            let server = std::sync::Arc::clone(&server);
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let mut len = 0;
-                let read = tokio::time::timeout(Duration::from_secs(1), async {
-                    while len < buf.len() {
-                        let n = conn.read(&mut buf[len..]).await?;
-                        len += n;
-                        if n == 0 || buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-                            break;
-                        }
-                    }
-                    Ok::<_, std::io::Error>(())
-                })
-                .await;
-                if !matches!(read, Ok(Ok(()))) {
-                    return;
-                }
-                let request = String::from_utf8_lossy(&buf[..len]);
-                let path = request.split_whitespace().nth(1).unwrap_or("");
-                let (status, content_type, body) = server.answer(path);
-                let response = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = conn.write_all(response.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
-        }
+        server::run(self, listener).await;
+        Ok(())
     }
 
-    fn answer(&self, path: &str) -> (&'static str, &'static str, String) {
-        const TEXT: &str = "text/plain; charset=utf-8";
-        const UNAVAILABLE: &str = "503 Service Unavailable";
+    /// The answer to one request.
+    fn respond<B>(&self, req: &Request<B>) -> Response<String> {
+        let (status, content_type, body) =
+            if req.method() == Method::GET || req.method() == Method::HEAD {
+                self.answer(req.uri().path())
+            } else {
+                (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    TEXT,
+                    "only GET and HEAD\n".to_owned(),
+                )
+            };
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            headers.insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
+        }
+        // hyper sends the length of the body and, for `HEAD`, leaves the body out.
+        response
+    }
+
+    fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
         match path {
             "/healthz" => {
                 let h = self.elector.health(self.tolerance);
                 if h.healthy {
-                    ("200 OK", TEXT, "ok\n".to_owned())
+                    (StatusCode::OK, TEXT, "ok\n".to_owned())
                 } else {
                     (
-                        UNAVAILABLE,
+                        StatusCode::SERVICE_UNAVAILABLE,
                         TEXT,
                         format!(
                             "leader without a renewal for {:?} (renew deadline + tolerance exceeded)\n",
@@ -158,11 +234,19 @@ impl ProbeServer {
             }
             "/readyz" => {
                 if self.elector.is_leader() {
-                    ("200 OK", TEXT, "leading\n".to_owned())
+                    (StatusCode::OK, TEXT, "leading\n".to_owned())
                 } else if let Some(leader) = self.elector.leader().borrow().as_ref() {
-                    ("200 OK", TEXT, format!("following {}\n", leader.identity))
+                    (
+                        StatusCode::OK,
+                        TEXT,
+                        format!("following {}\n", leader.identity.escape_debug()),
+                    )
                 } else {
-                    (UNAVAILABLE, TEXT, "no leader known yet\n".to_owned())
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        TEXT,
+                        "no leader known yet\n".to_owned(),
+                    )
                 }
             }
             #[cfg(feature = "metrics")]
@@ -173,18 +257,112 @@ impl ProbeServer {
                 });
                 match encoded {
                     Ok(()) => (
-                        "200 OK",
+                        StatusCode::OK,
                         "application/openmetrics-text; version=1.0.0; charset=utf-8",
                         body,
                     ),
                     Err(e) => (
-                        "500 Internal Server Error",
+                        StatusCode::INTERNAL_SERVER_ERROR,
                         TEXT,
                         format!("cannot encode metrics: {e}\n"),
                     ),
                 }
             }
-            _ => ("404 Not Found", TEXT, "not found\n".to_owned()),
+            _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+    use crate::election::ElectionConfig;
+    use crate::{Locker, backend::Backend};
+
+    fn server() -> ProbeServer {
+        let locker = Locker::with_identity(MemoryBackend::new(), "me").expect("valid identity");
+        let elector =
+            LeaderElector::new(locker, "probe", ElectionConfig::new()).expect("valid config");
+        ProbeServer::new(elector)
+    }
+
+    fn request(method: Method, uri: &str) -> Request<()> {
+        let mut req = Request::new(());
+        *req.method_mut() = method;
+        *req.uri_mut() = uri.parse().expect("valid uri");
+        req
+    }
+
+    #[tokio::test]
+    async fn healthz_routes_by_path_and_ignores_the_query() {
+        let s = server();
+        for uri in [
+            "/healthz",
+            "/healthz?verbose=1",
+            "http://host:8080/healthz?x",
+        ] {
+            let r = s.respond(&request(Method::GET, uri));
+            assert_eq!(r.status(), StatusCode::OK, "{uri}");
+            assert_eq!(r.body(), "ok\n", "{uri}");
+        }
+        for uri in ["/healthz/", "/healthzz", "/", "/metrics"] {
+            assert_eq!(
+                s.respond(&request(Method::GET, uri)).status(),
+                StatusCode::NOT_FOUND,
+                "{uri}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn other_methods_get_405_with_allow() {
+        let r = server().respond(&request(Method::POST, "/healthz"));
+        assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(
+            r.headers().get(ALLOW).map(HeaderValue::as_bytes),
+            Some(&b"GET, HEAD"[..])
+        );
+    }
+
+    #[tokio::test]
+    async fn readyz_escapes_control_characters_in_the_leader_identity() {
+        let store = MemoryBackend::new();
+        let evil = "pod\u{1b}[2J\r\nfollowing forged\\\u{7}";
+        let req = crate::backend::AcquireRequest {
+            name: "probe".into(),
+            holder: crate::backend::HolderToken::random(),
+            identity: evil.into(),
+            ttl: Duration::from_secs(3600),
+        };
+        store.try_acquire(&req).await.expect("memory never fails");
+        let locker = Locker::with_identity(store, "me").expect("valid identity");
+        let elector =
+            LeaderElector::new(locker, "probe", ElectionConfig::new()).expect("valid config");
+        let mut leader = elector.leader();
+        let campaign = {
+            let elector = elector.clone();
+            tokio::spawn(async move { elector.run(|_term| std::future::pending::<()>()).await })
+        };
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            leader.wait_for(|l| l.as_ref().is_some_and(|l| l.identity == evil)),
+        )
+        .await
+        .expect("the campaign sees the holder")
+        .expect("the elector lives");
+        let r = ProbeServer::new(elector).respond(&request(Method::GET, "/readyz"));
+        campaign.abort();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.body(),
+            "following pod\\u{1b}[2J\\r\\nfollowing forged\\\\\\u{7}\n"
+        );
+        assert!(
+            !r.body()
+                .trim_end_matches('\n')
+                .chars()
+                .any(char::is_control)
+        );
     }
 }
