@@ -719,3 +719,128 @@ async fn a_server_that_does_not_answer_in_time_is_a_timeout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Values under a lock key that are not tenure's, however close they come to its layout (see
+/// acquire.lua): `holder` is the token of the test's own requests, so that a script that only
+/// compared the token would take, extend or release the value.
+fn foreign_values(holder: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let none = "-".repeat(32);
+    let mut binary = b"~\x00\xff\r\n".to_vec();
+    binary.extend((0..=255u8).rev());
+    vec![
+        ("a bare tombstone marker", b"~".to_vec()),
+        ("a marker and garbage", b"~garbage".to_vec()),
+        (
+            "a token one digit short",
+            format!("+{}", &holder[..31]).into_bytes(),
+        ),
+        (
+            "a non-hex token",
+            format!("~z{}0{none}12:pod", &holder[1..]).into_bytes(),
+        ),
+        (
+            "an uppercase token",
+            format!("~{}0{none}12:pod", holder.to_uppercase()).into_bytes(),
+        ),
+        (
+            "a wrong watch mark",
+            format!("+{holder}x{none}12:pod").into_bytes(),
+        ),
+        (
+            "a wrong separator",
+            format!("~{holder}0{none}12;pod").into_bytes(),
+        ),
+        (
+            "a mixed previous token",
+            format!("~{holder}0{}-12:pod", &holder[..31]).into_bytes(),
+        ),
+        (
+            "a fencing token that is not a number",
+            format!("+{holder}0{none}1x:pod").into_bytes(),
+        ),
+        ("binary data", binary),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_are_never_taken_changed_or_reported_as_tenures() {
+    let server = RedisServer::start();
+    let b = support::backend(&server).await;
+    let mut admin = server.admin();
+    let holder = HolderToken::random();
+    for (i, (what, value)) in foreign_values(&holder.to_hex()).into_iter().enumerate() {
+        let name = format!("foreign-{i}");
+        let key = b.lock_key(&name);
+        // One of them never expires.
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(&value);
+        if i != 0 {
+            set.arg("PX").arg(60_000);
+        }
+        set.query::<()>(&mut admin)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let unchanged = |admin: &mut redis::Connection, step: &str| {
+            let now: Vec<u8> = redis::cmd("GET")
+                .arg(&key)
+                .query(admin)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(now, value, "{what}: {step} changed the value");
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query(admin)
+                .unwrap_or_else(|e| panic!("{e}"));
+            if i == 0 {
+                assert_eq!(pttl, -1, "{what}: {step} set a ttl");
+            } else {
+                assert!(
+                    (50_000..=60_000).contains(&pttl),
+                    "{what}: {step}: pttl {pttl}"
+                );
+            }
+        };
+        let r = tenure::backend::AcquireRequest {
+            name: name.as_str().into(),
+            holder,
+            identity: "me".into(),
+            ttl: Duration::from_secs(600),
+        };
+        match b.try_acquire(&r).await {
+            Ok(Acquired::Busy { holder, remaining }) => {
+                assert_eq!(holder, None, "{what}: a foreign value names nobody");
+                assert_eq!(remaining.is_none(), i == 0, "{what}: {remaining:?}");
+            }
+            other => panic!("{what}: a foreign value must be busy, got {other:?}"),
+        }
+        unchanged(&mut admin, "acquire");
+        assert_eq!(
+            b.renew(&name, &holder, r.ttl).await.ok(),
+            Some(Renewed::NotHeld),
+            "{what}"
+        );
+        unchanged(&mut admin, "renew");
+        assert_eq!(
+            b.release(&name, &holder).await.ok(),
+            Some(Released::NotHeld),
+            "{what}"
+        );
+        unchanged(&mut admin, "release");
+        let err = b.inspect(&name).await.expect_err(what);
+        assert_eq!(err.kind(), BackendErrorKind::Protocol, "{what}: {err}");
+        assert!(
+            err.to_string().contains("not a tenure lock"),
+            "{what}: {err}"
+        );
+        unchanged(&mut admin, "inspect");
+        // An observer's first read marks tenure's values watched, never a foreign one.
+        let first = tokio::time::timeout(Duration::from_secs(5), b.observe(&name).next())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: observe did not answer"));
+        assert!(matches!(first, Some(Err(_))), "{what}: {first:?}");
+        unchanged(&mut admin, "observe");
+        assert_eq!(
+            int(&server.cmd(&["EXISTS", &format!("{key}:fence")])),
+            0,
+            "{what}: no token was issued"
+        );
+    }
+}

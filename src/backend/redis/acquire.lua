@@ -14,6 +14,10 @@
 --   67..    the fencing token in decimal, ':', the holder's identity
 -- held: PX the lease ttl. released: the same value with '~' first; its ttl is what remained
 -- of the lease, at least the release-ack ttl. A missing key is free as well.
+-- A value is tenure's only if it has exactly this shape (68 bytes at least; `ours` below checks
+-- every fixed position): anything else under the key is foreign. A foreign value is
+-- never taken, overwritten or marked, whatever its first byte: an acquire answers busy with no
+-- identity, and renew, release and inspect leave it alone too.
 --
 -- KEYS, for entry i (1-based):
 --   KEYS[2i-1]  the lock key        <prefix>{<name>}
@@ -38,25 +42,47 @@
 -- nobody could have marked it; observers mark the new value). Unwatched grants publish nothing.
 
 local NONE = '--------------------------------'
+-- Whether v is a value of tenure's: the layout above, position by position, and a fencing
+-- token of 1 to 19 digits. One greedy match runs over the hex digits from position 2: the
+-- holder token and the mark, then the previous holder token and the fencing digits unless that
+-- token is NONE; the digits must end where the ':' is.
+local function ours(v)
+  local _, e = string.find(v, '^[+~][0-9a-f]+')
+  local mark = string.byte(v, 34)
+  if not e or (mark ~= 48 and mark ~= 49) then
+    return false
+  end
+  if e == 34 then
+    local _, none = string.find(v, '^%-+', 35)
+    if none ~= 66 then
+      return false
+    end
+  elseif e < 67 then
+    return false
+  end
+  local _, sep = string.find(v, '^%d+:', 67)
+  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
+end
+
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
   local holder, identity, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local cur = redis.pcall('GET', lock)
+  local mine = type(cur) == 'string' and ours(cur)
   if type(cur) == 'table' then
     out[i] = {-1, cur.err or 'error'}
-  elseif cur and string.byte(cur, 1) ~= 126 then
-    -- Held ('~' = 126 marks a tombstone; anything else but '+' = 43 is not tenure's and is
-    -- never taken). string.find with plain = true compares in place, creating no string.
-    local ours = string.byte(cur, 1) == 43
-    if ours and string.find(cur, holder, 2, true) == 2 then
+  elseif cur and not (mine and string.byte(cur, 1) == 126) then
+    -- Held ('+' = 43), or a foreign value, which is never taken ('~' = 126 marks a tombstone,
+    -- which is free). string.find with plain = true compares in place, creating no string.
+    if mine and string.find(cur, holder, 2, true) == 2 then
       -- A replay by the current holder: the original token, with the ttl restarted from now.
       redis.call('PEXPIRE', lock, ttl)
       out[i] = tonumber(string.match(cur, '^%d+', 67))
     else
       -- Busy. The caller will wait for the release: mark the lock watched ('1' = 49).
       local who = false
-      if ours then
+      if mine then
         if string.byte(cur, 34) ~= 49 then
           redis.call('SETRANGE', lock, '33', '1')
         end

@@ -1,19 +1,47 @@
-//! The command connection of a backend: one multiplexed [`ConnectionManager`] to a single
-//! server, or a Redis Cluster connection that routes every call to the node serving its keys'
-//! slot.
+//! The command connection of a backend: one multiplexed connection to a single server, replaced
+//! when it drops, or a Redis Cluster connection that routes every call to the node serving its
+//! keys' slot; and the [`Connector`] that opens single-server connections (the subscriber's too)
+//! over streams whose replies are bounded (see [`limit`](super::limit)).
 //!
 //! Only a single server takes many locks in one script call. In a cluster each lock's keys hash
 //! to their own slot, possibly on another node, so there every script call carries one lock,
 //! and a batch becomes concurrent calls.
 
-use ::redis::aio::{ConnectionLike, ConnectionManager};
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Pipeline, RedisResult, Value};
+use ::redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Pipeline, RedisError,
+    RedisResult, Value,
+};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::limit::{Limited, ReplyRefused, Tripwire};
+
+/// Why a call on a [`Conn`] failed.
+#[derive(Debug)]
+pub(crate) enum ConnError {
+    /// The redis crate's error.
+    Redis(RedisError),
+    /// The connection was cut because a reply broke the size limit.
+    Refused(ReplyRefused),
+}
+
+impl From<RedisError> for ConnError {
+    fn from(e: RedisError) -> Self {
+        Self::Redis(e)
+    }
+}
 
 /// A connection shared by every lease of a backend; cheap to clone.
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    Single(Arc<Managed>),
     Cluster(ClusterConnection),
 }
 
@@ -25,25 +53,27 @@ impl Conn {
 
     /// Sends the `count` commands of `pipe` in one round trip. A cluster connection routes the
     /// whole pipeline by its first command with a key, so every command must share its slot.
-    pub(crate) async fn send(&self, pipe: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+    pub(crate) async fn send(
+        &self,
+        pipe: &Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, ConnError> {
         match self {
-            Self::Single(c) => c.clone().send_packed_commands(pipe, 0, count).await,
-            Self::Cluster(c) => c.clone().req_packed_commands(pipe, 0, count).await,
+            Self::Single(m) => m.send(pipe, count).await,
+            Self::Cluster(c) => Ok(c.clone().req_packed_commands(pipe, 0, count).await?),
         }
     }
 
     /// Loads `sources` into the script cache: in one round trip on a single server, on every
     /// node of a cluster. Returns each load's reply.
-    pub(crate) async fn load(&self, sources: &[&str]) -> RedisResult<Vec<Value>> {
+    pub(crate) async fn load(&self, sources: &[&str]) -> Result<Vec<Value>, ConnError> {
         match self {
-            Self::Single(c) => {
+            Self::Single(m) => {
                 let mut pipe = ::redis::pipe();
                 for src in sources {
                     pipe.cmd("SCRIPT").arg("LOAD").arg(*src);
                 }
-                c.clone()
-                    .send_packed_commands(&pipe, 0, sources.len())
-                    .await
+                m.send(&pipe, sources.len()).await
             }
             Self::Cluster(c) => {
                 let mut out = Vec::with_capacity(sources.len());
@@ -56,5 +86,221 @@ impl Conn {
                 Ok(out)
             }
         }
+    }
+}
+
+/// A byte stream to a server.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Opens connections to one server. Over TCP and Unix sockets it opens the stream itself and
+/// wraps it in [`Limited`], so that no reply can make tenure allocate more than
+/// [`MAX_REPLY_BYTES`](super::MAX_REPLY_BYTES). Over TLS the redis crate opens the stream (it
+/// does not let a caller wrap its TLS stream), so TLS replies are not bounded by tenure; the
+/// server is at least authenticated by its certificate.
+#[derive(Clone)]
+pub(crate) struct Connector {
+    info: ConnectionInfo,
+    /// Opens the connections tenure cannot wrap (TLS).
+    client: Client,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for Connector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connector").finish_non_exhaustive()
+    }
+}
+
+impl Connector {
+    pub(crate) fn new(
+        info: ConnectionInfo,
+        client: Client,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            info,
+            client,
+            connect_timeout,
+            request_timeout,
+        }
+    }
+
+    /// A bounded stream to the server and its tripwire, or `None` where the redis crate must
+    /// open the stream itself.
+    async fn open(&self) -> RedisResult<Option<(Limited<Box<dyn Io>>, Tripwire)>> {
+        let io: Box<dyn Io> = match self.info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                Box::new(tokio::net::TcpStream::connect((host.as_str(), *port)).await?)
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+            _ => return Ok(None),
+        };
+        let tripwire = Tripwire::default();
+        Ok(Some((Limited::new(io, tripwire.clone()), tripwire)))
+    }
+
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.request_timeout))
+    }
+
+    /// A new command connection (AUTH and SELECT done), within the connect timeout. `closed`
+    /// runs when a connection tenure drives itself ends.
+    async fn command(&self, closed: impl FnOnce() + Send + 'static) -> RedisResult<Live> {
+        let connecting = async {
+            let Some((stream, tripwire)) = self.open().await? else {
+                let conn = self
+                    .client
+                    .get_multiplexed_async_connection_with_config(&self.config())
+                    .await?;
+                return Ok(Live {
+                    conn,
+                    tripwire: Tripwire::default(),
+                    _driver: None,
+                });
+            };
+            let (conn, driver) = MultiplexedConnection::new_with_config(
+                self.info.redis_settings(),
+                stream,
+                self.config(),
+            )
+            .await?;
+            let task = tokio::spawn(async move {
+                driver.await;
+                closed();
+            });
+            Ok(Live {
+                conn,
+                tripwire,
+                _driver: Some(Arc::new(AbortOnDrop(task))),
+            })
+        };
+        tokio::time::timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))?
+    }
+
+    /// A new subscriber connection (the caller bounds the time it takes).
+    pub(crate) async fn pubsub(&self) -> RedisResult<PubSub> {
+        match self.open().await? {
+            Some((stream, _)) => PubSub::new(self.info.redis_settings(), stream).await,
+            None => self.client.get_async_pubsub().await,
+        }
+    }
+}
+
+/// Aborts a task when the last handle to it is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One established command connection.
+#[derive(Clone)]
+struct Live {
+    conn: MultiplexedConnection,
+    tripwire: Tripwire,
+    /// The task reading the connection, when tenure drives it; ends with the last handle.
+    _driver: Option<Arc<AbortOnDrop>>,
+}
+
+type Connecting = Shared<BoxFuture<'static, Result<Live, RedisError>>>;
+
+/// A single server's command connection, replaced after it drops: the next request after a
+/// connection failed or was closed opens a new one, and every request waiting meanwhile shares
+/// it. (The redis crate's `ConnectionManager` does the same, but over a stream it opens itself,
+/// which tenure could not bound.)
+pub(crate) struct Managed {
+    connector: Connector,
+    slot: Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Counts connections, so that news about an old one never discards a newer one.
+    generation: u64,
+    live: Option<Connecting>,
+}
+
+impl Managed {
+    /// Connects once (failing if that fails); later connections are made as needed.
+    pub(crate) async fn connect(connector: Connector) -> RedisResult<Arc<Self>> {
+        let managed = Arc::new(Self {
+            connector,
+            slot: Mutex::default(),
+        });
+        let (_, live) = managed.current();
+        live.await?;
+        Ok(managed)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current connection (made or being made), starting a new one if there is none.
+    fn current(self: &Arc<Self>) -> (u64, Connecting) {
+        let mut slot = self.lock();
+        let generation = slot.generation;
+        if let Some(live) = &slot.live {
+            return (generation, live.clone());
+        }
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let connector = self.connector.clone();
+        // A task, so that the connection is made even if every request waiting for it gives up.
+        let task = tokio::spawn(async move {
+            connector
+                .command(move || {
+                    if let Some(m) = weak.upgrade() {
+                        m.reset(generation);
+                    }
+                })
+                .await
+        });
+        let live: Connecting = async move {
+            task.await
+                .unwrap_or_else(|e| Err(io::Error::other(e.to_string()).into()))
+        }
+        .boxed()
+        .shared();
+        slot.live = Some(live.clone());
+        (generation, live)
+    }
+
+    /// Forgets connection `generation` (if it is still the current one).
+    fn reset(&self, generation: u64) {
+        let mut slot = self.lock();
+        if slot.generation == generation {
+            slot.generation += 1;
+            slot.live = None;
+        }
+    }
+
+    async fn send(
+        self: &Arc<Self>,
+        pipe: &Pipeline,
+        count: usize,
+    ) -> Result<Vec<Value>, ConnError> {
+        let (generation, live) = self.current();
+        let live = live.await.inspect_err(|_| self.reset(generation))?;
+        let answer = live.conn.clone().send_packed_commands(pipe, 0, count).await;
+        answer.map_err(|e| {
+            if let Some(why) = live.tripwire.get() {
+                self.reset(generation);
+                return ConnError::Refused(why.clone());
+            }
+            if e.is_unrecoverable_error() {
+                self.reset(generation);
+            }
+            ConnError::Redis(e)
+        })
     }
 }

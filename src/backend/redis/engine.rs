@@ -10,7 +10,7 @@ use std::time::Duration;
 use ::redis::{Pipeline, Value};
 
 use super::conn::Conn;
-use super::error::{Scrubber, from_redis, from_reply};
+use super::error::{Scrubber, from_conn, from_redis, from_reply};
 use super::keys::Keys;
 use crate::backend::{
     Acquired, BackendError, BackendErrorKind, FencingToken, HolderChange, LeaseRecord, Released,
@@ -183,7 +183,7 @@ impl Engine {
             .conn
             .send(pipe, scripts.len())
             .await
-            .map_err(|e| from_redis(&e, what, &self.scrub))?;
+            .map_err(|e| from_conn(&e, what, &self.scrub))?;
         if replies.len() != scripts.len() {
             return Err(BackendError::new(
                 BackendErrorKind::Protocol,
@@ -224,7 +224,7 @@ impl Engine {
                 .conn
                 .send(&retry, loaded.len() + missing.len())
                 .await
-                .map_err(|e| from_redis(&e, what, &self.scrub))?;
+                .map_err(|e| from_conn(&e, what, &self.scrub))?;
             let mut answers = answers.into_iter();
             for _ in 0..loaded.len() {
                 if let Some(Value::ServerError(e)) = answers.next() {
@@ -425,7 +425,19 @@ impl Engine {
             .await?
             .pop()
             .unwrap_or(Ok(Value::Nil))?;
-        parse_snapshot(&reply).ok_or_else(|| protocol("inspect", &reply))
+        parse_snapshot(&reply).ok_or_else(|| match &reply {
+            // The script returns a value that is not tenure's as it is, and leaves it alone.
+            Value::Array(parts) if matches!(parts.first(), Some(Value::BulkString(_))) => {
+                BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!(
+                        "redis inspect: key {} holds a value that is not a tenure lock (tenure never takes or changes it)",
+                        self.keys.lock(name)
+                    ),
+                )
+            }
+            other => protocol("inspect", other),
+        })
     }
 
     /// Loads every script (on every node of a cluster).
@@ -436,11 +448,27 @@ impl Engine {
             .conn
             .load(&sources)
             .await
-            .map_err(|e| from_redis(&e, "script load", &self.scrub))?;
-        for r in replies {
-            if let Value::ServerError(e) = r {
-                let e: ::redis::RedisError = e.into();
-                return Err(from_redis(&e, "script load", &self.scrub));
+            .map_err(|e| from_conn(&e, "script load", &self.scrub))?;
+        if replies.len() != sources.len() {
+            return Err(BackendError::new(
+                BackendErrorKind::Protocol,
+                format!(
+                    "redis script load: {} replies to {} scripts",
+                    replies.len(),
+                    sources.len()
+                ),
+            ));
+        }
+        for (script, r) in all_scripts().iter().zip(replies) {
+            match r {
+                Value::ServerError(e) => {
+                    let e: ::redis::RedisError = e.into();
+                    return Err(from_redis(&e, "script load", &self.scrub));
+                }
+                // The server names a loaded script by its SHA1; anything else is not a server
+                // that runs tenure's scripts.
+                other if as_string(&other).as_deref() == Some(&script.sha) => {}
+                other => return Err(protocol("script load", &other)),
             }
         }
         Ok(())
@@ -547,12 +575,23 @@ fn parse_acquired(item: &Value) -> Option<Acquired> {
 }
 
 /// Splits a held lock's value (`+`, holder token, watch mark, previous releaser's token,
-/// `<fencing>:<identity>`; see acquire.lua) into identity and fencing token.
+/// `<fencing>:<identity>`; see acquire.lua) into identity and fencing token. `None` for
+/// anything else: every fixed position is checked, as the scripts' `ours` does.
 fn parse_lock_value(value: &str) -> Option<(String, FencingToken)> {
-    if !value.starts_with('+') {
+    let b = value.as_bytes();
+    let hex = |field: &[u8]| field.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    if b.len() < 68
+        || b[0] != b'+'
+        || !hex(&b[1..33])
+        || !matches!(b[33], b'0' | b'1')
+        || !(hex(&b[34..66]) || b[34..66].iter().all(|&c| c == b'-'))
+    {
         return None;
     }
     let (fencing, identity) = value.get(66..)?.split_once(':')?;
+    if fencing.is_empty() || fencing.len() > 19 || !fencing.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
     let fencing: u64 = fencing.parse().ok()?;
     Some((identity.to_owned(), FencingToken::new(fencing)))
 }
@@ -663,6 +702,36 @@ mod tests {
             bulk("77"),
         ]);
         assert!(parse_snapshot(&old_layout).is_none(), "not tenure's layout");
+        let token = "0123456789abcdef".repeat(2);
+        let none = "-".repeat(32);
+        let ours = |v: String| parse_lock_value(&v).map(|(id, f)| (id, f.get()));
+        assert_eq!(
+            ours(format!("+{token}0{none}7:")),
+            Some((String::new(), 7)),
+            "the shortest value"
+        );
+        assert_eq!(
+            ours(format!("+{token}1{token}18446744073709551:a:b")),
+            Some(("a:b".to_owned(), 18_446_744_073_709_551))
+        );
+        for foreign in [
+            String::new(),
+            "+".to_owned(),
+            format!("+{}", &token[..31]),
+            format!("~{token}0{none}7:pod"),
+            format!("+{}0{none}7:pod", token.to_uppercase()),
+            format!("+{}g0{none}7:pod", &token[..31]),
+            format!("+{token}2{none}7:pod"),
+            format!("+{token}0{}x{}7:pod", &none[..16], &none[17..]),
+            format!("+{token}0{}-{}7:pod", &token[..16], &token[17..]),
+            format!("+{token}0{none}:pod"),
+            format!("+{token}0{none}7a:pod"),
+            format!("+{token}0{none}7"),
+            format!("+{token}0{none}12345678901234567890:pod"),
+            format!("+{token}0{none}-7:pod"),
+        ] {
+            assert_eq!(ours(foreign.clone()), None, "{foreign:?}");
+        }
         let fresh = Value::Array(vec![Value::Nil, Value::Int(-2), Value::Nil]);
         assert_eq!(
             parse_snapshot(&fresh).map(|s| s.version),

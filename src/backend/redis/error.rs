@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::conn::ConnError;
 use crate::backend::{BackendError, BackendErrorKind};
 
 /// Scrubs a secret (the password) from text that is about to become an error message or a
@@ -63,6 +64,19 @@ pub(crate) fn from_reply(message: &str, what: &str, scrub: &Scrubber) -> Backend
         .or_else(|| kind_of_text(message))
         .unwrap_or(BackendErrorKind::Protocol);
     BackendError::new(kind, scrub.scrub(format!("redis {what}: {message}")))
+}
+
+/// Maps a failed call on a connection, naming the operation that failed. A refused reply (too
+/// big, or malformed) is a protocol error: the server is broken or hostile, and retrying will
+/// not help.
+pub(crate) fn from_conn(err: &ConnError, what: &str, scrub: &Scrubber) -> BackendError {
+    match err {
+        ConnError::Redis(e) => from_redis(e, what, scrub),
+        ConnError::Refused(why) => BackendError::new(
+            BackendErrorKind::Protocol,
+            scrub.scrub(format!("redis {what}: {why}")),
+        ),
+    }
 }
 
 /// Maps a redis crate error, naming the operation that failed.

@@ -52,6 +52,11 @@
 //! keeps it as `<previous holder token>` (32 `-` when there was none), so a replay is still
 //! recognised after a successor took the lock.
 //!
+//! A value under a lock key that does not have exactly this shape (every fixed position, a
+//! fencing token of 1 to 19 digits) is not tenure's, whatever its first byte: an acquire answers
+//! busy with no holder, renew and release answer not held, nothing overwrites or marks it, and
+//! [`inspect`](crate::Backend::inspect) fails with [`BackendErrorKind::Protocol`].
+//!
 //! The channel `tenure:{jobs}` carries `r:<fencing>` for a release, so waiters retry at once,
 //! and `g:<fencing>:<identity>` for a grant — when the lock is *watched*: `<watched>` is set to
 //! `1` by an acquire answered "busy" (a waiter, which then listens) and by
@@ -119,6 +124,10 @@
 //!   timers until it is back.
 //! - Expiry follows the server's clock (PX); a server clock that jumps forward ends leases early.
 //!   Keep NTP slewing.
+//! - One reply may hold at most [`MAX_REPLY_BYTES`]: a bigger or malformed one (a broken or
+//!   hostile server) fails the request with [`BackendErrorKind::Protocol`] and closes the
+//!   connection, before the reply's bytes are read. Over TLS and on a Redis Cluster the redis
+//!   crate opens the connections itself, and tenure cannot bound their replies.
 
 mod batch;
 mod conn;
@@ -126,20 +135,20 @@ mod engine;
 mod error;
 mod expiry;
 mod keys;
+mod limit;
 mod observe;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
 use self::batch::Coalescer;
-use self::conn::Conn;
+use self::conn::{Conn, Connector, Managed};
 use self::engine::{AcquireEntry, Engine, ReleaseEntry, RenewEntry, hex, millis};
 use self::error::{Scrubber, from_redis};
 use self::observe::Hub;
@@ -149,6 +158,7 @@ use super::{
 };
 
 pub use self::keys::MAX_NAME_LEN;
+pub use self::limit::MAX_REPLY_BYTES;
 
 /// The key prefix used unless [`RedisConfig::key_prefix`] says otherwise.
 pub const DEFAULT_KEY_PREFIX: &str = "tenure:";
@@ -533,6 +543,12 @@ impl RedisBackend {
         config.validate()?;
         let scrub = config.scrubber();
         let client = config.client()?;
+        let connector = Connector::new(
+            config.info.clone(),
+            client,
+            config.connect_timeout,
+            config.request_timeout,
+        );
         let connecting = async {
             if config.cluster {
                 config
@@ -542,13 +558,7 @@ impl RedisBackend {
                     .map(Conn::Cluster)
                     .map_err(|e| from_redis(&e, "connect", &scrub))
             } else {
-                let manager_config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(config.connect_timeout))
-                    .set_response_timeout(Some(config.request_timeout))
-                    .set_min_delay(Duration::from_millis(25))
-                    .set_max_delay(Duration::from_secs(1))
-                    .set_number_of_retries(5);
-                ConnectionManager::new_with_config(client.clone(), manager_config)
+                Managed::connect(connector.clone())
                     .await
                     .map(Conn::Single)
                     .map_err(|e| from_redis(&e, "connect", &scrub))
@@ -604,7 +614,7 @@ impl RedisBackend {
             timeout,
         );
         let hub = Arc::new(Hub::new(
-            client,
+            connector,
             shutdown.clone(),
             config.connect_timeout,
             config.request_timeout,

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::conn::Connector;
 use super::engine::{Engine, Notification, Snapshot, Version, parse_notification};
 use super::error::from_redis;
 use crate::backend::{BackendError, BackendErrorKind, HolderChange};
@@ -80,7 +81,7 @@ impl Mailbox {
 
 /// The shared subscriber of one backend.
 pub(crate) struct Hub {
-    client: ::redis::Client,
+    connector: Connector,
     state: Mutex<HubState>,
     /// Wakes the connection task when the wanted channels change.
     wake: Notify,
@@ -121,13 +122,13 @@ struct Channel {
 
 impl Hub {
     pub(crate) fn new(
-        client: ::redis::Client,
+        connector: Connector,
         shutdown: CancellationToken,
         connect_timeout: Duration,
         request_timeout: Duration,
     ) -> Self {
         Self {
-            client,
+            connector,
             state: Mutex::default(),
             wake: Notify::new(),
             confirmed: Notify::new(),
@@ -333,7 +334,7 @@ impl Hub {
 async fn run(hub: Arc<Hub>) {
     let mut backoff = RECONNECT_MIN;
     loop {
-        let connect = tokio::time::timeout(hub.connect_timeout, hub.client.get_async_pubsub());
+        let connect = tokio::time::timeout(hub.connect_timeout, hub.connector.pubsub());
         let conn = tokio::select! {
             () = hub.shutdown.cancelled() => return,
             conn = connect => conn,

@@ -3,7 +3,7 @@
 -- already released reports success again, and never touches a successor's lock.
 --
 -- A released lock keeps its value with the first byte turned into '~' (a tombstone, see
--- acquire.lua for the layout): free for the next acquire, and still naming the holder that
+-- acquire.lua for the layout; a value not of that shape is foreign: 0, and left alone): free for the next acquire, and still naming the holder that
 -- released it, so a replay is recognised; a successor's grant carries that holder token over
 -- as its "previous release", so a replay arriving after a successor took the lock is
 -- recognised too. The tombstone keeps what remained of the lease's ttl; when the caller says
@@ -26,6 +26,25 @@
 -- the lock watched before it listens, so a release of an unwatched lock has no listener and
 -- publishes nothing.
 
+-- tenure's value, checked as acquire.lua does: a foreign one is never released or acknowledged.
+local function ours(v)
+  local _, e = string.find(v, '^[+~][0-9a-f]+')
+  local mark = string.byte(v, 34)
+  if not e or (mark ~= 48 and mark ~= 49) then
+    return false
+  end
+  if e == 34 then
+    local _, none = string.find(v, '^%-+', 35)
+    if none ~= 66 then
+      return false
+    end
+  elseif e < 67 then
+    return false
+  end
+  local _, sep = string.find(v, '^%d+:', 67)
+  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
+end
+
 local ack_ttl = tonumber(ARGV[1])
 local short = ARGV[2]
 local out = {}
@@ -34,7 +53,7 @@ for i = 1, #KEYS do
   local cur = redis.pcall('GET', lock)
   if type(cur) == 'table' then
     out[i] = {-1, cur.err or 'error'}
-  elseif not cur then
+  elseif not cur or not ours(cur) then
     out[i] = 0
   elseif string.find(cur, holder, 2, true) == 2 then
     local state = string.byte(cur, 1)
@@ -50,7 +69,7 @@ for i = 1, #KEYS do
       end
     end
     -- Held by this holder (now released), or its own tombstone (a replay).
-    out[i] = (state == 43 or state == 126) and 1 or 0
+    out[i] = 1
   elseif string.find(cur, holder, 35, true) == 35 then
     -- Released by this holder before the current grant or tombstone: a replay.
     out[i] = 1

@@ -1,7 +1,8 @@
 -- renew.lua: extend each of N leases if its holder still holds it (N >= 1; N > 1 for batched
 -- renewals). Never recreates a missing key and never revives a released one: a lease that
 -- expired, was released, was taken over or was lost with the server's data stays lost.
--- (A released lock's tombstone starts with '~', so it is never taken for a held one.)
+-- (A released lock's tombstone starts with '~', so it is never taken for a held one; a value
+-- not of tenure's shape, see acquire.lua, is never extended, whatever it contains.)
 --
 -- KEYS, for entry i (1-based):
 --   KEYS[i]     the lock key <prefix>{<name>}, see acquire.lua for its layout
@@ -14,13 +15,33 @@
 --   0                 not held
 --   {-1, message}     this entry failed (e.g. WRONGTYPE, NOPERM); the others stand.
 
+-- A value of tenure's, checked as acquire.lua does.
+local function ours(v)
+  local _, e = string.find(v, '^[+~][0-9a-f]+')
+  local mark = string.byte(v, 34)
+  if not e or (mark ~= 48 and mark ~= 49) then
+    return false
+  end
+  if e == 34 then
+    local _, none = string.find(v, '^%-+', 35)
+    if none ~= 66 then
+      return false
+    end
+  elseif e < 67 then
+    return false
+  end
+  local _, sep = string.find(v, '^%d+:', 67)
+  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
+end
+
 local out = {}
 for i = 1, #KEYS do
   local lock = KEYS[i]
   local cur = redis.pcall('GET', lock)
   if type(cur) == 'table' then
     out[i] = {-1, cur.err or 'error'}
-  elseif cur and string.byte(cur, 1) == 43 and string.find(cur, ARGV[2 * i - 1], 2, true) == 2 then
+  elseif cur and string.byte(cur, 1) == 43 and string.find(cur, ARGV[2 * i - 1], 2, true) == 2
+    and ours(cur) then
     redis.call('PEXPIRE', lock, ARGV[2 * i])
     out[i] = 1
   else
