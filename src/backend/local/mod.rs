@@ -83,9 +83,17 @@
 //!   another user or writable by everyone, and a symbolic link to it owned by another user
 //!   (who could re-point it): anybody who can write to it can forge or delete leases. Every
 //!   change checks this again, so a directory that was removed and recreated by someone else
-//!   is refused too. Files are opened with `O_NOFOLLOW`. A directory writable by its *group*
-//!   is accepted (a user-private group under umask 002 is common); keep other users out of
-//!   that group.
+//!   is refused too. Files are opened with `O_NOFOLLOW` and `O_NONBLOCK`, and anything but a
+//!   regular file where a record or a lock file should be (a FIFO, which would block a
+//!   reader forever; a device; a directory) is refused with a
+//!   [`Protocol`](crate::backend::BackendErrorKind::Protocol) error naming it; a stale
+//!   temporary file is removed and created anew with `O_EXCL`. A directory writable by its
+//!   *group* is accepted (a user-private group under umask 002 is common); keep other users
+//!   out of that group.
+//! - **Records are at most 64 KiB**, and none larger is ever written: a grant whose identity
+//!   would not fit fails with a [`Config`](crate::backend::BackendErrorKind::Config) error
+//!   and changes nothing. A [`Locker`](crate::Locker) never asks for one: it accepts
+//!   identities of at most [`MAX_IDENTITY_LEN`](crate::lock::MAX_IDENTITY_LEN) bytes.
 //! - **A power loss** can leave a renewal or a release unwritten, which does not matter (the
 //!   boot id changes); on filesystems that do not order a rename after its data (ext4, XFS and
 //!   btrfs all do), it could also leave an empty record, which is then reported as corrupt.
