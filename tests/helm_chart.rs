@@ -2,8 +2,10 @@
 //! non-default values, the values schema's refusals, and the rendered objects on a real
 //! kube-apiserver (the harness's, `tests/kube_support`): `helm install` into fresh namespaces
 //! that enforce Pod Security "restricted", Pods from the Deployment's template admitted (and
-//! weakened ones refused) by the apiserver, `kubectl auth can-i` for the ServiceAccount, and
-//! tenure's own Kubernetes backend running under exactly the chart's Role.
+//! weakened ones refused) by the apiserver, `kubectl auth can-i` for the ServiceAccount,
+//! tenure's own Kubernetes backend running under exactly the chart's Role, and the fencing
+//! policy (`fencing.*`): rendered exactly as `tenure::fence::kube::FencingPolicy` generates
+//! it, and enforced by the apiserver on the chart's ServiceAccount.
 //!
 //! helm (`e2e/scripts/helm.sh build`) and kubectl (`e2e/scripts/kube-testenv.sh
 //! build-kubectl`) are built from Go modules into `~/.cache/tenure` on first use. Nothing is
@@ -23,6 +25,7 @@ use kube_support::{shared, unique};
 use serde_json::{Value, json};
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::backend::{Backend, BackendErrorKind, LeadershipEvent};
+use tenure::fence::kube::{FenceError, Fencer, FencingPolicy};
 use tenure::{LockError, LockOptions, Locker};
 
 fn repo() -> PathBuf {
@@ -1630,4 +1633,773 @@ fn the_rendered_command_line_runs_the_real_tenure() {
         "",
         "{lease}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fencing enforced by the API server (`fencing.*`): the chart's policy is the generator's.
+
+/// The objects `fencing.*` adds (and a rule in the Role): the policy, its binding, the
+/// ClusterRole for the token's user extra and its binding, and the election's Lease, created
+/// empty before the binding (which denies everything governed while its parameter is missing).
+const FENCING_KINDS: [&str; 5] = [
+    "Lease",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "ClusterRole",
+    "ClusterRoleBinding",
+];
+
+/// The Role's rule that lets the ServiceAccount impersonate itself.
+fn self_impersonation(sa: &str) -> Value {
+    json!({"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [sa],
+           "verbs": ["impersonate"]})
+}
+
+/// The generator's policy spec as JSON, with one correction the chart makes: "every
+/// resource" is `["*/*"]`, because the API server refuses the generator's `["*", "*/*"]` ("if
+/// '*/*' is present, must not specify other resources"). A no-op once the generator agrees.
+fn generators_policy_spec(policy: &FencingPolicy) -> Value {
+    let mut spec = serde_json::to_value(policy.policy().spec).expect("policy spec json");
+    for rules in ["resourceRules", "excludeResourceRules"] {
+        let found = spec
+            .get_mut("matchConstraints")
+            .and_then(|m| m.get_mut(rules))
+            .and_then(Value::as_array_mut);
+        if let Some(rules) = found {
+            for rule in rules {
+                if rule["resources"] == json!(["*", "*/*"]) {
+                    rule["resources"] = json!(["*/*"]);
+                }
+            }
+        }
+    }
+    spec
+}
+
+/// Asserts that `objs` carry exactly `policy` (the generator's objects for the same inputs):
+/// names, the election's labels, and both specs, compared as JSON.
+fn assert_generators_policy(objs: &[Value], policy: &FencingPolicy, what: &str) {
+    let generated_policy = policy.policy();
+    let generated_binding = policy.binding();
+    for (kind, spec) in [
+        ("ValidatingAdmissionPolicy", generators_policy_spec(policy)),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            serde_json::to_value(&generated_binding.spec).expect("binding spec json"),
+        ),
+    ] {
+        let rendered = one(objs, kind);
+        assert_eq!(rendered["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(
+            rendered["metadata"]["name"],
+            policy.name(),
+            "{what}: {kind}"
+        );
+        assert!(
+            rendered["metadata"]["namespace"].is_null(),
+            "{what}: {kind} is cluster-scoped"
+        );
+        assert!(
+            rendered["spec"] == spec,
+            "{what}: the chart's {kind} spec differs from the generator's\n\
+             chart:     {}\ngenerator: {spec}",
+            rendered["spec"]
+        );
+        // The generator's labels, but managed-by: Helm manages these.
+        let labels = &rendered["metadata"]["labels"];
+        for (k, v) in generated_policy.metadata.labels.iter().flatten() {
+            if k == "app.kubernetes.io/managed-by" {
+                assert_eq!(labels[k], "Helm", "{what}: {kind}");
+            } else {
+                assert_eq!(labels[k], v.as_str(), "{what}: {kind} label {k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
+    // Defaults: the chart's lease and ServiceAccount, every resource.
+    let objs = render("demo", "apps", &["--set", "fencing.policy.enabled=true"]);
+    let k = kinds(&objs);
+    for kind in FENCING_KINDS {
+        assert!(k.contains(kind), "{kind} missing from {k:?}");
+    }
+    let policy = FencingPolicy::new("apps", "demo-tenure")
+        .and_then(|p| p.service_account("apps", "demo-tenure"))
+        .expect("valid policy");
+    assert_eq!(policy.name(), "tenure-fencing.apps.demo-tenure");
+    assert_generators_policy(&objs, &policy, "defaults");
+    // The binding's parameter exists from the start, and outlives the release.
+    let lease = one(&objs, "Lease");
+    assert_eq!(lease["apiVersion"], "coordination.k8s.io/v1");
+    assert_eq!(lease["metadata"]["name"], "demo-tenure");
+    assert_eq!(lease["metadata"]["namespace"], "apps");
+    assert_eq!(
+        lease["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    assert!(lease["spec"].is_null(), "an empty Lease: {lease}");
+    // Spelled out once, so the comparison above cannot pass on two equal mistakes.
+    let spec = &one(&objs, "ValidatingAdmissionPolicy")["spec"];
+    assert_eq!(spec["failurePolicy"], "Fail");
+    let ops = json!(["CREATE", "UPDATE", "DELETE"]);
+    assert_eq!(
+        spec["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ops,
+                "resources": ["*/*"], "scope": "*"}])
+    );
+    let excluded: Vec<(Value, Value)> = spec["matchConstraints"]["excludeResourceRules"]
+        .as_array()
+        .expect("exclusions")
+        .iter()
+        .map(|r| {
+            assert_eq!(r["operations"], ops);
+            (r["apiGroups"].clone(), r["resources"].clone())
+        })
+        .collect();
+    assert_eq!(
+        excluded,
+        [
+            (
+                json!(["coordination.k8s.io"]),
+                json!(["leases", "leases/*"])
+            ),
+            (json!([""]), json!(["events", "events/*"])),
+            (json!(["events.k8s.io"]), json!(["events", "events/*"])),
+            (json!(["tenure.dev"]), json!(["elections", "elections/*"])),
+            (
+                json!(["authentication.k8s.io", "authorization.k8s.io"]),
+                json!(["*/*"])
+            ),
+        ]
+    );
+    assert_eq!(
+        spec["paramKind"],
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"})
+    );
+    assert_eq!(
+        spec["matchConditions"][0]["expression"],
+        "request.userInfo.username in ['system:serviceaccount:apps:demo-tenure']"
+    );
+    assert_eq!(spec["validations"].as_array().map(Vec::len), Some(5));
+    assert!(
+        spec["validations"][0]["messageExpression"]
+            .as_str()
+            .is_some_and(|m| m.contains("tenure fencing:")),
+        "{spec}"
+    );
+    let binding = &one(&objs, "ValidatingAdmissionPolicyBinding")["spec"];
+    assert_eq!(
+        binding,
+        &json!({
+            "policyName": "tenure-fencing.apps.demo-tenure",
+            "paramRef": {"name": "demo-tenure", "namespace": "apps",
+                         "parameterNotFoundAction": "Deny"},
+            "validationActions": ["Deny"]
+        })
+    );
+    // RBAC: self-impersonation in the Role, the token's user extra in a ClusterRole.
+    let rules = one(&objs, "Role")["rules"]
+        .as_array()
+        .expect("rules")
+        .clone();
+    assert_eq!(rules.last(), Some(&self_impersonation("demo-tenure")));
+    assert_eq!(rules.len(), 4, "{rules:?}");
+    let cluster_role = one(&objs, "ClusterRole");
+    assert_eq!(cluster_role["metadata"]["name"], policy.name());
+    assert_eq!(
+        cluster_role["rules"],
+        json!([{"apiGroups": ["authentication.k8s.io"],
+                "resources": ["userextras/tenure.dev/fencing-token"],
+                "verbs": ["impersonate"]}])
+    );
+    let crb = one(&objs, "ClusterRoleBinding");
+    assert_eq!(crb["metadata"]["name"], policy.name());
+    assert_eq!(
+        crb["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+               "name": policy.name()})
+    );
+    assert_eq!(
+        crb["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "demo-tenure", "namespace": "apps"}])
+    );
+
+    // Governed resources (unsorted, repeated), more participants (one repeated), a named
+    // lease and ServiceAccount: still the generator's objects.
+    let objs = render(
+        "r",
+        "ops",
+        &[
+            "--set",
+            "fencing.policy.enabled=true,election.lease=reports.controller,serviceAccount.name=reporter",
+            "--set-json",
+            r#"fencing.policy.resources=["statefulsets.apps","configmaps","widgets.example.com","deployments.apps","configmaps"]"#,
+            "--set-json",
+            r#"fencing.policy.extraServiceAccounts=[{"name":"helper"},{"name":"auditor","namespace":"audit"},{"name":"reporter"}]"#,
+            "--set-json",
+            r#"fencing.policy.extraUsers=["alice@example.com","system:serviceaccount:audit:auditor"]"#,
+        ],
+    );
+    let policy = FencingPolicy::new("ops", "reports.controller")
+        .and_then(|p| p.service_account("ops", "reporter"))
+        .and_then(|p| p.service_account("ops", "helper"))
+        .and_then(|p| p.service_account("audit", "auditor"))
+        .and_then(|p| p.service_account("ops", "reporter"))
+        .and_then(|p| p.user("alice@example.com"))
+        .and_then(|p| p.user("system:serviceaccount:audit:auditor"))
+        .and_then(|p| p.resource("statefulsets.apps"))
+        .and_then(|p| p.resource("configmaps"))
+        .and_then(|p| p.resource("widgets.example.com"))
+        .and_then(|p| p.resource("deployments.apps"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("valid policy");
+    assert_generators_policy(&objs, &policy, "resources and participants");
+    let rules = one(&objs, "Role")["rules"]
+        .as_array()
+        .expect("rules")
+        .clone();
+    assert_eq!(rules.last(), Some(&self_impersonation("reporter")));
+    assert_eq!(
+        one(&objs, "ClusterRoleBinding")["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "reporter", "namespace": "ops"}]),
+        "the extra participants get no RBAC from the chart"
+    );
+
+    // The CI values file, as lint and the install below use it.
+    let objs = render("ci", "ci", &["-f", &ci("kube-fencing-values.yaml")]);
+    let policy = FencingPolicy::new("ci", "fenced-controller")
+        .and_then(|p| p.service_account("ci", "ci-tenure"))
+        .and_then(|p| p.user("ops-bot@example.com"))
+        .and_then(|p| p.resource("configmaps"))
+        .and_then(|p| p.resource("deployments.apps"))
+        .expect("valid policy");
+    assert_generators_policy(&objs, &policy, "ci values");
+}
+
+#[test]
+fn fencing_is_rendered_only_when_asked_for() {
+    let fencing_kinds = |objs: &[Value]| -> BTreeSet<String> {
+        kinds(objs)
+            .into_iter()
+            .filter(|k| FENCING_KINDS.contains(&k.as_str()))
+            .collect()
+    };
+    let impersonates = |objs: &[Value]| {
+        objs.iter()
+            .filter(|o| o["kind"] == "Role")
+            .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+            .any(|rule| rule["verbs"] == json!(["impersonate"]))
+    };
+    let set =
+        |kinds: &[&str]| -> BTreeSet<String> { kinds.iter().map(|k| (*k).to_owned()).collect() };
+    let policy_only = [
+        "Lease",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    let cases: &[(&[&str], &[&str], bool)] = &[
+        // Off by default, with every other ci values file too.
+        (&[], &[], false),
+        (&["-f", &ci("kube-publish-values.yaml")], &[], false),
+        (&["-f", &ci("redis-values.yaml")], &[], false),
+        (&["--set", "fencing.policy.enabled=false"], &[], false),
+        // Everything with the policy.
+        (
+            &["--set", "fencing.policy.enabled=true"],
+            &FENCING_KINDS,
+            true,
+        ),
+        // The RBAC alone (a policy installed outside the chart).
+        (
+            &["--set", "fencing.impersonation=true"],
+            &["ClusterRole", "ClusterRoleBinding"],
+            true,
+        ),
+        // The policy alone (RBAC granted elsewhere).
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true,fencing.impersonation=false",
+            ],
+            &policy_only,
+            false,
+        ),
+        (
+            &["--set", "fencing.policy.enabled=true,rbac.create=false"],
+            &policy_only,
+            false,
+        ),
+    ];
+    for (args, expected, role_rule) in cases {
+        // A release named "off": its labels must stay strings, not YAML booleans.
+        let objs = render("off", "apps", args);
+        assert_eq!(fencing_kinds(&objs), set(expected), "{args:?}");
+        assert_eq!(
+            impersonates(&objs),
+            *role_rule,
+            "{args:?}: the Role's impersonate rule"
+        );
+    }
+}
+
+#[test]
+fn bad_fencing_values_fail_with_a_clear_message() {
+    let schema = "values don't meet the specifications of the schema(s)";
+    let long_resource = format!(r#"fencing.policy.resources=["{}.apps"]"#, "r".repeat(64));
+    let long_lease = format!(
+        "fencing.policy.enabled=true,election.lease={}",
+        "l".repeat(64)
+    );
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--set", "fencing.policy.enabled=yes"],
+            &[
+                schema,
+                "at '/fencing/policy/enabled': got string, want boolean",
+            ],
+        ),
+        (
+            &["--set", "fencing.impersonation=maybe"],
+            &[schema, "at '/fencing/impersonation'"],
+        ),
+        (
+            &[
+                "--set-json",
+                r#"fencing.policy.resources=["Deployments.apps"]"#,
+            ],
+            &[
+                schema,
+                "at '/fencing/policy/resources/0'",
+                "does not match pattern",
+            ],
+        ),
+        (
+            &["--set-json", r#"fencing.policy.resources=["deployments."]"#],
+            &[schema, "at '/fencing/policy/resources/0'"],
+        ),
+        (
+            &["--set-json", r#"fencing.policy.resources="configmaps""#],
+            &[schema, "at '/fencing/policy/resources'"],
+        ),
+        (
+            &["--set-json", r#"fencing.policy.extraUsers=["it's me"]"#],
+            &[schema, "at '/fencing/policy/extraUsers/0'"],
+        ),
+        (
+            &[
+                "--set-json",
+                r#"fencing.policy.extraServiceAccounts=[{"namespace":"x"}]"#,
+            ],
+            &[
+                schema,
+                "at '/fencing/policy/extraServiceAccounts/0'",
+                "missing property 'name'",
+            ],
+        ),
+        (
+            &[
+                "--set-json",
+                r#"fencing.policy.extraServiceAccounts=[{"name":"a","namespace":"a.b"}]"#,
+            ],
+            &[
+                schema,
+                "at '/fencing/policy/extraServiceAccounts/0/namespace'",
+            ],
+        ),
+        (
+            &["--set", "fencing.policy.enable=true"],
+            &[schema, "additional properties 'enable' not allowed"],
+        ),
+        // Checked by the templates.
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true,backend.type=redis,backend.redis.url=redis://r:6379",
+            ],
+            &["fencing.policy / fencing.impersonation need backend.type kube"],
+        ),
+        (
+            &[
+                "--set",
+                "fencing.impersonation=true,backend.type=redis,backend.redis.url=redis://r:6379",
+            ],
+            &["fencing.policy / fencing.impersonation need backend.type kube"],
+        ),
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true",
+                "--kube-version",
+                "1.29.4",
+            ],
+            &["fencing.policy.enabled needs Kubernetes >= 1.30"],
+        ),
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true",
+                "--set-json",
+                &long_resource,
+            ],
+            &["the resource part must be at most 63 characters"],
+        ),
+        (
+            &["--set", &long_lease],
+            &["needs a lease name of at most 63 characters"],
+        ),
+    ];
+    for (args, expected) in cases {
+        let err = match template("bad", "ns", args) {
+            Ok(out) => panic!("{args:?} rendered:\n{out}"),
+            Err(e) => e,
+        };
+        for want in *expected {
+            assert!(
+                err.contains(want),
+                "{args:?}: expected {want:?} in helm's error:\n{err}"
+            );
+        }
+        assert!(err.lines().count() <= 8, "{args:?}: too long:\n{err}");
+    }
+}
+
+/// `kubectl create` of a SubjectAccessReview as admin: may `user` impersonate the user extra
+/// `key`? (`kubectl auth can-i` cannot ask: it does not know `userextras` and drops its group.)
+fn may_impersonate_extra(user: &str, key: &str) -> bool {
+    let review = json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "resourceAttributes": {
+            "group": "authentication.k8s.io", "resource": "userextras",
+            "subresource": key, "verb": "impersonate"}}
+    });
+    let out = run(
+        kubectl_cmd().args(["create", "-f", "-", "-o", "json"]),
+        Some(&review.to_string()),
+    )
+    .expect_ok();
+    let answer: Value = serde_json::from_str(&out).expect("SubjectAccessReview json");
+    answer["status"]["allowed"] == true
+}
+
+/// The cluster-scoped objects the apiserver has for the fencing of lease `ns/lease`.
+fn installed_fencing(ns: &str, lease: &str) -> BTreeSet<(String, String)> {
+    let out = run(
+        kubectl_cmd().args([
+            "get",
+            "validatingadmissionpolicies,validatingadmissionpolicybindings,clusterroles,\
+             clusterrolebindings",
+            "-l",
+            &format!("tenure.dev/lease-namespace={ns},tenure.dev/lease={lease}"),
+            "-o",
+            "json",
+        ]),
+        None,
+    )
+    .expect_ok();
+    let list: Value = serde_json::from_str(&out).expect("kubectl get -o json");
+    names(list["items"].as_array().expect("items"))
+}
+
+/// A Role of the user's (not the chart's) letting `sa` write ConfigMaps: the workload's own
+/// permissions, which the chart leaves to its user.
+fn grant_configmaps(ns: &str, sa: &str) {
+    apply(
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "workload", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]}]
+        })
+        .to_string(),
+    );
+    apply(
+        &json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "workload", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workload"},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        })
+        .to_string(),
+    );
+}
+
+fn configmap(name: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": name}}))
+        .expect("configmap")
+}
+
+/// Creates ConfigMap `name` without a token until the policy refuses it (it is loaded
+/// asynchronously after install); returns the refusal.
+async fn refused_without_token(
+    api: &kube::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    name: &str,
+) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.create(&Default::default(), &configmap(name)).await {
+            Err(kube::Error::Api(s)) if s.message.contains("tenure fencing:") => {
+                return s.message;
+            }
+            other => {
+                if other.is_ok() {
+                    let _ = api.delete(name, &Default::default()).await;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "a write without a token was not refused within 30 s: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// A release's ServiceAccount with a Role of the user's for ConfigMaps: (a client
+/// authenticated as it with a TokenRequest token, its user name).
+fn workload_service_account(ns: &str, sa: &str) -> (PathBuf, String) {
+    let user = format!("system:serviceaccount:{ns}:{sa}");
+    grant_configmaps(ns, sa);
+    wait_allowed(&user, ns, "create", "configmaps");
+    let token = run(
+        kubectl_cmd().args(["create", "token", sa, "-n", ns, "--duration=10m"]),
+        None,
+    )
+    .expect_ok();
+    (kubeconfig_with_token(token.trim()), user)
+}
+
+/// Two terms of `lease` taken (and the first released) through tenure's Kubernetes backend as
+/// `client`: (the stale term's token, the current term).
+async fn two_terms(
+    client: &kube::Client,
+    ns: &str,
+    lease: &str,
+) -> (tenure::FencingToken, tenure::lock::Lease) {
+    let locker = Locker::with_identity(
+        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.to_owned()))
+            .expect("backend"),
+        "pod-0",
+    )
+    .expect("identity");
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    let first = locker.try_acquire(lease, &opts).await.expect("first term");
+    let stale = first.fencing_token();
+    first.release().await.expect("release");
+    let current = locker.try_acquire(lease, &opts).await.expect("second term");
+    assert!(current.fencing_token() > stale);
+    (stale, current)
+}
+
+/// The chart installed with the fencing policy (the ci values: configmaps and deployments.apps
+/// governed): its objects are on the apiserver, its RBAC is what a fenced client needs and no
+/// more, and the apiserver enforces the policy on the chart's ServiceAccount from the start
+/// (the chart's empty Lease is the parameter): a write without a token is refused, the
+/// current term's is admitted, a stale term's is refused, a non-participant's is admitted
+/// here and in other namespaces. Then with the default (every resource) and without the
+/// chart's impersonation RBAC: the policy is accepted and governs ConfigMaps, and the fenced
+/// client is refused for want of the RBAC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::{Api, PostParams};
+
+    let release = "fx";
+    let lease = "fenced-controller";
+    let (ns, kubeconfig) = tokio::task::spawn_blocking(move || {
+        let ns = restricted_namespace("fencing");
+        let values = ["-f".to_owned(), ci("kube-fencing-values.yaml")];
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        helm_install(release, &ns, &values).expect_ok();
+        let expected: BTreeSet<(String, String)> = names(&render(release, &ns, &values))
+            .into_iter()
+            .filter(|(kind, _)| FENCING_KINDS.contains(&kind.as_str()))
+            .collect();
+        assert_eq!(expected.len(), 5, "{expected:?}");
+        let mut found = installed_fencing(&ns, lease);
+        let lease_json = run(
+            kubectl_cmd().args(["get", "lease", lease, "-n", &ns, "-o", "json"]),
+            None,
+        )
+        .expect_ok();
+        let lease_json: Value = serde_json::from_str(&lease_json).expect("lease json");
+        found.insert(("Lease".to_owned(), lease.to_owned()));
+        assert_eq!(found, expected);
+        assert!(
+            lease_json["spec"]["holderIdentity"].is_null(),
+            "no term yet: {lease_json}"
+        );
+
+        let (kubeconfig, sa) = workload_service_account(&ns, "fx-tenure");
+        // `kubectl auth can-i`: itself, by name; nobody else.
+        wait_allowed(&sa, &ns, "impersonate", "serviceaccounts/fx-tenure");
+        assert!(!can_i(
+            &sa,
+            &ns,
+            "impersonate",
+            "serviceaccounts/other",
+            None
+        ));
+        assert!(!can_i(&sa, &ns, "impersonate", "serviceaccounts", None));
+        assert!(!can_i(
+            &sa,
+            "default",
+            "impersonate",
+            "serviceaccounts/fx-tenure",
+            None
+        ));
+        assert!(!can_i(&sa, ALL, "impersonate", "users", None));
+        assert!(!can_i(&sa, ALL, "impersonate", "groups", None));
+        // A SubjectAccessReview: the token's user extra, and no other.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !may_impersonate_extra(&sa, "tenure.dev/fencing-token") {
+            assert!(
+                Instant::now() < deadline,
+                "{sa} may not impersonate userextras/tenure.dev/fencing-token"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(!may_impersonate_extra(&sa, "tenure.dev/other"));
+        assert!(!may_impersonate_extra(
+            &format!("system:serviceaccount:{ns}:nobody"),
+            "tenure.dev/fencing-token"
+        ));
+        (ns, kubeconfig)
+    })
+    .await
+    .expect("setup");
+    let client = shared().client_from(&kubeconfig).await;
+    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+
+    // Before any term (the chart's empty Lease is the parameter): a participant's write
+    // without a token is refused by the policy itself, not for a missing parameter.
+    let refusal = refused_without_token(&plain, "plain").await;
+    assert!(
+        refusal.contains(&format!(
+            "tenure fencing: lease {ns}/{lease}: missing token"
+        )),
+        "{refusal}"
+    );
+    // Everyone else's writes to governed resources go on, here and elsewhere.
+    let admin_client = shared().admin().await;
+    for namespace in [ns.as_str(), "default"] {
+        let name = format!("{ns}-admin");
+        let api: Api<ConfigMap> = Api::namespaced(admin_client.clone(), namespace);
+        api.create(&pp, &configmap(&name))
+            .await
+            .unwrap_or_else(|e| panic!("a non-participant's write in {namespace}: {e}"));
+    }
+
+    // Two terms of the chart's election (taking the empty Lease over), under the chart's Role.
+    let (stale, current_term) = two_terms(&client, &ns, lease).await;
+    let current = current_term.fencing_token();
+
+    // Through the fenced client (self-impersonation with the token: the chart's RBAC).
+    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let written = fencer
+        .namespaced_with_token::<ConfigMap>(current, &ns)
+        .create(&pp, &configmap("current"))
+        .await
+        .expect("the current term's write is admitted");
+    assert_eq!(
+        written
+            .metadata
+            .annotations
+            .and_then(|a| a.get("tenure.dev/fencing-token").cloned()),
+        Some(current.get().to_string())
+    );
+    match fencer
+        .namespaced_with_token::<ConfigMap>(stale, &ns)
+        .create(&pp, &configmap("stale"))
+        .await
+    {
+        Err(FenceError::Stale {
+            ours,
+            lease: Some(l),
+            ..
+        }) => {
+            assert_eq!(ours, stale.get());
+            assert_eq!(l, format!("{ns}/{lease}"));
+        }
+        other => panic!("a stale term's write: {other:?}"),
+    }
+    // A non-participant is not fenced; the stale write did not land.
+    let admin: Api<ConfigMap> = Api::namespaced(shared().admin().await, &ns);
+    admin
+        .create(&pp, &configmap("by-admin"))
+        .await
+        .expect("a non-participant is not fenced");
+    assert!(admin.get_opt("stale").await.expect("read").is_none());
+    current_term.release().await.expect("release");
+
+    // Every resource governed (the default), no impersonation RBAC from the chart.
+    let (ns2, kubeconfig2) = tokio::task::spawn_blocking(|| {
+        let ns = restricted_namespace("fencing-all");
+        helm_install(
+            "all",
+            &ns,
+            &[
+                "--set",
+                "fencing.policy.enabled=true,fencing.impersonation=false",
+            ],
+        )
+        .expect_ok();
+        let (kubeconfig, sa) = workload_service_account(&ns, "all-tenure");
+        assert!(!can_i(
+            &sa,
+            &ns,
+            "impersonate",
+            "serviceaccounts/all-tenure",
+            None
+        ));
+        assert!(!may_impersonate_extra(&sa, "tenure.dev/fencing-token"));
+        (ns, kubeconfig)
+    })
+    .await
+    .expect("setup without the RBAC");
+    let client2 = shared().client_from(&kubeconfig2).await;
+    let plain2: Api<ConfigMap> = Api::namespaced(client2.clone(), &ns2);
+    let refusal = refused_without_token(&plain2, "plain").await;
+    assert!(refusal.contains("missing token"), "{refusal}");
+    // The API server accepted the every-resource rules, and they leave everyone else alone
+    // (Pods, Secrets, ConfigMaps, in any namespace), the Lease being there from the start.
+    let admin_cms: Api<ConfigMap> = Api::namespaced(admin_client.clone(), "default");
+    admin_cms
+        .create(&pp, &configmap(&format!("{ns2}-admin")))
+        .await
+        .expect("a non-participant's write under the every-resource policy");
+    let pod_from_chart = tokio::task::spawn_blocking({
+        let ns2 = ns2.clone();
+        move || {
+            let objs = render("all", &ns2, &["--set", "fencing.policy.enabled=true"]);
+            create_dry_run(&ns2, &pod_from(&objs, "all-pod"))
+        }
+    })
+    .await
+    .expect("dry run");
+    assert!(
+        pod_from_chart.ok,
+        "the chart's own Pod is refused under its policy: {}",
+        pod_from_chart.stderr
+    );
+    let (_, term) = two_terms(&client2, &ns2, "all-tenure").await;
+    // Secrets are governed too, but not granted: RBAC refuses before admission.
+    let secrets: Api<Secret> = Api::namespaced(client2.clone(), &ns2);
+    match secrets.list(&Default::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{}", s.message),
+        other => panic!("secrets: {other:?}"),
+    }
+    let fencer2 = Fencer::new(client2).await.expect("identity");
+    match fencer2
+        .namespaced_with_token::<ConfigMap>(term.fencing_token(), &ns2)
+        .create(&pp, &configmap("fenced"))
+        .await
+    {
+        Err(FenceError::Forbidden { message }) => {
+            assert!(message.contains("impersonate"), "{message}");
+        }
+        other => panic!("a fenced write without the impersonation RBAC: {other:?}"),
+    }
+    term.release().await.expect("release");
 }

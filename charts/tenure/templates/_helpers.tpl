@@ -21,9 +21,10 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* Quoted: a release named off, yes or no would otherwise be a YAML boolean. */}}
 {{- define "tenure.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "tenure.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "tenure.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end -}}
 
 {{- define "tenure.labels" -}}
@@ -57,6 +58,35 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Whether the pods talk to the Kubernetes API at all. */}}
 {{- define "tenure.needsApi" -}}
 {{- if or (eq .Values.backend.type "kube") .Values.election.publishStatus -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The name of the fencing policy, of its binding and of the fencing ClusterRole and
+ClusterRoleBinding (all cluster-scoped): tenure-fencing.<namespace>.<lease>, as
+tenure::fence::kube::FencingPolicy::name() spells it.
+*/}}
+{{- define "tenure.fencingName" -}}
+{{- printf "tenure-fencing.%s.%s" .Release.Namespace (include "tenure.lease" .) -}}
+{{- end -}}
+
+{{/*
+Labels of the fencing objects: the chart's, and the election's as FencingPolicy::metadata sets
+them (app.kubernetes.io/managed-by stays Helm's: Helm manages these objects).
+*/}}
+{{- define "tenure.fencingLabels" -}}
+{{ include "tenure.labels" . }}
+tenure.dev/lease: {{ include "tenure.lease" . | quote }}
+tenure.dev/lease-namespace: {{ .Release.Namespace | quote }}
+{{- end -}}
+
+{{/*
+Whether the chart grants the impersonation a fenced client needs to carry its token:
+fencing.impersonation, or when it is null, fencing.policy.enabled; never without rbac.create.
+*/}}
+{{- define "tenure.fencingImpersonation" -}}
+{{- $f := .Values.fencing -}}
+{{- $on := ternary $f.policy.enabled $f.impersonation (kindIs "invalid" $f.impersonation) -}}
+{{- if and .Values.rbac.create $on -}}true{{- end -}}
 {{- end -}}
 
 {{/* An image reference from {repository, tag, digest} and a default tag. */}}
@@ -111,6 +141,30 @@ message. Renders nothing.
 {{- end -}}
 {{- if and (not .Values.tenure.inject) (hasPrefix "/tenure-bin/" .Values.tenure.path) -}}
 {{- fail "tenure.path points into /tenure-bin, which only exists with tenure.inject: true" -}}
+{{- end -}}
+{{- $f := .Values.fencing -}}
+{{- $impersonation := ternary $f.policy.enabled $f.impersonation (kindIs "invalid" $f.impersonation) -}}
+{{- if and (or $f.policy.enabled $impersonation) (ne .Values.backend.type "kube") -}}
+{{- fail "fencing.policy / fencing.impersonation need backend.type kube: the policy reads the election's Lease" -}}
+{{- end -}}
+{{- if $f.policy.enabled -}}
+{{- if not (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "fencing.policy.enabled needs Kubernetes >= 1.30 (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy); the cluster is %s" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- $lease := include "tenure.lease" . -}}
+{{- if gt (len $lease) 63 -}}
+{{- fail (printf "fencing.policy.enabled needs a lease name of at most 63 characters (it labels the policy, tenure.dev/lease); %q has %d" $lease (len $lease)) -}}
+{{- end -}}
+{{- $name := include "tenure.fencingName" . -}}
+{{- if gt (len $name) 253 -}}
+{{- fail (printf "the fencing policy's name %q would be longer than 253 characters" $name) -}}
+{{- end -}}
+{{- range $f.policy.resources -}}
+{{- $resource := regexReplaceAll "\\..*$" . "" -}}
+{{- if gt (len $resource) 63 -}}
+{{- fail (printf "fencing.policy.resources: %q: the resource part must be at most 63 characters" .) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
