@@ -1640,7 +1640,7 @@ fn the_rendered_command_line_runs_the_real_tenure() {
 
 /// The objects `fencing.*` adds (and a rule in the Role): the policy, its binding, the
 /// ClusterRole for the token's user extra and its binding, and the election's Lease, created
-/// empty before the binding (which denies everything governed while its parameter is missing).
+/// empty before the binding (so the policy has its parameter from the start).
 const FENCING_KINDS: [&str; 5] = [
     "Lease",
     "ValidatingAdmissionPolicy",
@@ -1655,25 +1655,9 @@ fn self_impersonation(sa: &str) -> Value {
            "verbs": ["impersonate"]})
 }
 
-/// The generator's policy spec as JSON, with one correction the chart makes: "every
-/// resource" is `["*/*"]`, because the API server refuses the generator's `["*", "*/*"]` ("if
-/// '*/*' is present, must not specify other resources"). A no-op once the generator agrees.
+/// The generator's policy spec as JSON.
 fn generators_policy_spec(policy: &FencingPolicy) -> Value {
-    let mut spec = serde_json::to_value(policy.policy().spec).expect("policy spec json");
-    for rules in ["resourceRules", "excludeResourceRules"] {
-        let found = spec
-            .get_mut("matchConstraints")
-            .and_then(|m| m.get_mut(rules))
-            .and_then(Value::as_array_mut);
-        if let Some(rules) = found {
-            for rule in rules {
-                if rule["resources"] == json!(["*", "*/*"]) {
-                    rule["resources"] = json!(["*/*"]);
-                }
-            }
-        }
-    }
-    spec
+    serde_json::to_value(policy.policy().spec).expect("policy spec json")
 }
 
 /// Asserts that `objs` carry exactly `policy` (the generator's objects for the same inputs):
@@ -1795,7 +1779,7 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         &json!({
             "policyName": "tenure-fencing.apps.demo-tenure",
             "paramRef": {"name": "demo-tenure", "namespace": "apps",
-                         "parameterNotFoundAction": "Deny"},
+                         "parameterNotFoundAction": "Allow"},
             "validationActions": ["Deny"]
         })
     );

@@ -9,160 +9,16 @@ mod safety;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube_support::fencing::{cm, install, obj, participant};
 use kube_support::{shared, unique};
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::fence::kube::{Current, FenceError, FencedApi, Fencer, FencingPolicy};
 use tenure::lock::LockOptions;
 use tenure::{FencingToken, Locker};
-
-fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
-}
-
-async fn apply<K>(api: &Api<K>, name: &str, object: &K)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    api.patch(
-        name,
-        &PatchParams::apply("tenure-tests").force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
-}
-
-/// A ServiceAccount `sa` in `ns` with what a fenced controller needs: configmaps and
-/// deployments (with status), its Lease, Events, and impersonating itself with the token
-/// extra. Returns a client authenticated as it (a TokenRequest token), and its kubeconfig.
-async fn participant(ns: &str, sa: &str) -> (kube::Client, std::path::PathBuf) {
-    let server = shared();
-    let admin = server.admin().await;
-    apply(
-        &Api::<ServiceAccount>::namespaced(admin.clone(), ns),
-        sa,
-        &obj(serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})),
-    )
-    .await;
-    let role = format!("{sa}-fenced");
-    apply(
-        &Api::<Role>::namespaced(admin.clone(), ns),
-        &role,
-        &obj(serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": role},
-            "rules": [
-                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]},
-                {"apiGroups": ["apps"], "resources": ["deployments", "deployments/status"], "verbs": ["*"]},
-                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-                {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [sa], "verbs": ["impersonate"]}
-            ]
-        })),
-    )
-    .await;
-    apply(
-        &Api::<RoleBinding>::namespaced(admin.clone(), ns),
-        &role,
-        &obj(serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
-        })),
-    )
-    .await;
-    let cluster_role = "tenure-fencing-token-extra";
-    apply(
-        &Api::<ClusterRole>::all(admin.clone()),
-        cluster_role,
-        &obj(serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": cluster_role},
-            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/tenure.dev/fencing-token"], "verbs": ["impersonate"]}]
-        })),
-    )
-    .await;
-    let binding = format!("tenure-fencing-token-extra-{ns}-{sa}");
-    apply(
-        &Api::<ClusterRoleBinding>::all(admin.clone()),
-        &binding,
-        &obj(serde_json::json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": binding},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
-        })),
-    )
-    .await;
-    // A token for the ServiceAccount, then a kubeconfig like the tester's with it.
-    let sas: Api<ServiceAccount> = Api::namespaced(admin, ns);
-    let request = serde_json::json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}
-    });
-    let answer: serde_json::Value = sas
-        .create_subresource("token", sa, &PostParams::default(), &request)
-        .await
-        .unwrap_or_else(|e| panic!("TokenRequest for {sa}: {e}"));
-    let token = answer["status"]["token"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    assert!(!token.is_empty(), "no token: {answer}");
-    let tester = std::fs::read_to_string(server.tester_kubeconfig()).unwrap_or_default();
-    let tester_token = std::fs::read_to_string(server.dir.join("tester.token")).unwrap_or_default();
-    let kubeconfig = tester.replace(tester_token.trim(), &token);
-    let path = kube_support::fresh_dir("fencing").join(format!("{sa}.kubeconfig"));
-    std::fs::write(&path, &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
-    (server.client_from(&path).await, path)
-}
-
-/// Installs `policy` as admin and waits until the API server enforces it (a participant's
-/// write without a token is refused).
-async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
-    let admin = shared().admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &policy.name(),
-        &policy.policy(),
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
-        &policy.name(),
-        &policy.binding(),
-    )
-    .await;
-    let cm = cm("policy-probe", "x");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match probe.create(&PostParams::default(), &cm).await {
-            Err(kube::Error::Api(s)) if s.message.contains("tenure fencing:") => return,
-            Ok(_) => {
-                let _ = probe.delete("policy-probe", &DeleteParams::default()).await;
-            }
-            Err(_) => {}
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the policy was not enforced within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn cm(name: &str, value: &str) -> ConfigMap {
-    obj(serde_json::json!({"metadata": {"name": name}, "data": {"v": value}}))
-}
 
 fn deployment(name: &str) -> Deployment {
     obj(serde_json::json!({
@@ -447,7 +303,7 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn object_tokens_foreign_holders_and_a_missing_lease() {
+async fn object_tokens_foreign_holders_and_a_missing_lease_fences_nothing_and_blocks_no_one() {
     let server = shared();
     let ns = unique("fence2");
     server.namespace(&ns).await;
@@ -460,47 +316,34 @@ async fn object_tokens_foreign_holders_and_a_missing_lease() {
     let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
     let pp = PostParams::default();
 
-    // No Lease yet: the binding's parameterNotFoundAction is Deny.
+    // Installed as `tenure policy` prints it: the empty Lease first, then the policy.
     let admin = server.admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &policy.name(),
-        &policy.policy(),
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone()),
-        &policy.name(),
-        &policy.binding(),
-    )
-    .await;
+    Api::<Lease>::namespaced(admin.clone(), &ns)
+        .create(&pp, &policy.lease())
+        .await
+        .expect("the empty Lease");
+    install(&policy, &plain).await;
     let fencer = Fencer::new(client.clone()).await.expect("identity");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let r = fencer
-            .namespaced_with_token::<ConfigMap>(FencingToken::new(u64::MAX / 4), &ns)
-            .create(&pp, &cm("before-any-term", "x"))
-            .await;
-        match r {
-            Err(FenceError::Kube(kube::Error::Api(s)))
-                if s.message.contains("not found") || s.message.contains("params") =>
-            {
-                println!("missing Lease: {}", s.message);
-                break;
-            }
-            Ok(_) => {
-                let _ = plain
-                    .delete("before-any-term", &DeleteParams::default())
-                    .await;
-            }
-            Err(other) => println!("waiting for the policy: {other}"),
-        }
+    let admin_cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+    admin_cms
+        .create(&pp, &cm("by-admin", "x"))
+        .await
+        .expect("a non-participant is never fenced");
+    // With the Lease gone, nothing is fenced and nobody is blocked (parameterNotFoundAction
+    // Allow: Deny would refuse the admin's writes too).
+    server.delete_lease(&ns, lease).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while let Err(e) = plain.create(&pp, &cm("while-no-lease", "x")).await {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "a write before any term was not refused"
+            "writes still refused without a Lease: {e}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    admin_cms
+        .create(&pp, &cm("by-admin-2", "x"))
+        .await
+        .expect("a non-participant is never fenced, Lease or not");
 
     let locker = Locker::with_identity(
         KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
@@ -531,6 +374,13 @@ async fn object_tokens_foreign_holders_and_a_missing_lease() {
         token.get(),
     );
     assert_eq!(current, Current::Object(token.get() + 1_000_000));
+
+    // The first grant recreated the Lease: a token-less write is refused again.
+    let refused = plain.create(&pp, &cm("unfenced-again", "x")).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.message.contains("missing token")),
+        "{refused:?}"
+    );
 
     // A client-go replica takes the Lease over (it rewrites the spec and keeps the
     // annotations): token-less writes are admitted, every tokened write is stale.
@@ -613,7 +463,7 @@ async fn fenced_candidate(kubeconfig: &str, ns: &str, identity: &str, log: &str)
                     continue;
                 }
                 n += 1;
-                let name = if n % 2 == 0 {
+                let name = if n.is_multiple_of(2) {
                     "touched".to_owned()
                 } else {
                     format!("only-{id}")

@@ -6,6 +6,9 @@
 
 #![allow(dead_code)]
 
+#[cfg(feature = "kube")]
+pub mod fencing;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

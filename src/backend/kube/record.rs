@@ -27,12 +27,12 @@ pub const RELEASED_TOKEN: &str = "tenure.dev/released-token";
 /// ([`crate::fence::kube`]) refuses a participant's write whose token is lower.
 ///
 /// Written **by the acquiring write itself**, so the policy refuses the previous leader from
-/// the instant the new term is granted: on a takeover it is the observed `resourceVersion`
-/// + 1 (the previous holder's token is at most that version; the new term's token, the
-/// acquiring write's version, is above it). On a create, no earlier version of the Lease is
-/// known, so it is one above the highest version this backend has seen, and the stamp that
-/// follows every grant at once raises it to the term's exact token. Kept on release, and kept
-/// (never lowered) by client-go, which preserves annotations.
+/// the instant the new term is granted: on a takeover it is one above the observed
+/// `resourceVersion` (the previous holder's token is at most that version; the new term's
+/// token, the acquiring write's version, is above it). On a create, no earlier version of the
+/// Lease is known, so it is one above the highest version this backend has seen, and the
+/// stamp that follows every grant at once raises it to the term's exact token. Kept on
+/// release, and kept (never lowered) by client-go, which preserves annotations.
 pub const FENCING_FLOOR: &str = "tenure.dev/fencing-floor";
 
 /// The longest Lease name Kubernetes accepts (a DNS-1123 subdomain).

@@ -8,7 +8,7 @@
 //!   as its parameter and refuses a participant's write whose fencing token is lower than the
 //!   current term's, or lower than the token already on the object. `tenure policy` prints
 //!   it; the Helm chart installs it with `fencing.policy.enabled=true`.
-//! - **Fenced writes** ([`Fencer`], [`FencedApi`]): a kube `Api` for one [`Term`] whose every
+//! - **Fenced writes** ([`Fencer`], [`FencedApi`]): a kube `Api` for one [`Term`](crate::election::Term) whose every
 //!   request carries the term's token, whose writes stamp it on the object
 //!   (`tenure.dev/fencing-token`), which refuses locally once the term has ended, and which
 //!   turns the policy's refusal into [`FenceError::Stale`], never a retry.
@@ -43,7 +43,13 @@
 //!   Every write with a token is refused then (no tenure replica leads).
 //! - A participant that forges a token (the fence protects against stale honest writers,
 //!   not malicious ones — as every fencing token does).
-//! - A Lease deleted by hand: participants are refused until the next grant recreates it.
+//! - While the Lease does not exist (deleted by hand, before it was first created): the
+//!   binding's `parameterNotFoundAction` is `Allow`, so nothing is fenced until the next
+//!   grant recreates it. `Deny` would be worse: the API server resolves the parameter before
+//!   it evaluates `matchConditions`, so every writer of a governed resource — people and
+//!   other controllers too — would be refused. A deleted Lease also ends the current term at
+//!   its next renewal (not held), so no leader is running then. `tenure policy` and the
+//!   chart create the Lease (empty) with the policy, so it exists from the start.
 //!
 //! # Without the policy
 //!

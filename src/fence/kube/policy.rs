@@ -32,8 +32,10 @@ const OPERATIONS: [&str; 3] = ["CREATE", "UPDATE", "DELETE"];
 /// - while a replica that does not stamp tokens (client-go) holds the Lease, writes without a
 ///   token are admitted (that replica cannot send one) and every write *with* a token is
 ///   refused (no tenure replica leads, so any such writer is stale);
-/// - if the Lease does not exist, every participant write to a governed object is refused
-///   (`parameterNotFoundAction: Deny`): no term, no writes. It exists from the first grant.
+/// - while the Lease does not exist, nothing is fenced (`parameterNotFoundAction: Allow`;
+///   see the module docs for why not `Deny`): install it with the policy
+///   ([`lease`](Self::lease), which [`to_yaml`](Self::to_yaml) includes), and it exists from
+///   then on.
 ///
 /// # Example
 ///
@@ -125,29 +127,26 @@ impl FencingPolicy {
     /// # Errors
     ///
     /// [`PolicyError::Invalid`] for a namespace that is not a DNS-1123 label or a lease name
-    /// that is not a DNS-1123 subdomain, or when the policy's name
-    /// (`tenure-fencing.<namespace>.<lease>`) would exceed 253 characters.
+    /// that is not a DNS-1123 subdomain of at most 63 characters (it is also a label value
+    /// on the policy).
     pub fn new(namespace: &str, lease: &str) -> Result<Self, PolicyError> {
         check_label("namespace", namespace)?;
         check_subdomain("lease", lease)?;
-        let spec = Self {
+        if lease.len() > 63 {
+            return Err(invalid(
+                "lease",
+                lease,
+                "a fenced election's lease name must be at most 63 characters (it is a label \
+                 value on the policy)",
+            ));
+        }
+        // (With both names this short, the policy's name is well within 253 characters.)
+        Ok(Self {
             namespace: namespace.to_owned(),
             lease: lease.to_owned(),
             users: Vec::new(),
             resources: Vec::new(),
-        };
-        let name = spec.name();
-        if name.len() > record::MAX_NAME_LEN {
-            return Err(invalid(
-                "lease",
-                lease,
-                format!(
-                    "the policy's name {name:?} would be longer than {} characters",
-                    record::MAX_NAME_LEN
-                ),
-            ));
-        }
-        Ok(spec)
+        })
     }
 
     /// Adds the ServiceAccount `namespace/name` as a participant: its writes are fenced.
@@ -271,7 +270,8 @@ impl FencingPolicy {
     }
 
     /// The `ValidatingAdmissionPolicyBinding` that applies the policy with the election's
-    /// Lease as its parameter. A missing Lease denies (see the type's docs).
+    /// Lease as its parameter. While the Lease is missing nothing is fenced (see the type's
+    /// docs): install [`lease`](Self::lease) with it.
     #[must_use]
     pub fn binding(&self) -> ValidatingAdmissionPolicyBinding {
         ValidatingAdmissionPolicyBinding {
@@ -281,7 +281,9 @@ impl FencingPolicy {
                 param_ref: Some(ParamRef {
                     name: Some(self.lease.clone()),
                     namespace: Some(self.namespace.clone()),
-                    parameter_not_found_action: Some("Deny".to_owned()),
+                    // Not Deny: the parameter is resolved before matchConditions, so a
+                    // missing Lease would refuse every writer (see the module docs).
+                    parameter_not_found_action: Some("Allow".to_owned()),
                     selector: None,
                 }),
                 validation_actions: vec!["Deny".to_owned()],
@@ -290,8 +292,23 @@ impl FencingPolicy {
         }
     }
 
-    /// Both objects as one YAML stream, ready for `kubectl apply -f -` (what `tenure policy`
-    /// prints).
+    /// The election's Lease, empty (no holder, no token), to create with the policy so the
+    /// policy has its parameter from the start. Applying it over an existing Lease changes
+    /// nothing tenure wrote: it sets no spec field.
+    #[must_use]
+    pub fn lease(&self) -> k8s_openapi::api::coordination::v1::Lease {
+        k8s_openapi::api::coordination::v1::Lease {
+            metadata: ObjectMeta {
+                name: Some(self.lease.clone()),
+                namespace: Some(self.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        }
+    }
+
+    /// The Lease, the policy and the binding as one YAML stream, ready for
+    /// `kubectl apply -f -` (what `tenure policy` prints).
     #[cfg(feature = "crd")]
     #[must_use]
     pub fn to_yaml(&self) -> String {
@@ -301,25 +318,34 @@ impl FencingPolicy {
                 .or_else(|_| serde_json::to_string_pretty(object))
                 .unwrap_or_default()
         }
+        let mut lease = serde_json::to_value(self.lease()).unwrap_or_default();
         let mut policy = serde_json::to_value(self.policy()).unwrap_or_default();
         let mut binding = serde_json::to_value(self.binding()).unwrap_or_default();
         // k8s-openapi's types serialize without apiVersion/kind; kubectl needs them.
-        for (value, kind) in [
-            (&mut policy, "ValidatingAdmissionPolicy"),
-            (&mut binding, "ValidatingAdmissionPolicyBinding"),
+        for (value, api_version, kind) in [
+            (&mut lease, "coordination.k8s.io/v1", "Lease"),
+            (
+                &mut policy,
+                "admissionregistration.k8s.io/v1",
+                "ValidatingAdmissionPolicy",
+            ),
+            (
+                &mut binding,
+                "admissionregistration.k8s.io/v1",
+                "ValidatingAdmissionPolicyBinding",
+            ),
         ] {
             if let Some(map) = value.as_object_mut() {
-                map.insert(
-                    "apiVersion".into(),
-                    "admissionregistration.k8s.io/v1".into(),
-                );
+                map.insert("apiVersion".into(), api_version.into());
                 map.insert("kind".into(), kind.into());
             }
         }
         format!(
-            "# tenure fencing policy for lease {}/{}: generated by `tenure policy`; do not edit.\n{}---\n{}",
+            "# tenure fencing policy for lease {}/{}: generated by `tenure policy`; do not edit.\n\
+             # The Lease comes first: the policy reads it as its parameter.\n{}---\n{}---\n{}",
             self.namespace,
             self.lease,
+            one(&lease),
             one(&policy),
             one(&binding)
         )
@@ -339,7 +365,15 @@ impl FencingPolicy {
             scope: Some("*".to_owned()),
             resource_names: None,
         };
-        let with_subresources = |r: &str| vec![r.to_owned(), format!("{r}/*")];
+        // `*/*` alone means every resource and subresource; the API server refuses it beside
+        // anything else.
+        let with_subresources = |r: &str| {
+            if r == "*" {
+                vec!["*/*".to_owned()]
+            } else {
+                vec![r.to_owned(), format!("{r}/*")]
+            }
+        };
         if self.resources.is_empty() {
             // Everything but what the election itself writes: its Lease, its Events, the
             // Election status it publishes, and the reviews a client makes about itself.

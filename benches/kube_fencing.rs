@@ -1,0 +1,323 @@
+//! The cost and the window of fencing enforced by the API server, on a real kube-apiserver.
+//!
+//! - **Per-write latency**, interleaved so machine noise hits each mode alike: a merge patch
+//!   of a ConfigMap by (1) a plain client the policy does not govern (no impersonation, no
+//!   policy: the baseline), (2) a fenced client of a non-participant (the self-impersonation
+//!   alone), (3) a fenced client of a participant (impersonation + the policy's CEL with the
+//!   Lease as parameter). p50 and p99 of each, and the ratios to the baseline.
+//! - **The stale-write window**, over several takeovers: the old leader keeps writing with
+//!   its token as fast as it can (two objects, one request at a time) while the successor is
+//!   granted. Counted: stale writes that landed *after* the grant (etcd's revision order is
+//!   the judge: a response revision above the successor's token), which must be 0; and when
+//!   the first stale write was refused, relative to the successor's `acquire` returning (a
+//!   negative time: refused before the grant was even returned, i.e. from the acquiring
+//!   write on, before the stamp).
+//!
+//! Prints a table and writes `target/bench/kube_fencing.json`. Run with
+//! `cargo bench --bench kube_fencing --features kube`. `TENURE_BENCH_WRITES` sets the writes
+//! per mode (default 400), `TENURE_BENCH_ROUNDS` the takeovers (default 7).
+
+#[path = "../tests/kube_support/mod.rs"]
+mod kube_support;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube_support::fencing::{cm, install, participant, uninstall};
+use kube_support::unique;
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::fence::kube::{FenceError, FencedApi, Fencer, FencingPolicy};
+use tenure::lock::LockOptions;
+use tenure::{FencingToken, Locker};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(run());
+    ExitCode::SUCCESS
+}
+
+fn backend(client: &kube::Client, ns: &str) -> KubeBackend {
+    KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
+        .unwrap_or_else(|e| panic!("backend: {e}"))
+}
+
+async fn run() {
+    let writes = env_usize("TENURE_BENCH_WRITES", 400);
+    let rounds = env_usize("TENURE_BENCH_ROUNDS", 7);
+    // The shared harness server (this process's own, stopped when it exits).
+    let server = kube_support::shared();
+    let ns = unique("bench-fencing");
+    server.namespace(&ns).await;
+    let (writer, _) = participant(&ns, "writer").await;
+    let (outsider, _) = participant(&ns, "outsider").await;
+    let policy = FencingPolicy::new(&ns, "bench")
+        .and_then(|p| p.service_account(&ns, "writer"))
+        .and_then(|p| p.resource("configmaps"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let locker = Locker::with_identity(backend(&writer, &ns), "bench").expect("identity");
+    let term = locker
+        .try_acquire(
+            "bench",
+            &LockOptions::new()
+                .ttl(Duration::from_secs(15))
+                .auto_renew(true),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("acquire: {e}"));
+    install(&policy, &Api::namespaced(writer.clone(), &ns)).await;
+
+    // ---- per-write latency ----
+    let baseline: Api<ConfigMap> = Api::namespaced(outsider.clone(), &ns);
+    let impersonating: FencedApi<ConfigMap> = Fencer::new(outsider.clone())
+        .await
+        .expect("identity")
+        .namespaced_with_token(FencingToken::new(1), &ns);
+    let fenced: FencedApi<ConfigMap> = Fencer::new(writer.clone())
+        .await
+        .expect("identity")
+        .namespaced_with_token(term.fencing_token(), &ns);
+    for name in ["lat-plain", "lat-imp", "lat-fenced"] {
+        let _ = baseline
+            .create(&PostParams::default(), &cm(name, "0"))
+            .await;
+    }
+    let pp = PatchParams::default();
+    let mut samples: [Vec<Duration>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    for i in 0..writes + 20 {
+        let patch = Patch::Merge(serde_json::json!({"data": {"v": i.to_string()}}));
+        // Rotate the order each round so no mode always goes first.
+        for k in 0..3 {
+            let mode = (i + k) % 3;
+            let start = Instant::now();
+            match mode {
+                0 => {
+                    baseline
+                        .patch("lat-plain", &pp, &patch)
+                        .await
+                        .map(|_| ())
+                        .unwrap_or_else(|e| panic!("plain: {e}"));
+                }
+                1 => {
+                    impersonating
+                        .patch("lat-imp", &pp, &patch)
+                        .await
+                        .map(|_| ())
+                        .unwrap_or_else(|e| panic!("impersonating: {e}"));
+                }
+                _ => {
+                    fenced
+                        .patch("lat-fenced", &pp, &patch)
+                        .await
+                        .map(|_| ())
+                        .unwrap_or_else(|e| panic!("fenced: {e}"));
+                }
+            }
+            // The first 20 rounds warm connections and caches.
+            if i >= 20 {
+                samples[mode].push(start.elapsed());
+            }
+        }
+    }
+    for s in &mut samples {
+        s.sort();
+    }
+    let stats: Vec<(Duration, Duration)> = samples
+        .iter()
+        .map(|s| (percentile(s, 0.5), percentile(s, 0.99)))
+        .collect();
+    drop(term);
+    uninstall(&policy).await;
+
+    // ---- the stale-write window ----
+    let mut window_rows = Vec::new();
+    for round in 0..rounds {
+        let lease = format!("window-{round}");
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(1))
+            .wait(Duration::from_secs(10));
+        let old = Locker::with_identity(backend(&writer, &ns), "old").expect("identity");
+        let held = old
+            .try_acquire(&lease, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("old: {e}"));
+        let token_old = held.fencing_token();
+        let round_policy = FencingPolicy::new(&ns, &lease)
+            .and_then(|p| p.service_account(&ns, "writer"))
+            .and_then(|p| p.resource("configmaps"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        install(&round_policy, &Api::namespaced(writer.clone(), &ns)).await;
+        // Only this round's policy governs now (the earlier ones are removed): one Lease.
+        let stale: FencedApi<ConfigMap> = Fencer::new(writer.clone())
+            .await
+            .expect("identity")
+            .namespaced_with_token(token_old, &ns);
+        let stop = Arc::new(AtomicBool::new(false));
+        let t0 = Instant::now();
+        let writer_task = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut log = Vec::new();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    n += 1;
+                    let name = if n.is_multiple_of(2) { "touched" } else { "untouched" };
+                    let patch = Patch::Apply(serde_json::json!({
+                        "apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": name}, "data": {"n": n.to_string()}
+                    }));
+                    let sent = t0.elapsed();
+                    let r = stale
+                        .patch(name, &PatchParams::apply("old").force(), &patch)
+                        .await;
+                    let outcome = match r {
+                        Ok(o) => Some(
+                            o.metadata
+                                .resource_version
+                                .and_then(|v| v.parse::<u64>().ok())
+                                .unwrap_or(0),
+                        ),
+                        Err(FenceError::Stale { .. }) => None,
+                        Err(e) => panic!("stale writer: {e}"),
+                    };
+                    log.push((sent, outcome));
+                }
+                log
+            })
+        };
+        // The old holder stops renewing (frozen, partitioned); the new one waits it out.
+        held.orphan();
+        let new = Locker::with_identity(backend(&writer, &ns), "new").expect("identity");
+        let called = t0.elapsed();
+        let granted = new
+            .acquire(&lease, &opts)
+            .await
+            .unwrap_or_else(|e| panic!("new: {e}"));
+        let returned = t0.elapsed();
+        let token_new = granted.fencing_token().get();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, Ordering::Release);
+        let log = writer_task.await.unwrap_or_default();
+        let _ = granted.release().await;
+        let landed_after_grant = log
+            .iter()
+            .filter(|(_, rv)| rv.is_some_and(|rv| rv > token_new))
+            .count();
+        let first_refusal = log
+            .iter()
+            .find(|(_, rv)| rv.is_none())
+            .map(|(sent, _)| sent.as_secs_f64() - returned.as_secs_f64());
+        let last_accepted_rv = log.iter().filter_map(|(_, rv)| *rv).max().unwrap_or(0);
+        window_rows.push((
+            log.len(),
+            landed_after_grant,
+            first_refusal,
+            ms(returned - called),
+            last_accepted_rv < token_new,
+        ));
+        uninstall(&round_policy).await;
+    }
+
+    // ---- report ----
+    let (p50_base, p99_base) = stats[0];
+    println!(
+        "\nper-write latency, merge patch of a ConfigMap ({writes} writes per mode, interleaved)"
+    );
+    println!(
+        "{:<44} {:>9} {:>9} {:>10} {:>10}",
+        "mode", "p50 ms", "p99 ms", "p50 ratio", "p99 ratio"
+    );
+    let names = [
+        "plain client, not governed (baseline)",
+        "fenced client, non-participant (impersonation)",
+        "fenced client, participant (impersonation + policy)",
+    ];
+    for (name, (p50, p99)) in names.iter().zip(&stats) {
+        println!(
+            "{name:<44} {:>9.2} {:>9.2} {:>10.2} {:>10.2}",
+            ms(*p50),
+            ms(*p99),
+            p50.as_secs_f64() / p50_base.as_secs_f64(),
+            p99.as_secs_f64() / p99_base.as_secs_f64()
+        );
+    }
+    println!(
+        "\nstale-write window: the old leader writes nonstop while the new one is granted ({rounds} takeovers)"
+    );
+    println!(
+        "{:<6} {:>12} {:>22} {:>30} {:>16}",
+        "round", "stale sent", "landed after grant", "first refusal vs acquire ret.", "acquire ms"
+    );
+    let mut worst_landed = 0;
+    for (i, (sent, landed, first, acquire_ms, _)) in window_rows.iter().enumerate() {
+        worst_landed = worst_landed.max(*landed);
+        println!(
+            "{i:<6} {sent:>12} {landed:>22} {:>30} {acquire_ms:>16.1}",
+            first.map_or("none".to_owned(), |s| format!("{:+.1} ms", s * 1e3))
+        );
+    }
+    println!("most stale writes that landed after a grant, in any round: {worst_landed} (goal: 0)");
+
+    let json = format!(
+        "{{\n  \"latency_ms\": {{\"plain\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"impersonation\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"fenced\": {{\"p50\": {:.3}, \"p99\": {:.3}}}}},\n  \"fenced_over_plain\": {{\"p50\": {:.3}, \"p99\": {:.3}}},\n  \"writes_per_mode\": {writes},\n  \"window\": [{}],\n  \"most_landed_after_grant\": {worst_landed}\n}}\n",
+        ms(stats[0].0),
+        ms(stats[0].1),
+        ms(stats[1].0),
+        ms(stats[1].1),
+        ms(stats[2].0),
+        ms(stats[2].1),
+        stats[2].0.as_secs_f64() / p50_base.as_secs_f64(),
+        stats[2].1.as_secs_f64() / p99_base.as_secs_f64(),
+        window_rows
+            .iter()
+            .map(|(sent, landed, first, acquire_ms, _)| format!(
+                "{{\"stale_sent\": {sent}, \"landed_after_grant\": {landed}, \"first_refusal_ms_vs_acquire_return\": {}, \"acquire_ms\": {acquire_ms:.1}}}",
+                first.map_or("null".to_owned(), |s| format!("{:.1}", s * 1e3))
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    let path = dir.join("kube_fencing.json");
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, json)) {
+        Ok(()) => eprintln!("wrote {}", path.display()),
+        Err(e) => eprintln!("could not write {}: {e}", path.display()),
+    }
+}

@@ -1,0 +1,172 @@
+//! Fencing on the real apiserver, shared by the fencing suite and its bench: a participant
+//! ServiceAccount with the RBAC a fenced client needs, and installing a policy.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use tenure::fence::kube::FencingPolicy;
+
+use super::shared;
+
+pub fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub async fn apply<K>(api: &Api<K>, name: &str, object: &K)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("tenure-tests").force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+}
+
+/// A ServiceAccount `sa` in `ns` with what a fenced controller needs: configmaps and
+/// deployments (with status), its Lease, Events, and impersonating itself with the token
+/// extra. Returns a client authenticated as it (a TokenRequest token), and its kubeconfig.
+pub async fn participant(ns: &str, sa: &str) -> (kube::Client, PathBuf) {
+    let server = shared();
+    let admin = server.admin().await;
+    apply(
+        &Api::<ServiceAccount>::namespaced(admin.clone(), ns),
+        sa,
+        &obj(serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})),
+    )
+    .await;
+    let role = format!("{sa}-fenced");
+    apply(
+        &Api::<Role>::namespaced(admin.clone(), ns),
+        &role,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": role},
+            "rules": [
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["*"]},
+                {"apiGroups": ["apps"], "resources": ["deployments", "deployments/status"], "verbs": ["*"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [sa], "verbs": ["impersonate"]}
+            ]
+        })),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(admin.clone(), ns),
+        &role,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        })),
+    )
+    .await;
+    let cluster_role = "tenure-fencing-token-extra";
+    apply(
+        &Api::<ClusterRole>::all(admin.clone()),
+        cluster_role,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": cluster_role},
+            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/tenure.dev/fencing-token"], "verbs": ["impersonate"]}]
+        })),
+    )
+    .await;
+    let binding = format!("tenure-fencing-token-extra-{ns}-{sa}");
+    apply(
+        &Api::<ClusterRoleBinding>::all(admin.clone()),
+        &binding,
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": binding},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+        })),
+    )
+    .await;
+    // A token for the ServiceAccount, then a kubeconfig like the tester's with it.
+    let sas: Api<ServiceAccount> = Api::namespaced(admin, ns);
+    let request = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 3600}
+    });
+    let answer: serde_json::Value = sas
+        .create_subresource("token", sa, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {sa}: {e}"));
+    let token = answer["status"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!token.is_empty(), "no token: {answer}");
+    let tester = std::fs::read_to_string(server.tester_kubeconfig()).unwrap_or_default();
+    let tester_token = std::fs::read_to_string(server.dir.join("tester.token")).unwrap_or_default();
+    let kubeconfig = tester.replace(tester_token.trim(), &token);
+    let path = super::fresh_dir("fencing").join(format!("{sa}.kubeconfig"));
+    std::fs::write(&path, &kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+    (server.client_from(&path).await, path)
+}
+
+/// Installs `policy` as admin and waits until the API server enforces it (a participant's
+/// write without a token is refused by it).
+pub async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
+    let admin = shared().admin().await;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &policy.name(),
+        &policy.policy(),
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &policy.name(),
+        &policy.binding(),
+    )
+    .await;
+    let cm = cm("policy-probe", "x");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match probe.create(&PostParams::default(), &cm).await {
+            // Refused by *this* policy (its name is in the message), not an older one.
+            Err(kube::Error::Api(s))
+                if s.message.contains("tenure fencing:") && s.message.contains(&policy.name()) =>
+            {
+                return;
+            }
+            Ok(_) => {
+                let _ = probe.delete("policy-probe", &DeleteParams::default()).await;
+            }
+            Err(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the policy was not enforced within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn cm(name: &str, value: &str) -> ConfigMap {
+    obj(serde_json::json!({"metadata": {"name": name}, "data": {"v": value}}))
+}
+
+/// Deletes `policy` and its binding as admin.
+pub async fn uninstall(policy: &FencingPolicy) {
+    let admin = shared().admin().await;
+    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .delete(&policy.name(), &DeleteParams::default())
+        .await;
+    let _ = Api::<ValidatingAdmissionPolicy>::all(admin)
+        .delete(&policy.name(), &DeleteParams::default())
+        .await;
+}
