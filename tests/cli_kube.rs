@@ -183,3 +183,140 @@ fn publish_status_shows_who_leads_in_the_election() {
     b.signal(libc::SIGTERM);
     b.wait(Duration::from_secs(20));
 }
+
+/// Creates every object of a `tenure policy` YAML stream as admin; the first refusal's
+/// message, if any.
+async fn create_all(yaml: &str) -> Result<usize, String> {
+    use kube::api::{DynamicObject, PostParams};
+    use kube::discovery::{ApiResource, Discovery};
+    let client = kube_support::shared().admin().await;
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut created = 0;
+    for doc in yaml.split("\n---\n") {
+        let object: DynamicObject = serde_saphyr::from_str(doc).map_err(|e| e.to_string())?;
+        let types = object.types.clone().ok_or("no apiVersion/kind")?;
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", &types.api_version));
+        let (resource, _) = discovery
+            .resolve_gvk(&kube::api::GroupVersionKind::gvk(
+                group,
+                version,
+                &types.kind,
+            ))
+            .ok_or("unknown kind")?;
+        let api: kube::Api<DynamicObject> = match object.metadata.namespace.as_deref() {
+            Some(ns) => {
+                kube::Api::namespaced_with(client.clone(), ns, &ApiResource::from(resource))
+            }
+            None => kube::Api::all_with(client.clone(), &ApiResource::from(resource)),
+        };
+        api.create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| e.to_string())?;
+        created += 1;
+    }
+    Ok(created)
+}
+
+#[test]
+fn policy_prints_what_the_api_server_accepts_and_bad_input_names_the_flag() {
+    let rt = runtime();
+    let ns = kube_support::unique("policy");
+    rt.block_on(kube_support::shared().namespace(&ns));
+    let (code, yaml, err) = run_to_end(
+        &[
+            "policy",
+            "--lease",
+            "reports",
+            "--namespace",
+            &ns,
+            "--service-account",
+            "reports",
+            "--resource",
+            "configmaps",
+            "--resource",
+            "deployments.apps",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    // The default policy (every resource) too: the API server must accept both.
+    let (code, every, err) = run_to_end(&["policy", "--lease", "all", "--namespace", &ns], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        every.contains("system:serviceaccount:") && every.contains(":tenure'"),
+        "{every}"
+    );
+    assert_eq!(
+        rt.block_on(create_all(&yaml)),
+        Ok(3),
+        "Lease, policy, binding"
+    );
+    assert_eq!(
+        rt.block_on(create_all(
+            &every.replace("tenure-fencing.", "tenure-fencing-all.")
+        )),
+        Ok(3)
+    );
+    // A policy the API server refuses (a CEL syntax error): its own message reaches the user.
+    let broken = yaml
+        .replace("name: reports\n", "name: reports-broken\n")
+        .replace(".reports\n", ".reports-broken\n")
+        .replace(
+            "variables.token == '' || variables.wellFormed",
+            "variables.token == '' || || variables.wellFormed",
+        );
+    assert_ne!(broken, yaml);
+    let refused = rt
+        .block_on(create_all(&broken))
+        .expect_err("a broken policy must be refused");
+    assert!(
+        refused.contains("compilation failed") || refused.contains("Syntax error"),
+        "{refused}"
+    );
+
+    for (args, flag) in [
+        (vec!["--lease", "Bad", "--namespace", "ns"], "--lease"),
+        (vec!["--lease", "ok", "--namespace", "NS"], "--namespace"),
+        (
+            vec![
+                "--lease",
+                "ok",
+                "--namespace",
+                "ns",
+                "--service-account",
+                "a b",
+            ],
+            "--service-account",
+        ),
+        (
+            vec![
+                "--lease",
+                "ok",
+                "--namespace",
+                "ns",
+                "--resource",
+                "Deployments",
+            ],
+            "--resource",
+        ),
+        (
+            vec!["--lease", "ok", "--namespace", "ns", "--user", "it's"],
+            "--user",
+        ),
+    ] {
+        let mut all = vec!["policy"];
+        all.extend(args);
+        let (code, out, err) = run_to_end(&all, &[]);
+        assert_eq!(code, 2, "{all:?}: {err}");
+        assert!(out.is_empty(), "nothing printed on bad input: {out}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].starts_with(&format!("tenure: {flag}: ")), "{err}");
+    }
+}

@@ -43,6 +43,16 @@ pub enum Command {
     Status(StatusArgs),
     /// Print the Election custom resource definition (YAML) for `kubectl apply -f -`.
     Crd,
+    /// Print the fencing policy of one election (YAML) for `kubectl apply -f -`.
+    ///
+    /// The election's Lease (empty, if it does not exist yet), a ValidatingAdmissionPolicy
+    /// and its binding: the API server then refuses a participant's write to a governed
+    /// resource whose fencing token is lower than the current term's, or that carries none
+    /// (see `tenure::fence::kube`). People and other controllers are never affected.
+    ///
+    /// Example: tenure policy --lease reports --namespace ops --service-account reports
+    /// --resource configmaps --resource deployments.apps | kubectl apply -f -
+    Policy(PolicyArgs),
     /// Copy this executable to DIR/tenure, for an init container that injects tenure into
     /// another image.
     ///
@@ -52,6 +62,32 @@ pub enum Command {
         /// The directory to copy into (usually an emptyDir volume).
         dir: PathBuf,
     },
+}
+
+/// `tenure policy`.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// The election's Lease (at most 63 characters).
+    #[arg(long, value_name = "NAME")]
+    pub lease: String,
+
+    /// The Lease's namespace.
+    #[arg(long, value_name = "NS")]
+    pub namespace: String,
+
+    /// A participant: a ServiceAccount whose writes are fenced, as NAME (in --namespace) or
+    /// NAMESPACE/NAME; repeatable [default: tenure, if no --user is given either].
+    #[arg(long = "service-account", value_name = "SA")]
+    pub service_accounts: Vec<String>,
+
+    /// A participant by user name, as the API server authenticates it; repeatable.
+    #[arg(long = "user", value_name = "USER")]
+    pub users: Vec<String>,
+
+    /// A governed resource, as `resource[.group]` (configmaps, deployments.apps); repeatable
+    /// [default: every resource but the election's own Leases, Events and Elections].
+    #[arg(long = "resource", value_name = "RESOURCE")]
+    pub resources: Vec<String>,
 }
 
 /// `tenure run`.

@@ -48,6 +48,7 @@ fn main() -> ExitCode {
                 print!("{}", tenure::crd::crd_yaml());
                 Ok(0)
             }
+            Command::Policy(args) => policy(&args),
             Command::Install { dir } => install(&dir),
         }
     });
@@ -70,7 +71,7 @@ fn parse() -> Cli {
     let (name, backend) = match &mut cli.command {
         Command::Run(args) => ("run", &mut args.backend),
         Command::Status(args) => ("status", &mut args.backend),
-        Command::Crd | Command::Install { .. } => return cli,
+        Command::Crd | Command::Policy(_) | Command::Install { .. } => return cli,
     };
     backend.backend_from_env = matches
         .subcommand_matches(name)
@@ -120,6 +121,44 @@ fn init_tracing() {
 /// through a link someone placed there), made executable, synced, and renamed over
 /// `DIR/tenure`. A rename replaces a symbolic link itself, never its target, and whoever runs
 /// `DIR/tenure` meanwhile gets the old file or the whole new one.
+/// `tenure policy`: prints the election's Lease, fencing policy and binding.
+fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
+    use tenure::fence::kube::{FencingPolicy, PolicyError};
+    let flag = |flag: &str, e: PolicyError| CliError::Config {
+        message: format!("{flag}: {e}"),
+    };
+    let mut spec = FencingPolicy::new(&args.namespace, &args.lease).map_err(|e| {
+        let namespace = matches!(
+            &e,
+            PolicyError::Invalid {
+                what: "namespace",
+                ..
+            }
+        );
+        flag(if namespace { "--namespace" } else { "--lease" }, e)
+    })?;
+    let default_sa = ["tenure".to_owned()];
+    let service_accounts = if args.service_accounts.is_empty() && args.users.is_empty() {
+        &default_sa[..]
+    } else {
+        &args.service_accounts[..]
+    };
+    for sa in service_accounts {
+        let (ns, name) = sa.split_once('/').unwrap_or((&args.namespace, sa));
+        spec = spec
+            .service_account(ns, name)
+            .map_err(|e| flag("--service-account", e))?;
+    }
+    for user in &args.users {
+        spec = spec.user(user).map_err(|e| flag("--user", e))?;
+    }
+    for resource in &args.resources {
+        spec = spec.resource(resource).map_err(|e| flag("--resource", e))?;
+    }
+    print!("{}", spec.to_yaml());
+    Ok(0)
+}
+
 fn install(dir: &std::path::Path) -> Result<u8, CliError> {
     use std::fs::{File, OpenOptions, Permissions};
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

@@ -198,7 +198,10 @@ fn spawn_process(
         .arg(group.to_string())
         .arg(monotonic_ns(deadline).to_string())
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null());
+        .stdout(std::process::Stdio::null())
+        // It needs no environment, and tenure's may hold secrets (a Redis password): the
+        // watchdog shares the command's process group and user.
+        .env_clear();
     // SAFETY: the closure runs in the forked child before exec, so it may only call
     // async-signal-safe functions: rt_sigprocmask and setpgid are system calls, and a
     // raw-errno io::Error does not allocate.

@@ -115,7 +115,14 @@ fn check_label(what: &'static str, value: &str) -> Result<(), PolicyError> {
 
 /// A DNS-1123 subdomain: what Lease, ServiceAccount and API group names are.
 fn check_subdomain(what: &'static str, value: &str) -> Result<(), PolicyError> {
-    record::validate_name(value).map_err(|e| invalid(what, value, e.rule))
+    record::validate_name(value).map_err(|_| {
+        invalid(
+            what,
+            value,
+            "must be a DNS-1123 subdomain: at most 253 lowercase alphanumeric characters, '-' \
+             or '.', each '.'-separated part starting and ending with an alphanumeric character",
+        )
+    })
 }
 
 impl FencingPolicy {
