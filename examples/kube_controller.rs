@@ -1,74 +1,63 @@
-//! A kube-rs `Controller` whose reconcile loop runs only while this replica leads.
+//! A kube-rs `Controller` whose reconcile loop runs only while this replica leads, and whose
+//! writes are fenced.
 //!
-//! It reconciles ConfigMaps labelled `app=tenure-demo` by stamping the current term's fencing
-//! token and this replica's identity into their annotations. The stamp is a fenced write: the
-//! reconciler reads the object, refuses to write if it already carries a *higher* token (a
-//! newer leader has been here; this replica is stale), and writes with the object's
-//! resourceVersion so a concurrent writer makes it fail rather than be overwritten.
+//! It reconciles ConfigMaps labelled `app=tenure-demo` by recording this replica's identity
+//! in them. Every write goes through `tenure::fence::kube::FencedApi`: it carries the term's
+//! fencing token (the API server's fencing policy, `tenure policy`, refuses it once a newer
+//! term exists, on every object), stamps it on the object (`tenure.dev/fencing-token`), and
+//! is refused before it is sent once the term has ended. A stale refusal is not retried: the
+//! term is over.
 //!
 //! Run it against a cluster (`KUBECONFIG` or in-cluster config), several copies at once:
 //! `cargo run --features kube --example kube_controller` — only the leader reconciles, and a
 //! new leader takes over within the lease duration when it dies. `DEMO_SECONDS=N` stops it
-//! after N seconds (the e2e suite uses that).
+//! after N seconds (the e2e suite uses that). Install the policy with
+//! `tenure policy --lease tenure-demo-controller --namespace NS --service-account SA
+//! --resource configmaps | kubectl apply -f -` (and the RBAC in `tenure::fence::kube`'s docs).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use tenure::Locker;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
-use tenure::election::{ElectionConfig, LeaderElector, Term};
-
-const TOKEN: &str = "tenure.dev/fencing-token";
-const BY: &str = "tenure.dev/reconciled-by";
-
-#[derive(Debug, thiserror::Error)]
-enum Error {
-    #[error("kubernetes: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("stale: {name} already carries token {seen}, ours is {ours}")]
-    Stale { name: String, seen: u64, ours: u64 },
-}
+use tenure::election::{ElectionConfig, LeaderElector};
+use tenure::fence::kube::{FenceError, FencedApi, Fencer};
 
 struct Ctx {
-    api: Api<ConfigMap>,
-    term: Term,
+    api: FencedApi<ConfigMap>,
+    identity: String,
 }
 
-async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, FenceError> {
     let name = cm.metadata.name.clone().unwrap_or_default();
-    let ours = ctx.term.fencing_token().get();
-    // Read the current object: the fence compares against what is stored, not the cache.
-    let mut current = ctx.api.get(&name).await?;
-    let annotations = current
-        .metadata
-        .annotations
-        .get_or_insert_with(Default::default);
-    let seen = annotations
-        .get(TOKEN)
-        .and_then(|t| t.parse::<u64>().ok())
-        .unwrap_or(0);
-    if seen > ours {
-        return Err(Error::Stale { name, seen, ours });
+    let ours = ctx.api.fencing_token().to_string();
+    let annotations = cm.metadata.annotations.clone().unwrap_or_default();
+    if annotations.get("tenure.dev/fencing-token") == Some(&ours)
+        && annotations.get("tenure.dev/reconciled-by") == Some(&ctx.identity)
+    {
+        return Ok(Action::requeue(Duration::from_secs(30))); // already done in this term
     }
-    if seen < ours || annotations.get(BY).map(String::as_str) != Some(ctx.term.identity()) {
-        annotations.insert(TOKEN.into(), ours.to_string());
-        annotations.insert(BY.into(), ctx.term.identity().to_owned());
-        // `current` carries its resourceVersion: a concurrent write makes this a 409.
-        ctx.api
-            .replace(&name, &PostParams::default(), &current)
-            .await?;
-        println!("{} stamped {name} with token {ours}", ctx.term.identity());
-    }
+    let patch = serde_json::json!({
+        "metadata": { "annotations": { "tenure.dev/reconciled-by": ctx.identity } }
+    });
+    ctx.api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    println!("{} stamped {name} with token {ours}", ctx.identity);
     Ok(Action::requeue(Duration::from_secs(30)))
 }
 
-fn error_policy(_: Arc<ConfigMap>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(_: Arc<ConfigMap>, error: &FenceError, _: Arc<Ctx>) -> Action {
     eprintln!("reconcile failed: {error}");
+    if error.is_stale() {
+        // A newer term exists: this one's work is over (the elector ends it too).
+        return Action::await_change();
+    }
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -83,9 +72,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         KubeOptions::new().namespace(namespace.clone()),
     )?;
     let client = kube::Client::try_from(config)?;
-    let locker = Locker::new(backend);
-    let elector = LeaderElector::new(locker, "tenure-demo-controller", ElectionConfig::new())?;
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let fencer = Fencer::new(client.clone()).await?;
+    let elector = LeaderElector::new(
+        Locker::new(backend),
+        "tenure-demo-controller",
+        ElectionConfig::new(),
+    )?;
+    let watched: Api<ConfigMap> = Api::namespaced(client, &namespace);
 
     let stop = async {
         match std::env::var("DEMO_SECONDS")
@@ -100,23 +93,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     };
     elector
         .run_until(stop, |term| {
-            let api = api.clone();
+            let (watched, fencer, namespace) = (watched.clone(), fencer.clone(), namespace.clone());
             async move {
                 println!(
                     "{} leads with fencing token {}",
                     term.identity(),
                     term.fencing_token()
                 );
-                let cancelled = term.cancellation().clone();
                 let ctx = Arc::new(Ctx {
-                    api: api.clone(),
-                    term,
+                    api: fencer.namespaced(&term, &namespace),
+                    identity: term.identity().to_owned(),
                 });
-                Controller::new(api, watcher::Config::default().labels("app=tenure-demo"))
-                    .run(reconcile, error_policy, ctx)
-                    .take_until(cancelled.cancelled_owned())
-                    .for_each(|_| async {})
-                    .await;
+                Controller::new(
+                    watched,
+                    watcher::Config::default().labels("app=tenure-demo"),
+                )
+                .run(reconcile, error_policy, ctx)
+                .take_until(term.cancellation().clone().cancelled_owned())
+                .for_each(|_| async {})
+                .await;
             }
         })
         .await?;
