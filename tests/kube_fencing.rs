@@ -634,3 +634,48 @@ async fn a_frozen_leader_resumes_and_every_write_it_sends_is_refused() {
     );
     assert!(b_writes > 10, "b wrote too little: {b_writes}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_write_waits_for_the_policy_and_goes_ahead_without_one() {
+    let server = shared();
+    let ns = unique("nopolicy");
+    server.namespace(&ns).await;
+    // No policy governs this ServiceAccount: nothing ever refuses the token below ours.
+    let (client, _) = participant(&ns, "lonely").await;
+    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let api: FencedApi<ConfigMap> = fencer.namespaced_with_token(FencingToken::new(1_000), &ns);
+    let pp = PostParams::default();
+    let started = std::time::Instant::now();
+    api.create(&pp, &cm("first", "1"))
+        .await
+        .expect("first write");
+    let first = started.elapsed();
+    assert!(
+        first >= tenure::fence::kube::SETTLE_LIMIT,
+        "the first write did not wait for a policy: {first:?}"
+    );
+    let started = std::time::Instant::now();
+    api.create(&pp, &cm("second", "2"))
+        .await
+        .expect("second write");
+    // Only the first write waits (a generous bound: it is one request).
+    assert!(started.elapsed() < tenure::fence::kube::SETTLE_LIMIT);
+    // The dry runs left nothing behind: two objects, each written once.
+    let plain: Api<ConfigMap> = Api::namespaced(client, &ns);
+    let names: Vec<String> = plain
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|n| n != "kube-root-ca.crt")
+        .collect();
+    assert_eq!(names, ["first", "second"]);
+    // Without the policy mode there is no wait at all.
+    let quick: FencedApi<ConfigMap> = Fencer::without_policy(plain.clone().into_client())
+        .namespaced_with_token(FencingToken::new(1_000), &ns);
+    let started = std::time::Instant::now();
+    quick.create(&pp, &cm("third", "3")).await.expect("write");
+    assert!(started.elapsed() < tenure::fence::kube::SETTLE_LIMIT);
+}

@@ -5,7 +5,9 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use k8s_openapi::NamespaceResourceScope;
@@ -275,6 +277,7 @@ impl Fencer {
         FencedApi {
             api: Api::namespaced(self.client_with_token(token), namespace),
             ours: token,
+            settle: self.settle(token, |c| Api::namespaced(c, namespace)),
         }
     }
 
@@ -288,6 +291,7 @@ impl Fencer {
         FencedApi {
             api: Api::namespaced(self.client(term), namespace),
             ours: term.fencing_token(),
+            settle: self.settle(term.fencing_token(), |c| Api::namespaced(c, namespace)),
         }
     }
 
@@ -302,8 +306,35 @@ impl Fencer {
         FencedApi {
             api: Api::all(self.client(term)),
             ours: term.fencing_token(),
+            settle: self.settle(term.fencing_token(), Api::all),
         }
     }
+
+    /// The probe a term's first fenced write waits on (policy mode only): an `Api` whose
+    /// requests carry the token just below ours.
+    fn settle<K>(
+        &self,
+        ours: FencingToken,
+        api: impl FnOnce(kube::Client) -> Api<K>,
+    ) -> Option<Arc<Settle<K>>> {
+        let below = ours.get().checked_sub(1).filter(|b| *b > 0)?;
+        self.identity.as_ref()?;
+        Some(Arc::new(Settle {
+            below: api(self.build(FencingToken::new(below), None)),
+            done: AtomicBool::new(false),
+        }))
+    }
+}
+
+/// How long a term's first write waits for the API server's policy to refuse the token just
+/// below the term's, before it goes ahead anyway (and warns that no policy seems to enforce
+/// the token).
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(1);
+
+/// The state of a term's first-write wait (see [`FencedApi`]'s "First write").
+struct Settle<K> {
+    below: Api<K>,
+    done: AtomicBool,
 }
 
 /// `Impersonate-Extra-tenure.dev%2ffencing-token` (the key percent-encoded, as the header
@@ -386,10 +417,37 @@ impl tower::Service<Request<Body>> for Stamped {
 /// Every method mirrors `Api`'s and takes no more arguments: a fenced write takes no more
 /// lines than an unfenced one. Reads and everything else go through [`api`](Self::api),
 /// whose client carries the token too.
-#[derive(Clone, Debug)]
+///
+/// # First write
+///
+/// The API server's policy reads the Lease from an informer, a few milliseconds behind the
+/// write that granted the term: in that lag the previous leader's writes are still admitted
+/// (measured in `benches/kube_fencing.rs`). So the first write through each `FencedApi`
+/// (unless [`Fencer::without_policy`]) is preceded by a dry run of the same request with the
+/// token just below the term's, repeated every 10 ms until the policy refuses it — then the
+/// policy knows this term, and no stale write can land after this term's first write. After
+/// [`SETTLE_LIMIT`] without a refusal the write goes ahead and a warning says that no policy
+/// seems to enforce the token.
+#[derive(Clone)]
 pub struct FencedApi<K> {
     api: Api<K>,
     ours: FencingToken,
+    settle: Option<Arc<Settle<K>>>,
+}
+
+impl<K> Debug for FencedApi<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedApi")
+            .field("ours", &self.ours)
+            .field(
+                "settled",
+                &self
+                    .settle
+                    .as_ref()
+                    .is_none_or(|s| s.done.load(Ordering::Acquire)),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl<K> FencedApi<K>
@@ -407,6 +465,40 @@ where
     #[must_use]
     pub fn fencing_token(&self) -> FencingToken {
         self.ours
+    }
+
+    /// Before the first write: waits until the policy refuses the token below ours, with
+    /// `dry` sending a dry run of that write through the given `Api`.
+    async fn settled<T, Fut>(&self, dry: impl Fn(Api<K>) -> Fut)
+    where
+        Fut: Future<Output = kube::Result<T>>,
+    {
+        let Some(settle) = &self.settle else { return };
+        if settle.done.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
+        loop {
+            match dry(settle.below.clone()).await {
+                // Refused as stale: the policy knows this term (or a newer one).
+                Err(kube::Error::Api(status)) if status.message.contains(REFUSAL_PREFIX) => break,
+                Ok(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Ok(_) => {
+                    tracing::warn!(
+                        fencing_token = self.ours.get(),
+                        "no fencing policy refused a lower token within {SETTLE_LIMIT:?}: is the \
+                         policy installed for this election and resource? (Fencer::without_policy \
+                         if not)"
+                    );
+                    break;
+                }
+                // Anything else (the object is missing, a conflict): the real write will say.
+                Err(_) => break,
+            }
+        }
+        settle.done.store(true, Ordering::Release);
     }
 
     fn stamped(&self, object: &K) -> K {
@@ -450,8 +542,14 @@ where
     /// `Api::create`.
     pub async fn create(&self, pp: &PostParams, object: &K) -> Result<K, FenceError> {
         let ours = self.ours.get();
+        let stamped = self.stamped(object);
+        self.settled(|api| {
+            let (pp, stamped) = (dry_post(pp), stamped.clone());
+            async move { api.create(&pp, &stamped).await }
+        })
+        .await;
         self.api
-            .create(pp, &self.stamped(object))
+            .create(pp, &stamped)
             .await
             .map_err(|e| classify(e, ours))
     }
@@ -465,8 +563,14 @@ where
     pub async fn replace(&self, name: &str, pp: &PostParams, object: &K) -> Result<K, FenceError> {
         self.refuse_higher(object)?;
         let ours = self.ours.get();
+        let stamped = self.stamped(object);
+        self.settled(|api| {
+            let (pp, stamped) = (dry_post(pp), stamped.clone());
+            async move { api.replace(name, &pp, &stamped).await }
+        })
+        .await;
         self.api
-            .replace(name, pp, &self.stamped(object))
+            .replace(name, pp, &stamped)
             .await
             .map_err(|e| classify(e, ours))
     }
@@ -485,6 +589,11 @@ where
     ) -> Result<K, FenceError> {
         self.refuse_higher(object)?;
         let ours = self.ours.get();
+        self.settled(|api| {
+            let pp = dry_post(pp);
+            async move { api.replace_status(name, &pp, object).await }
+        })
+        .await;
         self.api
             .replace_status(name, pp, object)
             .await
@@ -504,7 +613,22 @@ where
         patch: &Patch<P>,
     ) -> Result<K, FenceError> {
         let ours = self.ours.get();
-        let result = match stamp_patch(patch, ours)? {
+        let stamped = stamp_patch(patch, ours)?;
+        self.settled(|api| {
+            let dry = PatchParams {
+                dry_run: true,
+                ..pp.clone()
+            };
+            let stamped = stamped.clone();
+            async move {
+                match stamped {
+                    Some(stamped) => api.patch(name, &dry, &stamped).await,
+                    None => api.patch(name, &dry, patch).await,
+                }
+            }
+        })
+        .await;
+        let result = match stamped {
             Some(stamped) => self.api.patch(name, pp, &stamped).await,
             None => self.api.patch(name, pp, patch).await,
         };
@@ -523,6 +647,14 @@ where
         patch: &Patch<P>,
     ) -> Result<K, FenceError> {
         let ours = self.ours.get();
+        self.settled(|api| {
+            let dry = PatchParams {
+                dry_run: true,
+                ..pp.clone()
+            };
+            async move { api.patch_status(name, &dry, patch).await }
+        })
+        .await;
         self.api
             .patch_status(name, pp, patch)
             .await
@@ -542,10 +674,26 @@ where
         dp: &DeleteParams,
     ) -> Result<either::Either<K, Status>, FenceError> {
         let ours = self.ours.get();
+        self.settled(|api| {
+            let dry = DeleteParams {
+                dry_run: true,
+                ..dp.clone()
+            };
+            async move { api.delete(name, &dry).await }
+        })
+        .await;
         self.api
             .delete(name, dp)
             .await
             .map_err(|e| classify(e, ours))
+    }
+}
+
+/// `pp` as a dry run.
+fn dry_post(pp: &PostParams) -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..pp.clone()
     }
 }
 

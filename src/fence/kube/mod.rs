@@ -82,7 +82,7 @@
 mod client;
 mod policy;
 
-pub use client::{Current, FenceError, FencedApi, Fencer};
+pub use client::{Current, FenceError, FencedApi, Fencer, SETTLE_LIMIT};
 pub use policy::{FencingPolicy, PolicyError};
 
 /// The user extra that carries a request's fencing token (sent as
