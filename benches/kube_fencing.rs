@@ -3,8 +3,10 @@
 //! - **Per-write latency**, interleaved so machine noise hits each mode alike: a merge patch
 //!   of a ConfigMap by (1) a plain client the policy does not govern (no impersonation, no
 //!   policy: the baseline), (2) a fenced client of a non-participant (the self-impersonation
-//!   alone), (3) a fenced client of a participant (impersonation + the policy's CEL with the
-//!   Lease as parameter). p50 and p99 of each, and the ratios to the baseline.
+//!   alone), (3) a fenced client governed by a policy like tenure's (same parameter, same
+//!   match) whose only validation is `true` (what any such policy costs), (4) a fenced client
+//!   of a participant (impersonation + tenure's policy). p50 and p99 of each, and the ratios
+//!   to the baseline.
 //! - **The stale-write window**, over several takeovers: the old leader keeps writing with
 //!   its token as fast as it can (two objects, one request at a time) while the successor is
 //!   granted, and the successor writes as soon as its `acquire` returns. etcd's revision
@@ -27,6 +29,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, Validation,
+};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_support::fencing::{cm, install, participant, uninstall};
@@ -87,6 +92,39 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Installs a policy like tenure's for the Lease `bench` and ServiceAccount `sa`, with one
+/// validation that is always true, and returns its name.
+async fn trivial_policy(ns: &str, sa: &str) -> String {
+    let spec = FencingPolicy::new(ns, "bench")
+        .and_then(|p| p.service_account(ns, sa))
+        .and_then(|p| p.resource("configmaps"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let name = format!("{}-trivial", spec.name());
+    let mut policy = spec.policy();
+    policy.metadata.name = Some(name.clone());
+    if let Some(s) = policy.spec.as_mut() {
+        s.variables = None;
+        s.validations = Some(vec![Validation {
+            expression: "true".into(),
+            ..Validation::default()
+        }]);
+    }
+    let mut binding = spec.binding();
+    binding.metadata.name = Some(name.clone());
+    binding.spec.policy_name = name.clone();
+    let admin = kube_support::shared().admin().await;
+    let pp = PatchParams::apply("tenure-bench").force();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .patch(&name, &pp, &Patch::Apply(&policy))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin)
+        .patch(&name, &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    name
+}
+
 fn backend(client: &kube::Client, ns: &str) -> KubeBackend {
     KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
         .unwrap_or_else(|e| panic!("backend: {e}"))
@@ -101,6 +139,7 @@ async fn run() {
     server.namespace(&ns).await;
     let (writer, _) = participant(&ns, "writer").await;
     let (outsider, _) = participant(&ns, "outsider").await;
+    let (trivial_sa, _) = participant(&ns, "trivial").await;
     let policy = FencingPolicy::new(&ns, "bench")
         .and_then(|p| p.service_account(&ns, "writer"))
         .and_then(|p| p.resource("configmaps"))
@@ -116,6 +155,11 @@ async fn run() {
         .await
         .unwrap_or_else(|e| panic!("acquire: {e}"));
     install(&policy, &Api::namespaced(writer.clone(), &ns)).await;
+    // The floor of any such policy: the same parameter (the Lease), the same participant
+    // match, one validation that is always true. What remains is tenure's CEL.
+    let trivial = trivial_policy(&ns, "trivial").await;
+    // (No refusal to wait for: give the API server's policy informer time to load it.)
+    tokio::time::sleep(Duration::from_secs(3)).await;
 
     // ---- per-write latency ----
     let baseline: Api<ConfigMap> = Api::namespaced(outsider.clone(), &ns);
@@ -123,22 +167,26 @@ async fn run() {
         .await
         .expect("identity")
         .namespaced_with_token(FencingToken::new(1), &ns);
+    let trivially_governed: FencedApi<ConfigMap> = Fencer::new(trivial_sa.clone())
+        .await
+        .expect("identity")
+        .namespaced_with_token(FencingToken::new(1), &ns);
     let fenced: FencedApi<ConfigMap> = Fencer::new(writer.clone())
         .await
         .expect("identity")
         .namespaced_with_token(term.fencing_token(), &ns);
-    for name in ["lat-plain", "lat-imp", "lat-fenced"] {
+    for name in ["lat-plain", "lat-imp", "lat-fenced", "lat-trivial"] {
         let _ = baseline
             .create(&PostParams::default(), &cm(name, "0"))
             .await;
     }
     let pp = PatchParams::default();
-    let mut samples: [Vec<Duration>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let mut samples: [Vec<Duration>; 4] = Default::default();
     for i in 0..writes + 20 {
         let patch = Patch::Merge(serde_json::json!({"data": {"v": i.to_string()}}));
         // Rotate the order each round so no mode always goes first.
-        for k in 0..3 {
-            let mode = (i + k) % 3;
+        for k in 0..4 {
+            let mode = (i + k) % 4;
             let start = Instant::now();
             match mode {
                 0 => {
@@ -154,6 +202,13 @@ async fn run() {
                         .await
                         .map(|_| ())
                         .unwrap_or_else(|e| panic!("impersonating: {e}"));
+                }
+                2 => {
+                    trivially_governed
+                        .patch("lat-trivial", &pp, &patch)
+                        .await
+                        .map(|_| ())
+                        .unwrap_or_else(|e| panic!("trivially governed: {e}"));
                 }
                 _ => {
                     fenced
@@ -178,6 +233,13 @@ async fn run() {
         .collect();
     drop(term);
     uninstall(&policy).await;
+    let admin = kube_support::shared().admin().await;
+    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .delete(&trivial, &Default::default())
+        .await;
+    let _ = Api::<ValidatingAdmissionPolicy>::all(admin)
+        .delete(&trivial, &Default::default())
+        .await;
 
     // ---- the stale-write window ----
     let mut window_rows = Vec::new();
@@ -311,6 +373,7 @@ async fn run() {
     let names = [
         "plain client, not governed (baseline)",
         "fenced client, non-participant (impersonation)",
+        "fenced client, a policy with `true` as its CEL",
         "fenced client, participant (impersonation + policy)",
     ];
     for (name, (p50, p99)) in names.iter().zip(&stats) {
@@ -359,15 +422,17 @@ async fn run() {
     );
 
     let json = format!(
-        "{{\n  \"latency_ms\": {{\"plain\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"impersonation\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"fenced\": {{\"p50\": {:.3}, \"p99\": {:.3}}}}},\n  \"fenced_over_plain\": {{\"p50\": {:.3}, \"p99\": {:.3}}},\n  \"writes_per_mode\": {writes},\n  \"window\": [{}],\n  \"most_landed_after_grant\": {worst_landed},\n  \"most_landed_after_first_write\": {worst_after_first}\n}}\n",
+        "{{\n  \"latency_ms\": {{\"plain\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"impersonation\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"trivial_policy\": {{\"p50\": {:.3}, \"p99\": {:.3}}}, \"fenced\": {{\"p50\": {:.3}, \"p99\": {:.3}}}}},\n  \"fenced_over_plain\": {{\"p50\": {:.3}, \"p99\": {:.3}}},\n  \"writes_per_mode\": {writes},\n  \"window\": [{}],\n  \"most_landed_after_grant\": {worst_landed},\n  \"most_landed_after_first_write\": {worst_after_first}\n}}\n",
         ms(stats[0].0),
         ms(stats[0].1),
         ms(stats[1].0),
         ms(stats[1].1),
         ms(stats[2].0),
         ms(stats[2].1),
-        stats[2].0.as_secs_f64() / p50_base.as_secs_f64(),
-        stats[2].1.as_secs_f64() / p99_base.as_secs_f64(),
+        ms(stats[3].0),
+        ms(stats[3].1),
+        stats[3].0.as_secs_f64() / p50_base.as_secs_f64(),
+        stats[3].1.as_secs_f64() / p99_base.as_secs_f64(),
         window_rows
             .iter()
             .map(|w| format!(

@@ -213,7 +213,8 @@ impl FencingPolicy {
                  a lowercase plural name, the group a DNS subdomain",
             )
         })?;
-        if !group.is_empty() {
+        // `deployments.` names no group: refuse it rather than read it as the core group.
+        if resource.contains('.') {
             check_subdomain("resource", group)?;
         }
         let governed = GovernedResource {
@@ -494,54 +495,43 @@ fn variables() -> Vec<Variable> {
     ]
 }
 
-/// The checks, each with a message the client parses into a typed error
-/// ([`FenceError`](super::FenceError)): keep the wording in step with `super::refusal`.
+/// The check, as **one** validation (each validation is a CEL program of its own, evaluated
+/// on every governed write: one costs measurably less than five), with a message the client
+/// parses into a typed error ([`FenceError`](super::FenceError)): keep the wording in step
+/// with `super::client::classify_status`. The message is only evaluated on a refusal.
 fn validations() -> Vec<Validation> {
-    let check = |expression: &str, message_expression: String| Validation {
-        expression: expression.to_owned(),
-        message_expression: Some(message_expression),
+    let stale = |tail: &str| {
+        format!(
+            "'{REFUSAL_PREFIX} lease ' + variables.lease + ': stale: token ' + variables.token + {tail}"
+        )
+    };
+    let message = format!(
+        "variables.token == '' ? '{REFUSAL_PREFIX} lease ' + variables.lease + ': missing \
+         token: a write from a participant of this election must carry its term fencing token \
+         (the user extra {REQUEST_TOKEN_EXTRA}, sent by tenure::fence::kube::Fencer)' \
+         : !variables.wellFormed ? '{REFUSAL_PREFIX} lease ' + variables.lease + ': malformed \
+         token: ' + variables.token \
+         : variables.foreignHolder ? {} \
+         : int(variables.token) < variables.floor ? {} \
+         : {}",
+        stale(
+            "', but the lease is held by ' + variables.holder + ', which is not a tenure replica'"
+        ),
+        stale("' < current ' + string(variables.floor)"),
+        stale("' < object ' + string(variables.objectToken)"),
+    );
+    vec![Validation {
+        // A tokened write: well formed, no foreign holder, not below the term's or the
+        // object's token. A token-less one: only while a foreign holder (client-go) leads.
+        expression: "variables.token != '' ? (variables.wellFormed && !variables.foreignHolder \
+                     && int(variables.token) >= variables.floor \
+                     && int(variables.token) >= variables.objectToken) \
+                     : variables.foreignHolder"
+            .to_owned(),
+        message_expression: Some(message),
         message: None,
         reason: Some("Forbidden".to_owned()),
-    };
-    vec![
-        check(
-            "variables.token != '' || variables.foreignHolder",
-            format!(
-                "'{REFUSAL_PREFIX} lease ' + variables.lease + ': missing token: a write from \
-                 a participant of this election must carry its term fencing token (the user \
-                 extra {REQUEST_TOKEN_EXTRA}, sent by tenure::fence::kube::Fencer)'"
-            ),
-        ),
-        check(
-            "variables.token == '' || variables.wellFormed",
-            format!(
-                "'{REFUSAL_PREFIX} lease ' + variables.lease + ': malformed token: ' + \
-                 variables.token"
-            ),
-        ),
-        check(
-            "variables.token == '' || !variables.wellFormed || !variables.foreignHolder",
-            format!(
-                "'{REFUSAL_PREFIX} lease ' + variables.lease + ': stale: token ' + \
-                 variables.token + ', but the lease is held by ' + variables.holder + \
-                 ', which is not a tenure replica'"
-            ),
-        ),
-        check(
-            "variables.token == '' || !variables.wellFormed || int(variables.token) >= variables.floor",
-            format!(
-                "'{REFUSAL_PREFIX} lease ' + variables.lease + ': stale: token ' + \
-                 variables.token + ' < current ' + string(variables.floor)"
-            ),
-        ),
-        check(
-            "variables.token == '' || !variables.wellFormed || int(variables.token) >= variables.objectToken",
-            format!(
-                "'{REFUSAL_PREFIX} lease ' + variables.lease + ': stale: token ' + \
-                 variables.token + ' < object ' + string(variables.objectToken)"
-            ),
-        ),
-    ]
+    }]
 }
 
 #[cfg(test)]
