@@ -1,7 +1,9 @@
 //! Fencing enforced by a real kube-apiserver: the generated ValidatingAdmissionPolicy with the
 //! election's Lease as its parameter, and `tenure::fence::kube`'s fenced writes. Every stale
 //! write is sent to the server (with a token handed over, so no local check stops it first)
-//! and must be refused by it; the successor's writes, and everyone else's, must land.
+//! and must be refused by it; the successor's writes, and everyone else's, must land. The
+//! stale leader is frozen (SIGSTOP) or partitioned (nftables inside a network namespace the
+//! test makes, its only way to the server a relay on loopback).
 
 mod kube_support;
 mod safety;
@@ -550,33 +552,11 @@ async fn a_frozen_leader_resumes_and_every_write_it_sends_is_refused() {
     };
     let test = "a_frozen_leader_resumes_and_every_write_it_sends_is_refused";
     let a = safety::Candidate::spawn(test, &env("a"), "a");
-    let grants = |log: &std::path::Path| -> Vec<(u64, u64)> {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut p = l.split(' ');
-                (p.next() == Some("GRANT")).then(|| {
-                    (
-                        p.next().and_then(|t| t.parse().ok()).unwrap_or(0),
-                        p.next().and_then(|t| t.parse().ok()).unwrap_or(0),
-                    )
-                })
-            })
-            .collect()
-    };
-    let wait = |what: &str, n: usize| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while grants(&log).len() < n {
-            assert!(std::time::Instant::now() < deadline, "{what}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    wait("a never led", 1);
+    wait_grants(&log, 1, "a never led");
     let b = safety::Candidate::spawn(test, &env("b"), "b");
     std::thread::sleep(Duration::from_millis(1500));
     a.signal("STOP");
-    wait("b never took over from the frozen a", 2);
+    wait_grants(&log, 2, "b never took over from the frozen a");
     std::thread::sleep(Duration::from_millis(300));
     a.signal("CONT");
     std::thread::sleep(Duration::from_millis(2500));
@@ -584,13 +564,50 @@ async fn a_frozen_leader_resumes_and_every_write_it_sends_is_refused() {
     drop(b);
 
     let g = grants(&log);
-    let (token_a, token_b, granted_b) = (g[0].0, g[1].0, g[1].1);
+    let verdict = judge(&log, g[0], g[1], false);
+    println!("frozen leader: {verdict:?}");
+    verdict.assert_fenced();
+}
+
+/// What the writes of `a` (first term) and `b` (the next) came to.
+#[derive(Debug)]
+struct Verdict {
+    /// `a`'s writes the API server refused as stale.
+    stale_refused: usize,
+    /// `a`'s writes that landed after `b`'s grant (etcd revision above `b`'s token).
+    stale_accepted_after_grant: usize,
+    /// From `b`'s grant to the first refused write `a` sent after it.
+    first_refusal_after_grant: Option<Duration>,
+    /// `b`'s writes (all must have landed).
+    b_writes: usize,
+}
+
+impl Verdict {
+    fn assert_fenced(&self) {
+        assert_eq!(
+            self.stale_accepted_after_grant, 0,
+            "stale writes landed after the successor's grant: {self:?}"
+        );
+        assert!(
+            self.stale_refused > 0,
+            "a sent no stale write to prove anything: {self:?}"
+        );
+        assert!(self.b_writes > 10, "b wrote too little: {self:?}");
+    }
+}
+
+/// Judges the candidates' log: `a` led with `(token, granted_at)` first, `b` second.
+/// `a`'s writes may fail otherwise (time out) only when `errors_allowed`.
+fn judge(log: &std::path::Path, a: (u64, u64), b: (u64, u64), errors_allowed: bool) -> Verdict {
+    let ((token_a, _), (token_b, granted_b)) = (a, b);
     assert!(token_b > token_a);
-    let mut stale_refused = 0;
-    let mut stale_accepted_after_grant = 0;
-    let mut first_refusal_after_grant = None;
-    let mut b_writes = 0;
-    for line in std::fs::read_to_string(&log).unwrap_or_default().lines() {
+    let mut v = Verdict {
+        stale_refused: 0,
+        stale_accepted_after_grant: 0,
+        first_refusal_after_grant: None,
+        b_writes: 0,
+    };
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
         let p: Vec<&str> = line.split(' ').collect();
         if p.first() != Some(&"WRITE") || p.len() < 6 {
             continue;
@@ -605,34 +622,48 @@ async fn a_frozen_leader_resumes_and_every_write_it_sends_is_refused() {
             match outcome {
                 // etcd's order is the judge: an accepted stale write must have landed before
                 // the successor's grant (revision below b's token).
-                "accepted" if rv > token_b => stale_accepted_after_grant += 1,
+                "accepted" if rv > token_b => v.stale_accepted_after_grant += 1,
                 "refused" => {
-                    stale_refused += 1;
-                    if sent > granted_b && first_refusal_after_grant.is_none() {
-                        first_refusal_after_grant = Some(sent - granted_b);
+                    v.stale_refused += 1;
+                    if sent > granted_b && v.first_refusal_after_grant.is_none() {
+                        v.first_refusal_after_grant = Some(Duration::from_nanos(sent - granted_b));
                     }
                 }
-                "error" => panic!("a's write failed otherwise: {line}"),
+                "error" if !errors_allowed => panic!("a's write failed otherwise: {line}"),
                 _ => {}
             }
         } else if t == token_b {
             assert_eq!(outcome, "accepted", "b's write did not land: {line}");
-            b_writes += 1;
+            v.b_writes += 1;
         }
     }
-    println!(
-        "frozen leader: {stale_refused} stale writes refused by the API server, {stale_accepted_after_grant} accepted after b's grant; b wrote {b_writes}; first refusal {:?} after b's grant",
-        first_refusal_after_grant.map(Duration::from_nanos)
-    );
-    assert_eq!(
-        stale_accepted_after_grant, 0,
-        "stale writes landed after the successor's grant"
-    );
-    assert!(
-        stale_refused > 10,
-        "a sent too few stale writes to prove anything: {stale_refused}"
-    );
-    assert!(b_writes > 10, "b wrote too little: {b_writes}");
+    v
+}
+
+/// The `GRANT token at` lines of a candidates' log, in order.
+fn grants(log: &std::path::Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split(' ');
+            (p.next() == Some("GRANT")).then(|| {
+                (
+                    p.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+                    p.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+                )
+            })
+        })
+        .collect()
+}
+
+/// Waits until the log has `n` grants.
+fn wait_grants(log: &std::path::Path, n: usize, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while grants(log).len() < n {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -678,4 +709,227 @@ async fn a_first_write_waits_for_the_policy_and_goes_ahead_without_one() {
     let started = std::time::Instant::now();
     quick.create(&pp, &cm("third", "3")).await.expect("write");
     assert!(started.elapsed() < tenure::fence::kube::SETTLE_LIMIT);
+}
+
+/// A network namespace made for one test, whose only way to the API server is a relay: a
+/// socket listening on the namespace's own loopback, forwarded from the host's loopback to
+/// the server. nftables inside the namespace cuts (black hole) and heals the relay's port.
+/// Nothing leaves loopback; the namespace is deleted on drop.
+struct Partitionable {
+    name: String,
+    port: u16,
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{program}: {e} (the partition test needs iproute2 and nftables, as root)")
+        });
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Partitionable {
+    fn new(upstream: std::net::SocketAddr) -> Self {
+        use std::os::fd::AsRawFd;
+        let name = format!("tenure-fence-{}", std::process::id());
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &name])
+            .output();
+        run("ip", &["netns", "add", &name]);
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        let path = format!("/var/run/netns/{name}");
+        // A thread enters the namespace only to open the listener: a socket stays in the
+        // namespace it was made in, so the host's threads accept on it and connect upstream.
+        let listener = std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            // SAFETY: setns moves only this (short-lived) thread into the namespace.
+            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            std::net::TcpListener::bind("127.0.0.1:0").expect("listen in the namespace")
+        })
+        .join()
+        .expect("listener thread");
+        let port = listener.local_addr().expect("addr").port();
+        std::thread::spawn(move || {
+            for inbound in listener.incoming().flatten() {
+                let Ok(outbound) = std::net::TcpStream::connect(upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (inbound.try_clone(), outbound.try_clone()),
+                    (outbound.try_clone(), inbound.try_clone()),
+                ]
+                .into_iter()
+                .filter_map(|(a, b)| Some((a.ok()?, b.ok()?)))
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self { name, port }
+    }
+
+    /// Drops every packet to and from the relay inside the namespace (a black hole).
+    fn cut(&self) {
+        let nft = |args: &[&str]| {
+            let mut all = vec!["netns", "exec", &self.name, "nft"];
+            all.extend(args);
+            run("ip", &all);
+        };
+        let port = self.port.to_string();
+        nft(&["add", "table", "inet", "tenure_chaos"]);
+        nft(&[
+            "add",
+            "chain",
+            "inet",
+            "tenure_chaos",
+            "out",
+            "{ type filter hook output priority 0; }",
+        ]);
+        for dir in ["dport", "sport"] {
+            nft(&[
+                "add",
+                "rule",
+                "inet",
+                "tenure_chaos",
+                "out",
+                "tcp",
+                dir,
+                &port,
+                "drop",
+            ]);
+        }
+    }
+
+    fn heal(&self) {
+        run(
+            "ip",
+            &["netns", "exec", &self.name, "nft", "flush", "ruleset"],
+        );
+    }
+}
+
+/// A child process killed (and reaped) when dropped, also when the test fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Partitionable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
+    if let (Ok(kubeconfig), Ok(ns), Ok(log), Ok(identity)) = (
+        std::env::var(CHILD_KUBECONFIG),
+        std::env::var(CHILD_NS),
+        std::env::var(CHILD_LOG),
+        std::env::var("TENURE_SAFETY_IDENTITY"),
+    ) {
+        fenced_candidate(&kubeconfig, &ns, &identity, &log).await;
+        return;
+    }
+    let server = shared();
+    let ns = unique("partition");
+    server.namespace(&ns).await;
+    let (client, kubeconfig) = participant(&ns, "writer").await;
+    let policy = FencingPolicy::new(&ns, "writers")
+        .and_then(|p| p.service_account(&ns, "writer"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("policy");
+    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    Api::<Lease>::namespaced(server.admin().await, &ns)
+        .create(&PostParams::default(), &policy.lease())
+        .await
+        .expect("the empty Lease");
+    install(&policy, &plain).await;
+
+    // a reaches the API server only through the namespace's relay.
+    let url = server.url();
+    let api_port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    let net = Partitionable::new(std::net::SocketAddr::from(([127, 0, 0, 1], api_port)));
+    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let relayed = kubeconfig.with_extension("relayed");
+    std::fs::write(
+        &relayed,
+        text.replace(
+            &format!("127.0.0.1:{api_port}"),
+            &format!("127.0.0.1:{}", net.port),
+        ),
+    )
+    .expect("relayed kubeconfig");
+
+    let log = kube_support::fresh_dir("fencing").join("partition.log");
+    let env = |config: &std::path::Path| {
+        vec![
+            (CHILD_KUBECONFIG, config.display().to_string()),
+            (CHILD_NS, ns.clone()),
+            (CHILD_LOG, log.display().to_string()),
+        ]
+    };
+    let test = "a_partitioned_leader_heals_and_every_write_it_sends_is_refused";
+    let exe = std::env::current_exe().expect("exe");
+    // nsenter execs the candidate itself (`ip netns exec` would fork and wait), so killing
+    // the child kills the candidate.
+    let a = KillOnDrop(
+        std::process::Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", net.name))
+            .arg("--")
+            .arg(&exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .envs(env(&relayed))
+            .env("TENURE_SAFETY_IDENTITY", "a")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn a in the namespace"),
+    );
+    wait_grants(&log, 1, "a never led");
+    let b = safety::Candidate::spawn(test, &env(&kubeconfig), "b");
+    std::thread::sleep(Duration::from_millis(1500));
+    net.cut();
+    let cut_at = std::time::Instant::now();
+    wait_grants(&log, 2, "b never took over from the partitioned a");
+    let failover = cut_at.elapsed();
+    std::thread::sleep(Duration::from_millis(1000));
+    net.heal();
+    // a's writes held up by the partition reach the server now; a campaigns again.
+    std::thread::sleep(Duration::from_secs(6));
+    drop(a);
+    drop(b);
+
+    let g = grants(&log);
+    assert_eq!(
+        g.len(),
+        2,
+        "after healing there is still one leader (b): {g:?}"
+    );
+    let verdict = judge(&log, g[0], g[1], true);
+    println!("partitioned leader: {verdict:?}; b led {failover:?} after the cut");
+    verdict.assert_fenced();
+    assert!(
+        failover < safety::LEASE + safety::RENEW_DEADLINE + safety::RETRY * 2,
+        "b took {failover:?} to lead"
+    );
 }
