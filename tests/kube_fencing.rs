@@ -933,3 +933,107 @@ async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
         "b took {failover:?} to lead"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_go_leader_tokenless_writes_pass_and_tenure_tokens_are_stale() {
+    use tokio::io::AsyncBufReadExt;
+    let server = shared();
+    let ns = unique("mixed");
+    server.namespace(&ns).await;
+    let lease = "mixed";
+    let (client, _) = participant(&ns, "ctl").await;
+    let policy = FencingPolicy::new(&ns, lease)
+        .and_then(|p| p.service_account(&ns, "ctl"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("policy");
+    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let pp = PostParams::default();
+    // A tenure term first, then it ends (released) and a real client-go candidate leads.
+    let tenure_side = Locker::with_identity(
+        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+            .expect("backend"),
+        "rust-1",
+    )
+    .expect("identity");
+    let (held, token) = take(&tenure_side, lease).await;
+    install(&policy, &plain).await;
+    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let ours: FencedApi<ConfigMap> = fencer.namespaced_with_token(token, &ns);
+    ours.create(&pp, &cm("by-rust", "1"))
+        .await
+        .expect("tenure's term writes");
+    held.release().await.expect("release");
+
+    let mut go = tokio::process::Command::new(kube_support::candidate())
+        .arg("--kubeconfig")
+        .arg(server.admin_kubeconfig())
+        .args(["--namespace", &ns, "--lease", lease, "--identity", "go-1"])
+        .args([
+            "--lease-duration=4s",
+            "--renew-deadline=3s",
+            "--retry-period=1s",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the client-go candidate");
+    let mut lines = tokio::io::BufReader::new(go.stdout.take().expect("stdout")).lines();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.starts_with("STARTED go-1") {
+                return;
+            }
+        }
+        panic!("the client-go candidate exited before leading");
+    })
+    .await
+    .expect("client-go leads within 20 s");
+
+    // client-go stamps no token: its (token-less) writes from a participant are admitted —
+    // once the policy's view of the Lease has caught up.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while plain.create(&pp, &cm("by-go", "x")).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "token-less writes refused while client-go leads"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Every write with a tenure token is stale now: no tenure replica leads.
+    let current = assert_stale(
+        "a tenure token under client-go",
+        ours.patch(
+            "by-rust",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "stale"}})),
+        )
+        .await,
+        token.get(),
+    );
+    assert_eq!(current, Current::ForeignHolder("go-1".into()));
+
+    // client-go releases on SIGTERM (ReleaseOnCancel); tenure takes over, and tokens rule
+    // again: tenure's new term writes, a token-less write is refused.
+    let pid = go.id().expect("running").to_string();
+    run("kill", &["-TERM", &pid]);
+    let _ = tokio::time::timeout(Duration::from_secs(10), go.wait()).await;
+    let (held, token2) = take(&tenure_side, lease).await;
+    assert!(token2 > token);
+    fencer
+        .namespaced_with_token::<ConfigMap>(token2, &ns)
+        .patch(
+            "by-rust",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
+        )
+        .await
+        .expect("tenure's new term writes");
+    let refused = plain.create(&pp, &cm("tokenless-again", "x")).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.message.contains("missing token")),
+        "{refused:?}"
+    );
+    held.release().await.expect("release");
+}
