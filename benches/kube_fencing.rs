@@ -70,6 +70,60 @@ struct Window {
     first_refusal: Option<f64>,
     acquire_ms: f64,
     first_write_ms: f64,
+    /// From the grant's version of the Lease to the stamp's, as a watch saw them.
+    stamp_gap_ms: Option<f64>,
+}
+
+type Versions = Arc<std::sync::Mutex<Vec<(u64, Duration, bool)>>>;
+
+/// Watches Lease `name` from now on, recording each version's resourceVersion, when it was
+/// seen (since `t0`), and whether it carried the exact token stamp (`tenure.dev/fencing`).
+async fn watch_versions(ns: &str, name: &str, t0: Instant) -> Versions {
+    use futures::StreamExt;
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(kube_support::shared().admin().await, ns);
+    let from = api
+        .get(name)
+        .await
+        .ok()
+        .and_then(|l| l.metadata.resource_version)
+        .unwrap_or_default();
+    let versions: Versions = Arc::default();
+    let sink = versions.clone();
+    let params = kube::api::WatchParams::default().fields(&format!("metadata.name={name}"));
+    let Ok(stream) = api.watch(&params, &from).await else {
+        return versions;
+    };
+    tokio::spawn(async move {
+        let mut stream = stream.boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            if let kube::api::WatchEvent::Modified(l) | kube::api::WatchEvent::Added(l) = event {
+                let rv = l
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let stamped = l
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("tenure.dev/fencing"));
+                if let Ok(mut v) = sink.lock() {
+                    v.push((rv, t0.elapsed(), stamped));
+                }
+            }
+        }
+    });
+    versions
+}
+
+/// Milliseconds from the version `token` (the grant) to the first later stamped version.
+fn stamp_gap(versions: &Versions, token: u64) -> Option<f64> {
+    let v = versions.lock().ok()?;
+    let granted = v.iter().find(|(rv, _, _)| *rv == token)?.1;
+    let stamped = v.iter().find(|(rv, _, s)| *rv > token && *s)?.1;
+    Some(ms(stamped.saturating_sub(granted)))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -303,6 +357,8 @@ async fn run() {
         };
         // The old holder stops renewing (frozen, partitioned); the new one waits it out.
         held.orphan();
+        // Every version of the Lease, with when this process saw it: the grant and the stamp.
+        let versions = watch_versions(&ns, &lease, t0).await;
         let new = Locker::with_identity(backend(&writer, &ns), "new").expect("identity");
         let called = t0.elapsed();
         let granted = new
@@ -357,6 +413,7 @@ async fn run() {
             first_refusal,
             acquire_ms: ms(returned - called),
             first_write_ms: ms(first_write_at - returned),
+            stamp_gap_ms: stamp_gap(&versions, token_new),
         });
         uninstall(&round_policy).await;
     }
@@ -389,30 +446,39 @@ async fn run() {
         "\nstale-write window: the old leader writes nonstop while the new one is granted ({rounds} takeovers)"
     );
     println!(
-        "{:<6} {:>8} {:>12} {:>18} {:>24} {:>11} {:>16}",
+        "{:<6} {:>8} {:>12} {:>18} {:>24} {:>11} {:>16} {:>12}",
         "round",
         "stale",
         "landed after",
         "landed after the",
         "first refusal vs",
         "acquire",
-        "first write"
+        "first write",
+        "grant→stamp"
     );
     println!(
-        "{:<6} {:>8} {:>12} {:>18} {:>24} {:>11} {:>16}",
-        "", "sent", "the grant", "new first write", "acquire returning", "ms", "ms after acq."
+        "{:<6} {:>8} {:>12} {:>18} {:>24} {:>11} {:>16} {:>12}",
+        "",
+        "sent",
+        "the grant",
+        "new first write",
+        "acquire returning",
+        "ms",
+        "ms after acq.",
+        "ms (watch)"
     );
     let worst = |f: fn(&Window) -> usize| window_rows.iter().map(f).max().unwrap_or(0);
     for (i, w) in window_rows.iter().enumerate() {
         println!(
-            "{i:<6} {:>8} {:>12} {:>18} {:>24} {:>11.1} {:>16.1}",
+            "{i:<6} {:>8} {:>12} {:>18} {:>24} {:>11.1} {:>16.1} {:>12}",
             w.sent,
             w.landed_after_grant,
             w.landed_after_first_write,
             w.first_refusal
                 .map_or("none".to_owned(), |s| format!("{:+.1} ms", s * 1e3)),
             w.acquire_ms,
-            w.first_write_ms
+            w.first_write_ms,
+            w.stamp_gap_ms.map_or("?".to_owned(), |g| format!("{g:.1}"))
         );
     }
     let worst_landed = worst(|w| w.landed_after_grant);
@@ -436,13 +502,14 @@ async fn run() {
         window_rows
             .iter()
             .map(|w| format!(
-                "{{\"stale_sent\": {}, \"landed_after_grant\": {}, \"landed_after_first_write\": {}, \"first_refusal_ms_vs_acquire_return\": {}, \"acquire_ms\": {:.1}, \"first_write_ms_after_acquire\": {:.1}}}",
+                "{{\"stale_sent\": {}, \"landed_after_grant\": {}, \"landed_after_first_write\": {}, \"first_refusal_ms_vs_acquire_return\": {}, \"acquire_ms\": {:.1}, \"first_write_ms_after_acquire\": {:.1}, \"grant_to_stamp_ms\": {}}}",
                 w.sent,
                 w.landed_after_grant,
                 w.landed_after_first_write,
                 w.first_refusal.map_or("null".to_owned(), |s| format!("{:.1}", s * 1e3)),
                 w.acquire_ms,
-                w.first_write_ms
+                w.first_write_ms,
+                w.stamp_gap_ms.map_or("null".to_owned(), |g| format!("{g:.2}"))
             ))
             .collect::<Vec<_>>()
             .join(", ")
