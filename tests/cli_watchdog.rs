@@ -89,8 +89,8 @@ fn watchdog_in(group: u32) -> Option<u32> {
         })
 }
 
-/// The signals `pid` blocks or ignores (SigBlk | SigIgn in /proc/PID/status).
-fn blocked_or_ignored(pid: u32) -> u64 {
+/// The signals `pid` blocks and the ones it ignores (SigBlk, SigIgn in /proc/PID/status).
+fn blocked_and_ignored(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let mask = |field: &str| {
         status
@@ -99,7 +99,7 @@ fn blocked_or_ignored(pid: u32) -> u64 {
             .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
             .unwrap_or(0)
     };
-    mask("SigBlk:") | mask("SigIgn:")
+    (mask("SigBlk:"), mask("SigIgn:"))
 }
 
 /// Runs the scenario: A leads with the hostile command, which signals its group; then A's
@@ -129,11 +129,15 @@ fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> Tenure {
         },
     );
     let watchdog = found.unwrap_or_default();
-    let mask = blocked_or_ignored(watchdog);
+    // Both, on purpose: ignored dispositions survive exec and drop what is pending; the
+    // blocked mask covers the instants before the dispositions are set.
+    let (blocked, ignored) = blocked_and_ignored(watchdog);
     for signo in [1, 2, 10, 12, 14, 15, 32, 33, 34, 64] {
+        let bit = 1u64 << (signo - 1);
         assert!(
-            mask & (1 << (signo - 1)) != 0,
-            "signal {signo} is neither blocked nor ignored by the watchdog process: {mask:016x}"
+            blocked & bit != 0 && ignored & bit != 0,
+            "signal {signo} is not both blocked and ignored by the watchdog process: \
+             SigBlk {blocked:016x} SigIgn {ignored:016x}"
         );
     }
     wait_until(Duration::from_secs(5), "the loop's first tick", || {
@@ -237,4 +241,25 @@ fn a_watchdog_process_killed_by_its_pid_is_started_again() {
     assert!(gone <= start_b, "a's command ran into b's term");
     a.signal(libc::SIGCONT);
     drop(b);
+}
+
+#[test]
+fn a_healthy_leaders_command_outlives_many_watchdog_deadlines() {
+    // The watchdog process holds each deadline tenure feeds it: a command that runs for
+    // several lease durations under a renewing tenure must not be killed.
+    let dir = TempDir::new("cli-watchdog-healthy");
+    let (state, log) = (dir.path().join("state"), dir.path().join("log"));
+    let mut a = Tenure::start(
+        &run_args(&state, "a", worker(&log, &dir.path().join("pa"), 8.0, 0)),
+        &[],
+        dir.path().join("ea"),
+    );
+    let status = a.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status:?}: {}", a.log());
+    let ev = events(&log);
+    assert!(
+        ev.iter().any(|e| e.kind == "end"),
+        "the command was killed before it ended: {ev:?}\n{}",
+        a.log()
+    );
 }
