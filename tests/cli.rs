@@ -553,8 +553,11 @@ fn status_shows_the_holder_and_its_token() {
 fn get(addr: &str, path: &str) -> (String, String) {
     let mut conn = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("{addr}: {e}"));
     // One request per connection: the endpoint keeps connections alive otherwise.
-    write!(conn, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .unwrap_or_else(|e| panic!("{e}"));
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let mut response = String::new();
     conn.read_to_string(&mut response)
         .unwrap_or_else(|e| panic!("{e}"));

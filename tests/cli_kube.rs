@@ -188,7 +188,7 @@ fn publish_status_shows_who_leads_in_the_election() {
 /// message, if any.
 async fn create_all(yaml: &str) -> Result<usize, String> {
     use kube::api::{DynamicObject, PostParams};
-    use kube::discovery::{ApiResource, Discovery};
+    use kube::discovery::Discovery;
     let client = kube_support::shared().admin().await;
     let discovery = Discovery::new(client.clone())
         .run()
@@ -210,10 +210,8 @@ async fn create_all(yaml: &str) -> Result<usize, String> {
             ))
             .ok_or("unknown kind")?;
         let api: kube::Api<DynamicObject> = match object.metadata.namespace.as_deref() {
-            Some(ns) => {
-                kube::Api::namespaced_with(client.clone(), ns, &ApiResource::from(resource))
-            }
-            None => kube::Api::all_with(client.clone(), &ApiResource::from(resource)),
+            Some(ns) => kube::Api::namespaced_with(client.clone(), ns, &resource),
+            None => kube::Api::all_with(client.clone(), &resource),
         };
         api.create(&PostParams::default(), &object)
             .await

@@ -379,9 +379,11 @@ async fn healthz_answers_ok_for_a_healthy_elector_and_404_elsewhere() {
     ));
     let get = |path: &'static str| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        c.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-            .await
-            .expect("send");
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("send");
         let mut out = String::new();
         c.read_to_string(&mut out).await.expect("read");
         out
