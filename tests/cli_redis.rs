@@ -285,16 +285,24 @@ fn secrets_in_the_environment_do_not_reach_the_command() {
     std::fs::write(&file, PW).unwrap_or_else(|e| panic!("{e}"));
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
         .unwrap_or_else(|e| panic!("{e}"));
-    // Exit 1: tenure's environment is readable; 2: some process's environment (tenure's,
-    // its watchdog's) holds the password.
+    // Exit 11: tenure's environment is readable; 12: some process's environment (tenure's,
+    // its watchdog's) holds the password (codes no failure of tenure's own can produce).
     let probe = format!(
-        "sleep 0.5; cat /proc/$PPID/environ >/dev/null 2>&1 && exit 1; \
-         grep -q -s -F '{PW}' /proc/[0-9]*/environ && exit 2; exit 0"
+        "sleep 0.5; cat /proc/$PPID/environ >/dev/null 2>&1 && exit 11; \
+         grep -q -s -F '{PW}' /proc/[0-9]*/environ && exit 12; exit 0"
     );
+    // The unprivileged user runs a copy it can reach (cargo's target directory may sit
+    // under a home directory it cannot enter, and tenure re-executes itself for the
+    // watchdog).
+    let tenure = dir.path().join("tenure");
+    std::fs::copy(TENURE, &tenure).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::set_permissions(&tenure, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("{e}"));
     let plain = server.url();
     let nobody = |env: &[(&str, &str)], extra: &[&str]| {
         let mut cmd = std::process::Command::new("setpriv");
-        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", TENURE])
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&tenure)
             .args(["run", "--lease", "proc", "--redis-username", "tenure"])
             .args(FAST)
             .args(extra)
@@ -304,7 +312,7 @@ fn secrets_in_the_environment_do_not_reach_the_command() {
     let file = file.display().to_string();
     let (c, _, err) = nobody(&[], &["--backend", &plain, "--redis-password-file", &file]);
     assert_eq!(
-        c, 1,
+        c, 11,
         "setpriv (needs root) or /proc: the control run could not read environ: {err}"
     );
     for (what, env, extra) in [
@@ -322,8 +330,8 @@ fn secrets_in_the_environment_do_not_reach_the_command() {
         let (c, _, err) = nobody(&env, &extra);
         assert_eq!(
             c, 0,
-            "password in {what}: the command could read tenure's environment (1) or found the \
-             password in a process's environment (2): {err}"
+            "password in {what}: the command could read tenure's environment (11) or found the \
+             password in a process's environment (12): {err}"
         );
     }
 }

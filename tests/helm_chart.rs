@@ -1766,7 +1766,7 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         spec["matchConditions"][0]["expression"],
         "request.userInfo.username in ['system:serviceaccount:apps:demo-tenure']"
     );
-    assert_eq!(spec["validations"].as_array().map(Vec::len), Some(5));
+    assert_eq!(spec["validations"].as_array().map(Vec::len), Some(1));
     assert!(
         spec["validations"][0]["messageExpression"]
             .as_str()

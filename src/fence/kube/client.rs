@@ -804,6 +804,9 @@ mod tests {
             matches!(&e, FenceError::Forbidden { message } if message.contains("userextras")),
             "{e:?}"
         );
+        // A plain RBAC refusal is not an impersonation problem.
+        let e = classify_status(status(403, "configmaps is forbidden: User \"x\""), 5);
+        assert!(matches!(e, FenceError::Kube(kube::Error::Api(_))), "{e:?}");
         let e = classify_status(status(409, "conflict"), 5);
         assert!(matches!(e, FenceError::Kube(kube::Error::Api(_))), "{e:?}");
         assert!(e.to_string().contains("conflict"));
