@@ -18,7 +18,7 @@
 //! `cargo bench --bench kube --features kube`. `TENURE_BENCH_WINDOW_SECS` sets the
 //! steady-state window (default 60).
 //!
-//! The tenure candidate is `LeaderElector::run_until` with client-go's durations (lease 15 s,
+//! The tenure candidate is `LeaderElector::run_until` with controller-runtime's durations (lease 15 s,
 //! renew deadline 10 s, retry 2 s); SIGTERM is its shutdown signal, so a graceful hand-off is
 //! the elector's own shutdown, which releases the Lease.
 

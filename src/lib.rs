@@ -12,7 +12,7 @@
 //! - [`lock`]: the lock runtime. A [`Locker`] acquires [`Lease`]s, renews them from one shared
 //!   scheduler task, and runs closures under them with [`Locker::with_lock`].
 //! - [`election`]: [`LeaderElector`] runs a workload only while this replica holds a lease,
-//!   with client-go's durations; probes and metrics behind `healthz` and `metrics`.
+//!   with controller-runtime's durations; probes and metrics behind `healthz` and `metrics`.
 //! - [`fence`]: how to make stale writers harmless with the fencing token.
 //! - `crd` (feature `crd`): the `Election` custom resource and a publisher that shows who
 //!   leads in `kubectl get elections`, for any backend.
@@ -33,7 +33,8 @@
 //! let written = locker
 //!     .with_lock("nightly-report", &opts, |guard| async move {
 //!         // Only one replica runs this at a time. Pass the token to what you write, e.g.
-//!         // UPDATE reports SET ..., fencing_token = $t WHERE ... AND fencing_token < $t
+//!         // UPDATE reports SET ..., fencing_token = $t WHERE ... AND fencing_token <= $t
+//!         // (equal tokens pass: a leader writes many times per term; see `fence`)
 //!         format!("report written under token {}", guard.fencing_token())
 //!     })
 //!     .await;

@@ -62,8 +62,8 @@ use crate::{Lease, LeaseEnd, LockError, LockOptions, Locker, LostReason};
 /// | [`grace`](Self::grace) | 5 s | on shutdown, how long the workload may take to stop after cancellation |
 /// | [`rejoin`](Self::rejoin) | false | after a lost term, campaign again instead of returning an error |
 ///
-/// The leader renews every `lease_duration / 3`, so it writes a third as often as client-go's
-/// leader, which renews every retry period.
+/// The leader renews every `lease_duration / 3` (5 s with the defaults), so it writes 40% as
+/// often as client-go's leader, which renews every retry period (2 s).
 ///
 /// # Example
 ///
@@ -115,7 +115,8 @@ macro_rules! duration_setter {
 }
 
 impl ElectionConfig {
-    /// client-go's defaults (see the table above).
+    /// The defaults in the table above: controller-runtime's (client-go's `leaderelection`
+    /// has no defaults of its own).
     pub fn new() -> Self {
         Self::default()
     }

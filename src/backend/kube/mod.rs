@@ -139,7 +139,7 @@ pub use record::{
 };
 use state::{Current, LockState, Own};
 
-/// The default bound on each API request: below client-go's default retry period (2 s), so
+/// The default bound on each API request: below the default retry period (2 s), so
 /// one slow request never costs more than one retry.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
 
