@@ -440,3 +440,74 @@ async fn metrics_report_leadership_renewals_and_transitions() {
         "{after}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_second_run_of_one_elector_is_refused_with_its_own_error() {
+    let store = MemoryBackend::new();
+    let e = elector(store, "a", ElectionConfig::new());
+    let (started, mut leading) = tokio::sync::mpsc::channel::<()>(1);
+    let first = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            e.run(|_| {
+                let started = started.clone();
+                async move {
+                    let _ = started.send(()).await;
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+        })
+    };
+    leading.recv().await.expect("the first run leads");
+    let second = e.run(|_| async {}).await;
+    assert!(
+        matches!(second, Err(ElectionError::AlreadyRunning)),
+        "{second:?}"
+    );
+    first.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn leader_stops_naming_this_replica_once_its_term_is_over() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let seen_while_leading = e
+        .run(|_| {
+            let e = e.clone();
+            async move { e.leader().borrow().clone() }
+        })
+        .await
+        .expect("the workload returned");
+    assert_eq!(seen_while_leading.map(|l| l.identity).as_deref(), Some("a"));
+    // The workload returned, the lease is released: "a" leads no more.
+    assert_eq!(*e.leader().borrow(), None);
+
+    // Also when run_until is dropped in the middle of a term.
+    let (started, mut leading) = tokio::sync::mpsc::channel::<()>(1);
+    let running = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            e.run(|_| {
+                let started = started.clone();
+                async move {
+                    let _ = started.send(()).await;
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+        })
+    };
+    leading.recv().await.expect("leads again");
+    assert_eq!(
+        e.leader()
+            .borrow()
+            .as_ref()
+            .map(|l| l.identity.clone())
+            .as_deref(),
+        Some("a")
+    );
+    running.abort();
+    let _ = running.await;
+    assert_eq!(*e.leader().borrow(), None);
+}

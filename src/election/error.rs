@@ -31,6 +31,16 @@ pub enum ElectionError {
         /// The panic's message, when it was a string.
         message: String,
     },
+    /// `run` or `run_until` was called while this elector (or a clone of it) is already
+    /// running: one run at a time, so that `is_leader` and `health` describe one term.
+    #[error("this elector is already running; clone it to observe it")]
+    AlreadyRunning,
+    /// A state tenure believes impossible; please report it.
+    #[error("internal error: {message}")]
+    Internal {
+        /// What happened.
+        message: String,
+    },
     /// Campaigning failed with an error that retrying cannot fix (credentials, permissions,
     /// a bad lease name).
     #[error(transparent)]

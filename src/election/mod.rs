@@ -503,8 +503,8 @@ impl LeaderElector {
         match self.run_until(std::future::pending(), workload).await {
             Ok(Some(out)) => Ok(out),
             // `pending()` never completes, so a shutdown never happens.
-            Ok(None) => Err(ElectionError::InvalidConfig {
-                rule: "internal: shutdown without a signal".into(),
+            Ok(None) => Err(ElectionError::Internal {
+                message: "run stopped for a shutdown that has no signal".into(),
             }),
             Err(e) => Err(e),
         }
@@ -525,7 +525,7 @@ impl LeaderElector {
     /// - [`ElectionError::WorkloadPanicked`]: the workload panicked; the lease was released.
     /// - [`ElectionError::Lock`]: campaigning failed permanently (credentials, permissions).
     ///   Transient store failures are retried every retry period.
-    /// - [`ElectionError::InvalidConfig`]: this elector is already running.
+    /// - [`ElectionError::AlreadyRunning`]: this elector is already running.
     ///
     /// # Cancel safety
     ///
@@ -542,9 +542,7 @@ impl LeaderElector {
         Fut: Future<Output = T>,
     {
         if self.inner.running.swap(true, Ordering::AcqRel) {
-            return Err(ElectionError::InvalidConfig {
-                rule: "this elector is already running; clone it to observe it".into(),
-            });
+            return Err(ElectionError::AlreadyRunning);
         }
         let _running = RunningGuard(self);
         let mut shutdown = pin!(shutdown.fuse());
@@ -622,6 +620,20 @@ impl LeaderElector {
             }
             std::future::pending().await
         }
+    }
+
+    /// Clears [`leader`](Self::leader) if it names this replica (in the term with `fencing`,
+    /// when given): its term is over, and who leads next is unknown until the store says.
+    fn forget_own_leadership(&self, fencing: Option<FencingToken>) {
+        self.inner.leader.send_if_modified(|current| {
+            let own = current.as_ref().is_some_and(|l| {
+                l.identity == self.identity() && fencing.is_none_or(|f| l.fencing == Some(f))
+            });
+            if own {
+                *current = None;
+            }
+            own
+        });
     }
 
     fn publish_leader(&self, change: &HolderChange) {
@@ -736,6 +748,9 @@ impl LeaderElector {
         if let Err(e) = &released {
             tracing::debug!(parent: &span, error = %e, "release after the term");
         }
+        // `leader()` must not keep naming this replica for a term that is over; the next
+        // campaign's watch reports whoever leads next.
+        self.forget_own_leadership(Some(fencing));
         tracing::info!(parent: &span, "stopped leading");
         let reason = match &stopping {
             Some(Stopping::Lost(reason)) => format!("lease lost: {reason}"),
@@ -818,6 +833,8 @@ struct RunningGuard<'a>(&'a LeaderElector);
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
         self.0.set_term(None);
+        // Also when `run_until` was dropped in the middle of a term.
+        self.0.forget_own_leadership(None);
         self.0.inner.running.store(false, Ordering::Release);
     }
 }
