@@ -255,6 +255,30 @@ async fn metrics_are_served_when_a_registry_is_given() {
     }
 }
 
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_applications_own_metrics_share_the_endpoint() {
+    use prometheus_client::metrics::counter::Counter;
+    let registry: tenure::election::SharedRegistry = Default::default();
+    let e = elector(MemoryBackend::new());
+    let e = e.with_metrics(tenure::election::ElectionMetrics::register(
+        &mut registry.lock().expect("registry"),
+    ));
+    let addr = start(ProbeServer::new(e).shared_metrics(registry.clone())).await;
+    // Registered after the server started, and updated by the application.
+    let jobs = Counter::<u64>::default();
+    registry.lock().expect("registry").register(
+        "app_jobs_done",
+        "Jobs the application finished",
+        jobs.clone(),
+    );
+    jobs.inc_by(3);
+    let mut c = Client::connect(addr).await;
+    let m = c.get("/metrics").await;
+    assert_eq!(m.status, 200, "{m:?}");
+    assert!(m.body.contains("app_jobs_done_total 3"), "{}", m.body);
+}
+
 #[tokio::test]
 async fn readyz_escapes_control_characters_in_a_stored_identity() {
     // Another client of the store wrote an identity with a terminal escape and a line break.

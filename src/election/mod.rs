@@ -41,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use error::ElectionError;
+#[cfg(all(feature = "healthz", feature = "metrics"))]
+pub use healthz::SharedRegistry;
 #[cfg(feature = "healthz")]
 pub use healthz::{ProbeServer, serve_healthz};
 #[cfg(feature = "metrics")]

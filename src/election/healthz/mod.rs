@@ -109,8 +109,13 @@ pub struct ProbeServer {
     tolerance: Duration,
     limits: server::Limits,
     #[cfg(feature = "metrics")]
-    registry: Option<std::sync::Arc<prometheus_client::registry::Registry>>,
+    registry: Option<SharedRegistry>,
 }
+
+/// A metrics registry the application and the probe server share: the application keeps
+/// registering (and updating) its own metrics in it while `/metrics` serves them all.
+#[cfg(feature = "metrics")]
+pub type SharedRegistry = std::sync::Arc<std::sync::Mutex<prometheus_client::registry::Registry>>;
 
 impl ProbeServer {
     /// How many connections are served at once unless [`max_connections`](Self::max_connections)
@@ -169,10 +174,35 @@ impl ProbeServer {
         self
     }
 
-    /// Serves `registry` on `/metrics` (feature `metrics`).
+    /// Serves `registry` on `/metrics` (feature `metrics`). The server owns it from then on;
+    /// to keep registering metrics of your own, use [`shared_metrics`](Self::shared_metrics).
     #[cfg(feature = "metrics")]
-    pub fn metrics(mut self, registry: prometheus_client::registry::Registry) -> Self {
-        self.registry = Some(std::sync::Arc::new(registry));
+    pub fn metrics(self, registry: prometheus_client::registry::Registry) -> Self {
+        self.shared_metrics(std::sync::Arc::new(std::sync::Mutex::new(registry)))
+    }
+
+    /// Serves a registry the application shares (feature `metrics`): metrics it registers
+    /// later, even while the server runs, appear on `/metrics` too.
+    ///
+    /// ```
+    /// # use std::sync::{Arc, Mutex};
+    /// use prometheus_client::metrics::counter::Counter;
+    /// use prometheus_client::registry::Registry;
+    /// use tenure::election::{ElectionConfig, ElectionMetrics, LeaderElector, ProbeServer};
+    /// # use tenure::{Locker, backend::memory::MemoryBackend};
+    /// # let elector = LeaderElector::new(Locker::new(MemoryBackend::new()), "jobs", ElectionConfig::new()).unwrap();
+    ///
+    /// let registry = Arc::new(Mutex::new(Registry::default()));
+    /// let elector = elector.with_metrics(ElectionMetrics::register(&mut registry.lock().unwrap()));
+    /// let server = ProbeServer::new(elector).shared_metrics(registry.clone());
+    /// // The application's own metrics, on the same /metrics:
+    /// let jobs = Counter::<u64>::default();
+    /// registry.lock().unwrap().register("jobs_done", "Jobs finished", jobs.clone());
+    /// # drop(server);
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn shared_metrics(mut self, registry: SharedRegistry) -> Self {
+        self.registry = Some(registry);
         self
     }
 
@@ -253,7 +283,8 @@ impl ProbeServer {
             "/metrics" if self.registry.is_some() => {
                 let mut body = String::new();
                 let encoded = self.registry.as_ref().map_or(Ok(()), |r| {
-                    prometheus_client::encoding::text::encode(&mut body, r)
+                    let registry = r.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    prometheus_client::encoding::text::encode(&mut body, &registry)
                 });
                 match encoded {
                     Ok(()) => (
