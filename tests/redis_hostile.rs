@@ -222,7 +222,8 @@ async fn serve(
                 let sha = redis::Script::new(&src).get_hash().to_owned();
                 let script = ["acquire", "renew", "release", "inspect"]
                     .into_iter()
-                    .find(|s| src.starts_with(&format!("-- {s}.lua")))
+                    // Each script's own file starts with this line (after value.lua).
+                    .find(|s| src.contains(&format!("\n-- {s}.lua:")))
                     .unwrap_or("unknown");
                 scripts
                     .lock()

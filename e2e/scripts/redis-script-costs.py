@@ -10,6 +10,14 @@ import os, socket, subprocess, sys, tempfile, time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "src", "backend", "redis")
+
+
+def script(name):
+    """A script's source as tenure loads it: value.lua (the layout test), then the file."""
+    with open(os.path.join(SCRIPTS, "value.lua")) as shared, open(os.path.join(SCRIPTS, name)) as own:
+        return shared.read() + own.read()
+
+
 HOLDER = "0123456789abcdef0123456789abcdef"
 REPS = 5
 
@@ -78,8 +86,8 @@ def per_entry(c, src, n_calls=300, batch=64):
 
 
 def tenure_cycle(c, batch, n_calls):
-    acq = c.cmd("SCRIPT", "LOAD", open(os.path.join(SCRIPTS, "acquire.lua")).read())
-    rel = c.cmd("SCRIPT", "LOAD", open(os.path.join(SCRIPTS, "release.lua")).read())
+    acq = c.cmd("SCRIPT", "LOAD", script("acquire.lua"))
+    rel = c.cmd("SCRIPT", "LOAD", script("release.lua"))
     best = None
     for _ in range(REPS):
         c.cmd("FLUSHALL")

@@ -14,8 +14,8 @@
 --   67..    the fencing token in decimal, ':', the holder's identity
 -- held: PX the lease ttl. released: the same value with '~' first; its ttl is what remained
 -- of the lease, at least the release-ack ttl. A missing key is free as well.
--- A value is tenure's only if it has exactly this shape (68 bytes at least; `ours` below checks
--- every fixed position): anything else under the key is foreign. A foreign value is
+-- A value is tenure's only if it has exactly this shape (68 bytes at least; `ours` in
+-- value.lua, which every script starts with, checks every fixed position): anything else under the key is foreign. A foreign value is
 -- never taken, overwritten or marked, whatever its first byte: an acquire answers busy with no
 -- identity, and renew, release and inspect leave it alone too.
 --
@@ -40,29 +40,6 @@
 -- Side effect of a fresh grant: PUBLISH "g:<fencing>:<identity>" on the channel named like the
 -- lock key when the lock is watched, or "G:<fencing>:<identity>" when the key was missing (so
 -- nobody could have marked it; observers mark the new value). Unwatched grants publish nothing.
-
-local NONE = '--------------------------------'
--- Whether v is a value of tenure's: the layout above, position by position, and a fencing
--- token of 1 to 19 digits. One greedy match runs over the hex digits from position 2: the
--- holder token and the mark, then the previous holder token and the fencing digits unless that
--- token is NONE; the digits must end where the ':' is.
-local function ours(v)
-  local _, e = string.find(v, '^[+~][0-9a-f]+')
-  local mark = string.byte(v, 34)
-  if not e or (mark ~= 48 and mark ~= 49) then
-    return false
-  end
-  if e == 34 then
-    local _, none = string.find(v, '^%-+', 35)
-    if none ~= 66 then
-      return false
-    end
-  elseif e < 67 then
-    return false
-  end
-  local _, sep = string.find(v, '^%d+:', 67)
-  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
-end
 
 local out = {}
 for i = 1, #KEYS / 2 do

@@ -34,14 +34,21 @@ impl Lua {
     }
 }
 
+/// A script's source: `value.lua` (the one test of a lock value's layout, `ours`) and then the
+/// script's own file.
+macro_rules! script {
+    ($file:literal) => {
+        concat!(include_str!("value.lua"), include_str!($file))
+    };
+}
+
 pub(crate) static ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("acquire", include_str!("acquire.lua")));
-pub(crate) static RENEW: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("renew", include_str!("renew.lua")));
+    LazyLock::new(|| Lua::new("acquire", script!("acquire.lua")));
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new("renew", script!("renew.lua")));
 pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("release", include_str!("release.lua")));
+    LazyLock::new(|| Lua::new("release", script!("release.lua")));
 pub(crate) static INSPECT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("inspect", include_str!("inspect.lua")));
+    LazyLock::new(|| Lua::new("inspect", script!("inspect.lua")));
 
 /// Every script, for loading them up front.
 pub(crate) fn all_scripts() -> [&'static Lua; 4] {

@@ -14,24 +14,7 @@
 --   pttl     the remaining ttl in milliseconds (-1: no expiry, -2: free)
 --   counter  the fencing counter as a decimal string, or nil when it is missing
 
--- tenure's value, checked as acquire.lua does: a foreign one is returned as it is, never marked.
-local function ours(v)
-  local _, e = string.find(v, '^[+~][0-9a-f]+')
-  local mark = string.byte(v, 34)
-  if not e or (mark ~= 48 and mark ~= 49) then
-    return false
-  end
-  if e == 34 then
-    local _, none = string.find(v, '^%-+', 35)
-    if none ~= 66 then
-      return false
-    end
-  elseif e < 67 then
-    return false
-  end
-  local _, sep = string.find(v, '^%d+:', 67)
-  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
-end
+-- A foreign value (not `ours`, value.lua) is returned as it is, never marked.
 
 local cur = redis.call('GET', KEYS[1])
 local state = cur and ours(cur) and string.byte(cur, 1)

@@ -26,24 +26,7 @@
 -- the lock watched before it listens, so a release of an unwatched lock has no listener and
 -- publishes nothing.
 
--- tenure's value, checked as acquire.lua does: a foreign one is never released or acknowledged.
-local function ours(v)
-  local _, e = string.find(v, '^[+~][0-9a-f]+')
-  local mark = string.byte(v, 34)
-  if not e or (mark ~= 48 and mark ~= 49) then
-    return false
-  end
-  if e == 34 then
-    local _, none = string.find(v, '^%-+', 35)
-    if none ~= 66 then
-      return false
-    end
-  elseif e < 67 then
-    return false
-  end
-  local _, sep = string.find(v, '^%d+:', 67)
-  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
-end
+-- A foreign value (not `ours`, value.lua) is never released or acknowledged.
 
 local ack_ttl = tonumber(ARGV[1])
 local short = ARGV[2]

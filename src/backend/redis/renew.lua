@@ -15,24 +15,7 @@
 --   0                 not held
 --   {-1, message}     this entry failed (e.g. WRONGTYPE, NOPERM); the others stand.
 
--- A value of tenure's, checked as acquire.lua does.
-local function ours(v)
-  local _, e = string.find(v, '^[+~][0-9a-f]+')
-  local mark = string.byte(v, 34)
-  if not e or (mark ~= 48 and mark ~= 49) then
-    return false
-  end
-  if e == 34 then
-    local _, none = string.find(v, '^%-+', 35)
-    if none ~= 66 then
-      return false
-    end
-  elseif e < 67 then
-    return false
-  end
-  local _, sep = string.find(v, '^%d+:', 67)
-  return sep ~= nil and sep <= 86 and (e == 34 or sep == e + 1)
-end
+-- Only values of tenure's (`ours`, value.lua) are renewed.
 
 local out = {}
 for i = 1, #KEYS do
