@@ -333,14 +333,7 @@ impl KubeBackend {
 }
 
 fn validate_namespace(ns: &str) -> Result<(), BackendError> {
-    let b = ns.as_bytes();
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let ok = !b.is_empty()
-        && b.len() <= 63
-        && b.first().is_some_and(alnum)
-        && b.last().is_some_and(alnum)
-        && b.iter().all(|c| alnum(c) || *c == b'-');
-    if ok {
+    if record::is_dns1123_label(ns) {
         Ok(())
     } else {
         Err(BackendError::new(

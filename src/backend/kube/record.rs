@@ -38,6 +38,18 @@ pub const FENCING_FLOOR: &str = "tenure.dev/fencing-floor";
 /// The longest Lease name Kubernetes accepts (a DNS-1123 subdomain).
 pub const MAX_NAME_LEN: usize = 253;
 
+/// Whether `s` is a DNS-1123 label (what namespaces are): 1 to 63 lowercase alphanumeric
+/// characters or '-', starting and ending with an alphanumeric character.
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
 /// Checks `name` against Kubernetes' rule for object names (a DNS-1123 subdomain).
 pub fn validate_name(name: &str) -> Result<(), InvalidName> {
     const RULE: &str = "a Lease name must be a lowercase RFC 1123 subdomain: lowercase \

@@ -94,14 +94,7 @@ fn invalid(what: &'static str, value: &str, rule: impl Into<String>) -> PolicyEr
 
 /// A DNS-1123 label: what namespaces and resource names are.
 fn check_label(what: &'static str, value: &str) -> Result<(), PolicyError> {
-    let b = value.as_bytes();
-    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let ok = !b.is_empty()
-        && b.len() <= 63
-        && b.first().is_some_and(alnum)
-        && b.last().is_some_and(alnum)
-        && b.iter().all(|c| alnum(c) || *c == b'-');
-    if ok {
+    if record::is_dns1123_label(value) {
         Ok(())
     } else {
         Err(invalid(
