@@ -441,25 +441,29 @@ async fn metrics_report_leadership_renewals_and_transitions() {
     );
 }
 
+/// Runs `e` in a task whose workload never returns, once its term has begun.
+async fn lead_forever(e: &LeaderElector) -> tokio::task::JoinHandle<Result<(), ElectionError>> {
+    let (started, mut leading) = tokio::sync::mpsc::channel::<()>(1);
+    let e = e.clone();
+    let running = tokio::spawn(async move {
+        e.run(|_| {
+            let started = started.clone();
+            async move {
+                let _ = started.send(()).await;
+                std::future::pending::<()>().await;
+            }
+        })
+        .await
+    });
+    leading.recv().await.expect("the run leads");
+    running
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_second_run_of_one_elector_is_refused_with_its_own_error() {
     let store = MemoryBackend::new();
     let e = elector(store, "a", ElectionConfig::new());
-    let (started, mut leading) = tokio::sync::mpsc::channel::<()>(1);
-    let first = {
-        let e = e.clone();
-        tokio::spawn(async move {
-            e.run(|_| {
-                let started = started.clone();
-                async move {
-                    let _ = started.send(()).await;
-                    std::future::pending::<()>().await;
-                }
-            })
-            .await
-        })
-    };
-    leading.recv().await.expect("the first run leads");
+    let first = lead_forever(&e).await;
     let second = e.run(|_| async {}).await;
     assert!(
         matches!(second, Err(ElectionError::AlreadyRunning)),
@@ -484,21 +488,7 @@ async fn leader_stops_naming_this_replica_once_its_term_is_over() {
     assert_eq!(*e.leader().borrow(), None);
 
     // Also when run_until is dropped in the middle of a term.
-    let (started, mut leading) = tokio::sync::mpsc::channel::<()>(1);
-    let running = {
-        let e = e.clone();
-        tokio::spawn(async move {
-            e.run(|_| {
-                let started = started.clone();
-                async move {
-                    let _ = started.send(()).await;
-                    std::future::pending::<()>().await;
-                }
-            })
-            .await
-        })
-    };
-    leading.recv().await.expect("leads again");
+    let running = lead_forever(&e).await;
     assert_eq!(
         e.leader()
             .borrow()
