@@ -420,6 +420,63 @@ const CHILD_KUBECONFIG: &str = "TENURE_FENCE_KUBECONFIG";
 const CHILD_NS: &str = "TENURE_FENCE_NS";
 const CHILD_LOG: &str = "TENURE_FENCE_LOG";
 
+/// In a candidate process (this binary re-run by a test below, told so by its environment):
+/// runs the candidate and returns true.
+async fn run_as_candidate() -> bool {
+    let (Ok(kubeconfig), Ok(ns), Ok(log), Ok(identity)) = (
+        std::env::var(CHILD_KUBECONFIG),
+        std::env::var(CHILD_NS),
+        std::env::var(CHILD_LOG),
+        std::env::var("TENURE_SAFETY_IDENTITY"),
+    ) else {
+        return false;
+    };
+    fenced_candidate(&kubeconfig, &ns, &identity, &log).await;
+    true
+}
+
+/// The election the candidate processes share: a namespace, the ServiceAccount `writer`,
+/// the fencing policy of Lease `writers` over configmaps (installed with its empty Lease),
+/// and the log every candidate appends to.
+struct Writers {
+    ns: String,
+    kubeconfig: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+impl Writers {
+    async fn new(tag: &str) -> Self {
+        let server = shared();
+        let ns = unique(tag);
+        server.namespace(&ns).await;
+        let (client, kubeconfig) = participant(&ns, "writer").await;
+        let policy = FencingPolicy::new(&ns, "writers")
+            .and_then(|p| p.service_account(&ns, "writer"))
+            .and_then(|p| p.resource("configmaps"))
+            .expect("policy");
+        Api::<Lease>::namespaced(server.admin().await, &ns)
+            .create(&PostParams::default(), &policy.lease())
+            .await
+            .expect("the empty Lease");
+        install(&policy, &Api::namespaced(client, &ns)).await;
+        let log = kube_support::fresh_dir("fencing").join(format!("{tag}.log"));
+        Self {
+            ns,
+            kubeconfig,
+            log,
+        }
+    }
+
+    /// The environment that turns this binary into a candidate using `kubeconfig`.
+    fn env(&self, kubeconfig: &std::path::Path) -> Vec<(&'static str, String)> {
+        vec![
+            (CHILD_KUBECONFIG, kubeconfig.display().to_string()),
+            (CHILD_NS, self.ns.clone()),
+            (CHILD_LOG, self.log.display().to_string()),
+        ]
+    }
+}
+
 /// A candidate process: leads with the elector, and from its first term on writes to two
 /// ConfigMaps every 20 ms with the **last token it was given**, outside the term's workload
 /// and without any local check — the writes a frozen or partitioned leader still has in
@@ -514,57 +571,25 @@ async fn fenced_candidate(kubeconfig: &str, ns: &str, identity: &str, log: &str)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_leader_resumes_and_every_write_it_sends_is_refused() {
-    if let (Ok(kubeconfig), Ok(ns), Ok(log), Ok(identity)) = (
-        std::env::var(CHILD_KUBECONFIG),
-        std::env::var(CHILD_NS),
-        std::env::var(CHILD_LOG),
-        std::env::var("TENURE_SAFETY_IDENTITY"),
-    ) {
-        fenced_candidate(&kubeconfig, &ns, &identity, &log).await;
+    if run_as_candidate().await {
         return;
     }
-    let server = shared();
-    let ns = unique("frozen");
-    server.namespace(&ns).await;
-    let (client, kubeconfig) = participant(&ns, "writer").await;
-    let policy = FencingPolicy::new(&ns, "writers")
-        .and_then(|p| p.service_account(&ns, "writer"))
-        .and_then(|p| p.resource("configmaps"))
-        .expect("policy");
-    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let seed = Locker::with_identity(
-        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
-            .expect("backend"),
-        "seed",
-    )
-    .expect("identity");
-    let (held, _) = take(&seed, "writers").await;
-    install(&policy, &plain).await;
-    held.release().await.expect("release");
-
-    let log = kube_support::fresh_dir("fencing").join("writes.log");
-    let env = |_: &str| {
-        vec![
-            (CHILD_KUBECONFIG, kubeconfig.display().to_string()),
-            (CHILD_NS, ns.clone()),
-            (CHILD_LOG, log.display().to_string()),
-        ]
-    };
+    let w = Writers::new("frozen").await;
     let test = "a_frozen_leader_resumes_and_every_write_it_sends_is_refused";
-    let a = safety::Candidate::spawn(test, &env("a"), "a");
-    wait_grants(&log, 1, "a never led");
-    let b = safety::Candidate::spawn(test, &env("b"), "b");
+    let a = safety::Candidate::spawn(test, &w.env(&w.kubeconfig), "a");
+    wait_grants(&w.log, 1, "a never led");
+    let b = safety::Candidate::spawn(test, &w.env(&w.kubeconfig), "b");
     std::thread::sleep(Duration::from_millis(1500));
     a.signal("STOP");
-    wait_grants(&log, 2, "b never took over from the frozen a");
+    wait_grants(&w.log, 2, "b never took over from the frozen a");
     std::thread::sleep(Duration::from_millis(300));
     a.signal("CONT");
     std::thread::sleep(Duration::from_millis(2500));
     drop(a);
     drop(b);
 
-    let g = grants(&log);
-    let verdict = judge(&log, g[0], g[1], false);
+    let g = grants(&w.log);
+    let verdict = judge(&w.log, g[0], g[1], false);
     println!("frozen leader: {verdict:?}");
     verdict.assert_fenced();
 }
@@ -838,39 +863,21 @@ impl Drop for Partitionable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
-    if let (Ok(kubeconfig), Ok(ns), Ok(log), Ok(identity)) = (
-        std::env::var(CHILD_KUBECONFIG),
-        std::env::var(CHILD_NS),
-        std::env::var(CHILD_LOG),
-        std::env::var("TENURE_SAFETY_IDENTITY"),
-    ) {
-        fenced_candidate(&kubeconfig, &ns, &identity, &log).await;
+    if run_as_candidate().await {
         return;
     }
-    let server = shared();
-    let ns = unique("partition");
-    server.namespace(&ns).await;
-    let (client, kubeconfig) = participant(&ns, "writer").await;
-    let policy = FencingPolicy::new(&ns, "writers")
-        .and_then(|p| p.service_account(&ns, "writer"))
-        .and_then(|p| p.resource("configmaps"))
-        .expect("policy");
-    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    Api::<Lease>::namespaced(server.admin().await, &ns)
-        .create(&PostParams::default(), &policy.lease())
-        .await
-        .expect("the empty Lease");
-    install(&policy, &plain).await;
+    let w = Writers::new("partition").await;
+    let kubeconfig = &w.kubeconfig;
 
     // a reaches the API server only through the namespace's relay.
-    let url = server.url();
+    let url = shared().url();
     let api_port: u16 = url
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
         .expect("port");
     let net = Partitionable::new(std::net::SocketAddr::from(([127, 0, 0, 1], api_port)));
-    let text = std::fs::read_to_string(&kubeconfig).expect("kubeconfig");
+    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
     let relayed = kubeconfig.with_extension("relayed");
     std::fs::write(
         &relayed,
@@ -881,14 +888,6 @@ async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
     )
     .expect("relayed kubeconfig");
 
-    let log = kube_support::fresh_dir("fencing").join("partition.log");
-    let env = |config: &std::path::Path| {
-        vec![
-            (CHILD_KUBECONFIG, config.display().to_string()),
-            (CHILD_NS, ns.clone()),
-            (CHILD_LOG, log.display().to_string()),
-        ]
-    };
     let test = "a_partitioned_leader_heals_and_every_write_it_sends_is_refused";
     let exe = std::env::current_exe().expect("exe");
     // nsenter execs the candidate itself (`ip netns exec` would fork and wait), so killing
@@ -899,18 +898,18 @@ async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
             .arg("--")
             .arg(&exe)
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .envs(env(&relayed))
+            .envs(w.env(&relayed))
             .env("TENURE_SAFETY_IDENTITY", "a")
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("spawn a in the namespace"),
     );
-    wait_grants(&log, 1, "a never led");
-    let b = safety::Candidate::spawn(test, &env(&kubeconfig), "b");
+    wait_grants(&w.log, 1, "a never led");
+    let b = safety::Candidate::spawn(test, &w.env(kubeconfig), "b");
     std::thread::sleep(Duration::from_millis(1500));
     net.cut();
     let cut_at = std::time::Instant::now();
-    wait_grants(&log, 2, "b never took over from the partitioned a");
+    wait_grants(&w.log, 2, "b never took over from the partitioned a");
     let failover = cut_at.elapsed();
     std::thread::sleep(Duration::from_millis(1000));
     net.heal();
@@ -919,13 +918,13 @@ async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
     drop(a);
     drop(b);
 
-    let g = grants(&log);
+    let g = grants(&w.log);
     assert_eq!(
         g.len(),
         2,
         "after healing there is still one leader (b): {g:?}"
     );
-    let verdict = judge(&log, g[0], g[1], true);
+    let verdict = judge(&w.log, g[0], g[1], true);
     println!("partitioned leader: {verdict:?}; b led {failover:?} after the cut");
     verdict.assert_fenced();
     assert!(
