@@ -534,6 +534,19 @@ where
         self.api.get(name).await.map_err(FenceError::Kube)
     }
 
+    /// Sends one write: `send(api, dry_run)` is called first as a dry run (through
+    /// [`settled`](Self::settled), the first write of a term only), then for real, and a
+    /// refusal is classified.
+    async fn write<T, Fut>(&self, send: impl Fn(Api<K>, bool) -> Fut) -> Result<T, FenceError>
+    where
+        Fut: Future<Output = kube::Result<T>>,
+    {
+        self.settled(|api| send(api, true)).await;
+        send(self.api.clone(), false)
+            .await
+            .map_err(|e| classify(e, self.ours.get()))
+    }
+
     /// Creates `object` with the term's token stamped on it.
     ///
     /// # Errors
@@ -541,17 +554,16 @@ where
     /// [`FenceError::Stale`] / [`FenceError::TermEnded`] as the type says; otherwise as
     /// `Api::create`.
     pub async fn create(&self, pp: &PostParams, object: &K) -> Result<K, FenceError> {
-        let ours = self.ours.get();
         let stamped = self.stamped(object);
-        self.settled(|api| {
-            let (pp, stamped) = (dry_post(pp), stamped.clone());
-            async move { api.create(&pp, &stamped).await }
+        self.write(|api, dry_run| {
+            let pp = PostParams {
+                dry_run,
+                ..pp.clone()
+            };
+            let stamped = &stamped;
+            async move { api.create(&pp, stamped).await }
         })
-        .await;
-        self.api
-            .create(pp, &stamped)
-            .await
-            .map_err(|e| classify(e, ours))
+        .await
     }
 
     /// Replaces `object` (with its `resourceVersion`, as read) with the term's token
@@ -562,17 +574,16 @@ where
     /// As [`create`](Self::create); a 409 when the object changed since it was read.
     pub async fn replace(&self, name: &str, pp: &PostParams, object: &K) -> Result<K, FenceError> {
         self.refuse_higher(object)?;
-        let ours = self.ours.get();
         let stamped = self.stamped(object);
-        self.settled(|api| {
-            let (pp, stamped) = (dry_post(pp), stamped.clone());
-            async move { api.replace(name, &pp, &stamped).await }
+        self.write(|api, dry_run| {
+            let pp = PostParams {
+                dry_run,
+                ..pp.clone()
+            };
+            let stamped = &stamped;
+            async move { api.replace(name, &pp, stamped).await }
         })
-        .await;
-        self.api
-            .replace(name, pp, &stamped)
-            .await
-            .map_err(|e| classify(e, ours))
+        .await
     }
 
     /// Replaces the status of `object`. The request carries the token (the policy fences
@@ -588,16 +599,14 @@ where
         object: &K,
     ) -> Result<K, FenceError> {
         self.refuse_higher(object)?;
-        let ours = self.ours.get();
-        self.settled(|api| {
-            let pp = dry_post(pp);
+        self.write(|api, dry_run| {
+            let pp = PostParams {
+                dry_run,
+                ..pp.clone()
+            };
             async move { api.replace_status(name, &pp, object).await }
         })
-        .await;
-        self.api
-            .replace_status(name, pp, object)
-            .await
-            .map_err(|e| classify(e, ours))
+        .await
     }
 
     /// Patches an object. Apply, merge and strategic patches also stamp the token on the
@@ -612,27 +621,21 @@ where
         pp: &PatchParams,
         patch: &Patch<P>,
     ) -> Result<K, FenceError> {
-        let ours = self.ours.get();
-        let stamped = stamp_patch(patch, ours)?;
-        self.settled(|api| {
-            let dry = PatchParams {
-                dry_run: true,
+        let stamped = stamp_patch(patch, self.ours.get())?;
+        self.write(|api, dry_run| {
+            let pp = PatchParams {
+                dry_run,
                 ..pp.clone()
             };
-            let stamped = stamped.clone();
+            let stamped = stamped.as_ref();
             async move {
                 match stamped {
-                    Some(stamped) => api.patch(name, &dry, &stamped).await,
-                    None => api.patch(name, &dry, patch).await,
+                    Some(stamped) => api.patch(name, &pp, stamped).await,
+                    None => api.patch(name, &pp, patch).await,
                 }
             }
         })
-        .await;
-        let result = match stamped {
-            Some(stamped) => self.api.patch(name, pp, &stamped).await,
-            None => self.api.patch(name, pp, patch).await,
-        };
-        result.map_err(|e| classify(e, ours))
+        .await
     }
 
     /// Patches the status subresource (the request carries the token).
@@ -646,19 +649,14 @@ where
         pp: &PatchParams,
         patch: &Patch<P>,
     ) -> Result<K, FenceError> {
-        let ours = self.ours.get();
-        self.settled(|api| {
-            let dry = PatchParams {
-                dry_run: true,
+        self.write(|api, dry_run| {
+            let pp = PatchParams {
+                dry_run,
                 ..pp.clone()
             };
-            async move { api.patch_status(name, &dry, patch).await }
+            async move { api.patch_status(name, &pp, patch).await }
         })
-        .await;
-        self.api
-            .patch_status(name, pp, patch)
-            .await
-            .map_err(|e| classify(e, ours))
+        .await
     }
 
     /// Deletes an object. The request carries the token, so the policy refuses a stale
@@ -673,27 +671,14 @@ where
         name: &str,
         dp: &DeleteParams,
     ) -> Result<either::Either<K, Status>, FenceError> {
-        let ours = self.ours.get();
-        self.settled(|api| {
-            let dry = DeleteParams {
-                dry_run: true,
+        self.write(|api, dry_run| {
+            let dp = DeleteParams {
+                dry_run,
                 ..dp.clone()
             };
-            async move { api.delete(name, &dry).await }
+            async move { api.delete(name, &dp).await }
         })
-        .await;
-        self.api
-            .delete(name, dp)
-            .await
-            .map_err(|e| classify(e, ours))
-    }
-}
-
-/// `pp` as a dry run.
-fn dry_post(pp: &PostParams) -> PostParams {
-    PostParams {
-        dry_run: true,
-        ..pp.clone()
+        .await
     }
 }
 
