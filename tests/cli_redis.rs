@@ -117,11 +117,7 @@ fn a_deleted_lease_ends_the_term_and_rejoin_starts_a_new_one() {
 fn passwords_come_from_the_environment_or_a_file_and_are_never_printed() {
     const PW: &str = "s3cret-cli-pw";
     let server = RedisServer::options()
-        .acl_user(&format!(
-            "tenure on >{PW} resetkeys ~tenure:* resetchannels &tenure:* -@all \
-             +evalsha +script|load +subscribe +unsubscribe +ping \
-             +get +set +setrange +incr +pexpire +pttl +publish +time"
-        ))
+        .acl_user(&support::documented_acl_user("tenure", PW))
         .start();
     let dir = TempDir::new("cli-redis-pw");
     let url = server.url();
@@ -235,11 +231,7 @@ fn runs_on_a_redis_cluster_with_rising_tokens() {
 fn secrets_in_the_environment_do_not_reach_the_command() {
     const PW: &str = "s3cret-env-pw";
     let server = RedisServer::options()
-        .acl_user(&format!(
-            "tenure on >{PW} resetkeys ~tenure:* resetchannels &tenure:* -@all \
-             +evalsha +script|load +subscribe +unsubscribe +ping \
-             +get +set +setrange +incr +pexpire +pttl +publish +time"
-        ))
+        .acl_user(&support::documented_acl_user("tenure", PW))
         .start();
     let dir = TempDir::new("cli-redis-env");
     let with_pw = server.url_as("tenure", PW);

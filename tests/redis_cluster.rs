@@ -180,9 +180,7 @@ async fn cluster_configs_that_cannot_work_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
     const PW: &str = "cluster-Pw-41c7";
-    let rules = "resetkeys ~tenure:* resetchannels &tenure:* -@all \
-                 +evalsha +script|load +subscribe +unsubscribe +ping \
-                 +get +set +setrange +incr +pexpire +pttl +publish +time";
+    let rules = support::DOCUMENTED_ACL_RULES;
     let cluster = RedisCluster::start_with(
         3,
         &support::Options::default()

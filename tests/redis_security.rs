@@ -20,11 +20,7 @@ const WRONG_PASSWORD: &str = "not-the-Pw-77aa";
 
 /// Exactly what the module docs tell operators to grant.
 fn tenure_user() -> String {
-    format!(
-        "tenure on >{USER_PASSWORD} resetkeys ~tenure:* resetchannels &tenure:* -@all \
-         +evalsha +script|load +subscribe +unsubscribe +ping \
-         +get +set +setrange +incr +pexpire +pttl +publish +time"
-    )
+    support::documented_acl_user("tenure", USER_PASSWORD)
 }
 
 fn req(name: &str) -> AcquireRequest {

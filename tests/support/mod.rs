@@ -11,6 +11,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The ACL rules the Redis backend's docs tell operators to grant (without the user's name
+/// and password): keys and channels under `tenure:`, and the commands its scripts run.
+pub const DOCUMENTED_ACL_RULES: &str = "resetkeys ~tenure:* resetchannels &tenure:* -@all \
+     +evalsha +script|load +subscribe +unsubscribe +ping \
+     +get +set +setrange +incr +pexpire +pttl +publish +time";
+
+/// An ACL `user` line (for [`Options::acl_user`]): `name` with `password` and the documented
+/// rules.
+pub fn documented_acl_user(name: &str, password: &str) -> String {
+    format!("{name} on >{password} {DOCUMENTED_ACL_RULES}")
+}
+
 /// The password of the `default` user when a server is started with ACL users.
 pub const ADMIN_PASSWORD: &str = "admin-pw-8f2c";
 
