@@ -34,7 +34,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_support::fencing::{cm, install, participant, uninstall};
+use kube_support::fencing::{apply, cm, install, participant, uninstall};
 use kube_support::unique;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::fence::kube::{FenceError, FencedApi, Fencer, FencingPolicy};
@@ -167,15 +167,18 @@ async fn trivial_policy(ns: &str, sa: &str) -> String {
     binding.metadata.name = Some(name.clone());
     binding.spec.policy_name = name.clone();
     let admin = kube_support::shared().admin().await;
-    let pp = PatchParams::apply("tenure-bench").force();
-    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
-        .patch(&name, &pp, &Patch::Apply(&policy))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    Api::<ValidatingAdmissionPolicyBinding>::all(admin)
-        .patch(&name, &pp, &Patch::Apply(&binding))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &name,
+        &policy,
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &name,
+        &binding,
+    )
+    .await;
     name
 }
 
@@ -286,14 +289,8 @@ async fn run() {
         .map(|s| (percentile(s, 0.5), percentile(s, 0.99)))
         .collect();
     drop(term);
-    uninstall(&policy).await;
-    let admin = kube_support::shared().admin().await;
-    let _ = Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
-        .delete(&trivial, &Default::default())
-        .await;
-    let _ = Api::<ValidatingAdmissionPolicy>::all(admin)
-        .delete(&trivial, &Default::default())
-        .await;
+    uninstall(&policy.name()).await;
+    uninstall(&trivial).await;
 
     // ---- the stale-write window ----
     let mut window_rows = Vec::new();
@@ -415,7 +412,7 @@ async fn run() {
             first_write_ms: ms(first_write_at - returned),
             stamp_gap_ms: stamp_gap(&versions, token_new),
         });
-        uninstall(&round_policy).await;
+        uninstall(&round_policy.name()).await;
     }
 
     // ---- report ----

@@ -611,6 +611,24 @@ fn non_default_values_render() {
     assert!(strings(&worker["args"]).contains(&"--listen=[::]:9090".to_owned()));
 }
 
+/// Asserts that rendering with each case's arguments fails with a short error that contains
+/// every expected part.
+fn assert_refused(cases: &[(&[&str], &[&str])]) {
+    for (args, expected) in cases {
+        let err = match template("bad", "ns", args) {
+            Ok(out) => panic!("{args:?} rendered:\n{out}"),
+            Err(e) => e,
+        };
+        for want in *expected {
+            assert!(
+                err.contains(want),
+                "{args:?}: expected {want:?} in helm's error:\n{err}"
+            );
+        }
+        assert!(err.lines().count() <= 8, "{args:?}: too long:\n{err}");
+    }
+}
+
 #[test]
 fn bad_values_fail_with_a_clear_message() {
     let schema = "values don't meet the specifications of the schema(s)";
@@ -736,19 +754,7 @@ fn bad_values_fail_with_a_clear_message() {
             &["backend.redis.ca is set but backend.redis.url is not rediss:// (TLS)"],
         ),
     ];
-    for (args, expected) in cases {
-        let err = match template("bad", "ns", args) {
-            Ok(out) => panic!("{args:?} rendered:\n{out}"),
-            Err(e) => e,
-        };
-        for want in *expected {
-            assert!(
-                err.contains(want),
-                "{args:?}: expected {want:?} in helm's error:\n{err}"
-            );
-        }
-        assert!(err.lines().count() <= 8, "{args:?}: too long:\n{err}");
-    }
+    assert_refused(cases);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2034,19 +2040,7 @@ fn bad_fencing_values_fail_with_a_clear_message() {
             &["needs a lease name of at most 63 characters"],
         ),
     ];
-    for (args, expected) in cases {
-        let err = match template("bad", "ns", args) {
-            Ok(out) => panic!("{args:?} rendered:\n{out}"),
-            Err(e) => e,
-        };
-        for want in *expected {
-            assert!(
-                err.contains(want),
-                "{args:?}: expected {want:?} in helm's error:\n{err}"
-            );
-        }
-        assert!(err.lines().count() <= 8, "{args:?}: too long:\n{err}");
-    }
+    assert_refused(cases);
 }
 
 /// `kubectl create` of a SubjectAccessReview as admin: may `user` impersonate the user extra

@@ -160,13 +160,13 @@ pub fn cm(name: &str, value: &str) -> ConfigMap {
     obj(serde_json::json!({"metadata": {"name": name}, "data": {"v": value}}))
 }
 
-/// Deletes `policy` and its binding as admin.
-pub async fn uninstall(policy: &FencingPolicy) {
+/// Deletes the policy named `name` and its binding (of the same name) as admin.
+pub async fn uninstall(name: &str) {
     let admin = shared().admin().await;
     let _ = Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
-        .delete(&policy.name(), &DeleteParams::default())
+        .delete(name, &DeleteParams::default())
         .await;
     let _ = Api::<ValidatingAdmissionPolicy>::all(admin)
-        .delete(&policy.name(), &DeleteParams::default())
+        .delete(name, &DeleteParams::default())
         .await;
 }
