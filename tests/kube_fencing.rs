@@ -927,9 +927,15 @@ async fn a_partitioned_leader_heals_and_every_write_it_sends_is_refused() {
     let verdict = judge(&w.log, g[0], g[1], true);
     println!("partitioned leader: {verdict:?}; b led {failover:?} after the cut");
     verdict.assert_fenced();
+    // Liveness, not speed (the benches measure speed): b takes over once a's lease has lapsed
+    // on b's own clock (up to one lease after the last renewal b saw), a retry later, after
+    // two writes (the grant and the token stamp). The second lease is room for a loaded
+    // two-core CI machine that runs this test's processes beside five others and the API
+    // server (4.7 s was seen there against 4.3 s); without a takeover, b never leads at all.
+    let bound = safety::LEASE * 2 + safety::RENEW_DEADLINE + safety::RETRY * 2;
     assert!(
-        failover < safety::LEASE + safety::RENEW_DEADLINE + safety::RETRY * 2,
-        "b took {failover:?} to lead"
+        failover < bound,
+        "b took {failover:?} to lead; the bound is {bound:?}"
     );
 }
 
