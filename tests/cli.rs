@@ -500,6 +500,54 @@ fn bad_input_ends_with_one_clear_line_and_a_documented_code() {
     let (c, _, err) = run_to_end(&["run", "--lease", "x", "--grace", "5", "--", "true"], &[]);
     assert_eq!(c, 2, "{err}");
     assert!(err.contains("no unit"), "{err}");
+    let (c, _, err) = run_to_end(
+        &["run", "--lease", "x", "--lease-duration=-1s", "--", "true"],
+        &[],
+    );
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        err.contains("\"-1s\" is negative") && err.contains("--lease-duration"),
+        "{err}"
+    );
+}
+
+/// Durations are written as kubectl writes them (`1m30s`, `2.5s`) and compared by value.
+#[test]
+fn compound_durations_are_taken_and_compared_by_value() {
+    let s = Scratch::new("durations");
+    let state = s.state();
+    let run = |lease: &str, renew: &str| {
+        let lease = format!("--lease-duration={lease}");
+        let renew = format!("--renew-deadline={renew}");
+        run_bounded(
+            &[
+                "run",
+                "--lease",
+                "durations",
+                "--state-dir",
+                &state,
+                &lease,
+                &renew,
+                "--retry-period=2.5s",
+                "--",
+                "sh",
+                "-c",
+                "exit 5",
+            ],
+            &[],
+            b"",
+            Duration::from_secs(20),
+        )
+    };
+    // 1m30s > 61s: a parser that stopped at the first component (1m) would refuse this.
+    let (c, _, err) = run("1m30s", "61s");
+    assert_eq!(c, 5, "the command should have run: {err}");
+    let (c, _, err) = run("1m", "1m30s");
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        error_line(&err).contains("--lease-duration must be greater than --renew-deadline"),
+        "{err}"
+    );
 }
 
 #[test]

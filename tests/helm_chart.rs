@@ -611,6 +611,101 @@ fn non_default_values_render() {
     assert!(strings(&worker["args"]).contains(&"--listen=[::]:9090".to_owned()));
 }
 
+/// The `--flag=value` arguments of the worker container that hold durations.
+fn duration_args(objs: &[Value]) -> Vec<String> {
+    let worker = container(&pod_spec(objs)["containers"], "worker");
+    strings(&worker["args"])
+        .into_iter()
+        .filter(|a| {
+            [
+                "--lease-duration=",
+                "--renew-deadline=",
+                "--retry-period=",
+                "--grace=",
+            ]
+            .iter()
+            .any(|flag| a.starts_with(flag))
+        })
+        .collect()
+}
+
+#[test]
+fn compound_durations_render_and_are_checked_by_value() {
+    // 1m30s > 61s: read as its first component (1m), the lease would be refused as shorter.
+    let objs = render(
+        "d",
+        "ns",
+        &[
+            "--set",
+            "election.leaseDuration=1m30s,election.renewDeadline=61s,\
+             election.retryPeriod=2.5s,election.grace=1m0.5s,election.publishStatus=true",
+        ],
+    );
+    assert_eq!(
+        duration_args(&objs),
+        [
+            "--lease-duration=1m30s",
+            "--renew-deadline=61s",
+            "--retry-period=2.5s",
+            "--grace=1m0.5s"
+        ]
+    );
+    // grace 60.5 s, rounded up, + 10 s.
+    assert_eq!(pod_spec(&objs)["terminationGracePeriodSeconds"], 71);
+    let spec = &one(&objs, "Election")["spec"];
+    assert_eq!(
+        (
+            &spec["leaseDuration"],
+            &spec["renewDeadline"],
+            &spec["retryPeriod"]
+        ),
+        (&json!("1m30s"), &json!("61s"), &json!("2.5s"))
+    );
+
+    // Every unit, fractions, leading zeros (decimal) and 0 for the grace.
+    let objs = render(
+        "d",
+        "ns",
+        &[
+            "--set",
+            "election.leaseDuration=0h1m0.000000001s,election.renewDeadline=59s999ms999us999ns,\
+             election.retryPeriod=015s",
+            // As a string: `--set` would make 0 a number, which the schema refuses.
+            "--set-string",
+            "election.grace=0",
+        ],
+    );
+    assert_eq!(
+        duration_args(&objs),
+        [
+            "--lease-duration=0h1m0.000000001s",
+            "--renew-deadline=59s999ms999us999ns",
+            "--retry-period=015s",
+            "--grace=0"
+        ]
+    );
+    assert_eq!(pod_spec(&objs)["terminationGracePeriodSeconds"], 10);
+
+    // The termination grace period is checked to the nanosecond: 3 s > 1.5 s + 2 s is false,
+    // 4 s is enough.
+    let objs = render(
+        "d",
+        "ns",
+        &[
+            "--set",
+            "election.grace=1.5s,terminationGracePeriodSeconds=4",
+        ],
+    );
+    assert_eq!(pod_spec(&objs)["terminationGracePeriodSeconds"], 4);
+    assert_refused(&[(
+        &[
+            "--set",
+            "election.grace=1.5s,terminationGracePeriodSeconds=3",
+        ],
+        &["terminationGracePeriodSeconds (3) must be longer than election.grace (1.5s) + 2s"],
+    )]);
+}
+
 /// Asserts that rendering with each case's arguments fails with a short error that contains
 /// every expected part.
 fn assert_refused(cases: &[(&[&str], &[&str])]) {
@@ -676,23 +771,55 @@ fn bad_values_fail_with_a_clear_message() {
             &["--set", "election.lease=My_Lease"],
             &[schema, "at '/election/lease'"],
         ),
+        (
+            &["--set", "election.leaseDuration=-1s"],
+            &[
+                schema,
+                "at '/election/leaseDuration': '-1s' does not match pattern",
+            ],
+        ),
+        (
+            &["--set", "election.grace=1m30"],
+            &[
+                schema,
+                "at '/election/grace': '1m30' does not match pattern",
+            ],
+        ),
+        (
+            &["--set", "election.renewDeadline=1.5"],
+            &[
+                schema,
+                "at '/election/renewDeadline': '1.5' does not match pattern",
+            ],
+        ),
         // A zero retry period passes every cross-field rule but makes `tenure run` exit at
         // start (and the pods crash-loop): refused before anything is installed.
         (
             &["--set", "election.retryPeriod=0s"],
-            &[
-                schema,
-                "at '/election/retryPeriod': '0s' does not match pattern",
-            ],
+            &["election.retryPeriod (0s) must be positive"],
         ),
-        // Helm's int64 reads a leading zero as octal (015s would be checked as 13 s, 09s as
-        // 0) while `tenure run` reads decimal: refused.
         (
-            &["--set", "election.leaseDuration=015s"],
-            &[
-                schema,
-                "at '/election/leaseDuration': '015s' does not match pattern",
-            ],
+            &["--set", "election.retryPeriod=0m0.0s"],
+            &["election.retryPeriod (0m0.0s) must be positive"],
+        ),
+        // Leading zeros are decimal, as `tenure run` reads them: sprig's int64 would read
+        // 016s as octal (14 s) and let it pass as shorter than 15 s.
+        (
+            &["--set", "election.renewDeadline=016s"],
+            &["election.renewDeadline (016s) must be shorter than election.leaseDuration (15s)"],
+        ),
+        // tenure refuses durations over 365 days; so does the chart, summing the components.
+        (
+            &["--set", "election.leaseDuration=8761h"],
+            &["election.leaseDuration (8761h) is longer than 365 days"],
+        ),
+        (
+            &["--set", "election.grace=8000h8000h"],
+            &["election.grace (8000h8000h) is longer than 365 days"],
+        ),
+        (
+            &["--set", "election.leaseDuration=99999999999999999999h"],
+            &["election.leaseDuration (99999999999999999999h) is longer than 365 days"],
         ),
         // Names that would render objects the apiserver refuses.
         (
@@ -737,6 +864,40 @@ fn bad_values_fail_with_a_clear_message() {
         (
             &["--set", "election.retryPeriod=9s"],
             &["election.renewDeadline (10s) must be longer than 1.2 × election.retryPeriod (9s)"],
+        ),
+        // The same rules on compound durations, compared by their whole value.
+        (
+            &[
+                "--set",
+                "election.leaseDuration=1m,election.renewDeadline=1m30s",
+            ],
+            &["election.renewDeadline (1m30s) must be shorter than election.leaseDuration (1m)"],
+        ),
+        (
+            &[
+                "--set",
+                "election.leaseDuration=1m0.5s,election.renewDeadline=1m0.5s",
+            ],
+            &[
+                "election.renewDeadline (1m0.5s) must be shorter than election.leaseDuration (1m0.5s)",
+            ],
+        ),
+        // 1.2 × 1m40s is exactly 2m: not longer.
+        (
+            &[
+                "--set",
+                "election.leaseDuration=3m,election.renewDeadline=2m,election.retryPeriod=1m40s",
+            ],
+            &["election.renewDeadline (2m) must be longer than 1.2 × election.retryPeriod (1m40s)"],
+        ),
+        (
+            &[
+                "--set",
+                "election.grace=1m0.5s,terminationGracePeriodSeconds=62",
+            ],
+            &[
+                "terminationGracePeriodSeconds (62) must be longer than election.grace (1m0.5s) + 2s",
+            ],
         ),
         (
             &["--set", "terminationGracePeriodSeconds=5"],

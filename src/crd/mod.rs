@@ -139,10 +139,12 @@
 //! If the store loses its history so that tokens restart lower (an etcd rebuilt from
 //! scratch), the status keeps the higher token until the Election's status is reset.
 
+mod duration;
 mod error;
 mod publisher;
 mod types;
 
+pub use duration::{DURATION_PATTERN, DurationError, parse_duration};
 pub use error::PublishError;
 pub use publisher::{
     DEFAULT_MIN_INTERVAL, DEFAULT_PRUNE_AFTER, DEFAULT_REQUEST_TIMEOUT, MIN_DEFAULT_HEARTBEAT,

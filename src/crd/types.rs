@@ -6,11 +6,9 @@ use kube::core::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::DURATION_PATTERN;
+use super::duration::deserialize_optional;
 use crate::election::LeaderElector;
-
-/// The pattern of a duration field: Go's `time.ParseDuration` syntax without a sign
-/// (`15s`, `1.5s`, `500ms`, `1m30s`), as `metav1.Duration` writes it.
-const DURATION_PATTERN: &str = r"^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+)$";
 
 /// The condition type the publisher maintains: `True` while a leader is published.
 pub const LEADER_ELECTED: &str = "LeaderElected";
@@ -81,15 +79,27 @@ pub struct ElectionSpec {
     /// Where the lease lives.
     pub backend: ElectionBackend,
     /// How long a lease lasts without renewal (Go duration syntax, e.g. `15s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_optional"
+    )]
     #[schemars(pattern(DURATION_PATTERN))]
     pub lease_duration: Option<Duration>,
     /// How long a leader keeps trying to renew before it steps down (e.g. `10s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_optional"
+    )]
     #[schemars(pattern(DURATION_PATTERN))]
     pub renew_deadline: Option<Duration>,
     /// The pause between retries of failed requests (e.g. `2s`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "deserialize_optional"
+    )]
     #[schemars(pattern(DURATION_PATTERN))]
     pub retry_period: Option<Duration>,
 }

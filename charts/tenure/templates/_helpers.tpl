@@ -100,18 +100,45 @@ fencing.impersonation, or when it is null, fencing.policy.enabled; never without
 {{- end -}}
 {{- end -}}
 
-{{/* A duration (500ms, 15s, 2m) in milliseconds. */}}
-{{- define "tenure.durationMs" -}}
-{{- $d := toString . -}}
-{{- if hasSuffix "ms" $d -}}
-{{- trimSuffix "ms" $d | int64 -}}
-{{- else if hasSuffix "s" $d -}}
-{{- mul (trimSuffix "s" $d | int64) 1000 -}}
-{{- else if hasSuffix "m" $d -}}
-{{- mul (trimSuffix "m" $d | int64) 60000 -}}
-{{- else -}}
-{{- fail (printf "%q is not a duration like 500ms, 15s or 2m" $d) -}}
+{{/*
+A duration in nanoseconds, called with (list NAME VALUE); NAME is for the error messages.
+VALUE is read as `tenure run` reads it: Go's syntax, the grammar of values.schema.json
+(500ms, 15s, 1m30s, 1h2m3.5s, 0). Its components are summed in whole nanoseconds: digits go
+through atoi, which reads them as decimal (sprig's int64 would read 015 as octal), and a
+fraction is padded or cut to 9 digits. At most 365 days (tenure refuses longer), which keeps
+the sums and products of the checks far from int64's limit.
+*/}}
+{{- define "tenure.durationNs" -}}
+{{- $name := index . 0 -}}
+{{- $d := index . 1 | toString -}}
+{{- if not (regexMatch "^(0|([0-9]+(\\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h))+)$" $d) -}}
+{{- fail (printf "%s (%s) is not a duration like 500ms, 15s or 1m30s" $name $d) -}}
 {{- end -}}
+{{- $units := dict "ns" 1 "us" 1000 "µs" 1000 "μs" 1000 "ms" 1000000 "s" 1000000000 "m" 60000000000 "h" 3600000000000 -}}
+{{- $max := 31536000000000000 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|μs|ms|s|m|h)" $d -1 -}}
+{{- $unit := regexFind "(ns|us|µs|μs|ms|s|m|h)$" . -}}
+{{- $scale := get $units $unit -}}
+{{- $number := splitList "." (trimSuffix $unit .) -}}
+{{- $whole := regexReplaceAll "^0+" (first $number) "" -}}
+{{- if or (gt (len $whole) 18) (gt (atoi (default "0" $whole)) (div $max $scale)) -}}
+{{- fail (printf "%s (%s) is longer than 365 days, the longest duration tenure takes" $name $d) -}}
+{{- end -}}
+{{- $total = add $total (mul (atoi (default "0" $whole)) $scale) -}}
+{{- if gt (len $number) 1 -}}
+{{- $nanos := printf "%s000000000" (last $number) | trunc 9 | atoi -}}
+{{- if ge $scale 1000000000 -}}
+{{- $total = add $total (mul $nanos (div $scale 1000000000)) -}}
+{{- else -}}
+{{- $total = add $total (div (mul $nanos $scale) 1000000000) -}}
+{{- end -}}
+{{- end -}}
+{{- if gt $total $max -}}
+{{- fail (printf "%s (%s) is longer than 365 days, the longest duration tenure takes" $name $d) -}}
+{{- end -}}
+{{- end -}}
+{{- $total -}}
 {{- end -}}
 
 {{/*
@@ -120,17 +147,21 @@ message. Renders nothing.
 */}}
 {{- define "tenure.validate" -}}
 {{- $e := .Values.election -}}
-{{- $lease := include "tenure.durationMs" $e.leaseDuration | int64 -}}
-{{- $deadline := include "tenure.durationMs" $e.renewDeadline | int64 -}}
-{{- $retry := include "tenure.durationMs" $e.retryPeriod | int64 -}}
+{{- $lease := include "tenure.durationNs" (list "election.leaseDuration" $e.leaseDuration) | int64 -}}
+{{- $deadline := include "tenure.durationNs" (list "election.renewDeadline" $e.renewDeadline) | int64 -}}
+{{- $retry := include "tenure.durationNs" (list "election.retryPeriod" $e.retryPeriod) | int64 -}}
+{{- if le $retry 0 -}}
+{{- fail (printf "election.retryPeriod (%s) must be positive" $e.retryPeriod) -}}
+{{- end -}}
 {{- if le $lease $deadline -}}
 {{- fail (printf "election.renewDeadline (%s) must be shorter than election.leaseDuration (%s)" $e.renewDeadline $e.leaseDuration) -}}
 {{- end -}}
 {{- if le (mul $deadline 5) (mul $retry 6) -}}
 {{- fail (printf "election.renewDeadline (%s) must be longer than 1.2 × election.retryPeriod (%s)" $e.renewDeadline $e.retryPeriod) -}}
 {{- end -}}
-{{- $grace := include "tenure.durationMs" $e.grace | int64 -}}
-{{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (mul (int64 .Values.terminationGracePeriodSeconds) 1000) (add $grace 2000)) -}}
+{{- $grace := include "tenure.durationNs" (list "election.grace" $e.grace) | int64 -}}
+{{- /* Whole seconds: T > grace + 2 s exactly when T > floor((grace + 2 s) / 1 s). */ -}}
+{{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (int64 .Values.terminationGracePeriodSeconds) (div (add $grace 2000000000) 1000000000)) -}}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than election.grace (%s) + 2s: tenure needs the grace period and then time to release the lease" .Values.terminationGracePeriodSeconds $e.grace) -}}
 {{- end -}}
 {{- if and (eq .Values.backend.type "redis") .Values.backend.redis.ca.secretName .Values.backend.redis.ca.configMapName -}}
@@ -171,8 +202,8 @@ message. Renders nothing.
 {{/* terminationGracePeriodSeconds: the value given, else grace (rounded up) + 10 s. */}}
 {{- define "tenure.terminationGrace" -}}
 {{- if kindIs "invalid" .Values.terminationGracePeriodSeconds -}}
-{{- $grace := include "tenure.durationMs" .Values.election.grace | int64 -}}
-{{- add (div (add $grace 999) 1000) 10 -}}
+{{- $grace := include "tenure.durationNs" (list "election.grace" .Values.election.grace) | int64 -}}
+{{- add (div (add $grace 999999999) 1000000000) 10 -}}
 {{- else -}}
 {{- .Values.terminationGracePeriodSeconds -}}
 {{- end -}}

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tenure::crd::parse_duration;
 
 /// Exit codes of tenure itself, listed in `--help` and the README.
 pub const EXIT_CODES: &str = "\
@@ -108,6 +109,10 @@ pub struct RunArgs {
     pub identity: Option<String>,
 
     /// How long the lease lasts without renewal; others wait this long for a silent leader.
+    ///
+    /// Every DURATION is written as Kubernetes and Go write them: numbers with units (ns, us,
+    /// ms, s, m, h), e.g. 500ms, 15s, 1m30s, 1.5h, 1h2m3.5s; `0` needs no unit. Negative
+    /// durations and numbers without a unit are refused (exit code 2).
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
 
@@ -237,41 +242,76 @@ pub struct BackendArgs {
     pub backend_from_env: bool,
 }
 
-/// Parses `500ms`, `15s`, `2m`, `1h` or `1.5s`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("{s:?} has no unit (write 500ms, 15s, 2m or 1h)"))?;
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{s:?} does not start with a number"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("{s:?} is out of range"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The `run` flags that take a DURATION, parsed by clap from `--flag=value` pairs.
+    fn durations(flags: &[(&str, &str)]) -> Result<[Duration; 4], String> {
+        let mut argv = vec!["tenure".to_owned(), "run".into(), "--lease=l".into()];
+        argv.extend(
+            flags
+                .iter()
+                .map(|(flag, value)| format!("--{flag}={value}")),
+        );
+        argv.extend(["--".into(), "true".into()]);
+        match Cli::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .command
+        {
+            Command::Run(a) => Ok([a.lease_duration, a.renew_deadline, a.retry_period, a.grace]),
+            other => Err(format!("not run: {other:?}")),
+        }
+    }
+
     #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert!(parse_duration("15").unwrap_err().contains("no unit"));
-        assert!(parse_duration("15d").unwrap_err().contains("unknown unit"));
-        assert!(parse_duration("s").is_err());
-        assert!(parse_duration("-1s").is_err());
+    fn duration_flags_take_go_durations() {
+        let secs = Duration::from_secs;
+        assert_eq!(
+            durations(&[]),
+            Ok([secs(15), secs(10), secs(2), secs(5)]),
+            "the defaults"
+        );
+        assert_eq!(
+            durations(&[
+                ("lease-duration", "1m30s"),
+                ("renew-deadline", "1h2m3.5s"),
+                ("retry-period", "300ms"),
+                ("grace", "0"),
+            ]),
+            Ok([
+                secs(90),
+                Duration::from_millis(3_723_500),
+                Duration::from_millis(300),
+                Duration::ZERO
+            ])
+        );
+        assert_eq!(
+            durations(&[("lease-duration", "90s"), ("grace", "1.5h")]),
+            Ok([secs(90), secs(10), secs(2), secs(5400)])
+        );
+    }
+
+    #[test]
+    fn bad_durations_are_usage_errors_naming_flag_and_value() {
+        for (flag, value, needle) in [
+            ("lease-duration", "-1s", "is negative"),
+            ("grace", "15", "has no unit"),
+            ("retry-period", "", "empty duration"),
+            ("renew-deadline", "soon", "is not a duration"),
+            ("grace", "15d", "unknown unit"),
+            ("lease-duration", "3000000h", "too long"),
+        ] {
+            let err = durations(&[(flag, value)]).expect_err(value);
+            assert!(err.contains(needle), "--{flag}={value:?}: {err}");
+            assert!(
+                err.contains(&format!("--{flag}")),
+                "--{flag}={value:?}: {err}"
+            );
+            if !value.is_empty() {
+                assert!(err.contains(value), "--{flag}={value:?}: {err}");
+            }
+        }
     }
 
     #[test]
