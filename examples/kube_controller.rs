@@ -16,6 +16,7 @@
 //! --resource configmaps | kubectl apply -f -` (and the RBAC in `tenure::fence::kube`'s docs).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -31,6 +32,8 @@ use tenure::fence::kube::{FenceError, FencedApi, Fencer};
 struct Ctx {
     api: FencedApi<ConfigMap>,
     identity: String,
+    /// Objects stamped in this term, for the progress task.
+    stamped: AtomicU64,
 }
 
 async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, FenceError> {
@@ -49,6 +52,7 @@ async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, FenceErr
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     println!("{} stamped {name} with token {ours}", ctx.identity);
+    ctx.stamped.fetch_add(1, Ordering::Relaxed);
     Ok(Action::requeue(Duration::from_secs(30)))
 }
 
@@ -103,6 +107,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 let ctx = Arc::new(Ctx {
                     api: fencer.namespaced(&term, &namespace),
                     identity: term.identity().to_owned(),
+                    stamped: AtomicU64::new(0),
+                });
+                // A side task of the term: aborted when the term ends, before the lease is
+                // released, unlike a task from `tokio::spawn`, which would report on into
+                // the next leader's term.
+                let progress = ctx.clone();
+                term.spawn(async move {
+                    let mut every = tokio::time::interval(Duration::from_secs(10));
+                    loop {
+                        every.tick().await;
+                        let n = progress.stamped.load(Ordering::Relaxed);
+                        println!("{}: {n} objects stamped this term", progress.identity);
+                    }
                 });
                 Controller::new(
                     watched,

@@ -501,3 +501,217 @@ async fn leader_stops_naming_this_replica_once_its_term_is_over() {
     let _ = running.await;
     assert_eq!(*e.leader().borrow(), None);
 }
+
+/// A side task spawned on the term: every 100 ms it checks that the store still names "a"
+/// as the holder, counting the ticks and the ticks that found otherwise.
+fn watchful_task(
+    term: &tenure::Term,
+    store: &MemoryBackend,
+    ticks: &Arc<Mutex<(u32, u32)>>,
+) -> tokio::task::JoinHandle<()> {
+    let (store, ticks) = (store.clone(), ticks.clone());
+    term.spawn(async move {
+        loop {
+            let ours = holder(&store).as_deref() == Some("a");
+            {
+                let mut t = ticks.lock().expect("not poisoned");
+                t.0 += 1;
+                if !ours {
+                    t.1 += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn tasks_of_a_term_end_before_its_lease_is_released() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let ticks = Arc::new(Mutex::new((0, 0)));
+    let (t, s) = (ticks.clone(), store.clone());
+    let term = e
+        .run(|term| {
+            let (t, s) = (t.clone(), s.clone());
+            async move {
+                drop(watchful_task(&term, &s, &t));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                term
+            }
+        })
+        .await
+        .expect("the workload returned");
+    assert_eq!(holder(&store), None, "released after the term");
+    let at_end = *ticks.lock().expect("not poisoned");
+    assert_eq!(at_end.1, 0, "a task ran while the lease was not ours");
+    assert!(at_end.0 >= 10, "the task ran during the term: {at_end:?}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        *ticks.lock().expect("not poisoned"),
+        at_end,
+        "the task outlived its term"
+    );
+    // A task spawned once the term is over never runs.
+    let late = term.spawn(async { "ran" });
+    let joined = late.await;
+    assert!(
+        joined.as_ref().is_err_and(tokio::task::JoinError::is_cancelled),
+        "{joined:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tasks_of_a_stolen_term_are_aborted_and_the_term_reports_the_theft() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let ticks = Arc::new(Mutex::new((0, 0)));
+    let (t, s) = (ticks.clone(), store.clone());
+    let task = Arc::new(Mutex::new(None));
+    let kept = task.clone();
+    let result = e
+        .run(|term| {
+            let (t, s, kept) = (t.clone(), s.clone(), kept.clone());
+            async move {
+                *kept.lock().expect("not poisoned") = Some(watchful_task(&term, &s, &t));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let stolen = s.steal("controller", "b", Duration::from_secs(15));
+                assert!(stolen > term.fencing_token());
+                term.cancellation().cancelled().await;
+                assert!(!term.is_valid());
+                std::future::pending::<()>().await;
+            }
+        })
+        .await;
+    assert!(
+        matches!(
+            result,
+            Err(ElectionError::Lost {
+                reason: LostReason::NotHeld,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(holder(&store).as_deref(), Some("b"), "the thief holds it");
+    let handle = task.lock().expect("not poisoned").take().expect("spawned");
+    assert!(handle.is_finished(), "the task was awaited before run returned");
+    let joined = handle.await;
+    assert!(
+        joined.as_ref().is_err_and(tokio::task::JoinError::is_cancelled),
+        "{joined:?}"
+    );
+    // The theft is seen at the first renewal (5 s in): the task saw "b" for about 4 s,
+    // which a fence would refuse; it saw nothing after the term ended.
+    let at_end = *ticks.lock().expect("not poisoned");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(*ticks.lock().expect("not poisoned"), at_end);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_watch_serves_every_campaign_and_term_of_a_run() {
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let e = elector(faulty.clone(), "a", ElectionConfig::new().rejoin(true));
+    let terms = Arc::new(Mutex::new(0));
+    let (n, s) = (terms.clone(), store.clone());
+    let stop = async {
+        while *terms.lock().expect("not poisoned") < 3 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    e.run_until(stop, |term| {
+        let (n, s) = (n.clone(), s.clone());
+        async move {
+            *n.lock().expect("not poisoned") += 1;
+            // Each term is lost to a thief whose lease then runs out: campaign, lead, lose.
+            s.steal("controller", "b", Duration::from_secs(1));
+            term.cancellation().cancelled().await;
+        }
+    })
+    .await
+    .expect("ran");
+    assert_eq!(*terms.lock().expect("not poisoned"), 3);
+    assert_eq!(
+        faulty.counts().observe,
+        1,
+        "three terms and their campaigns followed the store through one watch"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_cut_off_from_the_store_reports_it_and_recovers() {
+    let store = MemoryBackend::new();
+    let config = || ElectionConfig::new();
+    let a = elector(store.clone(), "a", config());
+    let leading = lead_forever(&a).await;
+    let faulty = FaultyBackend::new(store.clone());
+    let b = elector(faulty.clone(), "b", config());
+    assert_eq!(b.health(Duration::ZERO).store_silence, None, "not running");
+    let following = tokio::spawn({
+        let b = b.clone();
+        async move { b.run(|_| async {}).await }
+    });
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let h = b.health(Duration::ZERO);
+    assert!(h.store_reachable && h.healthy && !h.leading, "{h:?}");
+    assert!(
+        h.store_silence.is_some_and(|s| s <= Duration::from_secs(16)),
+        "a follower hears from the store once a lease: {h:?}"
+    );
+    assert!(a.health(Duration::ZERO).store_reachable);
+
+    faulty.set(Fault::Fail);
+    // 2 × lease + retry = 32 s of silence at most before it says so.
+    tokio::time::sleep(Duration::from_secs(33)).await;
+    let h = b.health(Duration::ZERO);
+    assert!(!h.store_reachable, "{h:?}");
+    assert!(h.healthy, "a follower's liveness does not depend on the store");
+    assert!(
+        h.store_silence.is_some_and(|s| s > Duration::from_secs(32)),
+        "{h:?}"
+    );
+
+    faulty.set(Fault::Healthy);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let h = b.health(Duration::ZERO);
+    assert!(h.store_reachable, "heard from the store again: {h:?}");
+    following.abort();
+    leading.abort();
+}
+
+#[test]
+fn a_zero_store_silence_limit_is_refused() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "a").expect("identity");
+    let refused = LeaderElector::new(
+        locker,
+        "controller",
+        ElectionConfig::new().store_unreachable_after(Duration::ZERO),
+    );
+    assert!(
+        matches!(&refused, Err(ElectionError::InvalidConfig { rule }) if rule.contains("store_unreachable_after")),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_test_term_is_a_real_term_that_ends_on_request() {
+    use tenure::election::TestTerm;
+    let test = TestTerm::begin("controller", "a").await.expect("a term");
+    let term = test.term();
+    assert!(term.is_valid());
+    assert_eq!(holder(test.store()).as_deref(), Some("a"));
+    // It renews like any term: still valid well past one lease duration.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert!(term.is_valid());
+    let store = test.store().clone();
+    test.end().await.expect("ended without a loss");
+    assert!(term.cancellation().is_cancelled() && !term.is_valid());
+    assert_eq!(holder(&store), None, "released");
+
+    let refused = TestTerm::begin("controller", &"x".repeat(300)).await;
+    assert!(
+        matches!(refused, Err(ElectionError::Lock(_))),
+        "{refused:?}"
+    );
+}

@@ -4,7 +4,7 @@
 //! It wraps any [`Backend`] and, on command, delays requests, stalls them (they reach the store
 //! only once healed, as a paused or partitioned server's would), fails them, or lets them reach
 //! the store but loses the answer. It also counts calls, so tests can check how many round trips
-//! the runtime made. Faults apply to the request primitives; `observe` passes through.
+//! the runtime made. Faults apply to the request primitives; `observe` passes through (counted).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +50,8 @@ pub struct CallCounts {
     pub renewals: u64,
     /// `release` calls.
     pub release: u64,
+    /// `observe` calls: the watches or subscriptions the runtime opened.
+    pub observe: u64,
 }
 
 /// Wraps a backend and injects the [`Fault`] set through [`FaultyBackend::set`].
@@ -77,6 +79,7 @@ struct Counters {
     renew_round_trips: AtomicU64,
     renewals: AtomicU64,
     release: AtomicU64,
+    observe: AtomicU64,
 }
 
 enum Gate {
@@ -116,6 +119,7 @@ impl FaultyBackend {
             renew_round_trips: self.counts.renew_round_trips.load(Ordering::Relaxed),
             renewals: self.counts.renewals.load(Ordering::Relaxed),
             release: self.counts.release.load(Ordering::Relaxed),
+            observe: self.counts.observe.load(Ordering::Relaxed),
         }
     }
 
@@ -234,6 +238,7 @@ impl Backend for FaultyBackend {
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
+        self.counts.observe.fetch_add(1, Ordering::Relaxed);
         self.inner.observe(name)
     }
 }

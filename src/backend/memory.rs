@@ -189,6 +189,67 @@ impl MemoryBackend {
         })
     }
 
+    /// Grants the lease `name` to `identity` now, whoever holds it, with a new fencing token
+    /// and a ttl of `ttl`: another replica winning the lease while this one still believes it
+    /// holds it, as after a partition or a pause longer than the lease. For tests of what a
+    /// workload does in a split brain.
+    ///
+    /// The holder that was robbed learns it at its next renewal, which the store answers
+    /// "not held": its lease ends, and a [`LeaderElector`](crate::election::LeaderElector)
+    /// cancels the term and drops the workload at once. Until then its writes carry the old,
+    /// lower fencing token, which [`crate::fence`] refuses.
+    ///
+    /// Returns the thief's fencing token.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::backend::memory::MemoryBackend;
+    /// use tenure::election::{ElectionConfig, LeaderElector};
+    /// use tenure::Locker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tenure::election::ElectionError> {
+    /// let store = MemoryBackend::new();
+    /// let elector = LeaderElector::new(
+    ///     Locker::with_identity(store.clone(), "pod-a")?,
+    ///     "reports",
+    ///     ElectionConfig::new(),
+    /// )?;
+    /// let thief = store.clone();
+    /// let outcome = elector
+    ///     .run(|term| {
+    ///         let thief = thief.clone();
+    ///         async move {
+    ///             let stolen = thief.steal("reports", "pod-b", Duration::from_secs(15));
+    ///             assert!(stolen > term.fencing_token());
+    ///             // The next renewal finds the lease gone: the term is cancelled.
+    ///             term.cancellation().cancelled().await;
+    ///             term.is_valid()
+    ///         }
+    ///     })
+    ///     .await;
+    /// // Without `rejoin`, a lost term ends `run` with an error; the workload saw it invalid.
+    /// assert!(matches!(outcome, Err(tenure::election::ElectionError::Lost { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn steal(&self, name: &str, identity: &str, ttl: Duration) -> FencingToken {
+        let now = Instant::now();
+        let mut locks = self.locked();
+        let slot = locks.entry(Arc::from(name)).or_default();
+        let fencing = FencingToken::new(NEXT_FENCING.fetch_add(1, Ordering::Relaxed));
+        slot.held = Some(Held {
+            holder: HolderToken::random(),
+            identity: Arc::from(identity),
+            fencing,
+            expires_at: now + ttl,
+        });
+        slot.transitions += 1;
+        slot.publish();
+        fencing
+    }
+
     /// Forgets every lock, as a store that lost its data would. Fencing tokens keep rising
     /// (the counter is process-wide), as the Redis backend's do after a wipe.
     pub fn wipe(&self) {

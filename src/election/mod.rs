@@ -26,6 +26,8 @@ mod error;
 mod healthz;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod term;
+mod testing;
 
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
@@ -41,6 +43,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use error::ElectionError;
+pub use term::Term;
+pub use testing::TestTerm;
 #[cfg(all(feature = "healthz", feature = "metrics"))]
 pub use healthz::SharedRegistry;
 #[cfg(feature = "healthz")]
@@ -48,9 +52,15 @@ pub use healthz::{ProbeServer, serve_healthz};
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
 
-use crate::backend::{FencingToken, HolderChange, LeadershipEvent};
+use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
 use crate::lock::LeaseShared;
 use crate::{Lease, LeaseEnd, LockError, LockOptions, Locker, LostReason};
+
+/// The store's holder changes for one lease, as the elector follows them.
+type HolderChanges = futures::stream::BoxStream<'static, Result<HolderChange, BackendError>>;
+
+/// The least time aborted term tasks get to end, even when the term's deadline has passed.
+const TASKS_MIN_WAIT: Duration = Duration::from_millis(100);
 
 /// Durations and policies of a [`LeaderElector`], with client-go's names and defaults.
 ///
@@ -63,6 +73,7 @@ use crate::{Lease, LeaseEnd, LockError, LockOptions, Locker, LostReason};
 /// | [`stop_margin`](Self::stop_margin) | 1 s | the workload is dropped this long before the lease could be won by another |
 /// | [`grace`](Self::grace) | 5 s | on shutdown, how long the workload may take to stop after cancellation |
 /// | [`rejoin`](Self::rejoin) | false | after a lost term, campaign again instead of returning an error |
+/// | [`store_unreachable_after`](Self::store_unreachable_after) | 2 × lease duration + retry period | [`Health::store_reachable`] turns false when the store has not answered this candidate for longer |
 ///
 /// The leader renews every `lease_duration / 3` (5 s with the defaults), so it writes 40% as
 /// often as client-go's leader, which renews every retry period (2 s).
@@ -90,6 +101,7 @@ pub struct ElectionConfig {
     stop_margin: Duration,
     grace: Duration,
     rejoin: bool,
+    store_unreachable_after: Option<Duration>,
 }
 
 impl Default for ElectionConfig {
@@ -102,6 +114,7 @@ impl Default for ElectionConfig {
             stop_margin: Duration::from_secs(1),
             grace: Duration::from_secs(5),
             rejoin: false,
+            store_unreachable_after: None,
         }
     }
 }
@@ -157,6 +170,23 @@ impl ElectionConfig {
         self
     }
 
+    /// How long the store may stay silent towards this candidate before
+    /// [`Health::store_reachable`] turns false.
+    ///
+    /// A follower hears from the store at least once a lease duration while the leader is
+    /// alive (it retries when the leader's lease would run out, and sees every change of
+    /// holder), a leader at every renewal; the default, `2 × lease_duration + retry_period`,
+    /// leaves room for one missed round.
+    pub fn store_unreachable_after(mut self, limit: Duration) -> Self {
+        self.store_unreachable_after = Some(limit);
+        self
+    }
+
+    fn silence_limit(&self) -> Duration {
+        self.store_unreachable_after
+            .unwrap_or(self.lease_duration.saturating_mul(2) + self.retry_period)
+    }
+
     /// Checks the rules and derives the lease options.
     fn lease_options(&self) -> Result<LockOptions, ElectionError> {
         let invalid = |rule: &str| Err(ElectionError::InvalidConfig { rule: rule.into() });
@@ -167,10 +197,14 @@ impl ElectionConfig {
             ("stop_margin", Some(self.stop_margin)),
             ("grace", Some(self.grace)),
             ("request_timeout", self.request_timeout),
+            ("store_unreachable_after", self.store_unreachable_after),
         ] {
             if value.is_some_and(|v| v > crate::lock::MAX_DURATION) {
                 return invalid(&format!("{name} must be at most 365 days"));
             }
+        }
+        if self.store_unreachable_after.is_some_and(|d| d.is_zero()) {
+            return invalid("store_unreachable_after must be positive");
         }
         if self.retry_period.is_zero() {
             return invalid("retry_period must be positive");
@@ -213,83 +247,6 @@ pub struct Leader {
     pub fencing: Option<FencingToken>,
 }
 
-/// One term of leadership, handed to the workload.
-///
-/// # Guarantees
-///
-/// While [`is_valid`](Self::is_valid) is true no other candidate can have been granted the
-/// lease. [`cancellation`](Self::cancellation) fires the moment the term ends (renew deadline
-/// passed, lease lost, shutdown); the workload future is dropped no later than
-/// `valid_until − stop_margin` even if it ignores the cancellation.
-///
-/// # Caveats
-///
-/// A process frozen past its lease can act before it notices. Pass
-/// [`fencing_token`](Self::fencing_token) to every resource you write (see
-/// [`crate::fence`]) so such writes are refused.
-#[derive(Clone)]
-pub struct Term {
-    lease: Arc<LeaseShared>,
-    identity: Arc<str>,
-    started_at: Instant,
-    cancel: CancellationToken,
-}
-
-impl std::fmt::Debug for Term {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Term")
-            .field("lease", &self.lease.name)
-            .field("identity", &self.identity)
-            .field("fencing", &self.lease.fencing)
-            .field("cancelled", &self.cancel.is_cancelled())
-            .finish()
-    }
-}
-
-impl Term {
-    /// The fencing token of this term: greater than every earlier term's.
-    #[must_use]
-    pub fn fencing_token(&self) -> FencingToken {
-        self.lease.fencing
-    }
-
-    /// The lease's name.
-    #[must_use]
-    pub fn lease_name(&self) -> &str {
-        &self.lease.name
-    }
-
-    /// This candidate's identity.
-    #[must_use]
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// When the term began, on this process's monotonic clock.
-    #[must_use]
-    pub fn started_at(&self) -> Instant {
-        self.started_at
-    }
-
-    /// Fires when the term ends. Select on it in long work and stop promptly.
-    #[must_use]
-    pub fn cancellation(&self) -> &CancellationToken {
-        &self.cancel
-    }
-
-    /// Whether the lease is still ours right now.
-    #[must_use]
-    pub fn is_valid(&self) -> bool {
-        !self.cancel.is_cancelled() && self.lease.is_valid()
-    }
-
-    /// Until when the lease is surely ours, on this process's monotonic clock.
-    #[must_use]
-    pub fn valid_until(&self) -> Instant {
-        self.lease.valid_until()
-    }
-}
-
 /// The result of [`LeaderElector::health`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -300,7 +257,16 @@ pub struct Health {
     pub since_last_renewal: Option<Duration>,
     /// False when leading without a renewal for longer than the renew deadline plus the
     /// tolerance: the process is stuck and should be restarted (client-go's healthz adaptor).
+    /// Followers are healthy whatever the store does: restarting them would not bring it back.
     pub healthy: bool,
+    /// Time since the store last answered this candidate (an acquire attempt, a change of
+    /// holder it reported, a renewal), or since [`run`](LeaderElector::run) began if it never
+    /// has; `None` while the elector is not running.
+    pub store_silence: Option<Duration>,
+    /// False when [`store_silence`](Self::store_silence) exceeds
+    /// [`ElectionConfig::store_unreachable_after`]: this candidate cannot tell who leads, and
+    /// could not take over if the leader died. A readiness signal, not a liveness one.
+    pub store_reachable: bool,
 }
 
 /// Runs a workload only while this replica holds a lease.
@@ -346,6 +312,8 @@ struct Inner {
     /// The lease of the current term while this process leads.
     term: Mutex<Option<Arc<LeaseShared>>>,
     running: AtomicBool,
+    /// What tells whether the store answers this candidate, for [`Health`].
+    contact: Mutex<StoreContact>,
     #[cfg(feature = "metrics")]
     metrics: Mutex<Option<metrics::ElectionMetrics>>,
 }
@@ -359,6 +327,14 @@ impl std::fmt::Debug for LeaderElector {
             .field("leading", &self.is_leader())
             .finish_non_exhaustive()
     }
+}
+
+/// When this candidate's run began (`None` while not running) and when the store last
+/// reported a holder change to it. Acquire answers are the locker's; renewals the lease's.
+#[derive(Default)]
+struct StoreContact {
+    run_started: Option<Instant>,
+    answered: Option<Instant>,
 }
 
 /// How a term ended.
@@ -402,6 +378,7 @@ impl LeaderElector {
                 leader: watch::channel(None).0,
                 term: Mutex::new(None),
                 running: AtomicBool::new(false),
+                contact: Mutex::new(StoreContact::default()),
                 #[cfg(feature = "metrics")]
                 metrics: Mutex::new(None),
             }),
@@ -459,19 +436,51 @@ impl LeaderElector {
     /// runtime). Followers are always healthy.
     #[must_use]
     pub fn health(&self, tolerance: Duration) -> Health {
-        let Some(lease) = self.current_term() else {
-            return Health {
-                leading: false,
-                since_last_renewal: None,
-                healthy: true,
-            };
-        };
-        let since = lease.since_last_renewal();
+        let term = self.current_term();
+        let since_last_renewal = term.as_ref().map(|lease| lease.since_last_renewal());
+        let store_silence = self.store_silence(since_last_renewal);
         Health {
-            leading: true,
-            since_last_renewal: Some(since),
-            healthy: since <= self.inner.config.renew_deadline + tolerance,
+            leading: term.is_some(),
+            since_last_renewal,
+            healthy: since_last_renewal
+                .is_none_or(|since| since <= self.inner.config.renew_deadline + tolerance),
+            store_silence,
+            store_reachable: store_silence
+                .is_none_or(|silence| silence <= self.inner.config.silence_limit()),
         }
+    }
+
+    /// How long the store has been silent towards this candidate: since its latest answer to
+    /// an acquire attempt, a holder change or (leading) a renewal; since the run began if none.
+    fn store_silence(&self, since_last_renewal: Option<Duration>) -> Option<Duration> {
+        let contact = self.contact();
+        let began = contact.run_started?;
+        let now = Instant::now();
+        let latest = [
+            Some(began),
+            contact.answered,
+            self.inner.locker.last_answer(),
+            since_last_renewal.and_then(|since| now.checked_sub(since)),
+        ]
+        .into_iter()
+        .flatten()
+        .max()?;
+        Some(now.saturating_duration_since(latest))
+    }
+
+    fn contact(&self) -> std::sync::MutexGuard<'_, StoreContact> {
+        self.inner
+            .contact
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn note_run_start(&self) {
+        self.contact().run_started = Some(Instant::now());
+    }
+
+    fn note_store_answer(&self) {
+        self.contact().answered = Some(Instant::now());
     }
 
     fn current_term(&self) -> Option<Arc<LeaseShared>> {
@@ -547,13 +556,21 @@ impl LeaderElector {
             return Err(ElectionError::AlreadyRunning);
         }
         let _running = RunningGuard(self);
+        self.note_run_start();
         let mut shutdown = pin!(shutdown.fuse());
+        // One stream of holder changes for the whole run: campaigning and leading follow the
+        // same watch, so a won campaign does not close it and open another (two requests per
+        // term on Kubernetes, where the last observer's leaving stops the shared watch).
+        let mut changes = self.inner.locker.backend().observe(&self.inner.name);
         loop {
             let lease = tokio::select! {
-                lease = self.campaign() => lease?,
+                lease = self.campaign(&mut changes) => lease?,
                 () = &mut shutdown => return Ok(None),
             };
-            match self.serve(lease, &mut workload, shutdown.as_mut()).await {
+            match self
+                .serve(lease, &mut workload, shutdown.as_mut(), &mut changes)
+                .await
+            {
                 TermEnd::Returned(out) => return Ok(Some(out)),
                 TermEnd::Shutdown => return Ok(None),
                 TermEnd::Panicked(message) => {
@@ -576,7 +593,7 @@ impl LeaderElector {
     }
 
     /// Tries until the lease is ours, following the leader meanwhile.
-    async fn campaign(&self) -> Result<Lease, ElectionError> {
+    async fn campaign(&self, changes: &mut HolderChanges) -> Result<Lease, ElectionError> {
         let span =
             tracing::info_span!("campaign", lease = %self.inner.name, identity = %self.identity());
         let inner = &self.inner;
@@ -604,7 +621,7 @@ impl LeaderElector {
         async {
             tokio::select! {
                 result = attempt => result,
-                never = self.follow_leader() => match never {},
+                never = self.follow_leader(changes) => match never {},
             }
         }
         .instrument(span)
@@ -612,16 +629,14 @@ impl LeaderElector {
     }
 
     /// Keeps [`leader`](Self::leader) current from the store's holder changes. Never returns.
-    fn follow_leader(&self) -> impl Future<Output = std::convert::Infallible> + '_ {
-        let mut changes = self.inner.locker.backend().observe(&self.inner.name);
-        async move {
-            while let Some(change) = changes.next().await {
-                if let Ok(change) = change {
-                    self.publish_leader(&change);
-                }
+    async fn follow_leader(&self, changes: &mut HolderChanges) -> std::convert::Infallible {
+        while let Some(change) = changes.next().await {
+            if let Ok(change) = change {
+                self.note_store_answer();
+                self.publish_leader(&change);
             }
-            std::future::pending().await
         }
+        std::future::pending().await
     }
 
     /// Clears [`leader`](Self::leader) if it names this replica (in the term with `fencing`,
@@ -658,6 +673,7 @@ impl LeaderElector {
         lease: Lease,
         workload: &mut F,
         mut shutdown: std::pin::Pin<&mut futures::future::Fuse<S>>,
+        changes: &mut HolderChanges,
     ) -> TermEnd<T>
     where
         S: Future<Output = ()>,
@@ -668,12 +684,7 @@ impl LeaderElector {
         let fencing = shared.fencing;
         let span = tracing::info_span!("term", lease = %self.inner.name, identity = %self.identity(), %fencing);
         let cancel = CancellationToken::new();
-        let term = Term {
-            lease: shared.clone(),
-            identity: self.identity().into(),
-            started_at: Instant::now(),
-            cancel: cancel.clone(),
-        };
+        let (term, tasks) = Term::begin(shared.clone(), self.identity(), cancel.clone());
         self.set_term(Some(shared.clone()));
         self.publish_leader(&HolderChange {
             holder: Some(self.identity().to_owned()),
@@ -692,7 +703,7 @@ impl LeaderElector {
         let mut drop_at: Option<Instant> = None;
         let finished = {
             let mut work = pin!(AssertUnwindSafe(workload(term)).catch_unwind());
-            let mut follow = pin!(self.follow_leader());
+            let mut follow = pin!(self.follow_leader(changes));
             let mut sample = tokio::time::interval(config.lease_duration / 3);
             let mut renewals_seen = 0;
             loop {
@@ -736,6 +747,17 @@ impl LeaderElector {
             }
             // `work` is dropped here, before the release below.
         };
+        // The term's tasks end before the release too, within the workload's bound: a lost
+        // term's drop deadline, or the instant before anyone else can hold the lease.
+        // Aborted tasks end at their next poll: leave them a moment even when the deadline
+        // has passed (the store said the lease is gone), so that only a task stuck in
+        // blocking code is reported.
+        let tasks_deadline = drop_at
+            .unwrap_or_else(|| shared.valid_until() - config.stop_margin)
+            .max(Instant::now() + TASKS_MIN_WAIT);
+        if !tasks.stop(tasks_deadline).await {
+            tracing::error!(parent: &span, "a task of the term ignored its abort (blocking code?); releasing the lease anyway");
+        }
         // A workload can finish at an instant its lease had already run out (the process was
         // frozen, say): then the term was lost, whatever the workload returned.
         if stopping.is_none()
@@ -837,6 +859,7 @@ impl Drop for RunningGuard<'_> {
         self.0.set_term(None);
         // Also when `run_until` was dropped in the middle of a term.
         self.0.forget_own_leadership(None);
+        self.0.contact().run_started = None;
         self.0.inner.running.store(false, Ordering::Release);
     }
 }

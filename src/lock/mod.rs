@@ -83,6 +83,11 @@ struct LockerInner {
     backend: Arc<dyn Backend>,
     identity: Arc<str>,
     scheduler: Scheduler,
+    /// When the store last answered an acquire attempt (granted or busy), as nanoseconds
+    /// after `created` plus one (0: never): a follower's evidence that the store is
+    /// reachable, for the elector's health. An atomic, not a lock: every attempt writes it.
+    answered: std::sync::atomic::AtomicU64,
+    created: Instant,
 }
 
 impl std::fmt::Debug for Locker {
@@ -153,6 +158,8 @@ impl Locker {
                 scheduler: Scheduler::new(backend.clone()),
                 backend,
                 identity,
+                answered: std::sync::atomic::AtomicU64::new(0),
+                created: Instant::now(),
             }),
         }
     }
@@ -239,7 +246,11 @@ impl Locker {
         let mut changes = None;
         loop {
             let sent = Instant::now();
-            let failure = match attempt.send(plan.request_timeout).await {
+            let answer = attempt.send(plan.request_timeout).await;
+            if answer.is_ok() {
+                self.record_answer();
+            }
+            let failure = match answer {
                 Ok(Acquired::Granted { fencing }) => {
                     attempt.disarm();
                     let shared = Arc::new(LeaseShared::new(
@@ -275,6 +286,26 @@ impl Locker {
             // in which a release between our attempt and the subscription would go unnoticed.
             let stream = changes.get_or_insert_with(|| self.inner.backend.observe(name));
             wait_for_change(stream, pause).await;
+        }
+    }
+
+    fn record_answer(&self) {
+        let since = Instant::now().saturating_duration_since(self.inner.created);
+        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.inner
+            .answered
+            .fetch_max(nanos.saturating_add(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the store last answered one of this locker's acquire attempts, granted or busy.
+    pub(crate) fn last_answer(&self) -> Option<Instant> {
+        match self
+            .inner
+            .answered
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            0 => None,
+            n => Some(self.inner.created + std::time::Duration::from_nanos(n - 1)),
         }
     }
 

@@ -49,8 +49,8 @@ pub async fn serve_healthz(
 ///
 /// | path | answer |
 /// |---|---|
-/// | `/healthz` | `200 ok` while [`LeaderElector::health`] is healthy with the tolerance; `503` with the reason when this process leads but has not renewed for longer than the renew deadline + tolerance (a stuck process: restart it) |
-/// | `/readyz` | `200` once the elector takes part in the election (it leads, or knows who does); `503` before |
+/// | `/healthz` | `200 ok` while [`LeaderElector::health`] is healthy with the tolerance; `503` with the reason when this process leads but has not renewed for longer than the renew deadline + tolerance (a stuck process: restart it) — and, only with [`store_liveness`](Self::store_liveness), when a follower has not heard from the store for longer than [`store_unreachable_after`](crate::election::ElectionConfig::store_unreachable_after) |
+/// | `/readyz` | `200` while the elector takes part in the election: it leads, or knows who does and hears from the store; `503` before it knows, and while the store has been silent towards it for longer than [`store_unreachable_after`](crate::election::ElectionConfig::store_unreachable_after) |
 /// | `/metrics` | the registry in Prometheus text format (feature `metrics`, when [`metrics`](Self::metrics) was given) |
 /// | other | `404` |
 ///
@@ -58,7 +58,10 @@ pub async fn serve_healthz(
 /// the status and headers of the `GET` without its body; other methods get `405`.
 ///
 /// Followers are live and ready: readiness does not follow leadership, so a rolling update of
-/// a Deployment of candidates never waits for a follower to lead.
+/// a Deployment of candidates never waits for a follower to lead. A follower cut off from the
+/// store turns unready (it could not take over if the leader died; controller-runtime users
+/// ask for this signal) but stays live by default: restarting it would not bring the store
+/// back, and restarting every replica during a store outage only adds load when it returns.
 ///
 /// `/readyz` prints the leader's identity as read from the store, where any client may have
 /// written it: control characters (ESC, CR, LF, …), backslashes and quotes come out escaped as
@@ -107,6 +110,7 @@ pub async fn serve_healthz(
 pub struct ProbeServer {
     elector: LeaderElector,
     tolerance: Duration,
+    store_liveness: bool,
     limits: server::Limits,
     #[cfg(feature = "metrics")]
     registry: Option<SharedRegistry>,
@@ -135,6 +139,7 @@ impl ProbeServer {
         Self {
             elector,
             tolerance: Duration::from_secs(20),
+            store_liveness: false,
             limits: server::Limits {
                 max_connections: Self::DEFAULT_MAX_CONNECTIONS,
                 header_timeout: Self::DEFAULT_HEADER_TIMEOUT,
@@ -149,6 +154,16 @@ impl ProbeServer {
     /// How long past the renew deadline a leader without a renewal still counts as live.
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
+        self
+    }
+
+    /// Whether `/healthz` also fails while the store has been silent towards this candidate
+    /// for longer than
+    /// [`store_unreachable_after`](crate::election::ElectionConfig::store_unreachable_after)
+    /// (default `false`: then only `/readyz` reports it). Turn it on when a restart is what
+    /// mends a lost connection in your deployment (a stale DNS entry, a wedged client).
+    pub fn store_liveness(mut self, on: bool) -> Self {
+        self.store_liveness = on;
         self
     }
 
@@ -249,7 +264,9 @@ impl ProbeServer {
         match path {
             "/healthz" => {
                 let h = self.elector.health(self.tolerance);
-                if h.healthy {
+                if self.store_liveness && !h.store_reachable {
+                    store_unreachable(&h)
+                } else if h.healthy {
                     (StatusCode::OK, TEXT, "ok\n".to_owned())
                 } else {
                     (
@@ -263,8 +280,11 @@ impl ProbeServer {
                 }
             }
             "/readyz" => {
+                let h = self.elector.health(self.tolerance);
                 if self.elector.is_leader() {
                     (StatusCode::OK, TEXT, "leading\n".to_owned())
+                } else if !h.store_reachable {
+                    store_unreachable(&h)
                 } else if let Some(leader) = self.elector.leader().borrow().as_ref() {
                     (
                         StatusCode::OK,
@@ -302,6 +322,18 @@ impl ProbeServer {
             _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
         }
     }
+}
+
+/// The answer of a probe that fails because the store has been silent for too long.
+fn store_unreachable(h: &super::Health) -> (StatusCode, &'static str, String) {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        TEXT,
+        format!(
+            "store unreachable: no answer for {:?}\n",
+            h.store_silence.unwrap_or_default()
+        ),
+    )
 }
 
 #[cfg(test)]
@@ -395,5 +427,47 @@ mod tests {
                 .chars()
                 .any(char::is_control)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_cut_off_from_the_store_is_unready_and_live_unless_asked() {
+        use crate::backend::faulty::{Fault, FaultyBackend};
+        let store = MemoryBackend::new();
+        let req = crate::backend::AcquireRequest {
+            name: "probe".into(),
+            holder: crate::backend::HolderToken::random(),
+            identity: "leader".into(),
+            ttl: Duration::from_secs(3600),
+        };
+        store.try_acquire(&req).await.expect("memory never fails");
+        let faulty = FaultyBackend::new(store);
+        let locker = Locker::with_identity(faulty.clone(), "me").expect("valid identity");
+        let elector =
+            LeaderElector::new(locker, "probe", ElectionConfig::new()).expect("valid config");
+        let campaign = {
+            let elector = elector.clone();
+            tokio::spawn(async move { elector.run(|_term| std::future::pending::<()>()).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let probes = ProbeServer::new(elector.clone());
+        let strict = ProbeServer::new(elector).store_liveness(true);
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::OK, "{}", ready.body());
+        assert_eq!(ready.body(), "following leader\n");
+
+        faulty.set(Fault::Fail);
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            ready.body().starts_with("store unreachable: no answer for "),
+            "{}",
+            ready.body()
+        );
+        let live = probes.respond(&request(Method::GET, "/healthz"));
+        assert_eq!(live.status(), StatusCode::OK, "liveness ignores the store");
+        let live = strict.respond(&request(Method::GET, "/healthz"));
+        assert_eq!(live.status(), StatusCode::SERVICE_UNAVAILABLE, "unless asked");
+        campaign.abort();
     }
 }

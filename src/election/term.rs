@@ -1,0 +1,231 @@
+//! One term of leadership as the workload sees it: the fencing token, the cancellation, and the
+//! tasks bound to the term, which end before the lease is released.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::FencingToken;
+use crate::lock::LeaseShared;
+
+/// One term of leadership, handed to the workload.
+///
+/// # Guarantees
+///
+/// While [`is_valid`](Self::is_valid) is true no other candidate can have been granted the
+/// lease. [`cancellation`](Self::cancellation) fires the moment the term ends (renew deadline
+/// passed, lease lost, shutdown); the workload future is dropped no later than
+/// `valid_until − stop_margin` even if it ignores the cancellation. Tasks started with
+/// [`spawn`](Self::spawn) are aborted once the workload has stopped, and awaited, before the
+/// lease is released.
+///
+/// # Caveats
+///
+/// A process frozen past its lease can act before it notices. Pass
+/// [`fencing_token`](Self::fencing_token) to every resource you write (see
+/// [`crate::fence`]) so such writes are refused. Tasks started with `tokio::spawn` rather
+/// than [`spawn`](Self::spawn) are not bound to the term and can outlive it.
+#[derive(Clone)]
+pub struct Term {
+    lease: Arc<LeaseShared>,
+    identity: Arc<str>,
+    started_at: Instant,
+    cancel: CancellationToken,
+    tasks: Arc<TermTasks>,
+}
+
+impl std::fmt::Debug for Term {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Term")
+            .field("lease", &self.lease.name)
+            .field("identity", &self.identity)
+            .field("fencing", &self.lease.fencing)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Term {
+    /// A term of `lease`, starting now. The elector keeps the returned [`TermTasks`] to end
+    /// the term's tasks before it releases the lease.
+    pub(super) fn begin(
+        lease: Arc<LeaseShared>,
+        identity: &str,
+        cancel: CancellationToken,
+    ) -> (Self, Arc<TermTasks>) {
+        let tasks = Arc::new(TermTasks::default());
+        let term = Self {
+            lease,
+            identity: identity.into(),
+            started_at: Instant::now(),
+            cancel,
+            tasks: tasks.clone(),
+        };
+        (term, tasks)
+    }
+
+    /// The fencing token of this term: greater than every earlier term's.
+    #[must_use]
+    pub fn fencing_token(&self) -> FencingToken {
+        self.lease.fencing
+    }
+
+    /// The lease's name.
+    #[must_use]
+    pub fn lease_name(&self) -> &str {
+        &self.lease.name
+    }
+
+    /// This candidate's identity.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// When the term began, on this process's monotonic clock.
+    #[must_use]
+    pub fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    /// Fires when the term ends. Select on it in long work and stop promptly.
+    #[must_use]
+    pub fn cancellation(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Whether the lease is still ours right now.
+    #[must_use]
+    pub fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && self.lease.is_valid()
+    }
+
+    /// Until when the lease is surely ours, on this process's monotonic clock.
+    #[must_use]
+    pub fn valid_until(&self) -> Instant {
+        self.lease.valid_until()
+    }
+
+    /// Runs `task` on the tokio runtime for this term only.
+    ///
+    /// When the term ends, the task first sees [`cancellation`](Self::cancellation) fire, like
+    /// the workload; once the workload has stopped, every task of the term still running is
+    /// aborted and awaited, and only then is the lease released — so a task never acts while
+    /// another replica leads, as long as it reaches an `.await` (an abort takes effect there).
+    /// The wait is bounded by `valid_until − stop_margin`, as the workload's is: a task stuck
+    /// in blocking code past that instant is logged and left behind.
+    ///
+    /// A task spawned after the term ended is aborted at once: its handle reports
+    /// cancellation. The handle can be awaited for the task's output or dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime, as [`tokio::spawn`] does (the workload always runs in one).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::backend::memory::MemoryBackend;
+    /// use tenure::election::{ElectionConfig, LeaderElector};
+    /// use tenure::Locker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tenure::election::ElectionError> {
+    /// let locker = Locker::with_identity(MemoryBackend::new(), "pod-a")?;
+    /// let elector = LeaderElector::new(locker, "reports", ElectionConfig::new())?;
+    /// let (sent, mut heartbeats) = tokio::sync::mpsc::unbounded_channel();
+    /// elector
+    ///     .run(|term| {
+    ///         let sent = sent.clone();
+    ///         async move {
+    ///             // A side task that must stop with the term, not run on into the next one.
+    ///             let token = term.fencing_token();
+    ///             term.spawn(async move {
+    ///                 loop {
+    ///                     let _ = sent.send(token);
+    ///                     tokio::time::sleep(Duration::from_secs(1)).await;
+    ///                 }
+    ///             });
+    ///             tokio::time::sleep(Duration::from_millis(2500)).await;
+    ///         }
+    ///     })
+    ///     .await?;
+    /// // The term ended when the workload returned: the heartbeat task ended with it.
+    /// drop(sent);
+    /// let mut beats = 0;
+    /// while heartbeats.recv().await.is_some() {
+    ///     beats += 1;
+    /// }
+    /// assert_eq!(beats, 3);
+    /// # Ok(()) }
+    /// ```
+    pub fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(task)
+    }
+}
+
+/// The tasks of one term: tracked so they can be aborted and awaited at its end.
+#[derive(Default)]
+pub(super) struct TermTasks {
+    tracker: TaskTracker,
+    /// One lock orders spawns against the stop: a task is either in `handles` when the stop
+    /// aborts them, or sees `stopped` and is aborted at once.
+    aborts: Mutex<Aborts>,
+}
+
+#[derive(Default)]
+struct Aborts {
+    handles: Vec<AbortHandle>,
+    stopped: bool,
+}
+
+impl TermTasks {
+    fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let handle = self.tracker.spawn(task);
+        let mut aborts = self
+            .aborts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if aborts.stopped {
+            handle.abort();
+        } else {
+            // Forget finished tasks so a long term that spawns many short ones stays small.
+            aborts.handles.retain(|h| !h.is_finished());
+            aborts.handles.push(handle.abort_handle());
+        }
+        handle
+    }
+
+    /// Aborts every task of the term still running and waits for them to end, until
+    /// `deadline` at the latest. Returns whether they all ended.
+    pub(super) async fn stop(&self, deadline: Instant) -> bool {
+        let running = {
+            let mut aborts = self
+                .aborts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            aborts.stopped = true;
+            std::mem::take(&mut aborts.handles)
+        };
+        for task in &running {
+            task.abort();
+        }
+        self.tracker.close();
+        tokio::time::timeout_at(deadline, self.tracker.wait())
+            .await
+            .is_ok()
+    }
+}
