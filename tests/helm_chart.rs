@@ -882,6 +882,11 @@ fn bad_values_fail_with_a_clear_message() {
                 "election.renewDeadline (1m0.5s) must be shorter than election.leaseDuration (1m0.5s)",
             ],
         ),
+        // The default renew deadline (10s) is a third of 30s: not longer.
+        (
+            &["--set", "election.leaseDuration=30s"],
+            &["election.renewDeadline (10s) must be longer than a third of election.leaseDuration (30s)"],
+        ),
         // 1.2 × 1m40s is exactly 2m: not longer.
         (
             &[

@@ -159,6 +159,9 @@ message. Renders nothing.
 {{- if le (mul $deadline 5) (mul $retry 6) -}}
 {{- fail (printf "election.renewDeadline (%s) must be longer than 1.2 × election.retryPeriod (%s)" $e.renewDeadline $e.retryPeriod) -}}
 {{- end -}}
+{{- if le (mul $deadline 3) $lease -}}
+{{- fail (printf "election.renewDeadline (%s) must be longer than a third of election.leaseDuration (%s): the leader's first renewal is a third of the lease in" $e.renewDeadline $e.leaseDuration) -}}
+{{- end -}}
 {{- $grace := include "tenure.durationNs" (list "election.grace" $e.grace) | int64 -}}
 {{- /* Whole seconds: T > grace + 2 s exactly when T > floor((grace + 2 s) / 1 s). */ -}}
 {{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (int64 .Values.terminationGracePeriodSeconds) (div (add $grace 2000000000) 1000000000)) -}}
