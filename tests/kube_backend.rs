@@ -575,3 +575,109 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
     );
     lease.release().await.expect("release");
 }
+
+/// A server with coordinated leader election (KEP-4355) switched on: off by default in 1.36,
+/// and without it the API server drops `strategy` and `preferredHolder` on create.
+fn coordinated_server() -> kube_support::Server {
+    kube_support::Server::start(kube_support::Launch {
+        extra: vec![
+            "--feature-gates=CoordinatedLeaderElection=true".into(),
+            "--runtime-config=coordination.k8s.io/v1beta1=true".into(),
+            // Open watches would otherwise hold the stop for the 60 s shutdown timeout.
+            "--shutdown-send-retry-after=true".into(),
+        ],
+        ..kube_support::Launch::default()
+    })
+}
+
+/// Asserts that `lease` still has the coordinated-election fields the admin wrote.
+fn assert_coordinated(lease: &Lease, after: &str) {
+    let s = spec(lease);
+    assert_eq!(
+        s.strategy.as_deref(),
+        Some("OldestEmulationVersion"),
+        "{after} keeps spec.strategy"
+    );
+    assert_eq!(
+        s.preferred_holder.as_deref(),
+        Some("go-2"),
+        "{after} keeps spec.preferredHolder"
+    );
+    assert_eq!(
+        lease
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("owner"))
+            .map(String::as_str),
+        Some("admin"),
+        "{after} keeps the labels"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_tenure_does_not_own_survive_every_write() {
+    let server = coordinated_server();
+    let name = unique("coordinated");
+    // An admin's Lease as coordinated leader election leaves it: a strategy, a preferred
+    // holder other than the (expired) holder.
+    let lease: Lease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": NS, "labels": {"owner": "admin"}},
+        "spec": {
+            "holderIdentity": "go-1",
+            "leaseDurationSeconds": 1,
+            "renewTime": "2020-01-01T00:00:00.000000Z",
+            "leaseTransitions": 2,
+            "strategy": "OldestEmulationVersion",
+            "preferredHolder": "go-2",
+        }
+    }))
+    .expect("lease json");
+    let api: Api<Lease> = Api::namespaced(server.admin().await, NS);
+    let created = api
+        .create(&PostParams::default(), &lease)
+        .await
+        .expect("create the coordinated Lease");
+    assert_coordinated(&created, "the admin's create (is the feature gate on?)");
+
+    // Takeover of go-1's expired term (tenure waits out its duration on its own clock).
+    let alpha = Locker::with_identity(server.backend(NS).await, "alpha").expect("identity");
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let held = alpha
+        .acquire(&name, &opts.clone().wait(Duration::from_secs(20)))
+        .await
+        .expect("go-1's term expires");
+    let raw = server.lease(NS, &name).await.expect("there");
+    assert_eq!(spec(&raw).holder_identity.as_deref(), Some("alpha"));
+    assert_eq!(spec(&raw).lease_transitions, Some(3));
+    assert_eq!(
+        annotation(&raw, FENCING_ANNOTATION),
+        Some(held.fencing_token().to_string()),
+        "the grant and its stamp both wrote"
+    );
+    assert_coordinated(&raw, "the takeover and the stamp");
+
+    // preferredHolder names someone else: tenure ignores it and keeps renewing.
+    held.refresh()
+        .await
+        .expect("a tenure holder does not step down");
+    let renewed = server.lease(NS, &name).await.expect("there");
+    assert!(rv(&renewed) > rv(&raw), "the renewal wrote");
+    assert_eq!(spec(&renewed).holder_identity.as_deref(), Some("alpha"));
+    assert_coordinated(&renewed, "the renewal");
+
+    held.release().await.expect("release");
+    let released = server.lease(NS, &name).await.expect("kept on release");
+    assert_eq!(spec(&released).holder_identity.as_deref(), Some(""));
+    assert_coordinated(&released, "the release");
+
+    // An acquire of the released Lease (no wait: it is free).
+    let beta = Locker::with_identity(server.backend(NS).await, "beta").expect("identity");
+    let next = beta.try_acquire(&name, &opts).await.expect("released lock");
+    let raw = server.lease(NS, &name).await.expect("there");
+    assert_eq!(spec(&raw).holder_identity.as_deref(), Some("beta"));
+    assert_coordinated(&raw, "an acquire of a released Lease");
+    next.release().await.expect("release");
+}

@@ -1,4 +1,36 @@
 //! The Lease record as client-go writes it, tenure's annotations beside it, and the lock-name rule.
+//!
+//! # What tenure owns in a Lease, and what it keeps
+//!
+//! Tenure owns five fields of `spec` — `holderIdentity`, `leaseDurationSeconds`,
+//! `acquireTime`, `renewTime` and `leaseTransitions` — and its annotations under
+//! [`ANNOTATION_PREFIX`]. Every write (acquire, takeover, renewal, the fencing stamp, release)
+//! starts from the Lease as it was read and changes only those; everything else is written
+//! back as it was: `spec.strategy` and `spec.preferredHolder` (coordinated leader election,
+//! KEP-4355), labels, other annotations, owner references. (client-go's own elector clears
+//! `strategy` and `preferredHolder` on every write outside coordinated mode; tenure does
+//! not.) The one limit: tenure reads the Lease as k8s-openapi's `v1_36` type, so a `spec`
+//! field added after Kubernetes 1.36 is unknown to it and would be dropped by its writes.
+//!
+//! # Coordinated leader election
+//!
+//! Tenure is not a coordinated-election participant. It registers no `LeaseCandidate`, and
+//! it ignores `strategy` and `preferredHolder` when it decides: a candidate takes an expired
+//! or released Lease whatever `preferredHolder` says, and **a tenure holder does not step
+//! down** when `preferredHolder` names someone else — it renews until its term ends for its
+//! own reasons (release, a failed renewal, another holder in the record). Both fields are
+//! kept as they were. When the API server's coordinated-leader-election controller does
+//! manage the Lease (`LeaseCandidate`s name it), the holder it writes has no tenure
+//! annotations, so tenure treats it as a foreign holder, as it treats client-go: a tenure
+//! term ends at its next renewal, and tenure candidates wait for that holder's lease to
+//! expire. Give tenure its own Lease rather than one that coordinated election manages.
+//!
+//! Tenure does not implement the yield ("stop renewing when `preferredHolder` names someone
+//! else"): it would be safe only with the acquiring side honouring `preferredHolder` too (or
+//! the yielding holder's peers, or the holder itself on rejoining, take the Lease straight
+//! back), and then a stale `preferredHolder` — a field tenure neither owns nor clears —
+//! would keep every tenure candidate out for good. Without `LeaseCandidate`s the controller
+//! never names a tenure replica anyway.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -206,7 +238,8 @@ pub fn created(
 
 /// Rewrites `lease` as a new term of `holder`/`identity`, exactly as client-go's acquiring
 /// update does: transitions +1 unless the previous holder had the same identity. `floor`
-/// becomes the [`FENCING_FLOOR`] unless the record already has a higher one.
+/// becomes the [`FENCING_FLOOR`] unless the record already has a higher one. The `spec`
+/// fields tenure does not own are kept (see the [module docs](self)).
 pub fn take_over(
     lease: &mut Lease,
     holder: &HolderToken,
@@ -214,21 +247,27 @@ pub fn take_over(
     ttl: Duration,
     floor: u64,
 ) {
-    let previous = lease.spec.as_ref();
-    let same_identity = previous.and_then(|s| s.holder_identity.as_deref()) == Some(identity);
-    let transitions = previous.and_then(|s| s.lease_transitions).unwrap_or(0);
+    let previous = lease.spec.take();
+    let same_identity =
+        previous.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some(identity);
+    let transitions = previous
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .unwrap_or(0);
+    let transitions = if previous.is_none() || same_identity {
+        transitions
+    } else {
+        transitions.saturating_add(1)
+    };
     let now = now();
     lease.spec = Some(LeaseSpec {
         holder_identity: Some(identity.to_owned()),
         lease_duration_seconds: Some(lease_duration_seconds(ttl)),
         acquire_time: Some(now.clone()),
         renew_time: Some(now),
-        lease_transitions: Some(if previous.is_none() || same_identity {
-            transitions
-        } else {
-            transitions.saturating_add(1)
-        }),
-        ..LeaseSpec::default()
+        lease_transitions: Some(transitions),
+        // Everything tenure does not own (strategy, preferredHolder) as it was.
+        ..previous.unwrap_or_default()
     });
     let a = annotations_mut(lease);
     a.insert(HOLDER_TOKEN.to_owned(), holder.to_hex());
@@ -258,7 +297,7 @@ pub fn fencing_floor(lease: &Lease) -> u64 {
 
 /// Rewrites `lease` as a renewal by its current holder: renewTime now, the duration from
 /// `ttl`, acquireTime and transitions kept (client-go's renewal), and the term's fencing
-/// token stamped when known.
+/// token stamped when known. Every other field is kept.
 pub fn renewed(lease: &mut Lease, ttl: Duration, fencing: Option<FencingToken>) {
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     spec.renew_time = Some(now());
@@ -272,21 +311,19 @@ pub fn renewed(lease: &mut Lease, ttl: Duration, fencing: Option<FencingToken>) 
 
 /// Rewrites `lease` as released by `holder`, exactly as client-go's `ReleaseOnCancel` does
 /// (holder cleared, leaseDurationSeconds 1, acquireTime and renewTime now, transitions kept),
-/// remembering the holder token so that a replayed release reports success.
+/// remembering the holder token so that a replayed release reports success. The `spec`
+/// fields tenure does not own are kept (see the [module docs](self)).
 pub fn released(lease: &mut Lease, holder: &HolderToken) {
-    let transitions = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.lease_transitions)
-        .unwrap_or(0);
+    let previous = lease.spec.take().unwrap_or_default();
     let now = now();
     lease.spec = Some(LeaseSpec {
         holder_identity: Some(String::new()),
         lease_duration_seconds: Some(1),
         acquire_time: Some(now.clone()),
         renew_time: Some(now),
-        lease_transitions: Some(transitions),
-        ..LeaseSpec::default()
+        lease_transitions: Some(previous.lease_transitions.unwrap_or(0)),
+        // Everything tenure does not own (strategy, preferredHolder) as it was.
+        ..previous
     });
     let a = annotations_mut(lease);
     a.remove(HOLDER_TOKEN);
@@ -419,6 +456,50 @@ mod tests {
         take_over(&mut lease, &c, "beta", Duration::from_secs(1), 4);
         assert_eq!(View::of(&lease).transitions, 1);
         assert_eq!(fencing_floor(&lease), 10, "the floor never goes down");
+    }
+
+    /// Every rewrite changes only the fields tenure owns.
+    #[test]
+    fn every_write_keeps_the_spec_fields_tenure_does_not_own() {
+        let a = HolderToken::random();
+        let mut lease = created("ns", "x", &a, "alpha", Duration::from_secs(1), 1);
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.strategy = Some("OldestEmulationVersion".into());
+            spec.preferred_holder = Some("go-2".into());
+        }
+        lease.metadata.labels = Some(BTreeMap::from([("team".into(), "ops".into())]));
+        let kept = |lease: &Lease, step: &str| {
+            let spec = lease.spec.as_ref().expect("spec");
+            assert_eq!(
+                spec.strategy.as_deref(),
+                Some("OldestEmulationVersion"),
+                "{step}"
+            );
+            assert_eq!(spec.preferred_holder.as_deref(), Some("go-2"), "{step}");
+            assert_eq!(
+                lease.metadata.labels.as_ref().and_then(|l| l.get("team")),
+                Some(&"ops".to_owned()),
+                "{step}"
+            );
+        };
+        renewed(
+            &mut lease,
+            Duration::from_secs(1),
+            Some(FencingToken::new(3)),
+        );
+        kept(&lease, "renewal");
+        released(&mut lease, &a);
+        kept(&lease, "release");
+        take_over(
+            &mut lease,
+            &HolderToken::random(),
+            "beta",
+            Duration::from_secs(1),
+            5,
+        );
+        kept(&lease, "takeover");
+        assert_eq!(View::of(&lease).holder.as_deref(), Some("beta"));
+        assert_eq!(View::of(&lease).transitions, 1);
     }
 
     #[test]
