@@ -1,5 +1,6 @@
-//! Prometheus metrics of elections (feature `metrics`), with client-go's names where it has
-//! them, so existing dashboards and alerts keep working.
+//! Prometheus metrics of elections (feature `metrics`): client-go's name, label and help text
+//! where tenure measures the same thing, so existing dashboards and alerts keep working, and
+//! `tenure_*` names for everything else.
 
 use std::time::Duration;
 
@@ -26,12 +27,17 @@ fn latency_histogram() -> Histogram {
 ///
 /// | metric | type | meaning |
 /// |---|---|---|
-/// | `leader_election_master_status{name}` | gauge | 1 while this process leads (client-go's name) |
-/// | `leader_election_slowpath_total{name}` | counter | terms won only after waiting for another holder (client-go's name; there it counts reads before writes) |
+/// | `leader_election_master_status{name}` | gauge | 1 while this process leads the lease `name`, 0 once its term has ended (client-go's name, label and help text; client-go also reports 0 before the first term, tenure has no series until then) |
+/// | `tenure_retried_campaigns_total{name}` | counter | terms won by a campaign that had already gone one whole acquire window (4 × lease duration) without the lease (held by others throughout it, or the store failing at its end) |
 /// | `tenure_leader_transitions_total{name}` | counter | terms this process has started |
 /// | `tenure_acquire_latency_seconds{name}` | histogram | time from the start of a campaign to winning |
 /// | `tenure_renew_latency_seconds{name}` | histogram | round trip of the leader's renewals, sampled every lease duration / 3 (the renewal interval) |
 /// | `tenure_lease_remaining_validity_seconds{name}` | gauge | how long the current term's lease stays valid without another renewal, sampled at the start of a term and every lease duration / 3 while leading |
+///
+/// client-go's `leader_election_slowpath_total` is not exported: it counts a leader's
+/// renewals that had to read the Lease before writing it (its optimistic write over the cached
+/// record failed or was not possible), and tenure's elector has no such event to count; the
+/// Kubernetes backend makes the same fast-path/slow-path choice internally, below the elector.
 ///
 /// # Example
 ///
@@ -46,7 +52,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone, Debug)]
 pub struct ElectionMetrics {
     master_status: Family<NameLabel, Gauge>,
-    slowpath: Family<NameLabel, Counter>,
+    retried_campaigns: Family<NameLabel, Counter>,
     transitions: Family<NameLabel, Counter>,
     acquire_latency: HistogramFamily,
     renew_latency: HistogramFamily,
@@ -58,21 +64,25 @@ impl ElectionMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
             master_status: Family::default(),
-            slowpath: Family::default(),
+            retried_campaigns: Family::default(),
             transitions: Family::default(),
             acquire_latency: HistogramFamily::new_with_constructor(latency_histogram),
             renew_latency: HistogramFamily::new_with_constructor(latency_histogram),
             remaining_validity: Family::default(),
         };
+        // client-go's help text, word for word (the registry appends the final '.').
         registry.register(
             "leader_election_master_status",
-            "Whether this process leads (1) or not (0)",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates \
+             backup, 1 indicates master. 'name' is the string used to identify the lease. \
+             Please make sure to group by name",
             m.master_status.clone(),
         );
         registry.register(
-            "leader_election_slowpath",
-            "Terms won only after waiting for another holder",
-            m.slowpath.clone(),
+            "tenure_retried_campaigns",
+            "Terms won by a campaign that had already gone one whole acquire window \
+             (4 x lease duration) without the lease",
+            m.retried_campaigns.clone(),
         );
         registry.register(
             "tenure_leader_transitions",
@@ -103,13 +113,17 @@ impl ElectionMetrics {
         }
     }
 
-    pub(super) fn acquired(&self, name: &str, latency: Duration, waited: bool) {
+    /// A term began, `latency` after its campaign started; `retried` if one of the campaign's
+    /// acquire windows had already ended without the lease.
+    pub(super) fn acquired(&self, name: &str, latency: Duration, retried: bool) {
         let l = Self::label(name);
         self.acquire_latency
             .get_or_create(&l)
             .observe(latency.as_secs_f64());
-        if waited {
-            self.slowpath.get_or_create(&l).inc();
+        // Created at 0 on the first term, so a dashboard sees the series before it moves.
+        let retried_campaigns = self.retried_campaigns.get_or_create(&l);
+        if retried {
+            retried_campaigns.inc();
         }
         self.transitions.get_or_create(&l).inc();
     }
@@ -132,5 +146,174 @@ impl ElectionMetrics {
         self.remaining_validity
             .get_or_create(&Self::label(name))
             .set(remaining.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use prometheus_client::encoding::text::encode;
+    use prometheus_client::registry::Registry;
+
+    use super::ElectionMetrics;
+    use crate::Locker;
+    use crate::backend::memory::MemoryBackend;
+    use crate::backend::{AcquireRequest, Backend, HolderToken};
+    use crate::election::{ElectionConfig, LeaderElector};
+
+    fn text(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).expect("encode");
+        text
+    }
+
+    /// The value of the sample `series` (name and labels) in `text`.
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// The rows of the table in [`ElectionMetrics`]'s docs, as written in this file.
+    fn doc_table() -> Vec<&'static str> {
+        include_str!("metrics.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("/// "))
+            .filter(|l| l.starts_with("| `"))
+            .collect()
+    }
+
+    #[test]
+    fn the_exported_names_types_and_help_are_the_documented_ones() {
+        let mut registry = Registry::default();
+        let metrics = ElectionMetrics::register(&mut registry);
+        // A family is encoded (HELP and TYPE) only once it has a series.
+        metrics.acquired("x", Duration::from_millis(5), false);
+        metrics.leading("x", true);
+        metrics.renewed("x", Duration::from_millis(5));
+        metrics.remaining_validity("x", Duration::from_secs(10));
+        let text = text(&registry);
+        // name (as in the `# TYPE` line) → type, from the registry…
+        let exported: BTreeMap<&str, &str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
+            .collect();
+        // …and from the table: counters are typed without their `_total` suffix.
+        let documented: BTreeMap<&str, &str> = doc_table()
+            .iter()
+            .map(|row| {
+                let cells: Vec<&str> = row.split(" | ").collect();
+                let name = cells[0]
+                    .trim_start_matches("| `")
+                    .trim_end_matches("{name}`");
+                let kind = cells[1];
+                let name = if kind == "counter" {
+                    name.strip_suffix("_total")
+                        .expect("a counter ends in _total")
+                } else {
+                    name
+                };
+                (name, kind)
+            })
+            .collect();
+        assert_eq!(exported, documented, "{text}");
+        assert!(
+            !text.contains("slowpath"),
+            "client-go's slow-path counter means something tenure does not count: {text}"
+        );
+        // client-go's help text, word for word (k8s.io/component-base/metrics/prometheus/
+        // clientgo/leaderelection).
+        assert!(
+            text.contains(
+                "# HELP leader_election_master_status Gauge of if the reporting system is \
+                 master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' \
+                 is the string used to identify the lease. Please make sure to group by name.\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_readme_mirrors_the_table() {
+        let readme = include_str!("../../README.md");
+        let rows = doc_table();
+        assert_eq!(rows.len(), 6, "{rows:#?}");
+        for row in rows {
+            assert!(
+                readme.lines().any(|l| l == row),
+                "README.md's metrics table lacks (or words differently) the row\n{row}"
+            );
+        }
+        let readme_rows = readme
+            .lines()
+            .filter(|l| l.starts_with("| `leader_election_") || l.starts_with("| `tenure_"))
+            .count();
+        assert_eq!(readme_rows, 6, "README.md has metric rows the docs do not");
+    }
+
+    /// Another holder takes `name` for `ttl`; then an elector campaigns for it and leads once.
+    async fn lead_after_holder(metrics: &ElectionMetrics, name: &str, ttl: Option<Duration>) {
+        let store = MemoryBackend::new();
+        if let Some(ttl) = ttl {
+            let req = AcquireRequest {
+                name: name.into(),
+                holder: HolderToken::random(),
+                identity: "other".into(),
+                ttl,
+            };
+            store.try_acquire(&req).await.expect("memory never fails");
+        }
+        let locker = Locker::with_identity(store, "me").expect("identity");
+        let elector = LeaderElector::new(locker, name, ElectionConfig::new())
+            .expect("valid config")
+            .with_metrics(metrics.clone());
+        elector.run(|_term| async {}).await.expect("led once");
+    }
+
+    /// With the default 15 s lease duration the acquire window is 60 s.
+    #[tokio::test(start_paused = true)]
+    async fn retried_campaigns_count_terms_won_after_a_whole_acquire_window() {
+        let mut registry = Registry::default();
+        let metrics = ElectionMetrics::register(&mut registry);
+        let started = tokio::time::Instant::now();
+        lead_after_holder(&metrics, "free", None).await;
+        lead_after_holder(&metrics, "short", Some(Duration::from_secs(40))).await;
+        lead_after_holder(&metrics, "long", Some(Duration::from_secs(90))).await;
+        assert!(started.elapsed() >= Duration::from_secs(130));
+        let text = text(&registry);
+        let count = |name: &str| {
+            sample(
+                &text,
+                &format!("tenure_retried_campaigns_total{{name=\"{name}\"}}"),
+            )
+        };
+        assert_eq!(count("free"), Some(0.0), "won at once: {text}");
+        assert_eq!(
+            count("short"),
+            Some(0.0),
+            "won within the first window (a 40 s wait is not a retry): {text}"
+        );
+        assert_eq!(count("long"), Some(1.0), "won in the second window: {text}");
+        for name in ["free", "short", "long"] {
+            assert_eq!(
+                sample(
+                    &text,
+                    &format!("tenure_leader_transitions_total{{name=\"{name}\"}}")
+                ),
+                Some(1.0),
+                "{text}"
+            );
+        }
+        let waited = |name: &str| {
+            sample(
+                &text,
+                &format!("tenure_acquire_latency_seconds_sum{{name=\"{name}\"}}"),
+            )
+            .expect("one campaign")
+        };
+        assert!(waited("free") < 1.0, "{text}");
+        assert!((40.0..60.0).contains(&waited("short")), "{text}");
+        assert!(waited("long") >= 90.0, "{text}");
     }
 }
