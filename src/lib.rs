@@ -66,6 +66,8 @@
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+#[cfg(feature = "kube")]
+pub mod controller;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod election;

@@ -402,6 +402,12 @@ async fn metrics_report_leadership_renewals_and_transitions() {
     let metrics = tenure::election::ElectionMetrics::register(&mut registry);
     let e = elector(MemoryBackend::new(), "a", ElectionConfig::new()).with_metrics(metrics);
     let registry = Arc::new(registry);
+    let mut before = String::new();
+    encode(&mut before, &registry).expect("encode");
+    assert!(
+        before.contains("leader_election_master_status{name=\"controller\"} 0"),
+        "a follower reports 0 before any term, as client-go does: {before}"
+    );
     let during = e
         .run(|_| {
             let registry = registry.clone();

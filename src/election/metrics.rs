@@ -27,7 +27,7 @@ fn latency_histogram() -> Histogram {
 ///
 /// | metric | type | meaning |
 /// |---|---|---|
-/// | `leader_election_master_status{name}` | gauge | 1 while this process leads the lease `name`, 0 once its term has ended (client-go's name, label and help text; client-go also reports 0 before the first term, tenure has no series until then) |
+/// | `leader_election_master_status{name}` | gauge | 1 while this process leads the lease `name`, else 0 — from the moment the elector is given the metrics, as client-go reports it (client-go's name, label and help text) |
 /// | `tenure_retried_campaigns_total{name}` | counter | terms won by a campaign that had already gone one whole acquire window (4 × lease duration) without the lease (held by others throughout it, or the store failing at its end) |
 /// | `tenure_leader_transitions_total{name}` | counter | terms this process has started |
 /// | `tenure_acquire_latency_seconds{name}` | histogram | time from the start of a campaign to winning |

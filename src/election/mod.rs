@@ -43,14 +43,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub use error::ElectionError;
-pub use term::Term;
-pub use testing::TestTerm;
 #[cfg(all(feature = "healthz", feature = "metrics"))]
 pub use healthz::SharedRegistry;
 #[cfg(feature = "healthz")]
 pub use healthz::{ProbeServer, serve_healthz};
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
+pub use term::Term;
+pub use testing::TestTerm;
 
 use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
 use crate::lock::LeaseShared;
@@ -390,6 +390,8 @@ impl LeaderElector {
     #[cfg(feature = "metrics")]
     #[must_use]
     pub fn with_metrics(self, metrics: ElectionMetrics) -> Self {
+        // As client-go: a follower's series exists, at 0, before any term.
+        metrics.leading(&self.inner.name, self.is_leader());
         *self
             .inner
             .metrics

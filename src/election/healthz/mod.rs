@@ -460,14 +460,20 @@ mod tests {
         let ready = probes.respond(&request(Method::GET, "/readyz"));
         assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(
-            ready.body().starts_with("store unreachable: no answer for "),
+            ready
+                .body()
+                .starts_with("store unreachable: no answer for "),
             "{}",
             ready.body()
         );
         let live = probes.respond(&request(Method::GET, "/healthz"));
         assert_eq!(live.status(), StatusCode::OK, "liveness ignores the store");
         let live = strict.respond(&request(Method::GET, "/healthz"));
-        assert_eq!(live.status(), StatusCode::SERVICE_UNAVAILABLE, "unless asked");
+        assert_eq!(
+            live.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unless asked"
+        );
         campaign.abort();
     }
 }

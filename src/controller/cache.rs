@@ -1,0 +1,505 @@
+//! The watched objects of one kind: a reflector store kept warm on every replica (or started
+//! per term, in cold mode), and the reconcile queue a term's controller reads from it.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Config, ReconcileRequest, applier};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::{WatchStreamExt, reflector::store::Writer};
+use serde::de::DeserializeOwned;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::ControllerError;
+use crate::election::Term;
+
+/// Changes held for a term's queue while it catches up; a queue further behind resyncs from
+/// the store instead (every object is reconciled again, nothing is missed).
+const CHANGES_BUFFER: usize = 4096;
+
+/// Whether the cache's watch runs on every replica or only during a term.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheMode {
+    /// The watch and the store start once, on every replica, and stay current: a new leader's
+    /// first reconcile needs no list. Costs each follower the store's memory and one watch.
+    Warm,
+    /// The watch starts when a term begins and stops when it ends: followers hold nothing,
+    /// and every new leader lists everything before its first reconcile.
+    Cold,
+}
+
+/// How the cache's watch is doing, as [`Cache::state`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheState {
+    /// Not started (cold mode outside a term), or listing for the first time.
+    Starting,
+    /// Listed once and watching: the store is current.
+    Warm,
+    /// The latest list or watch request failed, with this error; the watch retries with
+    /// backoff. The store keeps what it had (empty if it never listed).
+    Failing {
+        /// The watch's error, as text.
+        error: String,
+        /// Whether the API server refused the request (401/403/404): a retry will not mend
+        /// it until RBAC or the resource changes.
+        refused: bool,
+    },
+}
+
+/// The watched objects of one kind for a controller that runs only while leading.
+///
+/// Build it once per process, beside the elector. In [`CacheMode::Warm`] (the default) the
+/// watch and its store start at once and stay current on every replica, leader or not; a new
+/// leader's [`run`](Self::run) reconciles from the store without listing anything. In
+/// [`CacheMode::Cold`] nothing runs outside a term.
+///
+/// Clones share the cache.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use futures::StreamExt;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube::runtime::{controller::Action, watcher};
+/// use tenure::controller::Cache;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("reconcile failed")]
+/// struct Failed;
+///
+/// async fn reconcile(cm: Arc<ConfigMap>, _: Arc<()>) -> Result<Action, Failed> {
+///     Ok(Action::requeue(Duration::from_secs(300)))
+/// }
+///
+/// # async fn demo(client: kube::Client, elector: tenure::LeaderElector) -> Result<(), tenure::ElectionError> {
+/// let cache = Cache::new(kube::Api::<ConfigMap>::default_namespaced(client), watcher::Config::default());
+/// elector
+///     .run(|term| {
+///         let cache = cache.clone();
+///         async move {
+///             cache
+///                 .run(&term, reconcile, |_, _, _| Action::requeue(Duration::from_secs(5)), Arc::new(()))
+///                 .for_each(|_| async {})
+///                 .await
+///         }
+///     })
+///     .await
+/// # }
+/// ```
+pub struct Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    inner: Arc<Inner<K>>,
+}
+
+impl<K> Clone for Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> Debug for Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("kind", &K::kind(&()))
+            .field("mode", &self.inner.mode)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    api: Api<K>,
+    watch_config: watcher::Config,
+    mode: CacheMode,
+    controller_config: Config,
+    /// The always-on watch in warm mode; `None` in cold mode.
+    warm: Option<Running<K>>,
+    /// Stops the warm watch when the last clone of the cache is dropped.
+    stop: CancellationToken,
+}
+
+impl<K> Drop for Inner<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One running watch: its store, the changes it applies, and how it is doing.
+struct Running<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    changes: broadcast::Sender<ObjectRef<K>>,
+    state: watch::Receiver<CacheState>,
+}
+
+impl<K> Clone for Running<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            changes: self.changes.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// A warm cache of the objects `api` and `config` select: the watch starts now, on the
+    /// current tokio runtime, and runs until the last clone of the cache is dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime (it spawns the watch).
+    pub fn new(api: Api<K>, config: watcher::Config) -> Self {
+        Self::with_mode(api, config, CacheMode::Warm)
+    }
+
+    /// A cache in `mode`: [`CacheMode::Warm`] as [`new`](Self::new), or
+    /// [`CacheMode::Cold`], whose watch runs only during a term.
+    ///
+    /// # Panics
+    ///
+    /// In warm mode, outside a tokio runtime (it spawns the watch).
+    pub fn with_mode(api: Api<K>, config: watcher::Config, mode: CacheMode) -> Self {
+        let stop = CancellationToken::new();
+        let warm = (mode == CacheMode::Warm).then(|| {
+            let (running, watching) = start(api.clone(), config.clone());
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = watching => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+            running
+        });
+        Self {
+            inner: Arc::new(Inner {
+                api,
+                watch_config: config,
+                mode,
+                controller_config: Config::default(),
+                warm,
+                stop,
+            }),
+        }
+    }
+
+    /// The kube-runtime controller settings (concurrency, debounce) of [`run`](Self::run).
+    ///
+    /// # Panics
+    ///
+    /// Never; it is a builder method to call before the cache is cloned. On a cache already
+    /// shared it leaves the settings unchanged and logs a warning.
+    #[must_use]
+    pub fn controller_config(mut self, config: Config) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.controller_config = config,
+            None => tracing::warn!("controller_config on a shared cache: ignored"),
+        }
+        self
+    }
+
+    /// Warm or cold.
+    #[must_use]
+    pub fn mode(&self) -> CacheMode {
+        self.inner.mode
+    }
+
+    /// How the warm watch is doing; [`CacheState::Starting`] in cold mode.
+    #[must_use]
+    pub fn state(&self) -> CacheState {
+        self.inner
+            .warm
+            .as_ref()
+            .map_or(CacheState::Starting, |w| w.state.borrow().clone())
+    }
+
+    /// The warm store, current on every replica (`None` in cold mode). Read it anywhere —
+    /// an always-on status endpoint, say — but write only while leading.
+    #[must_use]
+    pub fn store(&self) -> Option<Store<K>> {
+        self.inner.warm.as_ref().map(|w| w.store.clone())
+    }
+
+    /// Reconciles the cache's objects with kube-runtime's [`applier`] for as long as `term`
+    /// lasts, like [`Controller::run`](kube::runtime::Controller::run).
+    ///
+    /// Every object is reconciled once at the start (from the warm store: no list request),
+    /// then again on each change and each requeue. When the term ends, no new reconcile
+    /// starts, the ones in flight finish (kube-runtime's graceful shutdown), and the stream
+    /// ends; the elector drops it at the term's stop deadline if one hangs.
+    ///
+    /// The first item is a [`ControllerError`] if the watch cannot be served: the API server
+    /// refuses it (RBAC), or it has never listed within the term's validity.
+    pub fn run<R, RFut, EP, Ctx>(
+        &self,
+        term: &Term,
+        reconciler: R,
+        error_policy: EP,
+        context: Arc<Ctx>,
+    ) -> impl Stream<
+        Item = Result<
+            (ObjectRef<K>, Action),
+            kube::runtime::controller::Error<RFut::Error, ControllerError>,
+        >,
+    > + Send
+    + use<K, R, RFut, EP, Ctx>
+    where
+        R: FnMut(Arc<K>, Arc<Ctx>) -> RFut + Send + 'static,
+        RFut: TryFuture<Ok = Action> + Send + 'static,
+        RFut::Ok: Send,
+        RFut::Error: std::error::Error + Send + 'static,
+        EP: Fn(Arc<K>, &RFut::Error, Arc<Ctx>) -> Action + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+    {
+        let (running, store) = self.for_term(term);
+        let queue = queue(running, term);
+        let mut reconciler = reconciler;
+        let tasks = term.clone();
+        // Each reconcile runs as a task of the term, as `Controller::run` spawns them: they
+        // run in parallel, a panic resurfaces here (and ends the term), and any still running
+        // when the term's workload is dropped are aborted and awaited before the release.
+        applier(
+            move |obj, ctx| Reconcile(tasks.spawn(TryFutureExt::into_future(reconciler(obj, ctx)))),
+            error_policy,
+            context,
+            store,
+            queue,
+            self.inner.controller_config.clone(),
+        )
+    }
+
+    /// The running watch for `term`: the warm one, or in cold mode one bound to the term.
+    fn for_term(&self, term: &Term) -> (Running<K>, Store<K>) {
+        let running = match &self.inner.warm {
+            Some(warm) => warm.clone(),
+            None => {
+                let (running, watching) =
+                    start(self.inner.api.clone(), self.inner.watch_config.clone());
+                drop(term.spawn(watching));
+                running
+            }
+        };
+        let store = running.store.clone();
+        (running, store)
+    }
+
+    /// The reconcile requests for `term`, for wiring an [`applier`] by hand (several kinds
+    /// into one reconciler, say): every object once the cache is current, then each change,
+    /// ending when the term ends. A queue that falls more than 4,096 changes behind resyncs:
+    /// it requests every object again.
+    pub fn queue(
+        &self,
+        term: &Term,
+    ) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send + use<K> {
+        let (running, _) = self.for_term(term);
+        queue(running, term)
+    }
+}
+
+/// One reconcile, spawned on the term: aborted if dropped (the applier was dropped at the
+/// term's stop deadline), its panic resumed where it is awaited.
+struct Reconcile<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Reconcile<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> Future for Reconcile<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        self.0.poll_unpin(cx).map(|joined| match joined {
+            Ok(out) => out,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Only a reconcile spawned on a term that had already ended is cancelled before
+            // it is dropped: a stale `Term` handed to `run` in a later term.
+            Err(_) => panic!("a reconcile was started on a term that had already ended"),
+        })
+    }
+}
+
+/// Starts a watch: returns its handles and the future that drives it.
+fn start<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Running<K>, impl Future<Output = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer): (Store<K>, Writer<K>) = reflector::store();
+    let (changes, _) = broadcast::channel(CHANGES_BUFFER);
+    let (state_tx, state) = watch::channel(CacheState::Starting);
+    let running = Running {
+        store,
+        changes: changes.clone(),
+        state,
+    };
+    let kind = K::kind(&()).into_owned();
+    let watching = async move {
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff().reflect(writer));
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Apply(obj) | Event::Delete(obj) | Event::InitApply(obj)) => {
+                    // No receiver (no term running) is the common case on a follower.
+                    let _ = changes.send(ObjectRef::from_obj(&obj));
+                }
+                Ok(Event::InitDone) => {
+                    state_tx.send_replace(CacheState::Warm);
+                }
+                Ok(Event::Init) => {}
+                Err(e) => {
+                    let refused = is_refusal(&e);
+                    tracing::warn!(kind, error = %e, refused, "watch failed; retrying with backoff");
+                    state_tx.send_replace(CacheState::Failing {
+                        error: e.to_string(),
+                        refused,
+                    });
+                }
+            }
+        }
+    };
+    (running, watching)
+}
+
+/// Whether the API server refused the watch outright: retrying will not help.
+fn is_refusal(e: &watcher::Error) -> bool {
+    let client = match e {
+        watcher::Error::InitialListFailed(c)
+        | watcher::Error::WatchStartFailed(c)
+        | watcher::Error::WatchFailed(c) => c,
+        watcher::Error::WatchError(status) => return matches!(status.code, 401 | 403 | 404),
+        watcher::Error::NoResourceVersion => return true,
+    };
+    matches!(client, kube::Error::Api(status) if matches!(status.code, 401 | 403 | 404))
+}
+
+/// The queue of one term over `running`: waits until the store is current (or refused), then
+/// every object, then each change, until the term ends.
+fn queue<K>(
+    running: Running<K>,
+    term: &Term,
+) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send + use<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let ended = term.cancellation().clone().cancelled_owned();
+    let deadline = term.valid_until();
+    // Subscribed before the snapshot is read, so no change between the two is lost (one seen
+    // twice is reconciled once: the applier's scheduler merges requests for one object).
+    let changes = running.changes.subscribe();
+    let state = running.state.clone();
+    let store = running.store.clone();
+    futures::stream::once(warm_or_refused(state, deadline))
+        .flat_map(move |ready| -> futures::stream::BoxStream<'static, _> {
+            match ready {
+                Err(e) => Box::pin(futures::stream::iter([Err(e)])),
+                Ok(()) => {
+                    let all: Vec<ObjectRef<K>> = store
+                        .state()
+                        .iter()
+                        .map(|o| ObjectRef::from_obj(&**o))
+                        .collect();
+                    let store = store.clone();
+                    let live = futures::stream::unfold(changes.resubscribe(), move |mut rx| {
+                        let store = store.clone();
+                        async move {
+                            match rx.recv().await {
+                                Ok(r) => Some((vec![r], rx)),
+                                // Behind by more than the buffer: request everything again.
+                                Err(broadcast::error::RecvError::Lagged(_)) => {
+                                    let all = store
+                                        .state()
+                                        .iter()
+                                        .map(|o| ObjectRef::from_obj(&**o))
+                                        .collect();
+                                    Some((all, rx))
+                                }
+                                Err(broadcast::error::RecvError::Closed) => None,
+                            }
+                        }
+                    })
+                    .flat_map(futures::stream::iter);
+                    Box::pin(
+                        futures::stream::iter(all)
+                            .chain(live)
+                            .map(|r| Ok(ReconcileRequest::from(r))),
+                    )
+                }
+            }
+        })
+        .take_until(ended)
+}
+
+/// Waits until the watch has listed once. Fails at once when the API server refuses it, and
+/// when it has not listed by `deadline` (the term's validity: past it the term is over
+/// anyway, and a silent wait would hide a watch that never works).
+async fn warm_or_refused(
+    mut state: watch::Receiver<CacheState>,
+    deadline: tokio::time::Instant,
+) -> Result<(), ControllerError> {
+    let until = deadline.max(tokio::time::Instant::now() + MIN_WAIT);
+    let waited = tokio::time::timeout_at(
+        until,
+        state.wait_for(|s| {
+            matches!(
+                s,
+                CacheState::Warm | CacheState::Failing { refused: true, .. }
+            )
+        }),
+    )
+    .await
+    .map(|seen| seen.map(|s| s.clone()));
+    match waited {
+        Ok(Ok(CacheState::Failing { error, .. })) => Err(ControllerError::Refused { error }),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(ControllerError::WatchStopped),
+        Err(_) => Err(ControllerError::NotWarm {
+            last: match &*state.borrow() {
+                CacheState::Failing { error, .. } => Some(error.clone()),
+                _ => None,
+            },
+        }),
+    }
+}
+
+/// The least a term's queue waits for its first list, even late in a term.
+const MIN_WAIT: Duration = Duration::from_secs(1);

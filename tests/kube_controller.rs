@@ -1,0 +1,607 @@
+//! Controllers under leadership on the real kube-apiserver: a warm follower that wins
+//! reconciles without listing (counted in the API server's audit log by User-Agent), a
+//! graceful hand-off cuts no reconcile off, an always-on endpoint answers on both replicas
+//! throughout, a cold follower does list (so the audit count can fail), and a refused watch
+//! or a panicking reconcile ends the term with an error instead of a silent follower.
+
+mod kube_support;
+mod safety;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+use kube_support::{Launch, Server, free_port, fresh_dir, unique};
+use tenure::Locker;
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::controller::{Cache, CacheMode, ControllerError, Replica};
+use tenure::election::{ElectionError, LeaderElector};
+
+const CHILD_KUBECONFIG: &str = "TENURE_CTRL_KUBECONFIG";
+const CHILD_NS: &str = "TENURE_CTRL_NS";
+const CHILD_LOG: &str = "TENURE_CTRL_LOG";
+const CHILD_MODE: &str = "TENURE_CTRL_MODE";
+const CHILD_PORT: &str = "TENURE_CTRL_PORT";
+const LABEL: &str = "app=warm";
+const OBJECTS: usize = 20;
+/// Each reconcile takes this long, so that a hand-off always finds some in flight.
+const RECONCILE: Duration = Duration::from_millis(400);
+
+fn unix_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn append(log: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log");
+    // One write per line: with O_APPEND a single small write is never interleaved with
+    // another process's or task's, where `writeln!` may split a line across writes.
+    f.write_all(format!("{line}\n").as_bytes())
+        .expect("write log");
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("never")]
+struct Never;
+
+struct Ctx {
+    identity: String,
+    log: PathBuf,
+}
+
+async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, Never> {
+    let name = cm.metadata.name.clone().unwrap_or_default();
+    append(
+        &ctx.log,
+        &format!("START {} {name} {}", ctx.identity, unix_ns()),
+    );
+    tokio::time::sleep(RECONCILE).await;
+    append(
+        &ctx.log,
+        &format!("END {} {name} {}", ctx.identity, unix_ns()),
+    );
+    Ok(Action::requeue(Duration::from_millis(100)))
+}
+
+/// A kube config from `kubeconfig` whose requests carry `user_agent`.
+async fn config(kubeconfig: &str, user_agent: &str) -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(user_agent).expect("user agent"),
+    ));
+    config
+}
+
+/// The candidate process: a `Replica` whose always-on part answers TCP connections on its
+/// port with its identity, and whose leader-only part reconciles the labelled ConfigMaps
+/// from a cache (warm or cold). SIGTERM shuts it down gracefully.
+async fn candidate() -> bool {
+    let (Ok(kubeconfig), Ok(ns), Ok(log), Ok(identity), Ok(mode), Ok(port)) = (
+        std::env::var(CHILD_KUBECONFIG),
+        std::env::var(CHILD_NS),
+        std::env::var(CHILD_LOG),
+        std::env::var("TENURE_SAFETY_IDENTITY"),
+        std::env::var(CHILD_MODE),
+        std::env::var(CHILD_PORT),
+    ) else {
+        return false;
+    };
+    let log = PathBuf::from(log);
+    let config = config(&kubeconfig, &identity).await;
+    let client = kube::Client::try_from(config.clone()).expect("client");
+    let backend = KubeBackend::from_config(config, KubeOptions::new().namespace(ns.clone()))
+        .expect("backend");
+    let elector = LeaderElector::new(
+        Locker::with_identity(backend, &identity).expect("identity"),
+        "controller",
+        safety::config(),
+    )
+    .expect("elector");
+    let mode = if mode == "cold" {
+        CacheMode::Cold
+    } else {
+        CacheMode::Warm
+    };
+    let cache = Cache::with_mode(
+        Api::<ConfigMap>::namespaced(client, &ns),
+        watcher::Config::default().labels(LABEL),
+        mode,
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("port")))
+        .await
+        .expect("bind");
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm");
+    let warm_log = log.clone();
+    let (warm_cache, warm_id) = (cache.clone(), identity.clone());
+    let answer = identity.clone();
+    let ctx = Arc::new(Ctx {
+        identity: identity.clone(),
+        log: log.clone(),
+    });
+    let out = Replica::new(elector)
+        .always("identity endpoint", move |stop| async move {
+            use tokio::io::AsyncWriteExt;
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    conn = listener.accept() => {
+                        if let Ok((mut s, _)) = conn {
+                            let _ = s.write_all(answer.as_bytes()).await;
+                        }
+                    }
+                }
+            }
+        })
+        .always("warm reporter", move |stop| async move {
+            // Reports once the warm cache has listed: the parent waits for it.
+            while warm_cache.state() != tenure::controller::CacheState::Warm {
+                tokio::select! {
+                    () = stop.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            append(&warm_log, &format!("WARM {warm_id} {}", unix_ns()));
+            Ok(())
+        })
+        .run_until(
+            async {
+                sigterm.recv().await;
+            },
+            |term| {
+                let (cache, ctx, log) = (cache.clone(), ctx.clone(), log.clone());
+                async move {
+                    append(
+                        &log,
+                        &format!(
+                            "GRANT {} {} {}",
+                            term.identity(),
+                            term.fencing_token(),
+                            unix_ns()
+                        ),
+                    );
+                    cache
+                        .run(
+                            &term,
+                            reconcile,
+                            |_, _, _| Action::requeue(Duration::from_secs(1)),
+                            ctx,
+                        )
+                        .for_each(|r| {
+                            if let Err(e) = r {
+                                eprintln!("controller: {e}");
+                            }
+                            async {}
+                        })
+                        .await;
+                    append(&log, &format!("STOPPED {} {}", term.identity(), unix_ns()));
+                }
+            },
+        )
+        .await;
+    append(&log, &format!("EXIT {identity} {out:?} {}", unix_ns()));
+    true
+}
+
+/// The log's lines of `kind`, as (identity, rest).
+fn lines(log: &Path, kind: &str) -> Vec<(String, Vec<String>)> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut p = l.split(' ');
+            (p.next() == Some(kind)).then(|| {
+                let who = p.next().unwrap_or_default().to_owned();
+                (who, p.map(str::to_owned).collect())
+            })
+        })
+        .collect()
+}
+
+fn wait_line(log: &Path, kind: &str, who: &str, what: &str) -> u128 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((_, rest)) = lines(log, kind).into_iter().find(|(w, _)| w == who) {
+            return rest.last().and_then(|t| t.parse().ok()).unwrap_or(0);
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One apiserver for this binary's process-based tests, with an audit log of ConfigMap
+/// requests.
+struct Audited {
+    server: Server,
+    audit: PathBuf,
+}
+
+fn audited() -> &'static Audited {
+    static SERVER: std::sync::OnceLock<Audited> = std::sync::OnceLock::new();
+    SERVER.get_or_init(|| {
+        let dir = fresh_dir("ctrl-audit");
+        let policy = dir.join("policy.yaml");
+        let audit = dir.join("audit.log");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n\
+             - level: Metadata\n  resources:\n  - group: \"\"\n    resources: [\"configmaps\"]\n\
+             - level: None\n",
+        )
+        .expect("audit policy");
+        let server = Server::start(Launch {
+            extra: vec![
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", audit.display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ],
+            ..Launch::default()
+        });
+        Audited { server, audit }
+    })
+}
+
+/// ConfigMap requests by verb from `user_agent` received at or after `from` (unix ns).
+fn configmap_verbs(audit: &Path, user_agent: &str, from: u128) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in std::fs::read_to_string(audit).unwrap_or_default().lines() {
+        let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if ev["userAgent"].as_str() != Some(user_agent)
+            || ev["objectRef"]["resource"] != "configmaps"
+        {
+            continue;
+        }
+        let at = ev["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map_or(0, |t| t.as_nanosecond().max(0) as u128);
+        if at >= from {
+            *out.entry(ev["verb"].as_str().unwrap_or_default().to_owned())
+                .or_insert(0) += 1;
+        }
+    }
+    out
+}
+
+/// A namespace with `OBJECTS` labelled ConfigMaps, and the environment of a candidate.
+async fn setup(tag: &str) -> (String, PathBuf, PathBuf) {
+    let a = audited();
+    let ns = unique(tag);
+    a.server.namespace(&ns).await;
+    let api: Api<ConfigMap> = Api::namespaced(a.server.admin().await, &ns);
+    for i in 0..OBJECTS {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(format!("obj-{i}"));
+        cm.metadata.labels = Some([("app".to_owned(), "warm".to_owned())].into());
+        api.create(&PostParams::default(), &cm)
+            .await
+            .expect("configmap");
+    }
+    let log = fresh_dir("ctrl").join(format!("{tag}.log"));
+    (ns, a.server.admin_kubeconfig(), log)
+}
+
+fn spawn(
+    test: &str,
+    ns: &str,
+    kubeconfig: &Path,
+    log: &Path,
+    who: &str,
+    mode: &str,
+    port: u16,
+) -> safety::Candidate {
+    safety::Candidate::spawn(
+        test,
+        &[
+            (CHILD_KUBECONFIG, kubeconfig.display().to_string()),
+            (CHILD_NS, ns.to_owned()),
+            (CHILD_LOG, log.display().to_string()),
+            (CHILD_MODE, mode.to_owned()),
+            (CHILD_PORT, port.to_string()),
+        ],
+        who,
+    )
+}
+
+/// Whether the always-on endpoint on `port` answers with `who`.
+fn answers(port: u16, who: &str) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    ) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut got = String::new();
+    let _ = s.read_to_string(&mut got);
+    got == who
+}
+
+/// Starts without reconciles cut off: every START of `who` has its END.
+fn assert_no_cut_reconciles(log: &Path, who: &str) {
+    let mut open: BTreeMap<String, i64> = BTreeMap::new();
+    for (w, rest) in lines(log, "START") {
+        if w == who {
+            *open.entry(rest[0].clone()).or_default() += 1;
+        }
+    }
+    for (w, rest) in lines(log, "END") {
+        if w == who {
+            *open.entry(rest[0].clone()).or_default() -= 1;
+        }
+    }
+    let cut: Vec<_> = open.iter().filter(|(_, n)| **n != 0).collect();
+    assert!(
+        cut.is_empty(),
+        "{who}'s reconciles cut off by the hand-off: {cut:?}"
+    );
+}
+
+/// The first reconcile START of `who` and how many of them there were.
+fn first_start(log: &Path, who: &str) -> Option<u128> {
+    lines(log, "START")
+        .into_iter()
+        .filter(|(w, _)| w == who)
+        .filter_map(|(_, rest)| rest.last().and_then(|t| t.parse().ok()))
+        .min()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_follower_takes_over_without_listing_and_no_reconcile_is_cut_off() {
+    if candidate().await {
+        return;
+    }
+    let test = "a_warm_follower_takes_over_without_listing_and_no_reconcile_is_cut_off";
+    let (ns, kubeconfig, log) = setup("warm").await;
+    let (port_a, port_b, port_c) = (free_port(), free_port(), free_port());
+    let a = spawn(test, &ns, &kubeconfig, &log, "ctrl-a", "warm", port_a);
+    wait_line(&log, "GRANT", "ctrl-a", "a never led");
+    let b = spawn(test, &ns, &kubeconfig, &log, "ctrl-b", "warm", port_b);
+    wait_line(&log, "WARM", "ctrl-b", "b's cache never listed");
+    std::thread::sleep(Duration::from_millis(1000));
+
+    // Graceful hand-off: SIGTERM to a, while its reconciles are in flight. Both endpoints
+    // are polled throughout.
+    let sent = unix_ns();
+    a.signal("TERM");
+    let mut b_failed = 0;
+    let mut a_answered_after_term = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while lines(&log, "GRANT").iter().all(|(w, _)| w != "ctrl-b") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b never took over from a"
+        );
+        if !answers(port_b, "ctrl-b") {
+            b_failed += 1;
+        }
+        if answers(port_a, "ctrl-a") {
+            a_answered_after_term += 1;
+        }
+    }
+    let b_grant = wait_line(&log, "GRANT", "ctrl-b", "b never led");
+    wait_line(&log, "EXIT", "ctrl-a", "a never exited");
+    assert!(b_grant > sent);
+    assert_no_cut_reconciles(&log, "ctrl-a");
+    assert_eq!(
+        b_failed, 0,
+        "b's always-on endpoint failed during the hand-off"
+    );
+    assert!(
+        a_answered_after_term > 0,
+        "a's always-on endpoint kept serving while its term wound down"
+    );
+    // b's first reconcile comes from its warm store: no LIST after its grant.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let b_first = loop {
+        if let Some(t) = first_start(&log, "ctrl-b").filter(|t| *t > b_grant) {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "b never reconciled");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let verbs = configmap_verbs(&audited().audit, "ctrl-b", b_grant);
+    assert_eq!(
+        verbs.get("list"),
+        None,
+        "b listed after its grant: {verbs:?}"
+    );
+    println!(
+        "graceful: b's first reconcile {:?} after its grant; b's ConfigMap requests since: {verbs:?}",
+        Duration::from_nanos((b_first - b_grant) as u64)
+    );
+
+    // Crash: c follows warm, b is killed; c's first reconcile needs no list either.
+    let c = spawn(test, &ns, &kubeconfig, &log, "ctrl-c", "warm", port_c);
+    wait_line(&log, "WARM", "ctrl-c", "c's cache never listed");
+    std::thread::sleep(Duration::from_millis(500));
+    b.signal("KILL");
+    let c_grant = wait_line(
+        &log,
+        "GRANT",
+        "ctrl-c",
+        "c never took over from the killed b",
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let c_first = loop {
+        if let Some(t) = first_start(&log, "ctrl-c").filter(|t| *t > c_grant) {
+            break t;
+        }
+        assert!(std::time::Instant::now() < deadline, "c never reconciled");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let verbs = configmap_verbs(&audited().audit, "ctrl-c", c_grant);
+    assert_eq!(
+        verbs.get("list"),
+        None,
+        "c listed after its grant: {verbs:?}"
+    );
+    println!(
+        "crash: c's first reconcile {:?} after its grant",
+        Duration::from_nanos((c_first - c_grant) as u64)
+    );
+    drop(c);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_follower_lists_after_its_grant() {
+    if candidate().await {
+        return;
+    }
+    let test = "a_cold_follower_lists_after_its_grant";
+    let (ns, kubeconfig, log) = setup("cold").await;
+    let a = spawn(test, &ns, &kubeconfig, &log, "cold-a", "cold", free_port());
+    wait_line(&log, "GRANT", "cold-a", "a never led");
+    let b = spawn(test, &ns, &kubeconfig, &log, "cold-b", "cold", free_port());
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = configmap_verbs(&audited().audit, "cold-b", 0);
+    assert_eq!(
+        before.get("list"),
+        None,
+        "a cold follower lists nothing: {before:?}"
+    );
+    a.signal("TERM");
+    let b_grant = wait_line(&log, "GRANT", "cold-b", "b never led");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while first_start(&log, "cold-b").is_none() {
+        assert!(std::time::Instant::now() < deadline, "b never reconciled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let verbs = configmap_verbs(&audited().audit, "cold-b", b_grant);
+    assert!(
+        verbs.get("list").is_some_and(|n| *n >= 1),
+        "a cold leader lists after its grant: {verbs:?}"
+    );
+    assert_no_cut_reconciles(&log, "cold-a");
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_watch_ends_the_term_with_an_error_instead_of_a_silent_follower() {
+    let server = kube_support::shared();
+    let ns = unique("refused");
+    server.namespace(&ns).await;
+    // A ServiceAccount that may campaign but not list ConfigMaps.
+    let (client, _) = kube_support::fencing::participant(&ns, "no-configmaps").await;
+    let backend =
+        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+            .expect("backend");
+    let elector = LeaderElector::new(
+        Locker::with_identity(backend, "refused").expect("identity"),
+        "controller",
+        safety::config(),
+    )
+    .expect("elector");
+    // Secrets: the participant has no rights on them.
+    let cache = Cache::new(
+        Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client, &ns),
+        watcher::Config::default(),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !matches!(
+        cache.state(),
+        tenure::controller::CacheState::Failing { refused: true, .. }
+    ) {
+        assert!(std::time::Instant::now() < deadline, "{:?}", cache.state());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let first = tokio::time::timeout(
+        Duration::from_secs(30),
+        elector.run(|term| {
+            let cache = cache.clone();
+            async move {
+                let mut items = std::pin::pin!(cache.run(
+                    &term,
+                    |_, _: Arc<()>| async { Ok::<_, Never>(Action::await_change()) },
+                    |_, _, _| Action::await_change(),
+                    Arc::new(()),
+                ));
+                items.next().await
+            }
+        }),
+    )
+    .await
+    .expect("the term does not hang on a refused watch")
+    .expect("ran");
+    assert!(
+        matches!(
+            first,
+            Some(Err(kube::runtime::controller::Error::QueueError(
+                ControllerError::Refused { .. }
+            )))
+        ),
+        "{first:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_reconcile_ends_the_term_and_surfaces_from_run() {
+    let server = kube_support::shared();
+    let ns = unique("panics");
+    server.namespace(&ns).await;
+    let client = server.admin().await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("boom".into());
+    api.create(&PostParams::default(), &cm)
+        .await
+        .expect("configmap");
+    let backend = KubeBackend::with_options(client, KubeOptions::new().namespace(ns.clone()))
+        .expect("backend");
+    let elector = LeaderElector::new(
+        Locker::with_identity(backend, "panics").expect("identity"),
+        "controller",
+        safety::config(),
+    )
+    .expect("elector");
+    let cache = Cache::new(api, watcher::Config::default());
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        elector.run(|term| {
+            let cache = cache.clone();
+            async move {
+                cache
+                    .run(
+                        &term,
+                        |_, _: Arc<()>| async {
+                            panic!("reconcile bug");
+                            #[allow(unreachable_code)]
+                            Ok::<_, Never>(Action::await_change())
+                        },
+                        |_, _, _| Action::await_change(),
+                        Arc::new(()),
+                    )
+                    .for_each(|_| async {})
+                    .await
+            }
+        }),
+    )
+    .await
+    .expect("a panic does not hang the term");
+    assert!(
+        matches!(&result, Err(ElectionError::WorkloadPanicked { message }) if message.contains("reconcile bug")),
+        "{result:?}"
+    );
+    assert!(!elector.is_leader());
+}
