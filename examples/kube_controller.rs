@@ -1,18 +1,19 @@
-//! A kube-rs `Controller` whose reconcile loop runs only while this replica leads, and whose
-//! writes are fenced.
+//! A kube-rs controller that reconciles only while this replica leads, takes over with a warm
+//! cache, lets reconciles in flight finish at a hand-off, and fences every write.
 //!
 //! It reconciles ConfigMaps labelled `app=tenure-demo` by recording this replica's identity
-//! in them. Every write goes through `tenure::fence::kube::FencedApi`: it carries the term's
-//! fencing token (the API server's fencing policy, `tenure policy`, refuses it once a newer
-//! term exists, on every object), stamps it on the object (`tenure.dev/fencing-token`), and
-//! is refused before it is sent once the term has ended. A stale refusal is not retried: the
-//! term is over.
+//! in them. `tenure::controller::Cache` watches them from the start on every replica, so a
+//! follower that wins reconciles at once, without listing anything. Every write goes through
+//! `tenure::fence::kube::FencedApi`: it carries the term's fencing token (the API server's
+//! fencing policy, `tenure policy`, refuses it once a newer term exists, on every object),
+//! stamps it on the object (`tenure.dev/fencing-token`), and is not sent once the term has
+//! ended. A stale refusal is not retried: the term is over.
 //!
 //! Run it against a cluster (`KUBECONFIG` or in-cluster config), several copies at once:
 //! `cargo run --features kube --example kube_controller` — only the leader reconciles, and a
-//! new leader takes over within the lease duration when it dies. `DEMO_SECONDS=N` stops it
-//! after N seconds (the e2e suite uses that). Install the policy with
-//! `tenure policy --lease tenure-demo-controller --namespace NS --service-account SA
+//! new leader takes over within the lease duration when it dies, at once when it is stopped.
+//! `DEMO_SECONDS=N` stops it after N seconds (the e2e suite uses that). Install the policy
+//! with `tenure policy --lease tenure-demo-controller --namespace NS --service-account SA
 //! --resource configmaps | kubectl apply -f -` (and the RBAC in `tenure::fence::kube`'s docs).
 
 use std::sync::Arc;
@@ -22,17 +23,18 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::watcher;
 use tenure::Locker;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::controller::{Cache, Replica};
 use tenure::election::{ElectionConfig, LeaderElector};
 use tenure::fence::kube::{FenceError, FencedApi, Fencer};
 
 struct Ctx {
     api: FencedApi<ConfigMap>,
     identity: String,
-    /// Objects stamped in this term, for the progress task.
+    /// Objects stamped in this term, for the term's progress task.
     stamped: AtomicU64,
 }
 
@@ -82,7 +84,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "tenure-demo-controller",
         ElectionConfig::new(),
     )?;
-    let watched: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    // Watched from now on, on every replica: warm when this one wins.
+    let cache = Cache::new(
+        Api::<ConfigMap>::namespaced(client, &namespace),
+        watcher::Config::default().labels("app=tenure-demo"),
+    );
 
     let stop = async {
         match std::env::var("DEMO_SECONDS")
@@ -95,9 +101,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             }
         }
     };
-    elector
+    let cached = cache.clone();
+    Replica::new(elector)
+        // Runs on every replica, leader or not, through hand-offs.
+        .always("cache report", move |stop| async move {
+            let mut every = tokio::time::interval(Duration::from_secs(10));
+            while stop.run_until_cancelled(every.tick()).await.is_some() {
+                let n = cached.store().map_or(0, |s| s.state().len());
+                println!("{n} objects cached ({:?})", cached.state());
+            }
+            Ok(())
+        })
+        // Runs only while leading.
         .run_until(stop, |term| {
-            let (watched, fencer, namespace) = (watched.clone(), fencer.clone(), namespace.clone());
+            let (cache, fencer, namespace) = (cache.clone(), fencer.clone(), namespace.clone());
             async move {
                 println!(
                     "{} leads with fencing token {}",
@@ -110,8 +127,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                     stamped: AtomicU64::new(0),
                 });
                 // A side task of the term: aborted when the term ends, before the lease is
-                // released, unlike a task from `tokio::spawn`, which would report on into
-                // the next leader's term.
+                // released (a `tokio::spawn`ed one would report on into the next term).
                 let progress = ctx.clone();
                 term.spawn(async move {
                     let mut every = tokio::time::interval(Duration::from_secs(10));
@@ -121,14 +137,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                         println!("{}: {n} objects stamped this term", progress.identity);
                     }
                 });
-                Controller::new(
-                    watched,
-                    watcher::Config::default().labels("app=tenure-demo"),
-                )
-                .run(reconcile, error_policy, ctx)
-                .take_until(term.cancellation().clone().cancelled_owned())
-                .for_each(|_| async {})
-                .await;
+                // Until the term ends; then reconciles in flight finish, and only then is
+                // the lease released.
+                cache
+                    .run(&term, reconcile, error_policy, ctx)
+                    .for_each(|_| async {})
+                    .await;
             }
         })
         .await?;
