@@ -1,44 +1,61 @@
 //! Leader election on a real kube-apiserver, side by side: tenure's `LeaderElector`, client-go's
 //! `leaderelection` (the `clientgo-candidate` of `e2e/`) and the `kube-lease-manager` crate,
-//! each at its default settings, against the same server.
+//! against the same server.
 //!
 //! For each implementation: a leader and two followers, each its own process (this binary
 //! re-executes itself for the Rust ones) with its own User-Agent; the API server's audit log
-//! attributes every Lease request to its sender. Measured:
+//! attributes every Lease request to its sender. The three groups run side by side, on three
+//! Leases. Measured:
 //!
 //! - API requests per minute in steady state, by the leader (and its writes) and by each
-//!   follower;
+//!   follower, over one window;
 //! - graceful hand-off: from SIGTERM to the leader until the next leader's workload starts
-//!   (five times, a fresh follower replacing the old leader each time);
+//!   (21 per implementation by default, a fresh follower replacing the old leader each time);
 //! - crash failover: from SIGKILL of the leader until the next leader's workload starts
-//!   (three times, 6–11 s into the leader's term so the kill falls anywhere in its renewal
-//!   cycle).
+//!   (7 per implementation by default; at least 6 s into the leader's term, then a random
+//!   pause of up to lease/3, so the kill falls anywhere in its renewal cycle).
+//!
+//! The trials are interleaved: each round runs one trial per implementation in turn (tenure,
+//! client-go, kube-lease-manager while it has trials left), so machine noise hits each alike.
+//! Each hand-off figure is reported as p50 and p90 with its sample count (the sample at index
+//! round(p·(n−1)) of the sorted samples); one median says little for client-go, whose
+//! follower retries every retry period with jitter, so its hand-off lands anywhere in that
+//! cycle.
 //!
 //! Prints a table and writes `target/bench/kube.json`. Run with
-//! `cargo bench --bench kube --features kube`. `TENURE_BENCH_WINDOW_SECS` sets the
-//! steady-state window (default 60).
+//! `cargo bench --features kube --bench kube` (about 8 minutes). `TENURE_BENCH_WINDOW_SECS` sets the
+//! steady-state window (default 60), `TENURE_BENCH_HANDOFFS` and `TENURE_BENCH_CRASHES` the
+//! trials of tenure and client-go (default 21 and 7; kube-lease-manager runs 5 and 3, or
+//! fewer if those are fewer).
 //!
-//! The tenure candidate is `LeaderElector::run_until` with controller-runtime's durations (lease 15 s,
-//! renew deadline 10 s, retry 2 s); SIGTERM is its shutdown signal, so a graceful hand-off is
-//! the elector's own shutdown, which releases the Lease.
+//! tenure and client-go run with the same durations, controller-runtime's defaults (lease 15 s,
+//! renew deadline 10 s, retry 2 s), passed to both; kube-lease-manager runs at its own defaults
+//! (30 s, grace 5 s). The tenure candidate is `LeaderElector::run_until`; SIGTERM is its
+//! shutdown signal, so a graceful hand-off is the elector's own shutdown, which releases the
+//! Lease. The client-go candidate releases on SIGTERM too (`ReleaseOnCancel`).
 
 #[path = "../tests/kube_support/mod.rs"]
 mod kube_support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
+use serde_json::{Value, json};
+
 use kube_support::{Launch, Server, candidate, fresh_dir, unique};
 
 const NS: &str = "default";
-/// The elector defaults (client-go's): lease duration, renew deadline, retry period.
+/// The durations of tenure and client-go (controller-runtime's defaults, passed to both): lease
+/// duration, renew deadline, retry period.
 const LEASE: Duration = Duration::from_secs(15);
 const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 const RETRY: Duration = Duration::from_secs(2);
+/// kube-lease-manager's default lease duration (it runs at its defaults).
+const KLM_LEASE: Duration = Duration::from_secs(30);
 
 fn now_ns() -> u128 {
     SystemTime::now()
@@ -193,6 +210,13 @@ impl Kind {
             Kind::LeaseManager => "kube-lease-manager",
         }
     }
+    /// The lease duration it runs with.
+    fn lease(self) -> Duration {
+        match self {
+            Kind::Tenure | Kind::ClientGo => LEASE,
+            Kind::LeaseManager => KLM_LEASE,
+        }
+    }
 }
 
 /// One candidate process and its events.
@@ -200,6 +224,11 @@ struct Candidate {
     identity: String,
     child: Child,
     events: mpsc::Receiver<(String, String, SystemTime)>,
+}
+
+/// A duration as Go's `time.ParseDuration` reads it.
+fn go_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
 }
 
 impl Candidate {
@@ -211,11 +240,14 @@ impl Candidate {
                 c.arg("--kubeconfig")
                     .arg(&kubeconfig)
                     .args(["--namespace", NS, "--lease", lease, "--identity", identity])
+                    .args(["--lease-duration", &go_duration(LEASE)])
+                    .args(["--renew-deadline", &go_duration(RENEW_DEADLINE)])
+                    .args(["--retry-period", &go_duration(RETRY)])
                     .args(["--timestamps", "--user-agent", identity]);
                 c
             }
             Kind::Tenure | Kind::LeaseManager => {
-                let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+                let exe = std::env::current_exe().expect("current_exe");
                 let mut c = Command::new(exe);
                 c.arg("--role")
                     .arg(if kind == Kind::Tenure {
@@ -234,7 +266,7 @@ impl Candidate {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {identity}: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("stdout"));
+        let stdout = child.stdout.take().expect("the child's stdout is piped");
         let (tx, events) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -257,10 +289,36 @@ impl Candidate {
         }
     }
 
-    fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
+    /// SIGTERM, sent directly (spawning kill(1) would add its start-up to every hand-off).
+    fn terminate(&self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
+        // SAFETY: a signal to our own child, not yet reaped (its pid cannot have been reused).
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        if rc != 0 {
+            eprintln!(
+                "kill -TERM {}: {}",
+                self.identity,
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// SIGKILL.
+    fn crash(&mut self) {
+        if let Err(e) = self.child.kill() {
+            eprintln!("kill -KILL {}: {e}", self.identity);
+        }
+    }
+
+    /// Empties its event queue; the time of the last STARTED in it, if any.
+    fn drain_started(&self) -> Option<SystemTime> {
+        let mut started = None;
+        while let Ok((kind, _, at)) = self.events.try_recv() {
+            if kind == "STARTED" {
+                started = Some(at);
+            }
+        }
+        started
     }
 
     fn wait_exit(&mut self) {
@@ -311,7 +369,7 @@ fn count_requests(
     let mut seen = HashSet::new();
     let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for line in text.lines() {
-        let Ok(ev) = serde_json::from_str::<serde_json::Value>(line) else {
+        let Ok(ev) = serde_json::from_str::<Value>(line) else {
             continue;
         };
         let obj = &ev["objectRef"];
@@ -350,12 +408,20 @@ struct Figures {
     follower_requests_per_min: Vec<f64>,
     graceful_handoffs: Vec<Duration>,
     crash_failovers: Vec<Duration>,
+    /// Followers that started leading between trials (the leader lost its lease): 0 in a
+    /// clean run.
+    unexpected_takeovers: usize,
     verbs: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
-/// Graceful hand-offs and crash failovers measured per implementation.
-const HANDOFFS: usize = 5;
-const CRASHES: usize = 3;
+/// kube-lease-manager's graceful hand-offs and crash failovers (tenure's and client-go's are
+/// `TENURE_BENCH_HANDOFFS` and `TENURE_BENCH_CRASHES`; these, if fewer).
+const KLM_HANDOFFS: usize = 5;
+const KLM_CRASHES: usize = 3;
+/// Before a graceful hand-off: time for the newest follower to read the Lease (and watch it).
+const SETTLE: Duration = Duration::from_secs(1);
+/// Before a crash: the leader has led, and renewed, at least this long.
+const MIN_TERM: Duration = Duration::from_secs(6);
 
 /// A pseudo-random pause in `[lo, hi)`, so crashes fall at different points of the renewal
 /// cycle.
@@ -364,127 +430,281 @@ fn pause_between(lo: Duration, hi: Duration) -> Duration {
     lo + (hi - lo).mul_f64(f64::from(r) / 256.0)
 }
 
-fn measure(kind: Kind, server: &Server, audit: &Path, window: Duration) -> Figures {
-    let lease = unique(&format!("bench-{}", kind.key()));
-    let id = |n: usize| format!("{}-{}", kind.key(), (b'a' + n as u8) as char);
-    eprintln!("== {}: lease {lease}", kind.label());
-    let leader = Candidate::spawn(kind, server, &lease, &id(0));
-    first_started(&[&leader], Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("{}: the first candidate never led", kind.label()));
-    let mut cands = vec![
-        leader,
-        Candidate::spawn(kind, server, &lease, &id(1)),
-        Candidate::spawn(kind, server, &lease, &id(2)),
-    ];
-    // Let the followers settle (first reads, watches) before the window opens.
-    std::thread::sleep(Duration::from_secs(5));
-    let from = SystemTime::now();
-    std::thread::sleep(window);
-    let to = SystemTime::now();
-    let counts = count_requests(audit, &lease, from, to);
-    let minutes = window.as_secs_f64() / 60.0;
-    let per_min = |ua: &str, write_only: bool| {
-        counts.get(ua).map_or(0.0, |verbs| {
-            verbs
-                .iter()
-                .filter(|(v, _)| !write_only || matches!(v.as_str(), "update" | "patch" | "create"))
-                .map(|(_, n)| *n as f64)
-                .sum::<f64>()
-                / minutes
-        })
-    };
-    let mut figures = Figures {
-        leader_requests_per_min: per_min(&cands[0].identity, false),
-        leader_writes_per_min: per_min(&cands[0].identity, true),
-        follower_requests_per_min: vec![
-            per_min(&cands[1].identity, false),
-            per_min(&cands[2].identity, false),
-        ],
-        verbs: counts.clone(),
-        ..Figures::default()
-    };
+/// One implementation's candidates on one Lease: `cands[0]` leads, the others follow.
+struct Group {
+    kind: Kind,
+    lease: String,
+    cands: Vec<Candidate>,
+    /// When `cands[0]` started leading (its own clock reading).
+    led_since: SystemTime,
+    spawned: usize,
+    /// No follower took over in a trial: no further trials.
+    broken: bool,
+    figures: Figures,
+    handoffs: usize,
+    crashes: usize,
+}
 
-    // The leader is cands[0]; every trial ends it, and a fresh follower replaces it.
-    for (trial, next_id) in (0..HANDOFFS + CRASHES).zip(3..) {
-        let crash = trial >= HANDOFFS;
-        if crash {
-            // The leader has led, and renewed, for a while before it dies.
-            std::thread::sleep(pause_between(
-                Duration::from_secs(6),
-                Duration::from_secs(11),
-            ));
+impl Group {
+    /// A leader (once it leads) and two followers.
+    fn start(kind: Kind, server: &Server, handoffs: usize, crashes: usize) -> Self {
+        let lease = unique(&format!("bench-{}", kind.key()));
+        eprintln!("== {}: lease {lease}", kind.label());
+        let mut group = Self {
+            kind,
+            lease,
+            cands: Vec::new(),
+            led_since: SystemTime::now(),
+            spawned: 0,
+            broken: false,
+            figures: Figures::default(),
+            handoffs,
+            crashes,
+        };
+        group.spawn(server);
+        let (_, at) = first_started(&[&group.cands[0]], Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("{}: the first candidate never led", kind.label()));
+        group.led_since = at;
+        group.spawn(server);
+        group.spawn(server);
+        group
+    }
+
+    fn spawn(&mut self, server: &Server) {
+        let id = format!(
+            "{}-{}",
+            self.kind.key(),
+            char::from(b'a' + (self.spawned % 26) as u8)
+        );
+        let id = if self.spawned >= 26 {
+            format!("{id}{}", self.spawned / 26)
         } else {
-            std::thread::sleep(Duration::from_secs(3));
+            id
+        };
+        self.spawned += 1;
+        self.cands
+            .push(Candidate::spawn(self.kind, server, &self.lease, &id));
+    }
+
+    fn trials(&self, crash: bool) -> usize {
+        if crash { self.crashes } else { self.handoffs }
+    }
+
+    /// Steady-state requests per minute in `[from, to)`, from the audit log.
+    fn count(&mut self, audit: &Path, from: SystemTime, to: SystemTime) {
+        let counts = count_requests(audit, &self.lease, from, to);
+        let minutes = to.duration_since(from).unwrap_or_default().as_secs_f64() / 60.0;
+        let per_min = |ua: &str, write_only: bool| {
+            counts.get(ua).map_or(0.0, |verbs| {
+                verbs
+                    .iter()
+                    .filter(|(v, _)| {
+                        !write_only || matches!(v.as_str(), "update" | "patch" | "create")
+                    })
+                    .map(|(_, n)| *n as f64)
+                    .sum::<f64>()
+                    / minutes
+            })
+        };
+        self.figures.leader_requests_per_min = per_min(&self.cands[0].identity, false);
+        self.figures.leader_writes_per_min = per_min(&self.cands[0].identity, true);
+        self.figures.follower_requests_per_min = self.cands[1..]
+            .iter()
+            .map(|c| per_min(&c.identity, false))
+            .collect();
+        self.figures.verbs = counts;
+    }
+
+    /// One graceful hand-off (SIGTERM) or crash failover (SIGKILL): the leader is stopped,
+    /// the time until a follower's workload starts is recorded, and a fresh follower replaces
+    /// the old leader.
+    fn trial(&mut self, server: &Server, crash: bool) {
+        if self.broken {
+            return;
         }
-        let mut old = cands.remove(0);
+        // A follower that started leading on its own since the last trial: the leader lost
+        // its lease. Count it, and carry on with the new leader.
+        let mut took_over = None;
+        for (i, c) in self.cands.iter().enumerate() {
+            if let Some(at) = c.drain_started()
+                && i > 0
+            {
+                took_over = Some((i, at));
+            }
+        }
+        if let Some((i, at)) = took_over {
+            eprintln!(
+                "   {}: {} started leading between trials",
+                self.kind.key(),
+                self.cands[i].identity
+            );
+            self.figures.unexpected_takeovers += 1;
+            let c = self.cands.remove(i);
+            self.cands.insert(0, c);
+            self.led_since = at;
+        }
+        if crash {
+            let led = SystemTime::now()
+                .duration_since(self.led_since)
+                .unwrap_or_default();
+            std::thread::sleep(
+                MIN_TERM.saturating_sub(led) + pause_between(Duration::ZERO, self.kind.lease() / 3),
+            );
+        } else {
+            std::thread::sleep(SETTLE);
+        }
+        let mut old = self.cands.remove(0);
         let stop = SystemTime::now();
-        old.signal(if crash { "-KILL" } else { "-TERM" });
-        let others: Vec<&Candidate> = cands.iter().collect();
-        let next = first_started(&others, LEASE * 4);
+        if crash {
+            old.crash();
+        } else {
+            old.terminate();
+        }
+        let followers: Vec<&Candidate> = self.cands.iter().collect();
+        let next = first_started(&followers, self.kind.lease() * 4);
         old.wait_exit();
         let Some((i, at)) = next else {
-            eprintln!("{}: no follower took over (trial {trial})", kind.label());
-            return figures;
+            eprintln!(
+                "{}: no follower took over (trial {} of the {})",
+                self.kind.label(),
+                if crash {
+                    self.figures.crash_failovers.len() + 1
+                } else {
+                    self.figures.graceful_handoffs.len() + 1
+                },
+                if crash { "crashes" } else { "hand-offs" }
+            );
+            self.broken = true;
+            return;
         };
         let took = at.duration_since(stop).unwrap_or_default();
+        let samples = if crash {
+            &mut self.figures.crash_failovers
+        } else {
+            &mut self.figures.graceful_handoffs
+        };
+        samples.push(took);
+        let done = samples.len();
         eprintln!(
-            "   {} {}: {:?}",
+            "   {:<18} {} {}/{} → {}: {}",
+            self.kind.key(),
             if crash {
-                "crash failover"
+                "crash failover   "
             } else {
                 "graceful hand-off"
             },
-            cands[i].identity,
-            took
+            done,
+            self.trials(crash),
+            self.cands[i].identity,
+            fmt_ms(took.as_secs_f64() * 1000.0)
         );
-        if crash {
-            figures.crash_failovers.push(took);
-        } else {
-            figures.graceful_handoffs.push(took);
+        self.led_since = at;
+        let leader = self.cands.remove(i);
+        self.cands.insert(0, leader);
+        self.spawn(server);
+    }
+
+    fn stop(&mut self) {
+        for c in &self.cands {
+            c.terminate();
         }
-        let new_leader = cands.remove(i);
-        cands.insert(0, new_leader);
-        cands.push(Candidate::spawn(kind, server, &lease, &id(next_id)));
+        for c in &mut self.cands {
+            c.wait_exit();
+        }
     }
-    for c in &mut cands {
-        c.signal("-TERM");
-        c.wait_exit();
-    }
-    figures
 }
 
-fn median(v: &[Duration]) -> Option<Duration> {
-    let mut v = v.to_vec();
-    v.sort();
-    v.get(v.len() / 2).copied()
+/// p50 and p90 (the sample at index round(p·(n−1)) of the sorted samples, as the Redis bench
+/// takes its percentiles), min and max, in milliseconds.
+#[derive(Clone, Copy, Debug)]
+struct Stats {
+    n: usize,
+    p50: f64,
+    p90: f64,
+    min: f64,
+    max: f64,
 }
 
-fn target_dir() -> PathBuf {
-    // target/<profile>/deps/<bench binary>
-    std::env::current_exe()
+impl Stats {
+    fn of(samples: &[Duration]) -> Option<Self> {
+        let mut s: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        s.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            s.get(((s.len().max(1) - 1) as f64 * p).round() as usize)
+                .copied()
+        };
+        Some(Self {
+            n: s.len(),
+            p50: at(0.5)?,
+            p90: at(0.9)?,
+            min: *s.first()?,
+            max: *s.last()?,
+        })
+    }
+
+    fn cell(s: Option<Self>) -> String {
+        s.map_or_else(
+            || "—".to_owned(),
+            |s| {
+                format!(
+                    "{} / {} ({}–{}), n={}",
+                    fmt_ms(s.p50),
+                    fmt_ms(s.p90),
+                    fmt_ms(s.min),
+                    fmt_ms(s.max),
+                    s.n
+                )
+            },
+        )
+    }
+
+    fn json(samples: &[Duration]) -> Value {
+        let ms: Vec<f64> = samples
+            .iter()
+            .map(|d| round3(d.as_secs_f64() * 1000.0))
+            .collect();
+        match Self::of(samples) {
+            Some(s) => json!({"n": s.n, "p50": round3(s.p50), "p90": round3(s.p90),
+                              "min": round3(s.min), "max": round3(s.max), "samples": ms}),
+            None => json!({"n": 0, "samples": ms}),
+        }
+    }
+}
+
+/// Three decimals, for the JSON.
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// `21.3 ms` / `2.31 s`.
+fn fmt_ms(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.2} s", v / 1000.0)
+    } else {
+        format!("{v:.1} ms")
+    }
+}
+
+/// `tenure / client-go` of one percentile, with how many times faster tenure is.
+fn ratio(t: f64, b: f64) -> String {
+    let r = t / b.max(1e-9);
+    if r < 1.0 {
+        format!(
+            "{} / {} = {r:.3} ({:.1}× faster)",
+            fmt_ms(t),
+            fmt_ms(b),
+            1.0 / r.max(1e-9)
+        )
+    } else {
+        format!("{} / {} = {r:.3}", fmt_ms(t), fmt_ms(b))
+    }
+}
+
+fn env_count(key: &str, default: usize) -> usize {
+    std::env::var(key)
         .ok()
-        .and_then(|p| p.ancestors().nth(3).map(Path::to_path_buf))
-        .unwrap_or_else(|| PathBuf::from("target"))
-}
-
-fn ms(d: Option<Duration>) -> String {
-    d.map_or_else(
-        || "—".to_owned(),
-        |d| format!("{:.0} ms", d.as_secs_f64() * 1000.0),
-    )
-}
-
-/// "median (min–max)" of a set of durations.
-fn spread(v: &[Duration]) -> String {
-    match (median(v), v.iter().min(), v.iter().max()) {
-        (Some(m), Some(lo), Some(hi)) => format!(
-            "{} ({:.0}–{:.0})",
-            ms(Some(m)),
-            lo.as_secs_f64() * 1000.0,
-            hi.as_secs_f64() * 1000.0
-        ),
-        _ => "—".to_owned(),
-    }
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 fn orchestrate() {
@@ -492,6 +712,8 @@ fn orchestrate() {
         .ok()
         .and_then(|s| s.parse().ok())
         .map_or(Duration::from_secs(60), Duration::from_secs);
+    let handoffs = env_count("TENURE_BENCH_HANDOFFS", 21);
+    let crashes = env_count("TENURE_BENCH_CRASHES", 7);
     let audit_dir = fresh_dir("audit");
     let policy = audit_dir.join("policy.yaml");
     let audit = audit_dir.join("audit.log");
@@ -514,87 +736,197 @@ fn orchestrate() {
     });
     eprintln!("kube-apiserver ready in {:?}", started.elapsed());
 
-    let kinds = [Kind::Tenure, Kind::ClientGo, Kind::LeaseManager];
-    let results: Vec<(Kind, Figures)> = kinds
-        .iter()
-        .map(|&k| (k, measure(k, &server, &audit, window)))
-        .collect();
+    // The three groups side by side, each on its own Lease.
+    let mut groups = [
+        Group::start(Kind::Tenure, &server, handoffs, crashes),
+        Group::start(Kind::ClientGo, &server, handoffs, crashes),
+        Group::start(
+            Kind::LeaseManager,
+            &server,
+            KLM_HANDOFFS.min(handoffs),
+            KLM_CRASHES.min(crashes),
+        ),
+    ];
+    // Let the followers settle (first reads, watches) before the window opens.
+    std::thread::sleep(Duration::from_secs(5));
+    eprintln!("== steady state: {window:?}");
+    let from = SystemTime::now();
+    std::thread::sleep(window);
+    let to = SystemTime::now();
+    for g in &mut groups {
+        g.count(&audit, from, to);
+    }
 
-    println!();
-    println!(
-        "Leader election on kube-apiserver v1.36.3 (127.0.0.1), steady-state window {:?}, lease 15 s / renew deadline 10 s / retry 2 s (kube-lease-manager: its defaults, 30 s / grace 5 s)",
-        window
+    // Interleaved trials: each round one trial per implementation that has trials left.
+    for crash in [false, true] {
+        eprintln!(
+            "== {}",
+            if crash {
+                "crash failovers (kill -9)"
+            } else {
+                "graceful hand-offs (SIGTERM)"
+            }
+        );
+        let rounds = groups.iter().map(|g| g.trials(crash)).max().unwrap_or(0);
+        for round in 0..rounds {
+            for g in &mut groups {
+                if round < g.trials(crash) {
+                    g.trial(&server, crash);
+                }
+            }
+        }
+    }
+    for g in &mut groups {
+        g.stop();
+    }
+    let elapsed = started.elapsed();
+
+    let secs = |d: Duration| format!("{} s", d.as_secs_f64());
+    let durations = format!(
+        "lease {} / renew deadline {} / retry {} for tenure and client-go (kube-lease-manager: its defaults, {} / grace 5 s)",
+        secs(LEASE),
+        secs(RENEW_DEADLINE),
+        secs(RETRY),
+        secs(KLM_LEASE)
     );
     println!();
     println!(
-        "| implementation | leader req/min | leader writes/min | follower 1 req/min | follower 2 req/min | graceful hand-off, median (min–max ms) of {HANDOFFS} | crash failover (kill -9), median (min–max ms) of {CRASHES} |"
+        "Leader election on kube-apiserver v1.36.3 (127.0.0.1), steady-state window {window:?}, {durations}; trials interleaved (tenure, client-go, kube-lease-manager, tenure, …); bench took {:.0} s",
+        elapsed.as_secs_f64()
+    );
+    println!();
+    println!(
+        "| implementation | leader req/min | leader writes/min | follower 1 req/min | follower 2 req/min | graceful hand-off p50 / p90 (min–max), n | crash failover (kill -9) p50 / p90 (min–max), n |"
     );
     println!("|---|---|---|---|---|---|---|");
-    for (k, f) in &results {
+    for g in &groups {
+        let f = &g.figures;
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |",
-            k.label(),
+            g.kind.label(),
             f.leader_requests_per_min,
             f.leader_writes_per_min,
             f.follower_requests_per_min.first().copied().unwrap_or(0.0),
             f.follower_requests_per_min.get(1).copied().unwrap_or(0.0),
-            spread(&f.graceful_handoffs),
-            spread(&f.crash_failovers),
+            Stats::cell(Stats::of(&f.graceful_handoffs)),
+            Stats::cell(Stats::of(&f.crash_failovers)),
         );
     }
-    let base = results
-        .iter()
-        .find(|(k, _)| *k == Kind::ClientGo)
-        .map(|(_, f)| f);
-    let ten = results
-        .iter()
-        .find(|(k, _)| *k == Kind::Tenure)
-        .map(|(_, f)| f);
-    if let (Some(b), Some(t)) = (base, ten) {
+    let unexpected: usize = groups.iter().map(|g| g.figures.unexpected_takeovers).sum();
+    if unexpected > 0 {
+        println!(
+            "\nfollowers that took over between trials (a leader lost its lease): {unexpected}"
+        );
+    }
+
+    let find = |k: Kind| groups.iter().find(|g| g.kind == k).map(|g| &g.figures);
+    let mut ratios = json!({});
+    if let (Some(t), Some(b)) = (find(Kind::Tenure), find(Kind::ClientGo)) {
+        println!();
+        println!("tenure / client-go, from the interleaved samples:");
+        for (what, key, ts, bs) in [
+            (
+                "graceful hand-off",
+                "graceful_handoff",
+                &t.graceful_handoffs,
+                &b.graceful_handoffs,
+            ),
+            (
+                "crash failover",
+                "crash_failover",
+                &t.crash_failovers,
+                &b.crash_failovers,
+            ),
+        ] {
+            let (Some(ts), Some(bs)) = (Stats::of(ts), Stats::of(bs)) else {
+                println!("  {what:<18} —");
+                continue;
+            };
+            println!(
+                "  {what:<18} p50 {}   p90 {}   (n = {} / {})",
+                ratio(ts.p50, bs.p50),
+                ratio(ts.p90, bs.p90),
+                ts.n,
+                bs.n
+            );
+            ratios[key] = json!({
+                "p50": round3(ts.p50 / bs.p50.max(1e-9)),
+                "p90": round3(ts.p90 / bs.p90.max(1e-9)),
+                "n_tenure": ts.n,
+                "n_client_go": bs.n,
+            });
+        }
+        let writes = t.leader_writes_per_min / b.leader_writes_per_min.max(f64::MIN_POSITIVE);
+        ratios["leader_writes_per_min"] = json!(round3(writes));
+        let speedup = |q: fn(&Stats) -> f64| match (
+            Stats::of(&t.graceful_handoffs),
+            Stats::of(&b.graceful_handoffs),
+        ) {
+            (Some(t), Some(b)) => format!("{:.0}×", q(&b) / q(&t).max(1e-9)),
+            _ => "?".into(),
+        };
         println!();
         println!(
-            "tenure vs client-go: leader writes {:.0}% (target ≤ 40%), followers {:.1} vs {:.1} req/min, graceful hand-off {}x faster by median (target ≥ 10x), crash failover at most {} (target ≤ lease + retry = 17 s)",
-            100.0 * t.leader_writes_per_min / b.leader_writes_per_min.max(f64::MIN_POSITIVE),
-            t.follower_requests_per_min.iter().sum::<f64>() / 2.0,
-            b.follower_requests_per_min.iter().sum::<f64>() / 2.0,
-            match (median(&t.graceful_handoffs), median(&b.graceful_handoffs)) {
-                (Some(t), Some(b)) => format!("{:.0}", b.as_secs_f64() / t.as_secs_f64().max(1e-6)),
-                _ => "?".into(),
-            },
-            ms(t.crash_failovers.iter().max().copied()),
+            "tenure vs client-go: leader writes {:.0}% (target ≤ 40%), followers {:.1} vs {:.1} req/min, graceful hand-off {} faster at p50 and {} at p90 (target ≥ 10×), crash failover at most {} (target ≤ lease + retry = {})",
+            100.0 * writes,
+            t.follower_requests_per_min.iter().sum::<f64>()
+                / t.follower_requests_per_min.len().max(1) as f64,
+            b.follower_requests_per_min.iter().sum::<f64>()
+                / b.follower_requests_per_min.len().max(1) as f64,
+            speedup(|s| s.p50),
+            speedup(|s| s.p90),
+            Stats::of(&t.crash_failovers).map_or_else(|| "—".to_owned(), |s| fmt_ms(s.max)),
+            secs(LEASE + RETRY),
         );
     }
     println!();
     println!("Requests in the window by User-Agent and verb:");
-    for (k, f) in &results {
-        for (ua, verbs) in &f.verbs {
-            println!("  {:<26} {ua:<22} {verbs:?}", k.key());
+    for g in &groups {
+        for (ua, verbs) in &g.figures.verbs {
+            println!("  {:<26} {ua:<22} {verbs:?}", g.kind.key());
         }
     }
 
-    let json = serde_json::json!({
+    let json = json!({
         "server": "kube-apiserver v1.36.3 + etcd v3.6.8 (kube-testenv), 127.0.0.1",
         "window_secs": window.as_secs(),
-        "results": results.iter().map(|(k, f)| serde_json::json!({
-            "implementation": k.key(),
-            "leader_requests_per_min": f.leader_requests_per_min,
-            "leader_writes_per_min": f.leader_writes_per_min,
-            "follower_requests_per_min": f.follower_requests_per_min,
-            "graceful_handoff_ms": f.graceful_handoffs.iter().map(|d| d.as_secs_f64() * 1000.0).collect::<Vec<_>>(),
-            "crash_failover_ms": f.crash_failovers.iter().map(|d| d.as_secs_f64() * 1000.0).collect::<Vec<_>>(),
-            "requests_by_user_agent_and_verb": f.verbs,
-        })).collect::<Vec<_>>(),
+        "durations": {
+            "tenure_and_client_go": {
+                "lease_secs": LEASE.as_secs_f64(),
+                "renew_deadline_secs": RENEW_DEADLINE.as_secs_f64(),
+                "retry_period_secs": RETRY.as_secs_f64(),
+            },
+            "kube_lease_manager": {"lease_secs": KLM_LEASE.as_secs_f64(), "grace_secs": 5.0},
+        },
+        "trials": "interleaved: each round one trial per implementation (tenure, client-go, kube-lease-manager while it has trials left)",
+        "percentiles": "the sample at index round(p*(n-1)) of the sorted samples",
+        "bench_secs": round3(elapsed.as_secs_f64()),
+        "results": groups.iter().map(|g| {
+            let f = &g.figures;
+            json!({
+                "implementation": g.kind.key(),
+                "leader_requests_per_min": round3(f.leader_requests_per_min),
+                "leader_writes_per_min": round3(f.leader_writes_per_min),
+                "follower_requests_per_min": f.follower_requests_per_min.iter().copied().map(round3).collect::<Vec<_>>(),
+                "graceful_handoff_ms": Stats::json(&f.graceful_handoffs),
+                "crash_failover_ms": Stats::json(&f.crash_failovers),
+                "unexpected_takeovers": f.unexpected_takeovers,
+                "requests_by_user_agent_and_verb": f.verbs,
+            })
+        }).collect::<Vec<_>>(),
+        "tenure_over_client_go": ratios,
     });
-    let dir = target_dir().join("bench");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let path = dir.join("kube.json");
     match std::fs::create_dir_all(&dir).and_then(|()| {
         std::fs::write(
             &path,
-            serde_json::to_string_pretty(&json).unwrap_or_default(),
+            serde_json::to_string_pretty(&json).unwrap_or_default() + "\n",
         )
     }) {
         Ok(()) => println!("\nwrote {}", path.display()),
         Err(e) => eprintln!("cannot write {}: {e}", path.display()),
     }
+    drop(groups);
     drop(server);
 }
