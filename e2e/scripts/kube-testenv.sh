@@ -5,6 +5,8 @@
 #   kube-testenv.sh build              build (or reuse) the launcher; prints its path
 #   kube-testenv.sh build-candidate    same for the client-go leader-election candidate
 #   kube-testenv.sh build-kubectl      same for kubectl (k8s.io/kubernetes/cmd/kubectl, same release)
+#   kube-testenv.sh build-cr-peer      build (or reuse) the controller-runtime peer of the
+#                                      controller bench (its own module, e2e/controller-runtime-peer)
 #   kube-testenv.sh start DIR [-- ARGS] start it with --dir DIR, wait for DIR/ready
 #   kube-testenv.sh stop DIR           SIGTERM the launcher of DIR, SIGKILL after a timeout
 #
@@ -13,6 +15,8 @@
 # where <hash> covers go.mod, go.sum, every .go file of e2e/kube-testenv, the Go
 # version and this script's build recipe. Only Go and the Go module proxy are
 # needed; the first (cold) build downloads the modules and takes several minutes.
+# The controller-runtime peer is cached the same way, by the hash of its own
+# module, in ${TENURE_CACHE:-$HOME/.cache/tenure}/controller-runtime-peer/<hash>/.
 #
 # Environment:
 #   TENURE_CACHE                 cache root (default $HOME/.cache/tenure)
@@ -110,6 +114,53 @@ cmd_build_candidate() { build_one clientgo-candidate ./cmd/clientgo-candidate; }
 # as a `tool`, so its dependencies are in go.mod/go.sum (-mod=readonly works).
 cmd_build_kubectl() { build_one kubectl k8s.io/kubernetes/cmd/kubectl; }
 
+# The controller-runtime peer: a module of its own, so that controller-runtime's
+# dependencies never change the launcher's. Built like build_one, without the
+# kubernetes version stamps (it only reports controller-runtime's own version).
+CR_CACHE_ROOT=${TENURE_CACHE:-${HOME:-/root}/.cache/tenure}/controller-runtime-peer
+
+cr_peer_hash() {
+  local go=$1 mod=$2
+  (
+    cd "$mod"
+    printf 'recipe %s\n' "$RECIPE"
+    "$go" env GOVERSION GOOS GOARCH
+    find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -not -path './.*' -print |
+      LC_ALL=C sort | while IFS= read -r f; do
+        printf '%s ' "$f"
+        sha256sum <"$f" | cut -d' ' -f1
+      done
+  ) | sha256sum | cut -c1-16
+}
+
+cmd_build_cr_peer() {
+  local name=controller-runtime-peer mod go hash dir bin tmp start
+  mod=$(cd "$here/../controller-runtime-peer" && pwd) || die "no e2e/controller-runtime-peer"
+  go=$(find_go)
+  hash=$(cr_peer_hash "$go" "$mod")
+  dir=$CR_CACHE_ROOT/$hash
+  bin=$dir/$name
+  if [[ -x $bin ]]; then echo "$bin"; return 0; fi
+  mkdir -p "$dir"
+  if command -v flock >/dev/null 2>&1; then
+    exec {lockfd}>"$dir/.lock"
+    flock "$lockfd"
+    if [[ -x $bin ]]; then echo "$bin"; return 0; fi
+  fi
+  log "building $name ($mod) into $dir; a cold build downloads controller-runtime's modules"
+  start=$SECONDS
+  tmp=$(mktemp "$dir/.$name.XXXXXX")
+  if ! (cd "$mod" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+        "$go" build -trimpath -ldflags "-s -w" -o "$tmp" .) >&2; then
+    rm -f "$tmp"
+    die "go build of $mod failed"
+  fi
+  chmod 755 "$tmp"
+  mv -f "$tmp" "$bin"
+  log "built $bin in $((SECONDS - start))s"
+  echo "$bin"
+}
+
 # alive PID: the process exists and is not a zombie.
 alive() {
   local state
@@ -197,7 +248,8 @@ case ${1:-} in
   build) shift; cmd_build "$@" ;;
   build-candidate) shift; cmd_build_candidate "$@" ;;
   build-kubectl) shift; cmd_build_kubectl "$@" ;;
+  build-cr-peer) shift; cmd_build_cr_peer "$@" ;;
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;
-  *) sed -n '2,21s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+  *) sed -n '2,25s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac
