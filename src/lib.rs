@@ -73,6 +73,7 @@ pub mod crd;
 pub mod election;
 pub mod fence;
 pub mod lock;
+pub mod shard;
 mod util;
 
 pub use backend::{Backend, FencingToken};

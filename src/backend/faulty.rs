@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Released, RenewRequest, Renewed,
+    InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
 };
 
 /// The fault currently injected by a [`FaultyBackend`].
@@ -235,6 +235,27 @@ impl Backend for FaultyBackend {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         Box::pin(self.run(self.inner.inspect(name)))
+    }
+
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(self.run(self.inner.announce_member(group, member, ttl)))
+    }
+
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(self.run(self.inner.withdraw_member(group, identity)))
+    }
+
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        self.inner.members(group)
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

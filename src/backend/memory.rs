@@ -5,7 +5,7 @@
 //! on a paused clock (`tokio::time::pause`, feature `test-util`) run thousands of virtual seconds in milliseconds.
 //! It gives no exclusion across processes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, FencingToken, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Released, Renewed,
+    InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 
 /// Fencing tokens of the memory backend come from one process-wide counter, so they rise
@@ -53,6 +53,32 @@ pub const MAX_NAME_LEN: usize = 512;
 #[derive(Clone, Default)]
 pub struct MemoryBackend {
     state: Arc<Mutex<HashMap<Arc<str>, Slot>>>,
+    groups: Arc<Mutex<HashMap<Arc<str>, Group>>>,
+}
+
+/// The members of one group, each until its announcement expires; observers are told of
+/// every announcement and withdrawal (expiries they compute from the instants).
+struct Group {
+    members: BTreeMap<String, (Member, Instant)>,
+    changed: watch::Sender<()>,
+}
+
+impl Default for Group {
+    fn default() -> Self {
+        Self {
+            members: BTreeMap::new(),
+            changed: watch::channel(()).0,
+        }
+    }
+}
+
+impl Group {
+    /// The members live at `now`, sorted by identity, and the next instant one expires.
+    fn live(&self, now: Instant) -> (Vec<Member>, Option<Instant>) {
+        let live = self.members.values().filter(|(_, until)| *until > now);
+        let next = live.clone().map(|(_, until)| *until).min();
+        (live.map(|(m, _)| m.clone()).collect(), next)
+    }
 }
 
 impl std::fmt::Debug for MemoryBackend {
@@ -111,6 +137,13 @@ impl MemoryBackend {
         // A panic while holding this lock can only come from a bug in the few lines below
         // that never panic; the state stays consistent either way, so recover it.
         self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn groups(&self) -> MutexGuard<'_, HashMap<Arc<str>, Group>> {
+        // As `locked`: nothing panics while this lock is held.
+        self.groups
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -250,9 +283,13 @@ impl MemoryBackend {
         fencing
     }
 
-    /// Forgets every lock, as a store that lost its data would. Fencing tokens keep rising
+    /// Forgets every lock and every group's members, as a store that lost its data would. Fencing tokens keep rising
     /// (the counter is process-wide), as the Redis backend's do after a wipe.
     pub fn wipe(&self) {
+        for group in self.groups().values_mut() {
+            group.members.clear();
+            group.changed.send_replace(());
+        }
         let mut locks = self.locked();
         for slot in locks.values_mut() {
             slot.held = None;
@@ -326,6 +363,74 @@ impl Backend for MemoryBackend {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         Box::pin(ready(Ok(self.inspect_now(name))))
+    }
+
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        let until = Instant::now() + ttl;
+        let mut groups = self.groups();
+        let g = groups.entry(Arc::from(group)).or_default();
+        g.members
+            .insert(member.identity.clone(), (member.clone(), until));
+        g.changed.send_replace(());
+        Box::pin(ready(Ok(())))
+    }
+
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        if let Some(g) = self.groups().get_mut(group)
+            && g.members.remove(identity).is_some()
+        {
+            g.changed.send_replace(());
+        }
+        Box::pin(ready(Ok(())))
+    }
+
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        let group: Arc<str> = Arc::from(group);
+        let rx = self
+            .groups()
+            .entry(group.clone())
+            .or_default()
+            .changed
+            .subscribe();
+        let this = self.clone();
+        // Emits the live set whenever it differs from the last one emitted: after an
+        // announcement or withdrawal (notified), or when a member's announcement runs out.
+        Box::pin(futures::stream::unfold(
+            (rx, None::<Vec<Member>>),
+            move |(mut rx, last)| {
+                let (this, group) = (this.clone(), group.clone());
+                async move {
+                    loop {
+                        let (live, next) = this
+                            .groups()
+                            .get(&group)
+                            .map_or((Vec::new(), None), |g| g.live(Instant::now()));
+                        if last.as_ref() != Some(&live) {
+                            return Some((Ok(live.clone()), (rx, Some(live))));
+                        }
+                        let expiry = async {
+                            match next {
+                                Some(at) => tokio::time::sleep_until(at).await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            changed = rx.changed() => changed.ok()?,
+                            () = expiry => {}
+                        }
+                    }
+                }
+            },
+        ))
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

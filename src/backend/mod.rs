@@ -44,7 +44,7 @@ pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use types::{
     AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,
-    LeaseRecord, Released, RenewRequest, Renewed,
+    LeaseRecord, Member, Released, RenewRequest, Renewed,
 };
 
 /// A lease store: the atomic primitives the lock runtime is built from.
@@ -133,6 +133,41 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(std::future::ready(()))
     }
 
+    /// Announces `member` in `group`, or renews its announcement: it counts as live until
+    /// `ttl` passes on the store's clock without another announcement, or until it
+    /// withdraws. Sharded leadership ([`crate::shard`]) builds on it.
+    ///
+    /// The default answers that this backend keeps no membership.
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        let _ = (group, member, ttl);
+        Box::pin(std::future::ready(Err(no_membership())))
+    }
+
+    /// Removes `identity` from `group` at once (a graceful leave). Withdrawing a member that
+    /// is not there succeeds.
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        let _ = (group, identity);
+        Box::pin(std::future::ready(Err(no_membership())))
+    }
+
+    /// The live members of `group`: the set now, then the whole set again on every change
+    /// (an announcement, a withdrawal, an expiry), through one watch or subscription for the
+    /// whole group. Members come sorted by identity. An `Err` item is a hiccup of the channel;
+    /// the stream continues after it.
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        let _ = group;
+        Box::pin(futures::stream::iter([Err(no_membership())]))
+    }
+
     /// A stream of holder changes of one lock: grants and releases.
     ///
     /// The first item describes the state when the stream started, so a subscriber cannot miss
@@ -182,7 +217,33 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
         (**self).announce(name, event)
     }
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        (**self).announce_member(group, member, ttl)
+    }
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        (**self).withdraw_member(group, identity)
+    }
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        (**self).members(group)
+    }
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
         (**self).observe(name)
     }
+}
+
+/// The answer of a backend that keeps no membership.
+fn no_membership() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Config,
+        "this backend keeps no group membership (needed for sharded leadership)",
+    )
 }

@@ -219,6 +219,22 @@ impl HolderChange {
     }
 }
 
+/// One replica's announcement in a group of sharded leadership ([`crate::shard`]): who it is,
+/// the shard count it runs with, and when it joined.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Member {
+    /// The replica's identity (its locker's).
+    pub identity: String,
+    /// The shard count this replica runs with; every member of a group must agree.
+    pub shards: u32,
+    /// When the replica joined, in milliseconds since the Unix epoch on its own clock: the
+    /// earliest member's shard count is the group's.
+    pub joined_ms: u64,
+    /// The shards whose term runs on the replica now, ascending: the assignment keeps them
+    /// where they are when it can.
+    pub holds: Vec<u32>,
+}
+
 /// A change of leadership worth recording for people, passed to
 /// [`Backend::announce`](super::Backend::announce) by the elector.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -182,6 +182,12 @@ impl ElectionConfig {
         self
     }
 
+    /// The lease duration and the retry period, for electors built on this one's timing
+    /// ([`crate::shard`]'s membership heartbeat).
+    pub(crate) fn timings(&self) -> (Duration, Duration) {
+        (self.lease_duration, self.retry_period)
+    }
+
     fn silence_limit(&self) -> Duration {
         self.store_unreachable_after
             .unwrap_or(self.lease_duration.saturating_mul(2) + self.retry_period)

@@ -1,0 +1,576 @@
+//! Sharded leadership: N shards spread evenly over the live replicas, each shard a fenced term.
+//!
+//! One [`LeaderElector`] runs one workload on one replica. When that is not enough, a
+//! [`ShardedElector`] splits the work into `N` shards: every replica announces itself in the
+//! group's **membership** (a record that expires like a lease), computes from the live members
+//! the same **assignment** as every other replica ([`assign`]: balanced to ±1 shard, few moves
+//! when a replica comes or goes), and campaigns only for the shards assigned to it. Each shard
+//! is a term of its own lease (`NAME-SHARD`), served by a [`LeaderElector`]: its own fencing
+//! token, cancellation and stop deadline, with every guarantee of a single election. All
+//! shards of a replica share its [`Locker`]'s one renewal task.
+//!
+//! A shard assigned elsewhere is handed over gracefully: its workload is cancelled and
+//! stopped, then its lease released, so the new owner takes it on the release notification. A
+//! replica that leaves on shutdown withdraws from the membership first. A replica that dies
+//! stops announcing; its shards move when its membership expires and their leases run out
+//! (lease duration + retry period).
+//!
+//! Views of the membership can differ for a moment (a replica that has seen a join and one
+//! that has not yet): two replicas may then both campaign for one shard, and its lease lets
+//! only one hold it. The assignment decides who *tries*; the lease decides who *holds*.
+//!
+//! Keys map to shards with [`shard_of`], a documented hash other languages can compute.
+
+mod assign;
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use assign::{Seat, assign, shard_of};
+
+use crate::backend::{BackendError, Member};
+use crate::election::{ElectionConfig, ElectionError, LeaderElector, Term};
+use crate::Locker;
+
+/// The most shards a group may have.
+pub const MAX_SHARDS: u32 = 4096;
+
+/// Why a [`ShardedElector`] could not be built or stopped running.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShardError {
+    /// The shard count is 0 or above [`MAX_SHARDS`].
+    #[error("invalid shard count {shards}: it must be between 1 and {MAX_SHARDS}")]
+    InvalidShardCount {
+        /// The count given.
+        shards: u32,
+    },
+    /// The election durations or a shard's lease name were refused (see [`ElectionError`]).
+    #[error(transparent)]
+    Election(#[from] ElectionError),
+    /// The group's earliest member runs with another shard count: this replica takes no
+    /// shard rather than split the assignment.
+    #[error(
+        "the group {group:?} runs {theirs} shards (member {member:?} joined first) but this replica was started with {ours}"
+    )]
+    ShardCountMismatch {
+        /// The group's name.
+        group: String,
+        /// This replica's count.
+        ours: u32,
+        /// The group's count.
+        theirs: u32,
+        /// The earliest member, whose count is the group's.
+        member: String,
+    },
+    /// The store refused the membership for good (no membership support, permissions).
+    #[error("membership of group {group:?} failed: {source}")]
+    Membership {
+        /// The group's name.
+        group: String,
+        /// The store's error.
+        source: BackendError,
+    },
+    /// This elector is already running.
+    #[error("this sharded elector is already running")]
+    AlreadyRunning,
+}
+
+/// Who owns which shard, as this replica last computed it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Assignment {
+    /// The live members the assignment was computed from (those running the group's shard
+    /// count), sorted by identity.
+    pub members: Vec<Member>,
+    /// The identity each shard is assigned to, by shard number.
+    pub owners: Vec<Option<String>>,
+}
+
+/// Runs a workload per shard for the shards assigned to this replica.
+///
+/// Cheap to clone: clones share the state, so one clone can run while others serve
+/// [`owned`](Self::owned), [`owns`](Self::owns) and [`assignment`](Self::assignment).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::election::ElectionConfig;
+/// use tenure::shard::ShardedElector;
+/// use tenure::Locker;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), tenure::shard::ShardError> {
+/// let store = MemoryBackend::new();
+/// let replicas: Vec<ShardedElector> = ["pod-a", "pod-b"]
+///     .into_iter()
+///     .map(|id| {
+///         let locker = Locker::with_identity(store.clone(), id).expect("valid identity");
+///         ShardedElector::new(locker, "workers", 8, ElectionConfig::new())
+///     })
+///     .collect::<Result<_, _>>()?;
+/// for r in &replicas {
+///     let r = r.clone();
+///     tokio::spawn(async move {
+///         r.run_until(std::future::pending(), |shard, term| async move {
+///             // Work on shard `shard` until the term ends; fence with term.fencing_token().
+///             let _ = shard;
+///             term.cancellation().cancelled().await;
+///         })
+///         .await
+///     });
+/// }
+/// tokio::time::sleep(Duration::from_secs(5)).await;
+/// let owned: Vec<usize> = replicas.iter().map(|r| r.owned().borrow().len()).collect();
+/// assert_eq!(owned, vec![4, 4]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ShardedElector {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    locker: Locker,
+    name: Arc<str>,
+    shards: u32,
+    config: ElectionConfig,
+    /// Shards whose term runs here now.
+    owned: watch::Sender<BTreeSet<u32>>,
+    assignment: watch::Sender<Assignment>,
+    running: AtomicBool,
+}
+
+impl std::fmt::Debug for ShardedElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedElector")
+            .field("group", &self.inner.name)
+            .field("identity", &self.inner.locker.identity())
+            .field("shards", &self.inner.shards)
+            .field("owned", &*self.inner.owned.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardedElector {
+    /// A sharded elector for group `name` with `shards` shards, campaigning as `locker`'s
+    /// identity (which must differ between replicas). Shard `s` is the lease `NAME-s`.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::InvalidShardCount`]; [`ShardError::Election`] for durations that break
+    /// a rule or a name the backend refuses.
+    pub fn new(
+        locker: Locker,
+        name: &str,
+        shards: u32,
+        config: ElectionConfig,
+    ) -> Result<Self, ShardError> {
+        if shards == 0 || shards > MAX_SHARDS {
+            return Err(ShardError::InvalidShardCount { shards });
+        }
+        // The first and the longest shard names pass the same checks a run would make.
+        for shard in [0, shards - 1] {
+            LeaderElector::new(locker.clone(), &lease_name(name, shard), config.clone())?;
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                locker,
+                name: name.into(),
+                shards,
+                config: config.rejoin(true),
+                owned: watch::channel(BTreeSet::new()).0,
+                assignment: watch::channel(Assignment::default()).0,
+                running: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The group's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The shard count.
+    #[must_use]
+    pub fn shards(&self) -> u32 {
+        self.inner.shards
+    }
+
+    /// The shards whose term runs on this replica now, updated as terms begin and end.
+    #[must_use]
+    pub fn owned(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.inner.owned.subscribe()
+    }
+
+    /// Whether the shard of `key` ([`shard_of`]) has a term running on this replica now.
+    #[must_use]
+    pub fn owns(&self, key: &str) -> bool {
+        self.inner
+            .owned
+            .borrow()
+            .contains(&shard_of(key, self.inner.shards))
+    }
+
+    /// The assignment this replica last computed from the membership.
+    #[must_use]
+    pub fn assignment(&self) -> watch::Receiver<Assignment> {
+        self.inner.assignment.subscribe()
+    }
+
+    /// Joins the group and runs `workload(shard, term)` for every term of every shard
+    /// assigned here, until `shutdown` completes; then withdraws from the group, stops every
+    /// shard's workload and releases its lease.
+    ///
+    /// Each shard term behaves as a [`LeaderElector`] term (cancellation, stop deadline,
+    /// tasks bound to it, release after the workload stopped). A workload that returns ends
+    /// its term; the shard is campaigned for again while it stays assigned here. A shard
+    /// that moves elsewhere is stopped gracefully and released.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::ShardCountMismatch`], [`ShardError::Membership`],
+    /// [`ShardError::AlreadyRunning`]; [`ShardError::Election`] if a shard's campaign fails
+    /// for good (credentials, permissions). Every shard's workload has stopped and its lease
+    /// was released when it returns.
+    pub async fn run_until<S, F, Fut>(&self, shutdown: S, workload: F) -> Result<(), ShardError>
+    where
+        S: Future<Output = ()>,
+        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if self.inner.running.swap(true, Ordering::AcqRel) {
+            return Err(ShardError::AlreadyRunning);
+        }
+        let _running = Running(self);
+        let workload = Arc::new(workload);
+        let me = Member {
+            identity: self.inner.locker.identity().to_owned(),
+            shards: self.inner.shards,
+            joined_ms: unix_ms(),
+            holds: Vec::new(),
+        };
+        let mut shards = Shards::default();
+        let outcome = {
+            let mut shutdown = pin!(shutdown);
+            let mut heartbeat = pin!(self.heartbeat(&me));
+            let mut members = self.inner.locker.backend().members(&self.inner.name);
+            loop {
+                tokio::select! {
+                    () = &mut shutdown => break Ok(()),
+                    failed = &mut heartbeat => break Err(failed),
+                    next = members.next() => match next {
+                        Some(Ok(list)) => {
+                            if let Err(e) = self.rebalance(&me, list, &mut shards, &workload) {
+                                break Err(e);
+                            }
+                        }
+                        Some(Err(e)) => tracing::warn!(group = %self.inner.name, error = %e, "membership watch hiccup"),
+                        None => break Err(ShardError::Membership {
+                            group: self.inner.name.to_string(),
+                            source: BackendError::new(crate::backend::BackendErrorKind::Unavailable, "the membership stream ended"),
+                        }),
+                    },
+                    Some(ended) = shards.tasks.join_next_with_id(), if !shards.tasks.is_empty() => {
+                        if let Err(e) = self.reap(ended, &mut shards, &workload) {
+                            break Err(e);
+                        }
+                    }
+                }
+            }
+        };
+        // Leave the group first, so the others take our shards over as we release them.
+        let backend = self.inner.locker.backend();
+        let withdraw = backend.withdraw_member(&self.inner.name, &me.identity);
+        if let Err(e) = tokio::time::timeout(self.inner.config_request_timeout(), withdraw)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::new(
+                    crate::backend::BackendErrorKind::Timeout,
+                    "withdrawing from the group timed out",
+                ))
+            })
+        {
+            tracing::warn!(group = %self.inner.name, error = %e, "could not withdraw; the membership will expire");
+        }
+        shards.stop_all().await;
+        outcome
+    }
+
+    /// Announces this replica, with the shards it holds, every third of a lease and at once
+    /// when that set changes; each announcement lasts a lease. Returns only on a permanent
+    /// failure; transient ones are retried every retry period.
+    async fn heartbeat(&self, me: &Member) -> ShardError {
+        let (lease, retry) = self.inner.config.timings();
+        let backend = self.inner.locker.backend();
+        let mut owned = self.inner.owned.subscribe();
+        let mut me = me.clone();
+        loop {
+            me.holds = owned.borrow_and_update().iter().copied().collect();
+            let sent = backend.announce_member(&self.inner.name, &me, lease);
+            let pause = match tokio::time::timeout(self.inner.config_request_timeout(), sent).await {
+                Ok(Ok(())) => lease / 3,
+                Ok(Err(e)) if !e.is_transient() => {
+                    return ShardError::Membership {
+                        group: self.inner.name.to_string(),
+                        source: e,
+                    };
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(group = %self.inner.name, error = %e, "membership announcement failed; retrying");
+                    retry
+                }
+                Err(_) => retry,
+            };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                changed = owned.changed() => {
+                    if changed.is_err() {
+                        // The sender lives in `self`: it outlives this loop.
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Computes the assignment from `list` and starts or stops shard terms to match it.
+    fn rebalance<F, Fut>(
+        &self,
+        me: &Member,
+        list: Vec<Member>,
+        shards: &mut Shards,
+        workload: &Arc<F>,
+    ) -> Result<(), ShardError>
+    where
+        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        // The earliest member's count is the group's; members with another count are left
+        // out of the assignment, and if that is this replica, it refuses to run.
+        let first = list
+            .iter()
+            .min_by(|a, b| (a.joined_ms, &a.identity).cmp(&(b.joined_ms, &b.identity)));
+        if let Some(first) = first
+            && first.shards != me.shards
+        {
+            return Err(ShardError::ShardCountMismatch {
+                group: self.inner.name.to_string(),
+                ours: me.shards,
+                theirs: first.shards,
+                member: first.identity.clone(),
+            });
+        }
+        let members: Vec<Member> = list
+            .into_iter()
+            .filter(|m| m.shards == me.shards)
+            .collect();
+        let ids: Vec<&str> = members.iter().map(|m| m.identity.as_str()).collect();
+        let seats: Vec<Seat<'_>> = members
+            .iter()
+            .map(|m| Seat {
+                identity: &m.identity,
+                holds: &m.holds,
+            })
+            .collect();
+        let owners = assign(&self.inner.name, self.inner.shards, &seats);
+        let mine: BTreeSet<u32> = (0..self.inner.shards)
+            .filter(|&s| owners[s as usize].is_some_and(|i| ids[i] == me.identity))
+            .collect();
+        let owners = owners
+            .iter()
+            .map(|o| o.map(|i| ids[i].to_owned()))
+            .collect();
+        self.inner.assignment.send_replace(Assignment { members, owners });
+        shards.assigned.clone_from(&mine);
+        for (shard, stop) in &shards.running {
+            if !mine.contains(shard) {
+                stop.cancel();
+            }
+        }
+        for shard in mine {
+            if !shards.running.contains_key(&shard) {
+                self.start(shard, shards, workload, Duration::ZERO)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the elector of `shard` after `delay`.
+    fn start<F, Fut>(
+        &self,
+        shard: u32,
+        shards: &mut Shards,
+        workload: &Arc<F>,
+        delay: Duration,
+    ) -> Result<(), ShardError>
+    where
+        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let elector = LeaderElector::new(
+            self.inner.locker.clone(),
+            &lease_name(&self.inner.name, shard),
+            self.inner.config.clone(),
+        )?;
+        let stop = CancellationToken::new();
+        let owned = self.inner.owned.clone();
+        let workload = workload.clone();
+        let until = stop.clone();
+        let id = shards
+            .tasks
+            .spawn(async move {
+                if until
+                    .run_until_cancelled(tokio::time::sleep(delay))
+                    .await
+                    .is_none()
+                {
+                    return Ok(None);
+                }
+                elector
+                    .run_until(until.cancelled(), |term| {
+                        let owned = owned.clone();
+                        let work = workload(shard, term);
+                        async move {
+                            owned.send_modify(|o| {
+                                o.insert(shard);
+                            });
+                            let _gone = OwnedGuard(owned, shard);
+                            work.await;
+                        }
+                    })
+                    .await
+            })
+            .id();
+        shards.ids.insert(id, shard);
+        shards.running.insert(shard, stop);
+        Ok(())
+    }
+
+    /// A shard's elector returned: restart it if the shard is still ours and it ended
+    /// because its workload returned; propagate a permanent failure.
+    fn reap<F, Fut>(
+        &self,
+        ended: Result<(tokio::task::Id, Result<Option<()>, ElectionError>), tokio::task::JoinError>,
+        shards: &mut Shards,
+        workload: &Arc<F>,
+    ) -> Result<(), ShardError>
+    where
+        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (id, result) = match ended {
+            Ok((id, result)) => (id, result),
+            Err(e) => (
+                e.id(),
+                Err(ElectionError::Internal {
+                    message: format!("a shard's task failed: {e}"),
+                }),
+            ),
+        };
+        let Some(shard) = shards.ids.remove(&id) else {
+            return Ok(());
+        };
+        shards.running.remove(&shard);
+        match result {
+            Err(ElectionError::Lock(e)) => Err(ShardError::Election(ElectionError::Lock(e))),
+            Err(e) => {
+                tracing::warn!(group = %self.inner.name, shard, error = %e, "a shard's term failed");
+                self.restart_if_ours(shard, shards, workload)
+            }
+            Ok(_) => self.restart_if_ours(shard, shards, workload),
+        }
+    }
+
+    fn restart_if_ours<F, Fut>(
+        &self,
+        shard: u32,
+        shards: &mut Shards,
+        workload: &Arc<F>,
+    ) -> Result<(), ShardError>
+    where
+        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if shards.assigned.contains(&shard) {
+            let (_, retry) = self.inner.config.timings();
+            self.start(shard, shards, workload, retry)?;
+        }
+        Ok(())
+    }
+}
+
+/// The shard electors running on this replica.
+#[derive(Default)]
+struct Shards {
+    /// The shards assigned here by the latest assignment.
+    assigned: BTreeSet<u32>,
+    /// Each running shard's stop signal.
+    running: HashMap<u32, CancellationToken>,
+    ids: HashMap<tokio::task::Id, u32>,
+    tasks: JoinSet<Result<Option<()>, ElectionError>>,
+}
+
+impl Shards {
+    /// Stops every shard gracefully and waits until each has released its lease.
+    async fn stop_all(&mut self) {
+        for stop in self.running.values() {
+            stop.cancel();
+        }
+        while self.tasks.join_next().await.is_some() {}
+        self.running.clear();
+        self.ids.clear();
+    }
+}
+
+/// Removes the shard from the owned set when its term's workload ends, however it ends.
+struct OwnedGuard(watch::Sender<BTreeSet<u32>>, u32);
+
+impl Drop for OwnedGuard {
+    fn drop(&mut self) {
+        let shard = self.1;
+        self.0.send_modify(|o| {
+            o.remove(&shard);
+        });
+    }
+}
+
+/// Clears the "running" flag however `run_until` ends.
+struct Running<'a>(&'a ShardedElector);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.inner.running.store(false, Ordering::Release);
+    }
+}
+
+impl Inner {
+    fn config_request_timeout(&self) -> Duration {
+        let (_, retry) = self.config.timings();
+        retry / 2
+    }
+}
+
+/// The lease of one shard.
+#[must_use]
+pub fn lease_name(group: &str, shard: u32) -> String {
+    format!("{group}-{shard}")
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
