@@ -626,4 +626,59 @@ impl Suite {
             .await
             .unwrap_or_else(|e| panic!("release failed: {e}"));
     }
+
+    /// Group membership (sharded leadership): announcements appear in one stream of whole
+    /// member sets, sorted by identity, with what each member holds; a withdrawal and an
+    /// announcement that is not renewed within its ttl take the member out.
+    pub async fn check_membership(&self) {
+        use futures::StreamExt;
+        let group = unique("group");
+        let b = &self.backend;
+        let mut sets = b.members(&group);
+        let mut next = async |what: &str| -> Vec<crate::backend::Member> {
+            loop {
+                match tokio::time::timeout(self.ttl * 10, sets.next()).await {
+                    Ok(Some(Ok(set))) => return set,
+                    Ok(Some(Err(e))) if e.is_transient() => {}
+                    other => panic!("{what}: the members stream gave {other:?}"),
+                }
+            }
+        };
+        assert_eq!(next("at first").await, Vec::new(), "a new group has no members");
+        let member = |identity: &str, holds: Vec<u32>| crate::backend::Member {
+            identity: identity.to_owned(),
+            shards: 8,
+            joined_ms: 1_700_000_000_000,
+            holds,
+        };
+        let ttl = self.ttl * 3;
+        let announce = async |m: &crate::backend::Member| {
+            b.announce_member(&group, m, ttl)
+                .await
+                .unwrap_or_else(|e| panic!("announcing {} failed: {e}", m.identity));
+        };
+        announce(&member("pod-b", vec![])).await;
+        assert_eq!(next("after one announcement").await, vec![member("pod-b", vec![])]);
+        announce(&member("pod-a", vec![1, 5])).await;
+        assert_eq!(
+            next("after a second").await,
+            vec![member("pod-a", vec![1, 5]), member("pod-b", vec![])],
+            "sorted by identity, with what each holds"
+        );
+        b.withdraw_member(&group, "pod-b")
+            .await
+            .unwrap_or_else(|e| panic!("withdrawing failed: {e}"));
+        assert_eq!(next("after a withdrawal").await, vec![member("pod-a", vec![1, 5])]);
+        b.withdraw_member(&group, "pod-b")
+            .await
+            .unwrap_or_else(|e| panic!("withdrawing an absent member must succeed: {e}"));
+        // pod-a stops announcing: it is gone once its ttl has passed.
+        let last = Instant::now();
+        assert_eq!(next("after pod-a's ttl").await, Vec::new());
+        assert!(
+            last.elapsed() >= ttl - self.ttl / 10,
+            "pod-a expired after {:?}, before its ttl {ttl:?}",
+            last.elapsed()
+        );
+    }
 }
