@@ -37,8 +37,16 @@ use tenure::backend::{AcquireRequest, Acquired, Backend, HolderToken, Released};
 use tenure::{LockError, LockOptions, Locker};
 use tokio::time::Instant;
 
-const ACQUIRE_LUA: &str = include_str!("../src/backend/redis/acquire.lua");
-const RELEASE_LUA: &str = include_str!("../src/backend/redis/release.lua");
+// As the backend loads them (`engine.rs`): `value.lua`, the one test of a lock value's layout,
+// before each script's own text; a script alone refers to `NONE` and `ours`, which it defines.
+const ACQUIRE_LUA: &str = concat!(
+    include_str!("../src/backend/redis/value.lua"),
+    include_str!("../src/backend/redis/acquire.lua")
+);
+const RELEASE_LUA: &str = concat!(
+    include_str!("../src/backend/redis/value.lua"),
+    include_str!("../src/backend/redis/release.lua")
+);
 const TTL: Duration = Duration::from_secs(10);
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {

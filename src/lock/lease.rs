@@ -1,9 +1,10 @@
 //! The held lease: its fencing token, its validity, how it ends, and the RAII release.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
+use futures::future::BoxFuture;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,10 @@ pub(crate) struct LeaseShared {
     pub holder: HolderToken,
     pub fencing: FencingToken,
     pub plan: Plan,
+    /// Whether the renewal scheduler still looks after this lease. Cleared exactly once, by
+    /// whoever stops tracking it first: a remover under the scheduler's queue lock, or the
+    /// scheduler task when it ends the lease (see the invariants on `scheduler::Queue`).
+    tracked: AtomicBool,
     state: Mutex<LeaseState>,
     ended: Notify,
 }
@@ -68,6 +73,7 @@ impl LeaseShared {
             holder,
             fencing,
             plan,
+            tracked: AtomicBool::new(true),
             state: Mutex::new(LeaseState {
                 valid_until: sent + plan.validity,
                 deadline: sent + plan.renew_deadline,
@@ -77,6 +83,16 @@ impl LeaseShared {
             }),
             ended: Notify::new(),
         }
+    }
+
+    /// Marks the lease as no longer tracked by the scheduler; true for the one caller that
+    /// did so.
+    pub fn untrack(&self) -> bool {
+        self.tracked.swap(false, Ordering::AcqRel)
+    }
+
+    pub fn is_tracked(&self) -> bool {
+        self.tracked.load(Ordering::Acquire)
     }
 
     /// The state, settled at the current instant.
@@ -207,7 +223,8 @@ impl LeaseShared {
 pub struct Lease {
     shared: Arc<LeaseShared>,
     locker: Locker,
-    release: OnceLock<Shared<BoxFuture<'static, Result<(), LockError>>>>,
+    /// Set by the first call of [`release`](Self::release).
+    release: OnceLock<Arc<ReleaseCell>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -310,7 +327,7 @@ impl Lease {
             }
             Renewed::NotHeld => {
                 s.end(LeaseEnd::Lost(LostReason::NotHeld));
-                self.locker.inner.scheduler.remove(s.key);
+                self.locker.inner.scheduler.remove(s);
                 Err(LockError::NotHeld {
                     name: s.name.to_string(),
                 })
@@ -336,28 +353,42 @@ impl Lease {
     ///
     /// Cancel safe: the release goes on in the background; call again for its result.
     pub async fn release(&self) -> Result<(), LockError> {
-        let release = self
-            .release
-            .get_or_init(|| {
-                std::panic::AssertUnwindSafe(release_task(self.locker.clone(), self.shared.clone()))
-                    .catch_unwind()
-                    .map(|done| {
-                        done.unwrap_or_else(|_| {
-                            Err(LockError::Backend(crate::backend::BackendError::new(
-                                crate::backend::BackendErrorKind::Unavailable,
-                                "the release panicked",
-                            )))
-                        })
-                    })
-                    .boxed()
-                    .shared()
-            })
-            .clone();
+        let mut first = false;
+        let cell = self.release.get_or_init(|| {
+            first = true;
+            Arc::default()
+        });
+        if !first {
+            return cell.wait().await;
+        }
         // The release runs on the caller's task (no task spawned per release); if the caller
-        // stops waiting, the rest of it runs in the background.
-        let mut detach = DetachOnDrop(Some(release.clone()));
-        let out = release.await;
-        detach.0 = None;
+        // stops waiting, `Detach` spawns the rest. Later calls wait for the cell. Not a
+        // `futures::future::Shared`: it wakes the task polling it when the future completes,
+        // which costs every release a needless reschedule (a cross-thread wake-up on a
+        // multi-threaded runtime; measured with `benches/redis.rs`).
+        let work =
+            std::panic::AssertUnwindSafe(release_task(self.locker.clone(), self.shared.clone()))
+                .catch_unwind()
+                .map(|done| {
+                    done.unwrap_or_else(|_| {
+                        Err(LockError::Backend(crate::backend::BackendError::new(
+                            crate::backend::BackendErrorKind::Unavailable,
+                            "the release panicked",
+                        )))
+                    })
+                })
+                .boxed();
+        let mut detach = Detach {
+            work: Some(work),
+            cell,
+        };
+        let out = match detach.work.as_mut() {
+            Some(work) => work.await,
+            // Not reached: set just above. Were it empty, the cell would still get an answer.
+            None => return cell.wait().await,
+        };
+        detach.work = None;
+        cell.finish(out.clone());
         out
     }
 
@@ -367,20 +398,90 @@ impl Lease {
     /// does not release it.
     pub fn orphan(&self) {
         if self.shared.end(LeaseEnd::Orphaned).is_none() {
-            self.locker.inner.scheduler.remove(self.shared.key);
+            self.locker.inner.scheduler.remove(&self.shared);
         }
     }
 }
 
-/// Finishes a release in the background when the future waiting for it is dropped.
-struct DetachOnDrop(Option<Shared<BoxFuture<'static, Result<(), LockError>>>>);
+/// The outcome of a lease's release, shared by every call of [`Lease::release`] and by the
+/// background task that finishes it if its first caller stops waiting.
+#[derive(Default)]
+struct ReleaseCell {
+    result: OnceLock<Result<(), LockError>>,
+    done: Notify,
+}
 
-impl Drop for DetachOnDrop {
+impl ReleaseCell {
+    fn finish(&self, result: Result<(), LockError>) {
+        // The first result wins; there is only one release run per lease.
+        let _ = self.result.set(result);
+        self.done.notify_waiters();
+    }
+
+    async fn wait(&self) -> Result<(), LockError> {
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a `finish` between the two is not missed.
+            notified.as_mut().enable();
+            if let Some(result) = self.result.get() {
+                return result.clone();
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Finishes a release in the background when the future running it is dropped.
+struct Detach<'a> {
+    work: Option<BoxFuture<'static, Result<(), LockError>>>,
+    cell: &'a Arc<ReleaseCell>,
+}
+
+impl Drop for Detach<'_> {
     fn drop(&mut self) {
-        if let Some(release) = self.0.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(release);
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        let background = Background {
+            work: Some(work),
+            cell: self.cell.clone(),
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(background.run());
+            }
+            // `Background`'s drop gives the waiters an answer.
+            Err(_) => drop(background),
+        }
+    }
+}
+
+/// The rest of a detached release. If it is dropped unfinished (its runtime shut down), the
+/// waiters get an error rather than wait forever; the lease then expires by its ttl.
+struct Background {
+    work: Option<BoxFuture<'static, Result<(), LockError>>>,
+    cell: Arc<ReleaseCell>,
+}
+
+impl Background {
+    async fn run(mut self) {
+        if let Some(work) = self.work.as_mut() {
+            let out = work.await;
+            self.work = None;
+            self.cell.finish(out);
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if self.work.is_some() {
+            self.cell
+                .finish(Err(LockError::Backend(crate::backend::BackendError::new(
+                    crate::backend::BackendErrorKind::Unavailable,
+                    "the release was abandoned: its runtime shut down before it finished",
+                ))));
         }
     }
 }
@@ -401,7 +502,7 @@ fn ended_error(name: &str, end: LeaseEnd) -> LockError {
 async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), LockError> {
     let earlier = shared.end(LeaseEnd::Released);
     if earlier.is_none() {
-        locker.inner.scheduler.remove(shared.key);
+        locker.inner.scheduler.remove(&shared);
     }
     if let Some(LeaseEnd::Lost(LostReason::NotHeld)) = earlier {
         // The store already told us it is not ours; there is nothing to delete.
@@ -448,7 +549,7 @@ impl Drop for Lease {
                 }
                 Err(_) => {
                     self.shared.end(LeaseEnd::Orphaned);
-                    self.locker.inner.scheduler.remove(self.shared.key);
+                    self.locker.inner.scheduler.remove(&self.shared);
                     tracing::warn!(lock = %self.shared.name, "lease dropped outside a tokio runtime: left to expire by its ttl");
                 }
             },

@@ -8,16 +8,23 @@
 //! start a task per lease). It never waits on the store inside its loop: renewal batches are
 //! in-flight futures polled beside the timer, so one slow batch cannot delay another lease's
 //! deadline.
+//!
+//! Leases reach the task through a queue it drains whenever it wakes, and it is woken only
+//! when it must be: when a new lease falls due in an earlier timer bucket than the one it
+//! sleeps until, when the last lease ended while it sleeps past the linger, or when the queue
+//! has grown long ([`WAKE_AT`]). Releasing a lease only queues its removal. So a lease acquired
+//! and released between two wake-ups costs two queue entries and no wake-up of the task,
+//! which is what keeps a short lock cycle as cheap as the bare backend's.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -31,15 +38,57 @@ const MAX_BATCH: usize = 4096;
 /// How long the task stays after its last lease ended, waiting for the next one.
 pub(crate) const LINGER: Duration = Duration::from_secs(1);
 
-/// The scheduler of one locker: a lazily started task and the channel to it.
+/// Queued commands at which a sleeping task is woken to take them in, so that the queue (and
+/// the lease state its entries keep alive) stays bounded while the task sleeps toward a far
+/// timer: one wake-up per ~500 short lock cycles.
+const WAKE_AT: usize = 1024;
+
+/// The scheduler of one locker: a lazily started task and the queue to it.
 pub(crate) struct Scheduler {
     backend: Arc<dyn Backend>,
-    /// `Some` while a scheduler task runs. Sends happen under this lock, and the task clears it
-    /// under this lock only when it has no leases and no queued command, so no command is ever
-    /// sent to a task that is exiting.
-    tx: Arc<Mutex<Option<mpsc::UnboundedSender<Command>>>>,
-    slots: Arc<Mutex<Slots>>,
-    stats: Arc<Stats>,
+    shared: Arc<Shared>,
+}
+
+/// What the lease handles and the task share.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the task; see [`Scheduler::wake`] for when.
+    wake: Notify,
+    stats: Stats,
+}
+
+/// The task's inbox and the slot allocator, under one lock.
+///
+/// Invariants, all kept under this lock:
+/// - `running` is set by the `add` that starts a task and cleared by the task only when it
+///   tracks no entry, has no batch in flight and `commands` is empty (`Task::try_sleep`), or
+///   by its `Drop`, which ends every lease it had: so no command is ever queued to a task that
+///   is exiting, and every tracked lease has an entry in the task's table or an `Add` here.
+/// - A lease is untracked ([`LeaseShared::untrack`]) exactly once. A remover untracks it and
+///   queues its `Remove` in one critical section, so when the task fails to untrack a lease
+///   it wants to end, that lease's `Remove` is already queued and the task leaves the entry
+///   to it. Each lease's slot is freed exactly once: by the task when it untracked the lease,
+///   otherwise when it applies the `Remove`.
+struct Queue {
+    running: bool,
+    task: TaskState,
+    commands: Vec<Command>,
+    /// Free entry-table slots.
+    free: Vec<u32>,
+    next_slot: u32,
+    next_id: u64,
+    /// When a remover last took away a lease: the linger is measured from the last end.
+    last_end: Instant,
+}
+
+/// What the task is doing, as producers need to know it to decide whether to wake it.
+#[derive(Clone, Copy, Debug)]
+enum TaskState {
+    /// Working: it takes in the queue again before it sleeps, so nothing needs to wake it.
+    Awake,
+    /// Sleeping until this instant (a timer bucket, or the end of the linger), or, with
+    /// `None`, until a renewal batch answers or it is woken.
+    Asleep(Option<Instant>),
 }
 
 /// Identifies a lease to the scheduler: a slot in its entry table, reused after the lease is
@@ -51,33 +100,11 @@ pub(crate) struct LeaseKey {
     id: u64,
 }
 
-/// Hands out entry-table slots, densely: leases acquired together sit together in memory, so
-/// firing a burst of them walks the table in order instead of hopping around a hash map.
-#[derive(Default)]
-struct Slots {
-    free: Vec<u32>,
-    next_slot: u32,
-    next_id: u64,
-}
-
-impl Slots {
-    fn take(&mut self) -> LeaseKey {
-        self.next_id += 1;
-        let slot = self.free.pop().unwrap_or_else(|| {
-            self.next_slot += 1;
-            self.next_slot - 1
-        });
-        LeaseKey {
-            slot,
-            id: self.next_id,
-        }
-    }
-}
-
 #[derive(Default)]
 pub(crate) struct Stats {
+    /// Leases tracked: counted at `add`, uncounted when untracked.
     pub active: AtomicUsize,
-    /// Entries in the task's map: `active` once the task has caught up with its commands.
+    /// Entries in the task's table: `active` once the task has taken in its queue.
     pub tracked: AtomicUsize,
     pub tasks: AtomicUsize,
     pub renewals: AtomicU64,
@@ -94,71 +121,145 @@ impl Scheduler {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         Self {
             backend,
-            tx: Arc::default(),
-            slots: Arc::default(),
-            stats: Arc::default(),
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue {
+                    running: false,
+                    task: TaskState::Awake,
+                    commands: Vec::new(),
+                    free: Vec::new(),
+                    next_slot: 0,
+                    next_id: 0,
+                    last_end: Instant::now(),
+                }),
+                wake: Notify::new(),
+                stats: Stats::default(),
+            }),
         }
     }
 
     /// A key for a lease about to be added.
     pub fn key(&self) -> LeaseKey {
-        self.slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        let mut q = self.shared.lock();
+        q.next_id += 1;
+        let slot = match q.free.pop() {
+            Some(slot) => slot,
+            None => {
+                q.next_slot += 1;
+                q.next_slot - 1
+            }
+        };
+        LeaseKey {
+            slot,
+            id: q.next_id,
+        }
     }
 
     pub fn stats(&self) -> &Stats {
-        &self.stats
+        &self.shared.stats
     }
 
     /// Starts tracking a lease acquired by a request sent at `sent`.
     pub fn add(&self, lease: Arc<LeaseShared>, sent: Instant) {
-        self.stats.active.fetch_add(1, Ordering::Relaxed);
-        self.send(Command::Add(lease, sent), true);
+        let plan = lease.plan;
+        let first = sent
+            + if plan.auto_renew {
+                plan.renew_interval.min(plan.renew_deadline)
+            } else {
+                plan.renew_deadline
+            };
+        let mut q = self.shared.lock();
+        self.shared.stats.active.fetch_add(1, Ordering::Relaxed);
+        q.commands.push(Command::Add(lease, sent));
+        if !q.running {
+            self.start(&mut q);
+            return;
+        }
+        // The task's timers fire on a grid of `Timers::GRANULARITY`, so a lease due within
+        // one step of what the task sleeps until is served by that same wake-up (at most a
+        // step late, which `Timers` allows anyway).
+        let due_earlier = |at: Instant| first + Timers::GRANULARITY <= at;
+        let wake = match q.task {
+            TaskState::Awake => false,
+            TaskState::Asleep(None) => true,
+            TaskState::Asleep(Some(at)) => due_earlier(at) || q.commands.len() >= WAKE_AT,
+        };
+        self.wake(q, wake);
     }
 
     /// A renewal sent at `sent` succeeded outside the scheduler ([`Lease::refresh`](super::Lease::refresh)).
+    /// It only moves the lease's events later, so the task need not wake for it.
     pub fn renewed(&self, key: LeaseKey, sent: Instant) {
-        self.send(Command::Renewed(key, sent), false);
-    }
-
-    /// Stops tracking a lease (released or orphaned).
-    pub fn remove(&self, key: LeaseKey) {
-        self.send(Command::Remove(key), false);
-    }
-
-    fn send(&self, cmd: Command, start: bool) {
-        let mut slot = self
-            .tx
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(tx) = slot.as_ref() {
-            // The receiver lives as long as the slot is `Some`: the task clears the slot
-            // before dropping it.
-            let _ = tx.send(cmd);
+        let mut q = self.shared.lock();
+        if !q.running {
+            // No task means no tracked lease: nothing to update.
             return;
         }
-        if !start {
-            // No task means no tracked lease: nothing to update or remove.
+        q.commands.push(Command::Renewed(key, sent));
+        let wake = matches!(q.task, TaskState::Asleep(_)) && q.commands.len() >= WAKE_AT;
+        self.wake(q, wake);
+    }
+
+    /// Stops tracking a lease (released, orphaned, or answered "not held" to a refresh).
+    /// Idempotent, and a no-op for a lease the task already ended.
+    pub fn remove(&self, lease: &LeaseShared) {
+        let mut q = self.shared.lock();
+        // Under the lock, with the push below: see the invariants on `Queue`. A tracked lease
+        // implies a running task, so the first test only guards that invariant.
+        if !q.running || !lease.untrack() {
             return;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(cmd);
-        *slot = Some(tx);
-        self.stats.tasks.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        q.commands.push(Command::Remove(lease.key));
+        q.last_end = now;
+        let last = self.shared.stats.active.fetch_sub(1, Ordering::Relaxed) == 1;
+        // The entry can wait in the queue for the task's next wake-up; but when this was the
+        // last lease, the task must wake by the end of the linger to exit in time.
+        let wake = match q.task {
+            TaskState::Awake => false,
+            TaskState::Asleep(at) => {
+                q.commands.len() >= WAKE_AT || (last && at.is_none_or(|at| at > now + LINGER))
+            }
+        };
+        self.wake(q, wake);
+    }
+
+    /// Wakes the task if `wake`. The state is set to `Awake` under the lock so that the
+    /// producers after this one do not wake it again.
+    fn wake(&self, mut q: MutexGuard<'_, Queue>, wake: bool) {
+        if wake {
+            q.task = TaskState::Awake;
+            drop(q);
+            self.shared.wake.notify_one();
+        }
+    }
+
+    fn start(&self, q: &mut Queue) {
+        q.running = true;
+        q.task = TaskState::Awake;
+        let now = Instant::now();
+        q.last_end = now;
+        self.shared.stats.tasks.fetch_add(1, Ordering::Relaxed);
         let task = Task {
             backend: self.backend.clone(),
-            slot: self.tx.clone(),
-            slots: self.slots.clone(),
-            stats: self.stats.clone(),
-            rx,
+            shared: self.shared.clone(),
+            inbox: Vec::new(),
             entries: Vec::new(),
+            freed: Vec::new(),
             timers: Timers::new(),
             in_flight: FuturesUnordered::new(),
+            last_end: now,
             exited: false,
         };
         tokio::spawn(task.run());
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing panics while this lock is held; recover rather than propagate a poison.
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -240,6 +341,11 @@ impl Timers {
         self.buckets.first_key_value().map(|(at, _)| *at)
     }
 
+    /// Forgets every timer (when no entry is left, all of them are stale).
+    fn clear(&mut self) {
+        self.buckets.clear();
+    }
+
     /// Removes and returns the keys of every bucket due at `now`.
     fn take_due(&mut self, now: Instant) -> Vec<LeaseKey> {
         let mut due = Vec::new();
@@ -266,15 +372,18 @@ type BatchResult = (
 
 struct Task {
     backend: Arc<dyn Backend>,
-    slot: Arc<Mutex<Option<mpsc::UnboundedSender<Command>>>>,
-    slots: Arc<Mutex<Slots>>,
-    stats: Arc<Stats>,
-    rx: mpsc::UnboundedReceiver<Command>,
+    shared: Arc<Shared>,
+    /// The commands being applied; swapped with the queue's buffer, so both keep capacity.
+    inbox: Vec<Command>,
     /// Indexed by `LeaseKey::slot`.
     entries: Vec<Option<Entry>>,
+    /// Slots freed since the queue was last locked, handed back to it then.
+    freed: Vec<u32>,
     timers: Timers,
     in_flight: FuturesUnordered<BoxFuture<'static, BatchResult>>,
-    /// Set when the task leaves through `try_exit`; any other way out is a failure.
+    /// When the task last ended a lease itself; `Queue::last_end` has the removers' ends.
+    last_end: Instant,
+    /// Set when the task leaves through `try_sleep`; any other way out is a failure.
     exited: bool,
 }
 
@@ -286,66 +395,117 @@ impl Drop for Task {
         if self.exited {
             return;
         }
-        *self
-            .slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-        self.stats.tasks.fetch_sub(1, Ordering::Relaxed);
         let panicked = std::thread::panicking();
-        for entry in self.entries.drain(..).flatten() {
-            entry
-                .lease
-                .end(LeaseEnd::Lost(LostReason::RenewalStopped { panicked }));
-            self.stats.active.fetch_sub(1, Ordering::Relaxed);
-            self.stats.tracked.fetch_sub(1, Ordering::Relaxed);
+        let stats = &self.shared.stats;
+        // Under the lock throughout, so no remover untracks a lease between `running` being
+        // cleared and this loop (see the invariants on `Queue`).
+        let mut q = self.shared.lock();
+        q.running = false;
+        q.task = TaskState::Awake;
+        stats.tasks.fetch_sub(1, Ordering::Relaxed);
+        let pending = std::mem::take(&mut q.commands);
+        q.free.append(&mut self.freed);
+        let entries = self.entries.drain(..).flatten().map(|e| e.lease);
+        let added = pending.iter().filter_map(|c| match c {
+            Command::Add(lease, _) if lease.is_tracked() => Some(lease.clone()),
+            _ => None,
+        });
+        for lease in entries.chain(added) {
+            if lease.untrack() {
+                lease.end(LeaseEnd::Lost(LostReason::RenewalStopped { panicked }));
+                stats.active.fetch_sub(1, Ordering::Relaxed);
+                q.free.push(lease.key.slot);
+            }
+            // Otherwise its `Remove` is among `pending`, which frees the slot below.
         }
+        for c in &pending {
+            if let Command::Remove(key) = c {
+                q.free.push(key.slot);
+            }
+        }
+        stats.tracked.store(0, Ordering::Relaxed);
     }
 }
 
 impl Task {
     async fn run(mut self) {
-        // Set while nothing is tracked or in flight: when the task may exit.
-        let mut idle_until: Option<Instant> = None;
         loop {
-            let wake = self.timers.next();
+            self.take_in();
+            let now = Instant::now();
+            if self.timers.next().is_some_and(|at| at <= now) {
+                self.fire_due(now);
+            }
+            let Some(wake_at) = self.try_sleep(now) else {
+                return;
+            };
+            let Some(wake_at) = wake_at else {
+                // Commands arrived meanwhile: take them in before sleeping.
+                continue;
+            };
             tokio::select! {
                 biased;
-                cmd = self.rx.recv() => match cmd {
-                    Some(cmd) => self.apply(cmd),
-                    // Unreachable while the slot holds the sender; `Drop` cleans up.
-                    None => return,
-                },
+                () = self.shared.wake.notified() => {}
                 Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.finish_batch(done);
                 }
-                () = sleep_until_opt(wake) => self.fire_due(),
-                () = sleep_until_opt(idle_until) => {
-                    if self.try_exit() {
-                        return;
-                    }
-                }
+                () = sleep_until_opt(wake_at) => {}
             }
-            idle_until = if self.is_empty() && self.in_flight.is_empty() {
-                idle_until.or_else(|| Some(Instant::now() + LINGER))
-            } else {
-                None
-            };
         }
     }
 
-    /// Exits if no command is queued; see the invariant on `Scheduler::tx`.
-    fn try_exit(&mut self) -> bool {
-        let mut slot = self
-            .slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !self.rx.is_empty() {
-            return false;
+    /// Applies every queued command.
+    fn take_in(&mut self) {
+        let mut inbox = std::mem::take(&mut self.inbox);
+        {
+            let mut q = self.shared.lock();
+            std::mem::swap(&mut q.commands, &mut inbox);
+            q.task = TaskState::Awake;
+            q.free.append(&mut self.freed);
+            self.last_end = self.last_end.max(q.last_end);
         }
-        *slot = None;
-        self.stats.tasks.fetch_sub(1, Ordering::Relaxed);
-        self.exited = true;
-        true
+        for cmd in inbox.drain(..) {
+            self.apply(cmd);
+        }
+        // A burst (100,000 leases acquired at once) must not pin its queue's size for good.
+        if inbox.capacity() > 4 * WAKE_AT {
+            inbox = Vec::new();
+        }
+        self.inbox = inbox;
+    }
+
+    /// Decides what to sleep until and publishes it, or exits: `None` to exit, `Some(None)`
+    /// when commands are queued (take them in first), `Some(Some(at))` to sleep until `at`
+    /// (`None`: no timer).
+    ///
+    /// Exits only when nothing is tracked, in flight or queued, a [`LINGER`] after the last
+    /// lease ended; see the invariants on `Queue`.
+    #[allow(clippy::option_option)] // three outcomes, each named above
+    fn try_sleep(&mut self, now: Instant) -> Option<Option<Option<Instant>>> {
+        let idle = self.is_empty() && self.in_flight.is_empty();
+        if idle {
+            // Every timer left is stale: drop them rather than wake up for them.
+            self.timers.clear();
+        }
+        let mut q = self.shared.lock();
+        q.free.append(&mut self.freed);
+        if !q.commands.is_empty() {
+            return Some(None);
+        }
+        let wake_at = if idle {
+            // The queue is empty, so no lease ended since `take_in` read `last_end`.
+            let until = self.last_end.max(q.last_end) + LINGER;
+            if now >= until {
+                q.running = false;
+                self.shared.stats.tasks.fetch_sub(1, Ordering::Relaxed);
+                self.exited = true;
+                return None;
+            }
+            Some(until)
+        } else {
+            self.timers.next()
+        };
+        q.task = TaskState::Asleep(wake_at);
+        Some(Some(wake_at))
     }
 
     fn entry(&self, key: LeaseKey) -> Option<&Entry> {
@@ -371,6 +531,11 @@ impl Task {
     fn apply(&mut self, cmd: Command) {
         match cmd {
             Command::Add(lease, sent) => {
+                if !lease.is_tracked() {
+                    // Released before the task looked: its `Remove` follows in the queue and
+                    // frees the slot. Nothing to schedule.
+                    return;
+                }
                 let key = lease.key;
                 let plan = lease.plan;
                 let entry = Entry {
@@ -392,7 +557,7 @@ impl Task {
                     self.entries.resize_with(slot + 1, || None);
                 }
                 self.entries[slot] = Some(entry);
-                self.stats.tracked.fetch_add(1, Ordering::Relaxed);
+                self.shared.stats.tracked.fetch_add(1, Ordering::Relaxed);
                 self.schedule(key);
             }
             Command::Renewed(key, sent) => {
@@ -404,36 +569,47 @@ impl Task {
                     self.schedule(key);
                 }
             }
-            Command::Remove(key) => self.drop_entry(key),
+            Command::Remove(key) => {
+                // The remover untracked the lease; its entry exists unless the `Add` was
+                // skipped. Either way this frees the slot, once (see `Queue`).
+                if self.entry(key).is_some() {
+                    self.entries[key.slot as usize] = None;
+                    self.shared.stats.tracked.fetch_sub(1, Ordering::Relaxed);
+                }
+                self.freed.push(key.slot);
+            }
         }
     }
 
-    fn drop_entry(&mut self, key: LeaseKey) {
-        if self.entry(key).is_none() {
+    /// Ends a lease the task found lost, unless a remover untracked it first (then its
+    /// `Remove` is queued and drops the entry).
+    fn end_entry(&mut self, key: LeaseKey, cause: LeaseEnd) {
+        let Some(e) = self.entry(key) else {
+            return;
+        };
+        if !e.lease.untrack() {
             return;
         }
-        self.entries[key.slot as usize] = None;
-        self.slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .free
-            .push(key.slot);
-        self.stats.active.fetch_sub(1, Ordering::Relaxed);
-        self.stats.tracked.fetch_sub(1, Ordering::Relaxed);
+        if let Some(e) = self.entries[key.slot as usize].take() {
+            e.lease.end(cause);
+        }
+        self.freed.push(key.slot);
+        self.last_end = Instant::now();
+        self.shared.stats.active.fetch_sub(1, Ordering::Relaxed);
+        self.shared.stats.tracked.fetch_sub(1, Ordering::Relaxed);
     }
 
     fn is_empty(&self) -> bool {
-        self.stats.tracked.load(Ordering::Relaxed) == 0
+        self.shared.stats.tracked.load(Ordering::Relaxed) == 0
     }
 
     /// Handles every timer that is due: ends leases past their deadline, and sends the leases
     /// due for renewal in batches.
-    fn fire_due(&mut self) {
-        let now = Instant::now();
+    fn fire_due(&mut self, now: Instant) {
         let mut due = Vec::new();
         for key in self.timers.take_due(now) {
-            // Released and orphaned leases were removed by their command, which is always
-            // handled before timers; a missing entry is a stale timer.
+            // Removed leases were dropped by their command, taken in before timers fire; a
+            // missing entry is a stale timer.
             let Some(e) = self.entry_mut(key) else {
                 continue;
             };
@@ -442,8 +618,7 @@ impl Task {
             }
             if now >= e.deadline() {
                 let reason = e.reason_at_deadline();
-                e.lease.end(LeaseEnd::Lost(reason));
-                self.drop_entry(key);
+                self.end_entry(key, LeaseEnd::Lost(reason));
                 continue;
             }
             if e.auto_renew && now >= e.next_renew {
@@ -493,7 +668,7 @@ impl Task {
     }
 
     fn finish_batch(&mut self, (ids, sent, answer): BatchResult) {
-        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.shared.stats.batches.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let answers: Vec<Result<Renewed, BackendError>> = match answer {
             Ok(list) if list.len() == ids.len() => list,
@@ -526,8 +701,7 @@ impl Task {
                     e.next_renew = sent + e.renew_interval;
                 }
                 Ok(Renewed::NotHeld) => {
-                    e.lease.end(LeaseEnd::Lost(LostReason::NotHeld));
-                    self.drop_entry(key);
+                    self.end_entry(key, LeaseEnd::Lost(LostReason::NotHeld));
                     continue;
                 }
                 Err(err) if err.is_transient() => {
@@ -535,8 +709,7 @@ impl Task {
                     e.next_renew = now + e.lease.plan.jittered_retry();
                 }
                 Err(err) => {
-                    e.lease.end(LeaseEnd::Lost(LostReason::Backend(err)));
-                    self.drop_entry(key);
+                    self.end_entry(key, LeaseEnd::Lost(LostReason::Backend(err)));
                     continue;
                 }
             }
@@ -544,7 +717,10 @@ impl Task {
                 self.timers.push(at, key);
             }
         }
-        self.stats.renewals.fetch_add(renewed, Ordering::Relaxed);
+        self.shared
+            .stats
+            .renewals
+            .fetch_add(renewed, Ordering::Relaxed);
     }
 }
 
