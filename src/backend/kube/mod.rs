@@ -110,6 +110,7 @@
 
 mod client;
 mod error;
+mod members;
 pub(crate) mod record;
 mod state;
 mod watch;
@@ -129,7 +130,7 @@ use tokio::time::Instant;
 
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, FencingToken, HolderChange,
-    HolderToken, InvalidName, LeadershipEvent, LeaseRecord, Released, Renewed,
+    HolderToken, InvalidName, LeadershipEvent, LeaseRecord, Member, Released, Renewed,
 };
 use error::Op;
 pub use record::{
@@ -927,6 +928,27 @@ impl Backend for KubeBackend {
                 tracing::debug!(lock = name, error = %e, "could not record the leadership Event");
             }
         })
+    }
+
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(self.inner.announce_member(group, member, ttl))
+    }
+
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(self.inner.withdraw_member(group, identity))
+    }
+
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        members::members(&self.inner, group)
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

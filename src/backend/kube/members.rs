@@ -1,0 +1,305 @@
+//! Group membership on Kubernetes (sharded leadership): one small Lease per member, found by
+//! a label, written with one unconditional `PUT` per announcement and watched with one watch
+//! per group; a member is live until its `leaseDurationSeconds` pass on the observer's own
+//! clock without a change, as a lock's holder is.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tokio::time::Instant;
+
+use super::{Fail, Inner};
+use crate::backend::{BackendError, BackendErrorKind, Member};
+
+/// The label every member Lease of a group carries, with the group (or its hash) as value.
+const GROUP_LABEL: &str = "tenure.dev/group";
+/// The annotation holding the member's record.
+const MEMBER_ANNOTATION: &str = "tenure.dev/member";
+
+/// FNV-1a 64: names derived from identities and groups that do not fit Kubernetes' rules.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The member Lease's name: the group, then a hash of the identity (identities need not be
+/// valid object names).
+pub fn lease_name(group: &str, identity: &str) -> String {
+    format!("{group}-member-{:016x}", fnv(identity.as_bytes()))
+}
+
+/// The group label's value: the group itself when it is a valid label value, else a hash.
+fn label_value(group: &str) -> String {
+    let valid = group.len() <= 63
+        && group
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && group.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && group.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if valid {
+        group.to_owned()
+    } else {
+        format!("h-{:016x}", fnv(group.as_bytes()))
+    }
+}
+
+fn encode(member: &Member) -> String {
+    serde_json::json!({
+        "v": 1,
+        "identity": member.identity,
+        "shards": member.shards,
+        "joinedMs": member.joined_ms,
+        "holds": member.holds,
+    })
+    .to_string()
+}
+
+fn decode(text: &str) -> Option<Member> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    if v["v"].as_u64() != Some(1) {
+        return None;
+    }
+    let holds = v["holds"]
+        .as_array()?
+        .iter()
+        .map(|s| s.as_u64().and_then(|s| u32::try_from(s).ok()))
+        .collect::<Option<Vec<u32>>>()?;
+    Some(Member {
+        identity: v["identity"].as_str()?.to_owned(),
+        shards: u32::try_from(v["shards"].as_u64()?).ok()?,
+        joined_ms: v["joinedMs"].as_u64()?,
+        holds,
+    })
+}
+
+impl Inner {
+    /// Writes the member's Lease: an unconditional replace (one request), or a create the
+    /// first time.
+    pub(super) async fn announce_member(
+        &self,
+        group: &str,
+        member: &Member,
+        ttl: Duration,
+    ) -> Result<(), BackendError> {
+        let name = lease_name(group, &member.identity);
+        let mut lease = Lease::default();
+        lease.metadata.name = Some(name.clone());
+        lease.metadata.labels = Some([(GROUP_LABEL.to_owned(), label_value(group))].into());
+        lease.metadata.annotations = Some([(MEMBER_ANNOTATION.to_owned(), encode(member))].into());
+        lease.spec = Some(LeaseSpec {
+            holder_identity: Some(member.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(ttl.as_millis().div_ceil(1000)).unwrap_or(i32::MAX),
+            ),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        });
+        let pp = PostParams::default();
+        match self
+            .call(
+                self.op("update", &name),
+                self.api.replace(&name, &pp, &lease),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(Fail::NotFound) => match self
+                .call(self.op("create", &name), self.api.create(&pp, &lease))
+                .await
+            {
+                // Created, or created meanwhile by an earlier announcement of ours.
+                Ok(_) | Err(Fail::Conflict) => Ok(()),
+                Err(Fail::NotFound) => Err(BackendError::new(
+                    BackendErrorKind::Config,
+                    format!(
+                        "{}: not found (404); does the namespace exist?",
+                        self.op("create", &name)
+                    ),
+                )),
+                Err(Fail::Error(e)) => Err(e),
+            },
+            Err(Fail::Conflict) => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("{}: conflict (409); retrying", self.op("update", &name)),
+            )),
+            Err(Fail::Error(e)) => Err(e),
+        }
+    }
+
+    /// Deletes the member's Lease; one that is already gone is fine.
+    pub(super) async fn withdraw_member(
+        &self,
+        group: &str,
+        identity: &str,
+    ) -> Result<(), BackendError> {
+        let name = lease_name(group, identity);
+        match self
+            .call(
+                self.op("delete", &name),
+                self.api.delete(&name, &DeleteParams::default()),
+            )
+            .await
+        {
+            Ok(_) | Err(Fail::NotFound) => Ok(()),
+            Err(Fail::Conflict) => Ok(()),
+            Err(Fail::Error(e)) => Err(e),
+        }
+    }
+}
+
+/// One member as an observer knows it.
+struct Seen {
+    member: Member,
+    rv: String,
+    /// When this observer saw the current version: the member is live for `ttl` from here.
+    changed: Instant,
+    ttl: Duration,
+}
+
+/// What `members` keeps between items.
+struct View {
+    seen: HashMap<String, Seen>,
+    /// During a re-list: the objects listed so far, replacing `seen` at its end.
+    relisting: Option<HashMap<String, Seen>>,
+    last: Option<Vec<Member>>,
+}
+
+impl View {
+    fn live(&self, now: Instant) -> (Vec<Member>, Option<Instant>) {
+        let mut live: BTreeMap<&str, &Member> = BTreeMap::new();
+        let mut next = None;
+        for s in self.seen.values() {
+            let until = s.changed + s.ttl;
+            if until > now {
+                live.insert(&s.member.identity, &s.member);
+                next = Some(next.map_or(until, |n: Instant| n.min(until)));
+            }
+        }
+        (live.into_values().cloned().collect(), next)
+    }
+
+    /// Records `lease` into `into`: seen now, unless `prior` saw this very version before.
+    fn apply(
+        into: &mut HashMap<String, Seen>,
+        prior: Option<&HashMap<String, Seen>>,
+        lease: &Lease,
+    ) {
+        let (Some(name), Some(rv)) = (&lease.metadata.name, &lease.metadata.resource_version)
+        else {
+            return;
+        };
+        let member = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(MEMBER_ANNOTATION))
+            .and_then(|t| decode(t));
+        let Some(member) = member else {
+            tracing::warn!(lease = %name, "a member Lease without a readable record: ignored");
+            return;
+        };
+        let ttl = Duration::from_secs(
+            lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .unwrap_or(0),
+        );
+        let before = prior.unwrap_or(into).get(name);
+        let changed = before
+            .filter(|s| &s.rv == rv)
+            .map_or_else(Instant::now, |s| s.changed);
+        into.insert(
+            name.clone(),
+            Seen {
+                member,
+                rv: rv.clone(),
+                changed,
+                ttl,
+            },
+        );
+    }
+}
+
+/// The live members of `group`, from one label-selected watch.
+pub fn members(
+    inner: &Arc<Inner>,
+    group: &str,
+) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+    let api: Api<Lease> = inner.api.clone();
+    let config =
+        watcher::Config::default().labels(&format!("{GROUP_LABEL}={}", label_value(group)));
+    let namespace = inner.namespace.clone();
+    let events = watcher::watcher(api, config).default_backoff().boxed();
+    let view = View {
+        seen: HashMap::new(),
+        relisting: None,
+        last: None,
+    };
+    Box::pin(futures::stream::unfold(
+        (events, view),
+        move |(mut events, mut view)| {
+            let namespace = namespace.clone();
+            async move {
+                loop {
+                    // The set is known once the first list is done; not during a re-list.
+                    if view.last.is_some() && view.relisting.is_none() {
+                        let (live, _) = view.live(Instant::now());
+                        if view.last.as_ref() != Some(&live) {
+                            view.last = Some(live.clone());
+                            return Some((Ok(live), (events, view)));
+                        }
+                    }
+                    let next_expiry = view.live(Instant::now()).1;
+                    let expiry = async {
+                        match next_expiry {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        event = events.next() => match event? {
+                            Ok(Event::Apply(lease)) => View::apply(&mut view.seen, None, &lease),
+                            Ok(Event::Delete(lease)) => {
+                                if let Some(name) = &lease.metadata.name {
+                                    view.seen.remove(name);
+                                }
+                            }
+                            Ok(Event::Init) => view.relisting = Some(HashMap::new()),
+                            Ok(Event::InitApply(lease)) => {
+                                let relisting = view.relisting.get_or_insert_with(HashMap::new);
+                                View::apply(relisting, Some(&view.seen), &lease);
+                            }
+                            Ok(Event::InitDone) => {
+                                view.seen = view.relisting.take().unwrap_or_default();
+                                if view.last.is_none() {
+                                    let (live, _) = view.live(Instant::now());
+                                    view.last = Some(live.clone());
+                                    return Some((Ok(live), (events, view)));
+                                }
+                            }
+                            Err(e) => {
+                                let err = BackendError::new(
+                                    BackendErrorKind::Unavailable,
+                                    format!("watching the member Leases in namespace {namespace}: {e}"),
+                                );
+                                return Some((Err(err), (events, view)));
+                            }
+                        },
+                        () = expiry => {}
+                    }
+                }
+            }
+        },
+    ))
+}
