@@ -1,16 +1,22 @@
 # syntax=docker/dockerfile:1
 #
-# The `tenure` binary as a minimal, non-root image: a static (musl) executable on
-# distroless/static, uid 65532. Being static, the same binary runs inside any Linux image,
-# which is how the Helm chart uses it: an init container runs `tenure install /tenure-bin`
-# and the workload's own image runs /tenure-bin/tenure.
+# The `tenure` binary as a minimal, non-root image: a static (musl) executable on an empty
+# base, with CA certificates and an /etc/passwd naming uid 65532 (nonroot), run as 65532.
+# Being static, the same binary runs inside any Linux image, which is how the Helm chart uses
+# it: an init container runs `tenure install /tenure-bin` and the workload's own image runs
+# /tenure-bin/tenure.
 #
 #   docker build -t REGISTRY/tenure:0.1.0 .
 #   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/tenure:0.1.0 --push .
 #
-# Not built or run in this repository's CI (no container engine there).
+# TENURE_BINARY picks where the binary comes from: `build` (default) compiles it from this
+# repository in the rust image; `prebuilt` takes the files from the build context instead
+# (tenure, a static musl build; ca-certificates.crt; passwd; group) and needs no network.
+# The repository's node tests build the image that way with buildah, offline, from the
+# `.ci/run` musl build (e2e/node/images.sh), and run it in the Helm chart's pods.
 
 ARG RUST_VERSION=1.95
+ARG TENURE_BINARY=build
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 # ring (rustls's crypto) compiles C and assembly: musl-gcc from musl-tools.
@@ -42,12 +48,22 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     if ldd /out/usr/local/bin/tenure 2>&1 | grep -q '=>'; then \
       echo "tenure is dynamically linked" >&2; exit 1; \
     fi; \
-    /out/usr/local/bin/tenure --version
+    /out/usr/local/bin/tenure --version; \
+    install -D -m 0644 /etc/ssl/certs/ca-certificates.crt /out/etc/ssl/certs/ca-certificates.crt; \
+    printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > /out/etc/passwd; \
+    printf 'root:x:0:\nnonroot:x:65532:\n' > /out/etc/group
 
-# distroless/static: no shell, no package manager; CA certificates, /etc/passwd with
-# nonroot (65532), tzdata.
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/usr/local/bin/tenure /usr/local/bin/tenure
+# The same files, prebuilt, from the build context (no network: buildah builds this offline).
+FROM scratch AS prebuilt
+COPY tenure /out/usr/local/bin/tenure
+COPY ca-certificates.crt /out/etc/ssl/certs/ca-certificates.crt
+COPY passwd group /out/etc/
+
+FROM ${TENURE_BINARY} AS binary
+
+# No shell, no package manager: the binary, CA certificates, passwd and group.
+FROM scratch
+COPY --from=binary /out/ /
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/tenure"]
 CMD ["--help"]
