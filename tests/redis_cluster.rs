@@ -175,8 +175,9 @@ async fn cluster_configs_that_cannot_work_are_refused() {
     }
 }
 
-/// The ACL the module docs give, plus `+cluster|slots` for the topology: enough on a cluster;
-/// without it the backend refuses to start, saying why, without the password.
+/// The ACL the module docs give, plus `+cluster|slots` for the topology: enough on a cluster
+/// (locks and group membership); without it the backend refuses to start, saying why, without
+/// the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
     const PW: &str = "cluster-Pw-41c7";
@@ -203,6 +204,11 @@ async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
             Some(Released::Released)
         );
     }
+    // Group membership too: a group's keys share its slot, its channel crosses the nodes.
+    Suite::new(b.clone())
+        .ttl(Duration::from_secs(1))
+        .check_membership()
+        .await;
     let e = RedisBackend::connect(as_user("noslots"))
         .await
         .expect_err("no topology without CLUSTER SLOTS");

@@ -23,6 +23,14 @@ tenure::conformance_tests!(
     setup()
 );
 
+/// Group membership (sharded leadership), until every backend keeps one and it joins
+/// `conformance_tests!`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_membership() {
+    let (_server, suite) = setup().await;
+    suite.check_membership().await;
+}
+
 /// The whole suite on one server with coalescing off: one script call per lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_suite_without_coalescing() {
@@ -35,4 +43,51 @@ async fn whole_suite_without_coalescing() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     Suite::new(backend).ttl(TTL).run_all().await;
+}
+
+/// Membership as the user the docs describe: the membership scripts' commands and the group's
+/// channel are all within the documented ACL rules; without the sorted-set commands an
+/// announcement is refused as a permission problem, not a hiccup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_works_with_exactly_the_documented_acl() {
+    use futures::StreamExt;
+    use tenure::backend::redis::{RedisBackend, RedisConfig};
+    use tenure::backend::{Backend, BackendErrorKind, Member};
+    const PW: &str = "members-Pw-5d21";
+    let old_rules = support::DOCUMENTED_ACL_RULES
+        .split(" +zadd")
+        .next()
+        .unwrap_or_default();
+    let server = RedisServer::options()
+        .acl_user(&support::documented_acl_user("tenure", PW))
+        .acl_user(&format!("locksonly on >{PW} {old_rules}"))
+        .start();
+    let connect = async |user: &str| {
+        let config = RedisConfig::new(&server.url_as(user, PW)).unwrap_or_else(|e| panic!("{e}"));
+        RedisBackend::connect(config)
+            .await
+            .unwrap_or_else(|e| panic!("connect as {user}: {e}"))
+    };
+    Suite::new(connect("tenure").await)
+        .ttl(TTL)
+        .check_membership()
+        .await;
+    let refused = connect("locksonly").await;
+    let me = Member {
+        identity: "pod-a".into(),
+        shards: 4,
+        joined_ms: 1,
+        holds: vec![],
+    };
+    let e = refused
+        .announce_member("acl-group", &me, TTL)
+        .await
+        .expect_err("no sorted-set commands");
+    assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{e}");
+    let mut sets = refused.members("acl-group");
+    let first = tokio::time::timeout(TTL * 5, sets.next()).await;
+    assert!(
+        matches!(&first, Ok(Some(Err(e))) if e.kind() == BackendErrorKind::PermissionDenied),
+        "{first:?}"
+    );
 }

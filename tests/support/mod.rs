@@ -12,10 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The ACL rules the Redis backend's docs tell operators to grant (without the user's name
-/// and password): keys and channels under `tenure:`, and the commands its scripts run.
+/// and password): keys and channels under `tenure:`, and the commands its scripts run (the
+/// `z…` and `h…` ones for group membership).
 pub const DOCUMENTED_ACL_RULES: &str = "resetkeys ~tenure:* resetchannels &tenure:* -@all \
      +evalsha +script|load +subscribe +unsubscribe +ping \
-     +get +set +setrange +incr +pexpire +pttl +publish +time";
+     +get +set +setrange +incr +pexpire +pttl +publish +time \
+     +zadd +zrem +zscore +zrangebyscore +zremrangebyscore +hset +hdel +hmget";
 
 /// An ACL `user` line (for [`Options::acl_user`]): `name` with `password` and the documented
 /// rules.

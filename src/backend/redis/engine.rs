@@ -25,7 +25,7 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
-    fn new(name: &'static str, src: &'static str) -> Self {
+    pub(super) fn new(name: &'static str, src: &'static str) -> Self {
         Self {
             name,
             src,
@@ -51,8 +51,11 @@ pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("inspect", script!("inspect.lua")));
 
 /// Every script, for loading them up front.
-pub(crate) fn all_scripts() -> [&'static Lua; 4] {
-    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT]
+pub(crate) fn all_scripts() -> [&'static Lua; 7] {
+    use super::members::{ANNOUNCE, MEMBERS, WITHDRAW};
+    [
+        &*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*ANNOUNCE, &*WITHDRAW, &*MEMBERS,
+    ]
 }
 
 /// Counters of what the engine sent.
@@ -176,7 +179,7 @@ impl Engine {
     /// Sends the pipeline `pipe` of EVALSHA calls (`scripts[i]` is the script of call `i`) in one
     /// round trip. Calls answered NOSCRIPT are retried, after loading their scripts, in one more
     /// round trip. Each call's answer is its reply or its own error.
-    async fn send(
+    pub(super) async fn send(
         &self,
         pipe: &Pipeline,
         scripts: &[&'static Lua],
@@ -511,7 +514,7 @@ fn is_noscript(v: &Value) -> bool {
     matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT")
 }
 
-fn protocol(what: &str, got: &Value) -> BackendError {
+pub(super) fn protocol(what: &str, got: &Value) -> BackendError {
     let mut shown = format!("{got:?}");
     if shown.len() > 200 {
         let mut end = 200;
@@ -537,7 +540,7 @@ fn entry_error(item: &Value) -> Option<String> {
     }
 }
 
-fn as_i64(v: &Value) -> Option<i64> {
+pub(super) fn as_i64(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),

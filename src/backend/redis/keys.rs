@@ -49,6 +49,20 @@ impl Keys {
     pub(crate) fn channel(&self, name: &str) -> String {
         self.lock(name)
     }
+
+    /// `<prefix>{<group>}:members`: a group's sorted set, each member's identity scored by
+    /// the server time (ms) at which its announcement runs out. Also the name of the channel
+    /// on which announcements and withdrawals are published. Group names follow the lock
+    /// names' rules; a lock's own keys end in `}` or `}:fence`, so they never collide.
+    pub(crate) fn members(&self, group: &str) -> String {
+        self.lock(group) + ":members"
+    }
+
+    /// `<prefix>{<group>}:member-records`: a group's hash, identity → encoded member (see
+    /// `members.rs`).
+    pub(crate) fn member_records(&self, group: &str) -> String {
+        self.lock(group) + ":member-records"
+    }
 }
 
 /// Checks a lock name: non-empty, at most [`MAX_NAME_LEN`] bytes, no braces (they would change
@@ -91,6 +105,8 @@ mod tests {
         assert_eq!(k.lock("jobs"), "tenure:{jobs}");
         assert_eq!(k.fence("jobs"), "tenure:{jobs}:fence");
         assert_eq!(k.channel("jobs"), "tenure:{jobs}");
+        assert_eq!(k.members("jobs"), "tenure:{jobs}:members");
+        assert_eq!(k.member_records("jobs"), "tenure:{jobs}:member-records");
     }
 
     #[test]

@@ -69,6 +69,27 @@
 //! All keys of one lock share the hash tag `{jobs}`, so they live in one Redis Cluster slot;
 //! lock names therefore may not contain `{` or `}`.
 //!
+//! # Group membership
+//!
+//! Sharded leadership ([`crate::shard`]) keeps a group's members here; group `web` (named by
+//! the lock rules) uses:
+//!
+//! | key | holds | ttl |
+//! |---|---|---|
+//! | `tenure:{web}:members` | a sorted set: each member's identity, scored by the server time (ms, from `TIME`) at which its announcement runs out | the longest announcement's |
+//! | `tenure:{web}:member-records` | a hash: identity → `m1:<shards>:<joined_ms>:<held shards, comma-separated>` | the same |
+//!
+//! [`announce_member`](crate::Backend::announce_member) and
+//! [`withdraw_member`](crate::Backend::withdraw_member) are scripts that also PUBLISH `a` or
+//! `w` on the channel `tenure:{web}:members` when what readers see changed (a renewal with an
+//! unchanged record publishes nothing). [`members`](crate::Backend::members) subscribes to that
+//! channel on the backend's one subscriber connection (shared with every lock), then reads the
+//! live set with a script that drops expired members in the same step, and reads again on
+//! every notification and when the earliest announcement runs out, emitting only a changed
+//! set. Records that do not decode are skipped with a warning. One read carries at most half
+//! of [`MAX_REPLY_BYTES`] (a bigger group is a [`BackendErrorKind::Protocol`] error item);
+//! identities are at most 4 KiB.
+//!
 //! # The scripts
 //!
 //! - **acquire**: if the lock key is free, store holder token + identity with PX ttl and return
@@ -109,10 +130,11 @@
 //! ACL SETUSER tenure on >password resetkeys ~tenure:* resetchannels &tenure:* -@all
 //!     +evalsha +script|load +subscribe +unsubscribe +ping
 //!     +get +set +setrange +incr +pexpire +pttl +publish +time
+//!     +zadd +zrem +zscore +zrangebyscore +zremrangebyscore +hset +hdel +hmget
 //! ```
 //!
-//! (`+get … +time` are the commands the scripts call: Redis checks them against the caller's
-//! permissions too.) A denied command surfaces as [`BackendErrorKind::PermissionDenied`], a
+//! (`+get … +hmget` are the commands the scripts call: Redis checks them against the caller's
+//! permissions too; the `z…` and `h…` commands only group membership uses.) A denied command surfaces as [`BackendErrorKind::PermissionDenied`], a
 //! refused password as [`BackendErrorKind::Unauthenticated`]. In a cluster the client also
 //! discovers the topology with `CLUSTER SLOTS` (`+cluster|slots`).
 //!
@@ -136,6 +158,7 @@ mod error;
 mod expiry;
 mod keys;
 mod limit;
+mod members;
 mod observe;
 
 use std::sync::Arc;
@@ -154,7 +177,7 @@ use self::error::{Scrubber, from_redis};
 use self::observe::Hub;
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Released, RenewRequest, Renewed,
+    InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
 };
 
 pub use self::keys::MAX_NAME_LEN;
@@ -481,9 +504,10 @@ pub struct RedisStats {
     pub operations: u64,
     /// Scripts reloaded after the server answered NOSCRIPT.
     pub script_reloads: u64,
-    /// Channels the subscriber connection serves or is about to.
+    /// Channels the subscriber connection serves or is about to (locks' and groups').
     pub subscribed_channels: usize,
-    /// Live [`observe`](crate::Backend::observe) streams.
+    /// Live [`observe`](crate::Backend::observe) and [`members`](crate::Backend::members)
+    /// streams.
     pub observers: usize,
 }
 
@@ -836,6 +860,47 @@ impl Backend for RedisBackend {
                 .await
                 .map(|s| s.record)
         })
+    }
+
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(group).map_err(name_error)?;
+            let record = members::record_of(member)?;
+            let announce =
+                self.inner
+                    .engine
+                    .announce_member(group, &member.identity, &record, ttl_ms(ttl));
+            self.bounded("redis announce member", announce)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(group).map_err(name_error)?;
+            let withdraw = self.inner.engine.withdraw_member(group, identity);
+            self.bounded("redis withdraw member", withdraw)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        if let Err(e) = keys::validate_name(group) {
+            let e = name_error(e);
+            return Box::pin(futures::stream::once(async move { Err(e) }));
+        }
+        members::stream(&self.inner.hub, self.inner.engine.clone(), group)
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

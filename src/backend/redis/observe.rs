@@ -1,5 +1,7 @@
 //! One subscriber connection per backend, fanning grant and release notifications out to every
-//! local observer.
+//! local observer, and group membership changes to every local members stream
+//! ([`GroupSubscription`], used by `members.rs`): one connection for all the locks and groups
+//! of a backend.
 //!
 //! The hub keeps a table of the channels local observers want. A single task owns the pub/sub
 //! connection: it subscribes and unsubscribes (batching channels, one command at a time) as
@@ -38,6 +40,8 @@ const RECONNECT_MAX: Duration = Duration::from_secs(2);
 /// What the hub delivers to an observer.
 enum Note {
     Change(Notification),
+    /// Something was published on a group's channel: read the group again.
+    Poke,
     /// The connection of this epoch dropped: notifications may have been missed.
     Lost(u64),
     /// The mailbox overflowed: read the state afresh.
@@ -65,6 +69,23 @@ impl Mailbox {
                 q.push_back(Note::Resync);
             }
             q.push_back(note);
+        }
+        self.ready.notify_one();
+    }
+
+    /// Queues a [`Note::Poke`] unless one is already last in the queue: a reader re-reads the
+    /// whole group, so pokes in a row are one.
+    fn poke(&self) {
+        {
+            let mut q = self.lock();
+            if matches!(q.back(), Some(Note::Poke)) {
+                return;
+            }
+            if q.len() >= MAILBOX_CAP {
+                q.clear();
+                q.push_back(Note::Resync);
+            }
+            q.push_back(Note::Poke);
         }
         self.ready.notify_one();
     }
@@ -118,6 +139,8 @@ struct HubState {
 struct Channel {
     observers: Vec<(u64, Arc<Mailbox>)>,
     confirmed: bool,
+    /// A group's channel: any message on it means "read the group again".
+    group: bool,
 }
 
 impl Hub {
@@ -158,7 +181,7 @@ impl Hub {
         name: &str,
         channel: String,
     ) -> BoxStream<'static, Result<HolderChange, BackendError>> {
-        let reg = match self.register(channel) {
+        let reg = match self.register(channel, false) {
             Ok(reg) => reg,
             Err(e) => return Box::pin(futures::stream::once(async move { Err(e) })),
         };
@@ -177,7 +200,21 @@ impl Hub {
         }))
     }
 
-    fn register(self: &Arc<Self>, channel: String) -> Result<Registration, BackendError> {
+    /// A subscription to the group channel `channel`, for a members stream: one more channel
+    /// on the backend's one subscriber connection.
+    pub(super) fn subscribe_group(
+        self: &Arc<Self>,
+        channel: String,
+    ) -> Result<GroupSubscription, BackendError> {
+        self.register(channel, true)
+            .map(|reg| GroupSubscription { reg })
+    }
+
+    fn register(
+        self: &Arc<Self>,
+        channel: String,
+        group: bool,
+    ) -> Result<Registration, BackendError> {
         let mailbox = Arc::new(Mailbox::default());
         let id = {
             let mut st = self.lock();
@@ -201,11 +238,9 @@ impl Hub {
             }
             st.next_id += 1;
             let id = st.next_id;
-            st.channels
-                .entry(channel.clone())
-                .or_default()
-                .observers
-                .push((id, mailbox.clone()));
+            let ch = st.channels.entry(channel.clone()).or_default();
+            ch.group = group;
+            ch.observers.push((id, mailbox.clone()));
             id
         };
         self.wake.notify_one();
@@ -293,6 +328,17 @@ impl Hub {
     }
 
     fn dispatch(&self, msg: &::redis::Msg) {
+        {
+            let st = self.lock();
+            if let Some(ch) = st.channels.get(msg.get_channel_name())
+                && ch.group
+            {
+                for (_, mailbox) in &ch.observers {
+                    mailbox.poke();
+                }
+                return;
+            }
+        }
         let Some(note) = parse_notification(msg.get_payload_bytes()) else {
             tracing::debug!(
                 channel = msg.get_channel_name(),
@@ -508,6 +554,8 @@ impl Observer {
                 }
                 Note::Lost(_) => {}
                 Note::Resync => self.synced = None,
+                // Only a group's channel is poked.
+                Note::Poke => {}
             }
         }
     }
@@ -547,5 +595,40 @@ impl Observer {
                 Err(e)
             }
         }
+    }
+}
+
+/// What a group's subscription tells its members stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GroupNote {
+    /// The group may have changed (a notification, or too many to keep): read it again.
+    Changed,
+    /// The subscriber connection of this epoch dropped: notifications may have been missed.
+    Lost(u64),
+}
+
+/// A members stream's place on the hub: its group's channel on the shared subscriber
+/// connection; dropping it unsubscribes (when it was the channel's last).
+pub(super) struct GroupSubscription {
+    reg: Registration,
+}
+
+impl GroupSubscription {
+    /// The next thing that happened on the group's channel.
+    pub(super) async fn next(&self) -> GroupNote {
+        match self.reg.mailbox.next().await {
+            Note::Lost(epoch) => GroupNote::Lost(epoch),
+            Note::Change(_) | Note::Poke | Note::Resync => GroupNote::Changed,
+        }
+    }
+
+    /// Waits until the channel is subscribed; returns the connection's epoch.
+    pub(super) async fn confirmed(&self) -> Result<u64, BackendError> {
+        self.reg.hub.wait_confirmed(&self.reg.channel).await
+    }
+
+    /// The bound on each request of the backend.
+    pub(super) fn request_timeout(&self) -> Duration {
+        self.reg.hub.request_timeout
     }
 }
