@@ -12,13 +12,22 @@
 //
 //	READY <identity> <ns>  the manager is running (its non-leader runnables started)
 //	WARM <identity> <ns>   --warmup only: the ConfigMap informer has synced
-//	GRANT <identity> <ns>  this manager became leader (its Elected() channel closed)
+//	GRANT <identity> <ns>  this manager won the Lease: its acquiring write returned
+//	ELECTED <identity> <ns> the manager's Elected() channel closed
 //	FIRST <identity> <ns>  the first reconcile of the term started
 //	ALL <identity> <ns>    --expect distinct objects have been reconciled in the term
 //
 // --warmup sets the controller's EnableWarmup (controller-runtime v0.22+): its
 // source starts, and its cache syncs, before the manager is elected. Without it
 // the informer starts, and lists, only once the manager leads.
+//
+// GRANT is taken from the lock, not from Elected(): controller-runtime closes
+// Elected() only after it has started the leader-election runnables, so with a
+// warm queue the first reconcile can start before it. The lock is client-go's
+// LeaseLock built as controller-runtime builds it (leader-election User-Agent
+// suffix, request timeout max(renew deadline / 2, 1s)), wrapped to print GRANT
+// when the first write that makes this identity the holder succeeds; it
+// records no Kubernetes Events.
 //
 // The requests carry the identity as User-Agent, so the API server's audit log
 // attributes them. LeaderElectionReleaseOnCancel is on: on SIGTERM the leader
@@ -38,12 +47,13 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -57,6 +67,28 @@ func emit(event, identity string) {
 	outMu.Lock()
 	defer outMu.Unlock()
 	fmt.Fprintf(os.Stdout, "%s %s %d\n", event, identity, now.UnixNano())
+}
+
+// grantLock prints GRANT when the first write naming this identity as the
+// holder succeeds: the acquisition (a follower writes nothing else).
+type grantLock struct {
+	resourcelock.Interface
+	once sync.Once
+}
+
+func (g *grantLock) granted(rec resourcelock.LeaderElectionRecord, err error) error {
+	if err == nil && rec.HolderIdentity == g.Identity() {
+		g.once.Do(func() { emit("GRANT", g.Identity()) })
+	}
+	return err
+}
+
+func (g *grantLock) Create(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	return g.granted(rec, g.Interface.Create(ctx, rec))
+}
+
+func (g *grantLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	return g.granted(rec, g.Interface.Update(ctx, rec))
 }
 
 // always is a runnable that runs on every replica, leader or not.
@@ -92,7 +124,7 @@ func (r *reconciler) Reconcile(_ context.Context, req reconcile.Request) (reconc
 
 func main() {
 	klog.InitFlags(flag.CommandLine)
-	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (default $KUBECONFIG)")
+	// --kubeconfig is controller-runtime's own flag (pkg/client/config registers it).
 	namespace := flag.String("namespace", "default", "namespace of the Lease and of the watched ConfigMaps")
 	lease := flag.String("lease", "", "name of the Lease (required)")
 	identity := flag.String("identity", "", "identity in the event lines and User-Agent of the requests (required)")
@@ -104,8 +136,8 @@ func main() {
 	retryPeriod := flag.Duration("retry-period", 2*time.Second, "RetryPeriod")
 	flag.Parse()
 
-	if *lease == "" || *kubeconfig == "" || *identity == "" {
-		fmt.Fprintln(os.Stderr, "controller-runtime-peer: --lease, --identity and --kubeconfig (or $KUBECONFIG) are required")
+	if *lease == "" || *identity == "" {
+		fmt.Fprintln(os.Stderr, "controller-runtime-peer: --lease and --identity are required")
 		os.Exit(2)
 	}
 	// Quiet: the bench reads stdout; controller-runtime's logs would only cost time.
@@ -117,12 +149,19 @@ func main() {
 		fmt.Fprintf(os.Stderr, "controller-runtime-peer: --selector: %v\n", err)
 		os.Exit(2)
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	cfg, err := config.GetConfig()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "controller-runtime-peer: kubeconfig: %v\n", err)
 		os.Exit(1)
 	}
 	cfg.UserAgent = *identity
+
+	lock, err := resourcelock.NewFromKubeconfig(resourcelock.LeasesResourceLock, *namespace, *lease,
+		resourcelock.ResourceLockConfig{Identity: *identity}, cfg, *renewDeadline)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "controller-runtime-peer: lock: %v\n", err)
+		os.Exit(1)
+	}
 
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Cache: cache.Options{
@@ -131,15 +170,15 @@ func main() {
 				&corev1.ConfigMap{}: {Label: sel},
 			},
 		},
-		Metrics:                       metricsserver.Options{BindAddress: "0"},
-		LeaderElection:                true,
-		LeaderElectionResourceLock:    "leases",
-		LeaderElectionNamespace:       *namespace,
-		LeaderElectionID:              *lease,
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 leaseDuration,
-		RenewDeadline:                 renewDeadline,
-		RetryPeriod:                   retryPeriod,
+		Metrics:                             metricsserver.Options{BindAddress: "0"},
+		LeaderElection:                      true,
+		LeaderElectionResourceLockInterface: &grantLock{Interface: lock},
+		LeaderElectionID:                    *lease,
+		LeaderElectionNamespace:             *namespace,
+		LeaderElectionReleaseOnCancel:       true,
+		LeaseDuration:                       leaseDuration,
+		RenewDeadline:                       renewDeadline,
+		RetryPeriod:                         retryPeriod,
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "controller-runtime-peer: manager: %v\n", err)
@@ -183,7 +222,7 @@ func main() {
 	go func() {
 		select {
 		case <-mgr.Elected():
-			emit("GRANT", *identity)
+			emit("ELECTED", *identity)
 		case <-ctx.Done():
 		}
 	}()
