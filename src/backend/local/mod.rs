@@ -108,6 +108,7 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("the `local` backend needs Linux (flock, inotify, CLOCK_MONOTONIC, boot_id)");
 
+mod members;
 mod record;
 mod store;
 mod sys;
@@ -123,7 +124,7 @@ use futures::stream::BoxStream;
 
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Released, Renewed,
+    InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 use store::Store;
 use watch::{Hub, Watcher};
@@ -355,6 +356,11 @@ impl LocalBackend {
     }
 }
 
+/// A name the local backend refuses, as a request's error.
+fn name_error(e: InvalidName) -> BackendError {
+    BackendError::new(BackendErrorKind::Config, e.to_string())
+}
+
 /// The local backend's naming rules, on top of the common ones: names become file names.
 fn validate(name: &str) -> Result<(), InvalidName> {
     super::check_common_name_rules(name, MAX_NAME_LEN)?;
@@ -417,6 +423,47 @@ impl Backend for LocalBackend {
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         let name = name.to_owned();
         Box::pin(self.blocking(move |store, _| store.inspect(&name)))
+    }
+
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            validate(group).map_err(name_error)?;
+            let (group, member) = (group.to_owned(), member.clone());
+            self.blocking(move |store, abandoned| {
+                members::announce(store, &group, &member, ttl, abandoned)
+            })
+            .await
+        })
+    }
+
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            validate(group).map_err(name_error)?;
+            let (group, identity) = (group.to_owned(), identity.to_owned());
+            self.blocking(move |store, abandoned| {
+                members::withdraw(store, &group, &identity, abandoned)
+            })
+            .await
+        })
+    }
+
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        if let Err(e) = validate(group) {
+            return Box::pin(futures::stream::iter([Err(name_error(e))]));
+        }
+        match self.hub() {
+            Ok(hub) => members::stream(hub, self.inner.store.clone(), group),
+            Err(e) => Box::pin(futures::stream::iter([Err(e)])),
+        }
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

@@ -171,7 +171,7 @@ impl Record {
 }
 
 /// `\` becomes `\\`, a control character `\uXXXX` (4 hex digits); everything else is kept.
-fn escape(s: &str) -> String {
+pub(super) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if c == '\\' {
@@ -185,7 +185,7 @@ fn escape(s: &str) -> String {
     out
 }
 
-fn unescape(s: &str) -> Result<String, String> {
+pub(super) fn unescape(s: &str) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {

@@ -67,6 +67,11 @@ impl Store {
         &self.dir
     }
 
+    /// The id of the boot this store runs in.
+    pub(super) fn boot(&self) -> &str {
+        &self.boot
+    }
+
     pub(super) fn record_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.lease"))
     }
@@ -447,11 +452,11 @@ fn next_fencing(record: Option<&Record>, boot: &str, path: &Path) -> Result<u64,
     }
 }
 
-fn deadline(now_ns: u64, ttl: Duration) -> u64 {
+pub(super) fn deadline(now_ns: u64, ttl: Duration) -> u64 {
     now_ns.saturating_add(u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX))
 }
 
-fn now_ns() -> Result<u64, BackendError> {
+pub(super) fn now_ns() -> Result<u64, BackendError> {
     sys::monotonic_ns().map_err(|e| {
         BackendError::new(
             BackendErrorKind::Unavailable,
@@ -462,7 +467,7 @@ fn now_ns() -> Result<u64, BackendError> {
 
 /// Yields the processor a few times, then sleeps a little longer each time, up to 1 ms:
 /// another process's critical section lasts microseconds.
-fn backoff(spins: &mut u32) {
+pub(super) fn backoff(spins: &mut u32) {
     *spins += 1;
     if *spins <= 8 {
         std::thread::yield_now();
@@ -486,7 +491,7 @@ pub(super) fn io_error(what: &str, path: &Path, e: &io::Error) -> BackendError {
 /// What is wrong with `file` (opened from `path`) if it is not a regular file — a FIFO, a
 /// socket, a device, a directory — naming what it is. Reading a FIFO would wait forever for a
 /// writer, so nothing but a regular file is ever read or locked.
-fn not_regular(file: &File, path: &Path) -> Result<Option<String>, BackendError> {
+pub(super) fn not_regular(file: &File, path: &Path) -> Result<Option<String>, BackendError> {
     use std::os::unix::fs::FileTypeExt as _;
     let kind = file
         .metadata()

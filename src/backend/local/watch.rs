@@ -10,10 +10,17 @@
 //! Events can be lost (the kernel queue overflows) and the directory can disappear (a wipe);
 //! then the thread re-reads every observed lock. While it has no watch (inotify unavailable,
 //! the directory gone) it falls back to re-reading every [`FALLBACK_POLL`].
+//!
+//! Observed membership groups (`members.rs`) get a watch of their directory on the same
+//! inotify instance, added by their readers ([`Hub::watch_group`]) before each read; the thread
+//! bumps the group's channel on every event there that names a member file (or the directory
+//! going away, after which the next read watches it again). A reader without a watch re-reads
+//! every [`FALLBACK_POLL`] by itself.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read as _, Write as _};
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,8 +30,9 @@ use super::store::Store;
 use super::sys;
 use crate::backend::{BackendError, BackendErrorKind, HolderChange};
 
-/// How often the thread re-reads observed locks while it has no inotify watch.
-const FALLBACK_POLL: Duration = Duration::from_millis(100);
+/// How often the thread re-reads observed locks while it has no inotify watch (and a members
+/// stream its group, while the group has none).
+pub(super) const FALLBACK_POLL: Duration = Duration::from_millis(100);
 
 /// The directory events that can change what an observer sees.
 const MASK: u32 = libc::IN_MOVED_TO
@@ -43,6 +51,18 @@ pub(super) struct Hub {
     /// publish, and an older read published after a newer one would leave observers on a
     /// stale state (a release nobody is woken for).
     reading: Mutex<()>,
+    /// The observed membership groups.
+    groups: Mutex<HashMap<String, GroupWatch>>,
+    /// The thread's inotify instance, shared so that readers can watch their group directory
+    /// themselves before reading it.
+    inotify: Option<Arc<File>>,
+}
+
+/// One observed group: a counter bumped on every change of its directory, and its watch.
+#[derive(Debug)]
+struct GroupWatch {
+    changed: watch::Sender<u64>,
+    wd: Option<i32>,
 }
 
 impl Hub {
@@ -66,6 +86,80 @@ impl Hub {
             .clone();
         let rx = tx.subscribe();
         (tx, rx)
+    }
+
+    fn groups(&self) -> MutexGuard<'_, HashMap<String, GroupWatch>> {
+        // As `locked`: nothing panics while this lock is held.
+        self.groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A receiver that changes whenever `group`'s directory may have changed (watched once
+    /// [`watch_group`](Self::watch_group) succeeded).
+    pub(super) fn subscribe_group(&self, group: &str) -> watch::Receiver<u64> {
+        let mut groups = self.groups();
+        groups.retain(|_, g| {
+            let observed = g.changed.receiver_count() > 0;
+            if !observed && let (Some(fd), Some(wd)) = (&self.inotify, g.wd) {
+                sys::inotify_rm_watch(fd, wd);
+            }
+            observed
+        });
+        groups
+            .entry(group.to_owned())
+            .or_insert_with(|| GroupWatch {
+                changed: watch::channel(0).0,
+                wd: None,
+            })
+            .changed
+            .subscribe()
+    }
+
+    /// Makes sure `group`'s directory `dir` is watched; whether it is. Called before each read
+    /// of the group, so a change after the read wakes its readers. Blocking (a system call).
+    pub(super) fn watch_group(&self, group: &str, dir: &Path) -> bool {
+        let mut groups = self.groups();
+        let Some(g) = groups.get_mut(group) else {
+            return false;
+        };
+        if g.wd.is_some() {
+            return true;
+        }
+        let Some(fd) = &self.inotify else {
+            return false;
+        };
+        g.wd = sys::inotify_add_watch(fd, dir, MASK).ok();
+        g.wd.is_some()
+    }
+
+    /// Handles an event of watch `wd` if it is a group's: wakes the group's readers when it
+    /// names a member file or the directory went away. Whether `wd` was a group's.
+    fn group_event(&self, wd: i32, mask: u32, name: &[u8]) -> bool {
+        let mut groups = self.groups();
+        let Some(g) = groups.values_mut().find(|g| g.wd == Some(wd)) else {
+            return false;
+        };
+        let gone = mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0;
+        if gone {
+            if mask & libc::IN_IGNORED == 0
+                && let Some(fd) = &self.inotify
+            {
+                sys::inotify_rm_watch(fd, wd);
+            }
+            g.wd = None;
+        }
+        if gone || (name.ends_with(b".member") && !name.starts_with(b".")) {
+            g.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        true
+    }
+
+    /// Wakes the readers of every group (events were lost).
+    fn poke_groups(&self) {
+        for g in self.groups().values() {
+            g.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
     fn names(&self) -> Vec<String> {
@@ -138,7 +232,7 @@ impl Watcher {
         let stop = sys::eventfd().map_err(|e| failed("eventfd", e))?;
         let stop_reader = stop.try_clone().map_err(|e| failed("eventfd", e))?;
         let inotify = match sys::inotify_init() {
-            Ok(fd) => Some(fd),
+            Ok(fd) => Some(Arc::new(fd)),
             Err(e) => {
                 tracing::warn!(
                     error = %e,
@@ -151,7 +245,10 @@ impl Watcher {
         let wd = inotify
             .as_ref()
             .and_then(|fd| sys::inotify_add_watch(fd, store.dir(), MASK).ok());
-        let hub = Arc::new(Hub::default());
+        let hub = Arc::new(Hub {
+            inotify: inotify.clone(),
+            ..Hub::default()
+        });
         let thread = Thread {
             hub: hub.clone(),
             store,
@@ -181,7 +278,7 @@ impl Drop for Watcher {
 struct Thread {
     hub: Arc<Hub>,
     store: Arc<Store>,
-    inotify: Option<File>,
+    inotify: Option<Arc<File>>,
     wd: Option<i32>,
     stop: File,
 }
@@ -203,7 +300,7 @@ impl Thread {
             } else {
                 i32::try_from(FALLBACK_POLL.as_millis()).unwrap_or(100)
             };
-            let ready = match sys::poll2(self.inotify.as_ref(), &self.stop, timeout) {
+            let ready = match sys::poll2(self.inotify.as_deref(), &self.stop, timeout) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(error = %e, "local backend watcher: poll failed");
@@ -230,7 +327,7 @@ impl Thread {
         let mut names = Vec::new();
         let mut everything = false;
         loop {
-            let n = match (&*inotify).read(buf) {
+            let n = match (&**inotify).read(buf) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -243,6 +340,10 @@ impl Thread {
             for event in Events(&buf[..n]) {
                 if event.mask & libc::IN_Q_OVERFLOW != 0 {
                     everything = true;
+                } else if self.wd != Some(event.wd)
+                    && self.hub.group_event(event.wd, event.mask, event.name)
+                {
+                    // A membership group's directory.
                 } else if event.mask
                     & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF)
                     != 0
@@ -267,6 +368,7 @@ impl Thread {
         }
         if everything {
             self.hub.refresh_all(&self.store);
+            self.hub.poke_groups();
         } else {
             for name in &names {
                 self.hub.refresh(&self.store, name);
