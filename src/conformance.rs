@@ -196,6 +196,7 @@ impl Suite {
         self.check_release_wakes_waiters().await;
         self.check_auto_renew_outlives_ttl().await;
         self.check_renew_deadline_ends_stalled_lease().await;
+        self.check_membership().await;
     }
 
     /// Many tasks contend for one lock through `with_lock`; the fenced register must never
@@ -659,6 +660,8 @@ impl Suite {
         };
         announce(&member("pod-b", vec![])).await;
         assert_eq!(next("after one announcement").await, vec![member("pod-b", vec![])]);
+        // A renewal of the same announcement changes nothing a reader sees.
+        announce(&member("pod-b", vec![])).await;
         announce(&member("pod-a", vec![1, 5])).await;
         assert_eq!(
             next("after a second").await,

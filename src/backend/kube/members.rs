@@ -104,35 +104,82 @@ impl Inner {
             ..LeaseSpec::default()
         });
         let pp = PostParams::default();
-        match self
-            .call(
-                self.op("update", &name),
-                self.api.replace(&name, &pp, &lease),
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(Fail::NotFound) => match self
-                .call(self.op("create", &name), self.api.create(&pp, &lease))
-                .await
-            {
-                // Created, or created meanwhile by an earlier announcement of ours.
-                Ok(_) | Err(Fail::Conflict) => Ok(()),
-                Err(Fail::NotFound) => Err(BackendError::new(
-                    BackendErrorKind::Config,
-                    format!(
-                        "{}: not found (404); does the namespace exist?",
-                        self.op("create", &name)
-                    ),
-                )),
-                Err(Fail::Error(e)) => Err(e),
-            },
-            Err(Fail::Conflict) => Err(BackendError::new(
-                BackendErrorKind::Unavailable,
-                format!("{}: conflict (409); retrying", self.op("update", &name)),
-            )),
-            Err(Fail::Error(e)) => Err(e),
+        // Nobody else writes this Lease: the version of our last write is current, and one
+        // replace does. Without one (the first announcement, or after a conflict), create it,
+        // or read the version of the one a previous run of ours left.
+        for _ in 0..3 {
+            let known = self.member_version(&name, None);
+            let written = match known {
+                Some(rv) => {
+                    lease.metadata.resource_version = Some(rv);
+                    self.call(
+                        self.op("update", &name),
+                        self.api.replace(&name, &pp, &lease),
+                    )
+                    .await
+                }
+                None => {
+                    lease.metadata.resource_version = None;
+                    match self
+                        .call(self.op("create", &name), self.api.create(&pp, &lease))
+                        .await
+                    {
+                        Err(Fail::Conflict) => {
+                            match self.call(self.op("get", &name), self.api.get(&name)).await {
+                                Ok(found) => {
+                                    self.member_version(
+                                        &name,
+                                        Some(found.metadata.resource_version),
+                                    );
+                                    continue;
+                                }
+                                Err(Fail::NotFound) => continue,
+                                Err(Fail::Conflict) => Err(Fail::Conflict),
+                                Err(Fail::Error(e)) => return Err(e),
+                            }
+                        }
+                        other => other,
+                    }
+                }
+            };
+            match written {
+                Ok(obj) => {
+                    self.member_version(&name, Some(obj.metadata.resource_version));
+                    return Ok(());
+                }
+                // Gone (withdrawn, or deleted by hand) or changed: start over without a version.
+                Err(Fail::NotFound | Fail::Conflict) => {
+                    self.member_version(&name, Some(None));
+                }
+                Err(Fail::Error(e)) => return Err(e),
+            }
         }
+        Err(BackendError::new(
+            BackendErrorKind::Unavailable,
+            format!(
+                "{}: conflicting writes; retrying later",
+                self.op("update", &name)
+            ),
+        ))
+    }
+
+    /// The cached version of a member Lease; with `set`, replaces it first (`Some(None)`
+    /// forgets it).
+    fn member_version(&self, name: &str, set: Option<Option<String>>) -> Option<String> {
+        let mut versions = self
+            .member_versions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match set {
+            Some(Some(rv)) => {
+                versions.insert(name.to_owned(), rv);
+            }
+            Some(None) => {
+                versions.remove(name);
+            }
+            None => {}
+        }
+        versions.get(name).cloned()
     }
 
     /// Deletes the member's Lease; one that is already gone is fine.
@@ -142,6 +189,7 @@ impl Inner {
         identity: &str,
     ) -> Result<(), BackendError> {
         let name = lease_name(group, identity);
+        self.member_version(&name, Some(None));
         match self
             .call(
                 self.op("delete", &name),

@@ -209,6 +209,9 @@ struct Inner {
     /// is higher (etcd revisions are global), so a grant at or below it means etcd went
     /// backwards, and is refused.
     max_rv: AtomicU64,
+    /// The resourceVersion of each member Lease this backend wrote last (sharded
+    /// leadership): the next announcement replaces it with one request.
+    member_versions: Mutex<HashMap<String, String>>,
 }
 
 impl KubeBackend {
@@ -316,6 +319,7 @@ impl KubeBackend {
                 request_timeout,
                 locks: Mutex::new(HashMap::new()),
                 max_rv: AtomicU64::new(0),
+                member_versions: Mutex::new(HashMap::new()),
             }),
         }
     }
