@@ -165,10 +165,11 @@ fn stale_accepted(dir: &Path) -> usize {
     let mut starts: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
     for line in text.lines() {
         let p: Vec<&str> = line.split(' ').collect();
-        if p.first() == Some(&"START") && p.len() >= 5 {
-            if let (Ok(s), Ok(t), Ok(at)) = (p[1].parse(), p[2].parse(), p[4].parse()) {
-                starts.entry(s).or_default().push((t, at));
-            }
+        if p.first() == Some(&"START")
+            && p.len() >= 5
+            && let (Ok(s), Ok(t), Ok(at)) = (p[1].parse(), p[2].parse(), p[4].parse())
+        {
+            starts.entry(s).or_default().push((t, at));
         }
     }
     let mut stale = 0;
