@@ -28,3 +28,30 @@ echo "== examples"
 bash scripts/demo.sh
 cargo run --quiet --example contention
 cargo run --quiet --all-features --example fenced_writes
+
+# The Helm chart's pods on a real single-node Kubernetes (e2e/node, tests/node_chart.rs):
+# Debian's containerd, runc, CNI plugins, buildah (the image, from the Dockerfile, offline) and
+# busybox-static (the workload image); the static musl tenure goes into the image. Needs root
+# and cgroup v1 (what this machine kind has); elsewhere the suite says why it skips.
+echo "== the chart's pods on a real node"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "SKIPPED node suite: needs root (namespaces, cgroups, containerd)"
+elif [ -e /sys/fs/cgroup/cgroup.controllers ]; then
+  echo "SKIPPED node suite: cgroup v2 host; e2e/node supports cgroup v1 only"
+else
+  if ! need_pkg containerd || ! need_pkg runc || ! need_pkg buildah || ! need_pkg busybox \
+    || ! need_pkg musl-gcc || [ ! -x /usr/lib/cni/bridge ]; then
+    echo "== installing containerd, runc, containernetworking-plugins, buildah, busybox-static, musl-tools from Debian"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd runc containernetworking-plugins \
+      buildah busybox-static musl-tools >/dev/null
+  fi
+  if ! rustup target list --installed 2>/dev/null | grep -q '^x86_64-unknown-linux-musl$'; then
+    rustup target add x86_64-unknown-linux-musl
+  fi
+  # The same static build as .ci/run's (which then finds it done).
+  CC_x86_64_unknown_linux_musl=musl-gcc \
+    cargo build --release --locked --features cli --bin tenure --target x86_64-unknown-linux-musl
+  TENURE_NODE_TENURE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/tenure" \
+    cargo test --all-features --test node_chart -- --test-threads=1 --nocapture
+fi

@@ -219,6 +219,16 @@ impl Node {
         self.dir.join("admin.kubeconfig")
     }
 
+    /// The launcher's pid (0 once stopped).
+    pub fn launcher_pid(&self) -> u32 {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|c| c.id())
+            .unwrap_or_default()
+    }
+
     /// The cgroup root of this node (`tenure-node-<launcher pid>`).
     pub fn cgroup_root(&self) -> String {
         let pid = self
