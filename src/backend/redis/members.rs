@@ -27,10 +27,14 @@ use super::limit::MAX_REPLY_BYTES;
 use super::observe::{GroupNote, GroupSubscription, Hub};
 use crate::backend::{BackendError, BackendErrorKind, Member};
 
+/// Announces or renews one member (its own text: it never reads a lock value, so no
+/// `value.lua` before it).
 pub(crate) static ANNOUNCE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("announce", include_str!("announce.lua")));
+/// Removes one member.
 pub(crate) static WITHDRAW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("withdraw", include_str!("withdraw.lua")));
+/// Reads the live members, pruning the expired ones.
 pub(crate) static MEMBERS: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("members", include_str!("members.lua")));
 
