@@ -605,3 +605,129 @@ async fn a_panicking_reconcile_ends_the_term_and_surfaces_from_run() {
     );
     assert!(!elector.is_leader());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_ones_at_once() {
+    use std::sync::Mutex;
+    use tenure::shard::{ShardedElector, shard_of};
+    let server = kube_support::shared();
+    let ns = unique("sharded");
+    server.namespace(&ns).await;
+    let client = server.admin().await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    for i in 0..OBJECTS {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(format!("obj-{i}"));
+        api.create(&PostParams::default(), &cm)
+            .await
+            .expect("configmap");
+    }
+    const SHARDS: u32 = 4;
+    // (replica, object, shard, owned at reconcile time)
+    type Seen = Arc<Mutex<Vec<(String, String, bool)>>>;
+    let seen: Seen = Arc::default();
+    let replica = |who: &'static str| {
+        let backend =
+            KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+                .expect("backend");
+        let sharded = ShardedElector::new(
+            Locker::with_identity(backend, who).expect("identity"),
+            "sharded-ctrl",
+            SHARDS,
+            safety::config(),
+        )
+        .expect("elector");
+        let cache = Cache::new(api.clone(), watcher::Config::default());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let seen = seen.clone();
+        let s = sharded.clone();
+        let controller = tokio::spawn({
+            let mut stopped = stopped.clone();
+            async move {
+                cache
+                    .run_sharded(
+                        &s,
+                        async move {
+                            let _ = stopped.wait_for(|v| *v).await;
+                        },
+                        move |cm: Arc<ConfigMap>, term, shards: Arc<ShardedElector>| {
+                            let seen = seen.clone();
+                            async move {
+                                let key = tenure::controller::object_key(&*cm);
+                                let shard = shard_of(&key, SHARDS);
+                                let owned = shards.term(shard).is_some_and(|t| {
+                                    t.fencing_token() == term.fencing_token() && t.is_valid()
+                                });
+                                seen.lock().expect("not poisoned").push((
+                                    who.to_owned(),
+                                    key,
+                                    owned,
+                                ));
+                                Ok::<_, Never>(Action::await_change())
+                            }
+                        },
+                        |_, _, _| Action::await_change(),
+                        Arc::new(s.clone()),
+                    )
+                    .for_each(|_| async {})
+                    .await;
+            }
+        });
+        let mut stopped = stopped;
+        let elector = sharded.clone();
+        let run = tokio::spawn(async move {
+            elector
+                .run_until(
+                    async move {
+                        let _ = stopped.wait_for(|v| *v).await;
+                    },
+                    |_, term| async move { term.cancellation().cancelled().await },
+                )
+                .await
+        });
+        (sharded, stop, controller, run)
+    };
+    let (a, _stop_a, _ctrl_a, _run_a) = replica("shard-a");
+    let (b, stop_b, ctrl_b, run_b) = replica("shard-b");
+    let all = |who: &str, seen: &Seen| -> usize {
+        let s = seen.lock().expect("not poisoned");
+        let keys: std::collections::BTreeSet<&String> = s
+            .iter()
+            .filter(|(w, _, _)| w == who)
+            .map(|(_, k, _)| k)
+            .collect();
+        keys.len()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while a.owned().borrow().len() + b.owned().borrow().len() < SHARDS as usize
+        || all("shard-a", &seen) + all("shard-b", &seen) < OBJECTS
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never settled: {:?}",
+            seen.lock().expect("not poisoned")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(a.owned().borrow().len(), 2, "balanced");
+    // b leaves gracefully: a reconciles b's objects at once, from its warm store.
+    let left = std::time::Instant::now();
+    stop_b.send_replace(true);
+    run_b.await.expect("joined").expect("b left");
+    ctrl_b.await.expect("joined");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while all("shard-a", &seen) < OBJECTS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a never took b's objects over"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("a reconciled b's objects {:?} after b left", left.elapsed());
+    let s = seen.lock().expect("not poisoned");
+    let strays: Vec<_> = s.iter().filter(|(_, _, owned)| !owned).collect();
+    assert!(
+        strays.is_empty(),
+        "reconciled outside the shard's term: {strays:?}"
+    );
+}

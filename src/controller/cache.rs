@@ -150,13 +150,13 @@ where
 }
 
 /// One running watch: its store, the changes it applies, and how it is doing.
-struct Running<K>
+pub(super) struct Running<K>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    store: Store<K>,
-    changes: broadcast::Sender<ObjectRef<K>>,
-    state: watch::Receiver<CacheState>,
+    pub(super) store: Store<K>,
+    pub(super) changes: broadcast::Sender<ObjectRef<K>>,
+    pub(super) state: watch::Receiver<CacheState>,
 }
 
 impl<K> Clone for Running<K>
@@ -280,7 +280,6 @@ where
     where
         R: FnMut(Arc<K>, Arc<Ctx>) -> RFut + Send + 'static,
         RFut: TryFuture<Ok = Action> + Send + 'static,
-        RFut::Ok: Send,
         RFut::Error: std::error::Error + Send + 'static,
         EP: Fn(Arc<K>, &RFut::Error, Arc<Ctx>) -> Action + Send + Sync + 'static,
         Ctx: Send + Sync + 'static,
@@ -302,17 +301,30 @@ where
         )
     }
 
-    /// The running watch for `term`: the warm one, or in cold mode one bound to the term.
-    fn for_term(&self, term: &Term) -> (Running<K>, Store<K>) {
-        let running = match &self.inner.warm {
-            Some(warm) => warm.clone(),
+    /// The warm watch, or in cold mode a new one and the future that drives it.
+    pub(super) fn watch_for_run(
+        &self,
+    ) -> (Running<K>, Option<impl Future<Output = ()> + Send + use<K>>) {
+        match &self.inner.warm {
+            Some(warm) => (warm.clone(), None),
             None => {
                 let (running, watching) =
                     start(self.inner.api.clone(), self.inner.watch_config.clone());
-                drop(term.spawn(watching));
-                running
+                (running, Some(watching))
             }
-        };
+        }
+    }
+
+    pub(super) fn applier_config(&self) -> Config {
+        self.inner.controller_config.clone()
+    }
+
+    /// The running watch for `term`: the warm one, or in cold mode one bound to the term.
+    fn for_term(&self, term: &Term) -> (Running<K>, Store<K>) {
+        let (running, watching) = self.watch_for_run();
+        if let Some(watching) = watching {
+            drop(term.spawn(watching));
+        }
         let store = running.store.clone();
         (running, store)
     }
@@ -332,27 +344,27 @@ where
 
 /// One reconcile, spawned on the term: aborted if dropped (the applier was dropped at the
 /// term's stop deadline), its panic resumed where it is awaited.
-struct Reconcile<T>(tokio::task::JoinHandle<T>);
+pub(super) struct Reconcile<E>(pub(super) tokio::task::JoinHandle<Result<Action, E>>);
 
-impl<T> Drop for Reconcile<T> {
+impl<E> Drop for Reconcile<E> {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
-impl<T> Future for Reconcile<T> {
-    type Output = T;
+impl<E> Future for Reconcile<E> {
+    type Output = Result<Action, E>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<T> {
+    ) -> std::task::Poll<Self::Output> {
         self.0.poll_unpin(cx).map(|joined| match joined {
             Ok(out) => out,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Only a reconcile spawned on a term that had already ended is cancelled before
-            // it is dropped: a stale `Term` handed to `run` in a later term.
-            Err(_) => panic!("a reconcile was started on a term that had already ended"),
+            // Aborted by the end of its term (a shard that moved away, or a term that had
+            // ended when it was spawned): nothing to requeue here; the next owner reconciles.
+            Err(_) => Ok(Action::await_change()),
         })
     }
 }
@@ -472,7 +484,7 @@ where
 /// Waits until the watch has listed once. Fails at once when the API server refuses it, and
 /// when it has not listed by `deadline` (the term's validity: past it the term is over
 /// anyway, and a silent wait would hide a watch that never works).
-async fn warm_or_refused(
+pub(super) async fn warm_or_refused(
     mut state: watch::Receiver<CacheState>,
     deadline: tokio::time::Instant,
 ) -> Result<(), ControllerError> {

@@ -14,6 +14,10 @@
 //! - When the term ends, no new reconcile starts and the ones in flight finish (kube-runtime's
 //!   graceful shutdown) before the elector releases the lease; the elector's stop deadline
 //!   still bounds a reconcile that hangs.
+//! - [`Cache::run_sharded`] does the same under sharded leadership ([`crate::shard`]): one
+//!   applier per replica, fed the objects of the shards held here, each reconcile a task of
+//!   its shard's term; when a shard moves here its objects are reconciled at once from the
+//!   warm store.
 //! - [`Replica`] runs always-on parts (webhooks, metrics, a status reader) on every replica
 //!   beside the leader-only part, with one shutdown: leadership is handed over first, then
 //!   the always-on parts stop.
@@ -26,9 +30,11 @@
 
 mod cache;
 mod replica;
+mod sharded;
 
 pub use cache::{Cache, CacheMode, CacheState};
 pub use replica::{PartError, Replica};
+pub use sharded::object_key;
 
 use crate::election::ElectionError;
 

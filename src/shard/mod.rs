@@ -148,6 +148,8 @@ struct Inner {
     config: ElectionConfig,
     /// Shards whose term runs here now.
     owned: watch::Sender<BTreeSet<u32>>,
+    /// The term of each shard in `owned`.
+    terms: std::sync::Mutex<HashMap<u32, Term>>,
     assignment: watch::Sender<Assignment>,
     running: AtomicBool,
 }
@@ -191,6 +193,7 @@ impl ShardedElector {
                 shards,
                 config: config.rejoin(true),
                 owned: watch::channel(BTreeSet::new()).0,
+                terms: std::sync::Mutex::new(HashMap::new()),
                 assignment: watch::channel(Assignment::default()).0,
                 running: AtomicBool::new(false),
             }),
@@ -222,6 +225,13 @@ impl ShardedElector {
             .owned
             .borrow()
             .contains(&shard_of(key, self.inner.shards))
+    }
+
+    /// The term of `shard` if it runs on this replica now: its fencing token for writes
+    /// about the shard's keys, its cancellation to stop them.
+    #[must_use]
+    pub fn term(&self, shard: u32) -> Option<Term> {
+        self.inner.terms().get(&shard).cloned()
     }
 
     /// The assignment this replica last computed from the membership.
@@ -426,7 +436,7 @@ impl ShardedElector {
             self.inner.config.clone(),
         )?;
         let stop = CancellationToken::new();
-        let owned = self.inner.owned.clone();
+        let inner = self.inner.clone();
         let workload = workload.clone();
         let until = stop.clone();
         let id = shards
@@ -441,13 +451,10 @@ impl ShardedElector {
                 }
                 elector
                     .run_until(until.cancelled(), |term| {
-                        let owned = owned.clone();
+                        let holding = Holding::begin(inner.clone(), shard, &term);
                         let work = workload(shard, term);
                         async move {
-                            owned.send_modify(|o| {
-                                o.insert(shard);
-                            });
-                            let _gone = OwnedGuard(owned, shard);
+                            let _holding = holding;
                             work.await;
                         }
                     })
@@ -535,13 +542,28 @@ impl Shards {
     }
 }
 
-/// Removes the shard from the owned set when its term's workload ends, however it ends.
-struct OwnedGuard(watch::Sender<BTreeSet<u32>>, u32);
+/// A shard's term running here: in the owned set and the term table from when its workload
+/// starts until it ends, however it ends.
+struct Holding {
+    inner: Arc<Inner>,
+    shard: u32,
+}
 
-impl Drop for OwnedGuard {
+impl Holding {
+    fn begin(inner: Arc<Inner>, shard: u32, term: &Term) -> Self {
+        inner.terms().insert(shard, term.clone());
+        inner.owned.send_modify(|o| {
+            o.insert(shard);
+        });
+        Self { inner, shard }
+    }
+}
+
+impl Drop for Holding {
     fn drop(&mut self) {
-        let shard = self.1;
-        self.0.send_modify(|o| {
+        let shard = self.shard;
+        self.inner.terms().remove(&shard);
+        self.inner.owned.send_modify(|o| {
             o.remove(&shard);
         });
     }
@@ -557,6 +579,13 @@ impl Drop for Running<'_> {
 }
 
 impl Inner {
+    fn terms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Term>> {
+        // Nothing panics while this lock is held.
+        self.terms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn config_request_timeout(&self) -> Duration {
         let (_, retry) = self.config.timings();
         retry / 2
