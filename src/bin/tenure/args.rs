@@ -10,11 +10,13 @@ use tenure::crd::parse_duration;
 pub const EXIT_CODES: &str = "\
 Exit codes:
   N        the command's own exit code (128 + signal number when a signal killed it)
-  2        bad usage or configuration (flags, lease name, durations)
+  2        bad usage or configuration (flags, lease name, durations, a --shards count the
+           group does not run, a backend without group membership)
   3        the lease was lost and --rejoin is off; the command was stopped
   4        the backend could not be used (unreachable, credentials, permissions)
   126/127  the command could not be run / was not found
-  128 + N  tenure stopped by signal N while it was not leading";
+  128 + N  tenure stopped by signal N while it was not leading
+With --shards: 0 after SIGTERM or SIGINT (the copies' own exit codes are logged only).";
 
 /// Run a command on one replica at a time, fenced by a lease.
 #[derive(Debug, Parser)]
@@ -36,9 +38,16 @@ pub enum Command {
     /// exits, the lease is released and tenure exits with CMD's exit code.
     ///
     /// Example: tenure run --lease nightly-report -- ./report.sh --since yesterday
+    ///
+    /// With --shards N, the work is split into N shards spread evenly over the replicas
+    /// running with the same --lease: one copy of CMD runs per shard this replica holds, each
+    /// with TENURE_SHARD (0 to N-1), TENURE_SHARDS (N) and its shard's own
+    /// TENURE_FENCING_TOKEN and TENURE_LEASE (NAME-SHARD). See --shards.
+    ///
+    /// Example: tenure run --lease mailer --shards 8 --backend kube -- ./mailer
     #[command(after_long_help = EXIT_CODES)]
     Run(RunArgs),
-    /// Show who holds a lease.
+    /// Show who holds a lease (with --shards, each shard's lease and the group's members).
     ///
     /// Example: tenure status --lease nightly-report --backend redis://127.0.0.1:6379
     Status(StatusArgs),
@@ -146,9 +155,38 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", requires = "publish_status")]
     pub election: Option<String>,
 
+    /// Sharded workers: split the work into N shards (1 to 4096) spread evenly over the
+    /// live replicas of this --lease, and run one copy of CMD per shard held here.
+    ///
+    /// Each copy is a term of its own: its own process group, watchdog, --grace and fencing
+    /// token, with TENURE_SHARD (its shard, 0 to N-1), TENURE_SHARDS (N), TENURE_LEASE
+    /// (NAME-SHARD, the shard's lease), TENURE_FENCING_TOKEN and TENURE_IDENTITY in its
+    /// environment. A copy that exits ends its shard's term: the lease is released and the
+    /// shard is campaigned for again (after --retry-period) while it stays assigned here,
+    /// so its exit code is only logged. A shard assigned to another replica (one joined) is
+    /// handed over: its copy gets SIGTERM and --grace, then its lease is released. SIGTERM or
+    /// SIGINT to tenure leaves the group: every copy gets the signal and --grace, every
+    /// lease is released, the other replicas take the shards over, and tenure exits 0.
+    /// Every replica of one --lease must run with the same N; a replica started with another
+    /// exits 2. Escaped descendants of a copy (setsid daemons) may live while the term named
+    /// by their TENURE_LEASE and TENURE_FENCING_TOKEN runs. --rejoin is implied. Needs a
+    /// backend with group membership (local, kube, Redis); on Kubernetes each replica also
+    /// writes a member Lease NAME-member-HASH, deleted when it leaves.
+    #[arg(long, value_name = "N", value_parser = parse_shards, conflicts_with = "publish_status")]
+    pub shards: Option<u32>,
+
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// A shard count: 1 to [`tenure::shard::MAX_SHARDS`].
+pub fn parse_shards(s: &str) -> Result<u32, String> {
+    let max = tenure::shard::MAX_SHARDS;
+    match s.trim().parse::<u32>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a shard count from 1 to {max}")),
+    }
 }
 
 impl RunArgs {
@@ -178,6 +216,11 @@ pub struct StatusArgs {
 
     #[command(flatten)]
     pub backend: BackendArgs,
+
+    /// The lease is a group of N shards (`tenure run --shards N`): show each shard's lease
+    /// (NAME-SHARD) and the group's live members.
+    #[arg(long, value_name = "N", value_parser = parse_shards)]
+    pub shards: Option<u32>,
 
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]

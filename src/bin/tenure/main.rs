@@ -8,6 +8,8 @@ mod error;
 mod publish;
 mod reaper;
 mod run;
+mod shard_probe;
+mod sharded;
 mod status;
 mod watchdog;
 

@@ -10,9 +10,17 @@
 //! escaped its process group. They may run during the term; when the term ends they are
 //! killed ([`end_term`]), and so is every orphan adopted while no term runs (the grandchildren
 //! of a killed one, reparented as their parents die).
+//!
+//! With `--shards`, several terms run at once, one per shard, and an orphan is tied to its
+//! term by the environment it carries: it may live while the term named by its
+//! `TENURE_LEASE` and `TENURE_FENCING_TOKEN` (read from `/proc/PID/environ`) runs. One whose
+//! environment names no running term, or cannot be read, is killed at the next sweep (when a
+//! term ends, or any child of tenure exits).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::run::{ENV_FENCING_TOKEN, ENV_LEASE};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tokio::signal::unix::{SignalKind, signal};
@@ -23,19 +31,43 @@ fn managed() -> &'static Mutex<HashSet<libc::pid_t>> {
     SET.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
-/// Whether a term is running, so adopted orphans may live.
-static IN_TERM: AtomicBool = AtomicBool::new(false);
+/// A running term, as its command's environment names it: (lease, fencing token).
+type Marker = (String, String);
 
-/// A term begins: orphans adopted from now on belong to its command.
-pub fn begin_term() {
-    IN_TERM.store(true, Ordering::Release);
+/// The terms running now.
+fn terms() -> &'static Mutex<Vec<Marker>> {
+    static TERMS: OnceLock<Mutex<Vec<Marker>>> = OnceLock::new();
+    TERMS.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-/// The term is over: kills every adopted orphan now, and any adopted later until the next
-/// term begins — including the command's children reparented when its process group is
+/// Whether orphans are tied to terms by their environment (`--shards`: several terms at
+/// once). Otherwise every orphan belongs to the one running term.
+static BY_ENVIRONMENT: AtomicBool = AtomicBool::new(false);
+
+/// Several terms may run at once from now on: tie orphans to them by their environment.
+pub fn several_terms() {
+    BY_ENVIRONMENT.store(true, Ordering::Release);
+}
+
+/// A term begins: orphans adopted from now on may belong to its command (the one started
+/// with `lease` and `token` in its environment).
+pub fn begin_term(lease: &str, token: &str) {
+    terms()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((lease.to_owned(), token.to_owned()));
+}
+
+/// The term is over: kills every adopted orphan that no running term accounts for now, and
+/// any adopted later — including the command's children reparented when its process group is
 /// killed right after (their parent's death brings a `SIGCHLD`, hence a sweep).
-pub fn end_term() {
-    IN_TERM.store(false, Ordering::Release);
+pub fn end_term(lease: &str, token: &str) {
+    {
+        let mut terms = terms().lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = terms.iter().position(|(l, t)| l == lease && t == token) {
+            terms.swap_remove(i);
+        }
+    }
     sweep();
 }
 
@@ -79,10 +111,14 @@ pub fn start() {
     });
 }
 
-/// Reaps every exited child that tokio does not manage and, outside a term, kills the live
-/// ones (their deaths bring the next `SIGCHLD`, and their own orphans with it).
+/// Reaps every exited child that tokio does not manage and kills the live ones no running
+/// term accounts for (their deaths bring the next `SIGCHLD`, and their own orphans with it).
 fn sweep() {
-    let kill = !IN_TERM.load(Ordering::Acquire);
+    let running = terms()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let by_environment = BY_ENVIRONMENT.load(Ordering::Acquire);
     for pid in children() {
         if pid <= 1
             || managed()
@@ -95,11 +131,43 @@ fn sweep() {
         let mut status = 0;
         // SAFETY: waitpid on one specific pid with WNOHANG writes only into `status`.
         let reaped = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
-        if reaped == 0 && kill {
+        let belongs = if by_environment {
+            marker_of(pid).is_some_and(|m| running.contains(&m))
+        } else {
+            !running.is_empty()
+        };
+        if reaped == 0 && !belongs {
             // SAFETY: kill only sends a signal, to a child of this process.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
+}
+
+/// The term `pid` was started for, from the `TENURE_LEASE` and `TENURE_FENCING_TOKEN` of its
+/// environment (as it was when the process started its program); `None` when either is
+/// missing or the environment cannot be read.
+fn marker_of(pid: libc::pid_t) -> Option<Marker> {
+    // The environment block of a program is at most a few MiB (ARG_MAX); read a bounded part.
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(format!("/proc/{pid}/environ"))
+        .ok()?
+        .take(4 << 20)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let (mut lease, mut token) = (None, None);
+    for entry in bytes.split(|&b| b == 0) {
+        let Some(eq) = entry.iter().position(|&b| b == b'=') else {
+            continue;
+        };
+        let (name, value) = (&entry[..eq], &entry[eq + 1..]);
+        if name == ENV_LEASE.as_bytes() {
+            lease = Some(String::from_utf8_lossy(value).into_owned());
+        } else if name == ENV_FENCING_TOKEN.as_bytes() {
+            token = Some(String::from_utf8_lossy(value).into_owned());
+        }
+    }
+    Some((lease?, token?))
 }
 
 /// This process's children, from `/proc/self/task/*/children`.

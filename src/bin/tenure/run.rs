@@ -7,6 +7,7 @@ use std::time::Duration;
 use tenure::election::{ElectionConfig, ElectionMetrics, LeaderElector};
 use tenure::{Locker, Term};
 use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
 
 use crate::args::RunArgs;
 use crate::backend;
@@ -21,9 +22,8 @@ pub const ENV_LEASE: &str = "TENURE_LEASE";
 /// See [`ENV_FENCING_TOKEN`].
 pub const ENV_IDENTITY: &str = "TENURE_IDENTITY";
 
-/// Runs `tenure run`; the result is the process exit code.
-pub async fn run(args: RunArgs) -> Result<u8, CliError> {
-    let (identity, identity_source) = args.identity();
+/// The election durations of `args`, and the stop margin among them.
+pub fn election_config(args: &RunArgs) -> (ElectionConfig, Duration) {
     // The command is dropped this long before the lease could be granted to another
     // candidate. client-go has no such margin; 1 s unless the durations leave less room.
     let stop_margin =
@@ -37,13 +37,28 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         // backstop that must not cut the reaping short, or the command's exit code is lost.
         .grace(args.grace.saturating_add(Duration::from_secs(2)))
         .rejoin(args.rejoin);
+    (config, stop_margin)
+}
 
+/// The connected store and a locker with this replica's identity.
+pub async fn connect(args: &RunArgs) -> Result<(backend::Connected, Locker, String), CliError> {
+    let (identity, identity_source) = args.identity();
     let connected = backend::connect(&args.backend, true).await?;
     let locker = Locker::with_identity(Arc::clone(&connected.backend), &identity).map_err(|e| {
         CliError::Config {
             message: format!("{identity_source}: {}", crate::error::chain(&e)),
         }
     })?;
+    Ok((connected, locker, identity))
+}
+
+/// Runs `tenure run`; the result is the process exit code.
+pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    if let Some(shards) = args.shards {
+        return crate::sharded::run(args, shards).await;
+    }
+    let (config, stop_margin) = election_config(&args);
+    let (connected, locker, identity) = connect(&args).await?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
     probe(&connected, &args.lease, args.retry_period).await?;
 
@@ -75,8 +90,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         message: format!("cannot start the watchdog thread: {e}"),
     })?;
     let received = Arc::new(AtomicI32::new(0));
-    let hurry = Arc::new(tokio::sync::Notify::new());
-    let shutdown = shutdown_signal(Arc::clone(&received), Arc::clone(&hurry))?;
+    let hurry = CancellationToken::new();
+    let shutdown = shutdown_signal(Arc::clone(&received), hurry.clone())?;
     tracing::info!(
         lease = %args.lease,
         identity = %identity,
@@ -92,7 +107,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         hurry,
     };
     let outcome = elector
-        .run_until(shutdown, |term| supervisor.term(term))
+        .run_until(shutdown, |term| supervisor.term(term, Vec::new()))
         .await;
     if let Some(publishing) = publishing {
         publishing.finish().await;
@@ -110,7 +125,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
 
 /// One request to the store before campaigning, so that a wrong URL, bad credentials or
 /// missing permissions end tenure with one clear line instead of endless retries.
-async fn probe(
+pub async fn probe(
     connected: &backend::Connected,
     lease: &str,
     retry_period: Duration,
@@ -131,11 +146,11 @@ async fn probe(
     }
 }
 
-/// Completes on the first SIGTERM or SIGINT, recording which; a second one wakes `hurry`
-/// (the command is killed at once instead of after the grace period).
-fn shutdown_signal(
+/// Completes on the first SIGTERM or SIGINT, recording which; a second one cancels `hurry`
+/// (every running command is killed at once instead of after the grace period).
+pub fn shutdown_signal(
     received: Arc<AtomicI32>,
-    hurry: Arc<tokio::sync::Notify>,
+    hurry: CancellationToken,
 ) -> Result<impl Future<Output = ()> + use<>, CliError> {
     let install = |kind: SignalKind| {
         signal(kind).map_err(|e| CliError::Internal {
@@ -157,40 +172,48 @@ fn shutdown_signal(
                 _ = int.recv() => {}
             }
             tracing::warn!("second signal: killing the command now");
-            // A stored permit: it counts even if the supervisor is not waiting yet.
-            hurry.notify_one();
+            // Stays cancelled: it counts even if a supervisor is not waiting yet.
+            hurry.cancel();
         });
     })
 }
 
-/// Runs the command for one term and stops it when the term ends.
-struct Supervisor {
-    command: Vec<std::ffi::OsString>,
-    grace: Duration,
-    stop_margin: Duration,
-    watchdog: Watchdog,
+/// Runs the command for one term and stops it when the term ends. With `--shards`, the
+/// workload of every shard's term: any number of terms may run at once.
+pub struct Supervisor {
+    pub command: Vec<std::ffi::OsString>,
+    pub grace: Duration,
+    pub stop_margin: Duration,
+    pub watchdog: Watchdog,
     /// The signal tenure received, forwarded to the command on shutdown (0: none).
-    received: Arc<AtomicI32>,
-    /// Woken by a second signal: skip the rest of the grace period.
-    hurry: Arc<tokio::sync::Notify>,
+    pub received: Arc<AtomicI32>,
+    /// Cancelled by a second signal: skip the rest of the grace period.
+    pub hurry: CancellationToken,
 }
 
 impl Supervisor {
-    /// The workload of one term. Dropping the future (the elector does so at
+    /// The workload of one term, the command started with `extra` in its environment besides
+    /// the term's own variables. Dropping the future (the elector does so at
     /// `valid_until − stop_margin`) kills the command's process group.
-    fn term(&self, term: Term) -> impl Future<Output = Result<u8, CliError>> + use<> {
+    pub fn term(
+        &self,
+        term: Term,
+        extra: Vec<(&'static str, String)>,
+    ) -> impl Future<Output = Result<u8, CliError>> + Send + use<> {
         let command = self.command.clone();
         let grace = self.grace;
         let stop_margin = self.stop_margin;
         let watchdog = self.watchdog.clone();
         let received = Arc::clone(&self.received);
-        let hurry = Arc::clone(&self.hurry);
+        let hurry = self.hurry.clone();
         async move {
-            let env = [
-                (ENV_FENCING_TOKEN, term.fencing_token().to_string()),
+            let token = term.fencing_token().to_string();
+            let mut env = vec![
+                (ENV_FENCING_TOKEN, token.clone()),
                 (ENV_LEASE, term.lease_name().to_owned()),
                 (ENV_IDENTITY, term.identity().to_owned()),
             ];
+            env.extend(extra);
             // tenure's own credentials are not the command's business.
             let mut child = Child::spawn(&command, &env, &backend::secret_env_vars())?;
             let deadline_term = term.clone();
@@ -198,9 +221,15 @@ impl Supervisor {
                 let until = deadline_term.valid_until().into_std();
                 until.checked_sub(stop_margin).unwrap_or(until)
             })?;
-            let _disarm = Disarm(&watchdog);
-            crate::reaper::begin_term();
+            let _disarm = Disarm {
+                watchdog: &watchdog,
+                group: child.group().id(),
+                lease: term.lease_name(),
+                token: &token,
+            };
+            crate::reaper::begin_term(term.lease_name(), &token);
             tracing::info!(
+                lease = %term.lease_name(),
                 fencing_token = %term.fencing_token(),
                 pid = child.group().id(),
                 "leading: started the command"
@@ -221,7 +250,7 @@ impl Supervisor {
                             child.group().signal(libc::SIGKILL);
                             child.wait().await
                         }
-                        () = hurry.notified() => {
+                        () = hurry.cancelled() => {
                             child.group().signal(libc::SIGKILL);
                             child.wait().await
                         }
@@ -231,19 +260,24 @@ impl Supervisor {
             let status = status.map_err(|e| CliError::Internal {
                 message: format!("cannot wait for the command: {e}"),
             })?;
-            tracing::info!(%status, "the command exited");
+            tracing::info!(lease = %term.lease_name(), %status, "the command exited");
             Ok(exit_code(status))
         }
     }
 }
 
-/// Disarms the watchdog when the term's workload ends, however it ends, and kills what the
-/// command left behind outside its process group.
-struct Disarm<'a>(&'a Watchdog);
+/// Disarms the watchdog for the term's group when the term's workload ends, however it
+/// ends, and kills what the command left behind outside its process group.
+struct Disarm<'a> {
+    watchdog: &'a Watchdog,
+    group: libc::pid_t,
+    lease: &'a str,
+    token: &'a str,
+}
 
 impl Drop for Disarm<'_> {
     fn drop(&mut self) {
-        self.0.disarm();
-        crate::reaper::end_term();
+        self.watchdog.disarm(self.group);
+        crate::reaper::end_term(self.lease, self.token);
     }
 }

@@ -1,10 +1,21 @@
-//! `tenure status`: who holds a lease, as the store sees it.
+//! `tenure status`: who holds a lease, as the store sees it; with `--shards`, every shard's
+//! lease and the group's live members.
 
 use std::io::Write;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tenure::backend::{LeaseRecord, Member};
 
 use crate::args::{Output, StatusArgs};
-use crate::backend;
-use crate::error::CliError;
+use crate::backend::{self, Connected};
+use crate::error::{CliError, printable};
+
+/// How many shard leases are read at once.
+const CONCURRENT_READS: usize = 16;
+
+/// How long the group's members may take to read before `status` shows them as unknown.
+const MEMBERS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Prints the lease's holder; exit code 0 whether or not it is held.
 pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
@@ -15,71 +26,234 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::Config {
             message: format!("--lease: {e}"),
         })?;
-    let record = connected
-        .backend
-        .inspect(&args.lease)
-        .await
-        .map_err(|e| CliError::backend(&format!("cannot read lease {:?}", args.lease), &e))?;
-    let text = match args.output {
-        Output::Json => {
-            let value = serde_json::json!({
-                "lease": args.lease,
-                "backend": connected.description,
-                "held": record.is_some(),
-                "holder": record.as_ref().map(|r| r.identity.clone()),
-                "fencingToken": record.as_ref().map(|r| r.fencing.get()),
-                "expiresInMs": record.as_ref().and_then(|r| r.remaining).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-                "transitions": record.as_ref().and_then(|r| r.transitions),
-            });
-            format!("{value}\n")
+    let text = match args.shards {
+        None => {
+            let record = inspect(&connected, &args.lease).await?;
+            single(&args, &connected, record.as_ref())
         }
-        Output::Table => {
-            let dash = || "-".to_owned();
-            let (holder, token, expires, transitions) = match &record {
-                // The identity comes from the store: anyone who can write there chooses it.
-                Some(r) => (
-                    crate::error::printable(&r.identity).into_owned(),
-                    r.fencing.to_string(),
-                    r.remaining
-                        .map_or_else(dash, |d| format!("{:.1}s", d.as_secs_f64())),
-                    r.transitions.map_or_else(dash, |t| t.to_string()),
-                ),
-                None => ("<none>".to_owned(), dash(), dash(), dash()),
-            };
-            let rows = [
-                [
-                    "LEASE",
-                    "HOLDER",
-                    "FENCING TOKEN",
-                    "EXPIRES IN",
-                    "TRANSITIONS",
-                ]
-                .map(str::to_owned),
-                [
-                    crate::error::printable(&args.lease).into_owned(),
-                    holder,
-                    token,
-                    expires,
-                    transitions,
-                ],
-            ];
-            let widths: Vec<usize> = (0..5)
-                .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-                .collect();
-            let mut out = String::new();
-            for row in &rows {
-                let cells: Vec<String> = row
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:<w$}"))
-                    .collect();
-                out.push_str(cells.join("   ").trim_end());
-                out.push('\n');
-            }
-            out
-        }
+        Some(shards) => sharded(&args, &connected, shards).await?,
     };
     // A closed pipe (`tenure status | head -0`) is not an error worth a message.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(0)
+}
+
+async fn inspect(connected: &Connected, lease: &str) -> Result<Option<LeaseRecord>, CliError> {
+    connected
+        .backend
+        .inspect(lease)
+        .await
+        .map_err(|e| CliError::backend(&format!("cannot read lease {lease:?}"), &e))
+}
+
+fn expires_ms(r: &LeaseRecord) -> Option<u64> {
+    r.remaining
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The JSON fields of one lease.
+fn lease_json(
+    lease: &str,
+    record: Option<&LeaseRecord>,
+) -> serde_json::Map<String, serde_json::Value> {
+    let value = serde_json::json!({
+        "lease": lease,
+        "held": record.is_some(),
+        "holder": record.map(|r| r.identity.clone()),
+        "fencingToken": record.map(|r| r.fencing.get()),
+        "expiresInMs": record.and_then(expires_ms),
+        "transitions": record.and_then(|r| r.transitions),
+    });
+    match value {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
+}
+
+/// The table cells of one lease: lease, holder, token, expires in, transitions.
+fn lease_cells(lease: &str, record: Option<&LeaseRecord>) -> Vec<String> {
+    let dash = || "-".to_owned();
+    let (holder, token, expires, transitions) = match record {
+        // The identity comes from the store: anyone who can write there chooses it.
+        Some(r) => (
+            printable(&r.identity).into_owned(),
+            r.fencing.to_string(),
+            r.remaining
+                .map_or_else(dash, |d| format!("{:.1}s", d.as_secs_f64())),
+            r.transitions.map_or_else(dash, |t| t.to_string()),
+        ),
+        None => ("<none>".to_owned(), dash(), dash(), dash()),
+    };
+    vec![
+        printable(lease).into_owned(),
+        holder,
+        token,
+        expires,
+        transitions,
+    ]
+}
+
+fn single(args: &StatusArgs, connected: &Connected, record: Option<&LeaseRecord>) -> String {
+    match args.output {
+        Output::Json => {
+            let mut map = lease_json(&args.lease, record);
+            map.insert("backend".into(), connected.description.clone().into());
+            format!("{}\n", serde_json::Value::Object(map))
+        }
+        Output::Table => {
+            let header = [
+                "LEASE",
+                "HOLDER",
+                "FENCING TOKEN",
+                "EXPIRES IN",
+                "TRANSITIONS",
+            ];
+            table(&header, &[lease_cells(&args.lease, record)])
+        }
+    }
+}
+
+async fn sharded(
+    args: &StatusArgs,
+    connected: &Connected,
+    shards: u32,
+) -> Result<String, CliError> {
+    let names: Vec<String> = (0..shards)
+        .map(|s| tenure::shard::lease_name(&args.lease, s))
+        .collect();
+    let records: Vec<Option<LeaseRecord>> = futures::stream::iter(names.iter())
+        .map(|name| inspect(connected, name))
+        .buffered(CONCURRENT_READS)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    let members = members(connected, &args.lease).await;
+    Ok(match args.output {
+        Output::Json => {
+            let leases: Vec<serde_json::Value> = names
+                .iter()
+                .zip(&records)
+                .zip(0u32..)
+                .map(|((name, record), shard)| {
+                    let mut map = lease_json(name, record.as_ref());
+                    map.insert("shard".into(), shard.into());
+                    serde_json::Value::Object(map)
+                })
+                .collect();
+            let (members, members_error) = match &members {
+                Ok(list) => (
+                    Some(
+                        list.iter()
+                            .map(|m| {
+                                serde_json::json!({
+                                    "identity": m.identity,
+                                    "shards": m.shards,
+                                    "joinedMs": m.joined_ms,
+                                    "holds": m.holds,
+                                })
+                            })
+                            .collect::<Vec<_>>(),
+                    ),
+                    None,
+                ),
+                Err(e) => (None, Some(e.clone())),
+            };
+            let value = serde_json::json!({
+                "lease": args.lease,
+                "backend": connected.description,
+                "shards": shards,
+                "shardLeases": leases,
+                "members": members,
+                "membersError": members_error,
+            });
+            format!("{value}\n")
+        }
+        Output::Table => {
+            let rows: Vec<Vec<String>> = names
+                .iter()
+                .zip(&records)
+                .zip(0u32..)
+                .map(|((name, record), shard)| {
+                    let mut row = vec![shard.to_string()];
+                    row.extend(lease_cells(name, record.as_ref()));
+                    row
+                })
+                .collect();
+            let header = [
+                "SHARD",
+                "LEASE",
+                "HOLDER",
+                "FENCING TOKEN",
+                "EXPIRES IN",
+                "TRANSITIONS",
+            ];
+            let mut out = table(&header, &rows);
+            out.push('\n');
+            match members {
+                Ok(list) => {
+                    let rows: Vec<Vec<String>> = list
+                        .iter()
+                        .map(|m| {
+                            let holds: Vec<String> = m.holds.iter().map(u32::to_string).collect();
+                            vec![
+                                printable(&m.identity).into_owned(),
+                                m.shards.to_string(),
+                                if holds.is_empty() {
+                                    "-".to_owned()
+                                } else {
+                                    holds.join(",")
+                                },
+                            ]
+                        })
+                        .collect();
+                    if rows.is_empty() {
+                        out.push_str("MEMBERS: none\n");
+                    } else {
+                        out.push_str(&table(&["MEMBER", "SHARDS", "HOLDS"], &rows));
+                    }
+                }
+                Err(e) => {
+                    out.push_str(&format!("MEMBERS: unknown ({})\n", printable(&e)));
+                }
+            }
+            out
+        }
+    })
+}
+
+/// The group's live members, or why they could not be read.
+async fn members(connected: &Connected, group: &str) -> Result<Vec<Member>, String> {
+    let mut stream = connected.backend.members(group);
+    match tokio::time::timeout(MEMBERS_TIMEOUT, stream.next()).await {
+        Ok(Some(Ok(list))) => Ok(list),
+        Ok(Some(Err(e))) => Err(crate::error::chain(&e)),
+        Ok(None) => Err("the membership stream ended".into()),
+        Err(_) => Err(format!("no answer within {MEMBERS_TIMEOUT:?}")),
+    }
+}
+
+/// Aligned columns, three spaces apart, trailing spaces trimmed.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    let all: Vec<&Vec<String>> = std::iter::once(&header).chain(rows).collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            all.iter()
+                .map(|r| r.get(i).map_or(0, |c| c.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in all {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
 }

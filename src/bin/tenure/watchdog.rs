@@ -25,12 +25,16 @@
 //! A watchdog process killed by its pid alone (`pkill -f __watchdog`) is started again by
 //! tenure while tenure runs.
 //!
+//! The thread guards any number of process groups at once, each with its own deadline (one
+//! per shard with `tenure run --shards`), and each group has its own watchdog process.
+//!
 //! `CLOCK_MONOTONIC` is one clock for every process on the machine and keeps running while a
 //! process is stopped, so both halves count the time tenure was frozen.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -40,20 +44,20 @@ use crate::error::CliError;
 /// The hidden subcommand that runs [`process_main`].
 pub const SUBCOMMAND: &str = "__watchdog";
 
-/// The in-process half: a thread that SIGKILLs the armed process group when the armed
-/// deadline passes, and feeds every new deadline to the group's watchdog process.
+/// The in-process half: a thread that SIGKILLs each armed process group when its deadline
+/// passes, and feeds every new deadline to the group's watchdog process.
 #[derive(Clone)]
 pub struct Watchdog {
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    armed: Mutex<Option<Arm>>,
+    /// The armed groups, by process group id.
+    armed: Mutex<HashMap<libc::pid_t, Arm>>,
     changed: Condvar,
 }
 
 struct Arm {
-    group: libc::pid_t,
     /// The pid of the group's watchdog process, to tell its exit from a replacement's.
     process: libc::pid_t,
     /// Re-read on every wake-up: renewals move the deadline later.
@@ -67,7 +71,7 @@ impl Watchdog {
     /// Starts the watchdog thread (disarmed). The thread lives as long as the process.
     pub fn start() -> io::Result<Self> {
         let shared = Arc::new(Shared {
-            armed: Mutex::new(None),
+            armed: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
         });
         let thread_shared = Arc::clone(&shared);
@@ -78,28 +82,30 @@ impl Watchdog {
     }
 
     /// Arms the watchdog for `group`: starts the group's watchdog process, and kills the
-    /// group once `deadline()` is in the past.
+    /// group once `deadline()` is in the past. Other armed groups are left as they are.
     pub fn arm(
         &self,
         group: &ProcessGroup,
         deadline: impl Fn() -> Instant + Send + 'static,
     ) -> Result<(), CliError> {
         let (feed, process) = spawn_process(self, group.id(), deadline())?;
-        *self.lock() = Some(Arm {
-            group: group.id(),
-            process,
-            deadline: Box::new(deadline),
-            feed,
-            fed: None,
-        });
+        self.lock().insert(
+            group.id(),
+            Arm {
+                process,
+                deadline: Box::new(deadline),
+                feed,
+                fed: None,
+            },
+        );
         self.shared.changed.notify_all();
         Ok(())
     }
 
-    /// Disarms it (the term ended and the group was dealt with). Closing the feed makes the
-    /// watchdog process kill the group, which by then is empty or about to be.
-    pub fn disarm(&self) {
-        *self.lock() = None;
+    /// Disarms it for `group` (the term ended and the group was dealt with). Closing the
+    /// feed makes the watchdog process kill the group, which by then is empty or about to be.
+    pub fn disarm(&self, group: libc::pid_t) {
+        self.lock().remove(&group);
         self.shared.changed.notify_all();
     }
 
@@ -110,8 +116,10 @@ impl Watchdog {
     /// command running.
     fn process_exited(&self, group: libc::pid_t, process: libc::pid_t) {
         let mut armed = self.lock();
-        let Some(arm) = armed.as_mut() else { return };
-        if arm.group != group || arm.process != process || !signal_group(group, 0) {
+        let Some(arm) = armed.get_mut(&group) else {
+            return;
+        };
+        if arm.process != process || !signal_group(group, 0) {
             return;
         }
         match spawn_process(self, group, (arm.deadline)()) {
@@ -132,7 +140,7 @@ impl Watchdog {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arm>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<libc::pid_t, Arm>> {
         self.shared
             .armed
             .lock()
@@ -146,38 +154,46 @@ fn watch(shared: &Shared) {
     const MAX_SLEEP: Duration = Duration::from_millis(200);
     loop {
         let mut armed = shared.armed.lock().unwrap_or_else(PoisonError::into_inner);
-        while armed.is_none() {
+        while armed.is_empty() {
             armed = shared
                 .changed
                 .wait(armed)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        let Some(arm) = armed.as_mut() else { continue };
-        let deadline = (arm.deadline)();
         let now = Instant::now();
-        if now >= deadline {
-            let group = arm.group;
-            *armed = None;
-            drop(armed);
-            // The kill comes first; the report can wait.
-            if signal_group(group, libc::SIGKILL) {
-                let _ = writeln!(
-                    io::stderr(),
-                    "tenure: the lease's validity ran out {:?} ago on the monotonic clock (was this process frozen?); killed the command's process group",
-                    now - deadline
-                );
+        let mut wake = now + MAX_SLEEP;
+        let mut killed = Vec::new();
+        armed.retain(|&group, arm| {
+            let deadline = (arm.deadline)();
+            if now >= deadline {
+                // The kill comes first; the report can wait.
+                if signal_group(group, libc::SIGKILL) {
+                    killed.push(now - deadline);
+                }
+                return false;
             }
-            continue;
-        }
-        if arm.fed != Some(deadline) {
-            // A failed write means the watchdog process is gone: it killed the group, SIGKILL
-            // to the group took both, or it was killed alone and `process_exited` starts
-            // another (which is fed on the next lap).
-            let _ = writeln!(arm.feed, "{}", monotonic_ns(deadline));
-            arm.fed = Some(deadline);
-        }
+            if arm.fed != Some(deadline) {
+                // One write of one short line: atomic on a pipe, and never blocking (the
+                // feed is non-blocking), so a frozen watchdog process cannot hold up the
+                // other groups. A failed write means the watchdog process is gone (it killed
+                // the group, SIGKILL to the group took both, or it was killed alone and
+                // `process_exited` starts another, which is fed on the next lap) or its pipe
+                // is full (it is frozen with its group).
+                let line = format!("{}\n", monotonic_ns(deadline));
+                let _ = arm.feed.write(line.as_bytes());
+                arm.fed = Some(deadline);
+            }
+            wake = wake.min(deadline);
+            true
+        });
         drop(armed);
-        sleep_until(now, (deadline - now).min(MAX_SLEEP));
+        for late in killed {
+            let _ = writeln!(
+                io::stderr(),
+                "tenure: the lease's validity ran out {late:?} ago on the monotonic clock (was this process frozen?); killed the command's process group",
+            );
+        }
+        sleep_until(now, wake.saturating_duration_since(now));
     }
 }
 
@@ -226,6 +242,7 @@ fn spawn_process(
     let fd: OwnedFd = stdin
         .into_owned_fd()
         .map_err(|e| internal("stdin pipe", e))?;
+    set_nonblocking(&fd).map_err(|e| internal("stdin pipe", e))?;
     let pid = child
         .id()
         .and_then(|p| libc::pid_t::try_from(p).ok())
@@ -239,6 +256,19 @@ fn spawn_process(
         watchdog.process_exited(group, pid);
     });
     Ok((File::from(fd), pid))
+}
+
+/// Makes writes to `fd` fail with `EAGAIN` instead of waiting when the pipe is full.
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0
+        || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Blocks every signal that can be blocked (the kernel leaves SIGKILL and SIGSTOP alone),

@@ -1,0 +1,170 @@
+//! `tenure run --shards N`: a [`ShardedElector`] whose workload, for every shard term, is the
+//! supervisor `tenure run` runs for its one lease ([`Supervisor::term`]): one copy of the
+//! command per shard held here, each with its own process group, watchdog, grace and reaping.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tenure::backend::BackendErrorKind;
+use tenure::shard::{ShardError, ShardedElector, lease_name};
+use tokio_util::sync::CancellationToken;
+
+use crate::args::RunArgs;
+use crate::backend::Connected;
+use crate::error::{CliError, chain};
+use crate::run::{self, Supervisor};
+use crate::watchdog::Watchdog;
+
+/// The shard a copy of the command serves (0 to N − 1).
+pub const ENV_SHARD: &str = "TENURE_SHARD";
+/// The group's shard count N.
+pub const ENV_SHARDS: &str = "TENURE_SHARDS";
+
+/// Runs `tenure run --shards N`; the result is the process exit code.
+pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
+    let (config, stop_margin) = run::election_config(&args);
+    let (connected, locker, identity) = run::connect(&args).await?;
+    let elector = ShardedElector::new(locker, &args.lease, shards, config).map_err(shard_error)?;
+    run::probe(&connected, &lease_name(&args.lease, 0), args.retry_period).await?;
+    probe_membership(&connected, &args.lease, args.retry_period).await?;
+
+    if let Some(addr) = args.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| CliError::Config {
+                message: format!("--listen {addr}: {e}"),
+            })?;
+        tokio::spawn(crate::shard_probe::serve(
+            listener,
+            elector.clone(),
+            identity.clone(),
+        ));
+    }
+
+    crate::reaper::several_terms();
+    crate::reaper::start();
+    let watchdog = Watchdog::start().map_err(|e| CliError::Internal {
+        message: format!("cannot start the watchdog thread: {e}"),
+    })?;
+    let received = Arc::new(AtomicI32::new(0));
+    let hurry = CancellationToken::new();
+    let signalled = run::shutdown_signal(Arc::clone(&received), hurry.clone())?;
+    // A copy that cannot be started (command not found, no watchdog process) stops tenure:
+    // every shard would fail the same way.
+    let failed = CancellationToken::new();
+    let fatal: Arc<Mutex<Option<CliError>>> = Arc::new(Mutex::new(None));
+    let shutdown = {
+        let failed = failed.clone();
+        async move {
+            tokio::select! {
+                () = signalled => {}
+                () = failed.cancelled() => {}
+            }
+        }
+    };
+    tracing::info!(
+        lease = %args.lease,
+        shards,
+        identity = %identity,
+        backend = %connected.description,
+        "joining the group"
+    );
+    let supervisor = Arc::new(Supervisor {
+        command: args.command,
+        grace: args.grace,
+        stop_margin,
+        watchdog,
+        received: Arc::clone(&received),
+        hurry,
+    });
+    let workload = {
+        let fatal = Arc::clone(&fatal);
+        move |shard: u32, term: tenure::Term| {
+            let copy = supervisor.term(
+                term,
+                vec![
+                    (ENV_SHARD, shard.to_string()),
+                    (ENV_SHARDS, shards.to_string()),
+                ],
+            );
+            let fatal = Arc::clone(&fatal);
+            let failed = failed.clone();
+            async move {
+                match copy.await {
+                    Ok(code) => {
+                        tracing::info!(shard, code, "the shard's copy exited: its term ends");
+                    }
+                    Err(e) => {
+                        tracing::error!(shard, error = %e, "cannot run the shard's copy: leaving the group");
+                        fatal
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get_or_insert(e);
+                        failed.cancel();
+                    }
+                }
+            }
+        }
+    };
+    let outcome = elector.run_until(shutdown, workload).await;
+    let fatal = fatal.lock().unwrap_or_else(PoisonError::into_inner).take();
+    match (outcome, fatal) {
+        (_, Some(e)) => Err(e),
+        (Ok(()), None) => {
+            let signo = received.load(Ordering::Acquire);
+            tracing::info!(signal = signo, "left the group: every shard released");
+            Ok(0)
+        }
+        (Err(e), None) => Err(shard_error(e)),
+    }
+}
+
+/// One read of the group's membership before joining: a backend without membership, or one
+/// that refuses it, ends tenure with one clear line.
+async fn probe_membership(
+    connected: &Connected,
+    group: &str,
+    retry_period: Duration,
+) -> Result<(), CliError> {
+    let timeout = retry_period.max(Duration::from_secs(2));
+    let what = format!(
+        "cannot read the members of group {group:?} from {}",
+        connected.description
+    );
+    let mut members = connected.backend.members(group);
+    match tokio::time::timeout(timeout, members.next()).await {
+        Ok(Some(Ok(_))) => Ok(()),
+        Ok(Some(Err(e))) if e.kind() == BackendErrorKind::Config => Err(CliError::Config {
+            message: format!("--shards: {what}: {}", chain(&e)),
+        }),
+        Ok(Some(Err(e))) => Err(CliError::backend(&what, &e)),
+        Ok(None) => Err(CliError::Backend {
+            message: format!("{what}: the membership stream ended"),
+        }),
+        Err(_) => Err(CliError::Backend {
+            message: format!("{what}: no answer within {timeout:?}"),
+        }),
+    }
+}
+
+/// The CLI error, and so the exit code, of a sharded elector's failure.
+fn shard_error(e: ShardError) -> CliError {
+    let message = chain(&e);
+    match e {
+        ShardError::InvalidShardCount { .. } | ShardError::ShardCountMismatch { .. } => {
+            CliError::Config {
+                message: format!("--shards: {message}"),
+            }
+        }
+        ShardError::Membership { source, .. } if source.kind() == BackendErrorKind::Config => {
+            CliError::Config {
+                message: format!("--shards: {message}"),
+            }
+        }
+        ShardError::Membership { .. } => CliError::Backend { message },
+        ShardError::Election(inner) => CliError::from(inner),
+        _ => CliError::Internal { message },
+    }
+}
