@@ -51,7 +51,8 @@ macro_rules! conformance_tests {
             check_wait_window_exhaustion,
             check_release_wakes_waiters,
             check_auto_renew_outlives_ttl,
-            check_renew_deadline_ends_stalled_lease
+            check_renew_deadline_ends_stalled_lease,
+            check_membership
         );
     };
     (@checks #[$test:meta] $setup:expr; $($check:ident),*) => {$(

@@ -26,9 +26,3 @@ async fn whole_suite_on_real_time() {
         .run_all()
         .await;
 }
-
-/// Group membership, until every backend keeps one (then it joins `conformance_tests!`).
-#[tokio::test(start_paused = true)]
-async fn check_membership() {
-    setup().await.1.check_membership().await;
-}

@@ -20,9 +20,3 @@ tenure::conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     setup()
 );
-
-/// Group membership, until every backend keeps one (then it joins `conformance_tests!`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_membership() {
-    setup().await.1.check_membership().await;
-}

@@ -25,14 +25,6 @@ tenure::conformance_tests!(
     setup()
 );
 
-/// Group membership (sharded leadership), until every backend keeps one and it joins
-/// `conformance_tests!`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_membership() {
-    let (_dir, suite) = setup().await;
-    suite.check_membership().await;
-}
-
 /// The whole suite in one directory, one check after another, each finding the files the
 /// earlier ones left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

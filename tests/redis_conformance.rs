@@ -23,14 +23,6 @@ tenure::conformance_tests!(
     setup()
 );
 
-/// Group membership (sharded leadership), until every backend keeps one and it joins
-/// `conformance_tests!`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_membership() {
-    let (_server, suite) = setup().await;
-    suite.check_membership().await;
-}
-
 /// The whole suite on one server with coalescing off: one script call per lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_suite_without_coalescing() {
