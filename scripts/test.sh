@@ -28,6 +28,7 @@ echo "== examples"
 bash scripts/demo.sh
 cargo run --quiet --example contention
 cargo run --quiet --all-features --example fenced_writes
+cargo run --quiet --example sharded_workers
 
 # The Helm chart's pods on a real single-node Kubernetes (e2e/node, tests/node_chart.rs):
 # Debian's containerd, runc, CNI plugins, buildah (the image, from the Dockerfile, offline) and
