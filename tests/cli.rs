@@ -1,18 +1,20 @@
 //! The real `tenure` binary on the local backend (the default): one command at a time,
 //! takeover on exit and on `kill -9`, signals, exit codes, a frozen tenure, bad input,
-//! `tenure status` and the probe endpoints.
+//! `tenure status` and the probe endpoints; sharded workers (`--shards`): the split, a graceful
+//! leave handing shards over, copies that exit, escaped daemons, bad counts.
 
 mod cli_support;
 #[path = "support/tempdir.rs"]
 mod tempdir;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cli_support::{
-    FAST, TENURE as TENURE_BIN, Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid,
-    run_bounded, run_to_end, strings, wait_until, worker,
+    Event, FAST, TENURE as TENURE_BIN, Tenure, alive, assert_one_at_a_time, events, identity_of,
+    now_ns, read_pid, run_bounded, run_to_end, shard_of, shard_worker, strings, wait_until, worker,
 };
 use tempdir::TempDir;
 
@@ -877,5 +879,401 @@ fn a_fifo_in_place_of_the_record_fails_fast_instead_of_hanging() {
         started.elapsed() < Duration::from_secs(3),
         "took {:?}",
         started.elapsed()
+    );
+}
+
+/// `tenure run --shards` args on the local backend in `s`.
+fn shard_args(
+    s: &Scratch,
+    lease: &str,
+    shards: &str,
+    id: &str,
+    command: Vec<String>,
+) -> Vec<String> {
+    run_args(s, lease, &["--shards", shards, "--identity", id], command)
+}
+
+/// The copies running now, by shard: their `start` event, for starts without an `end`.
+fn running(ev: &[Event]) -> BTreeMap<u32, Event> {
+    let mut out = BTreeMap::new();
+    for e in ev.iter().filter(|e| e.kind == "start") {
+        if !ev.iter().any(|x| x.kind == "end" && x.pid == e.pid) {
+            out.insert(shard_of(e), e.clone());
+        }
+    }
+    out
+}
+
+/// Per shard: one copy at a time, each ended before the next started, tokens rising.
+fn assert_one_copy_per_shard_at_a_time(ev: &[Event]) {
+    let shards: BTreeSet<u32> = ev.iter().map(shard_of).collect();
+    for shard in shards {
+        let mut starts: Vec<&Event> = ev
+            .iter()
+            .filter(|e| e.kind == "start" && shard_of(e) == shard)
+            .collect();
+        starts.sort_by_key(|e| e.at_ns);
+        for pair in starts.windows(2) {
+            let end = ev
+                .iter()
+                .find(|x| x.kind == "end" && x.pid == pair[0].pid)
+                .unwrap_or_else(|| panic!("shard {shard}: {:?} has no end: {ev:?}", pair[0]));
+            assert!(
+                end.at_ns <= pair[1].at_ns,
+                "shard {shard}: two copies at once: {ev:?}"
+            );
+            assert!(
+                pair[1].token > pair[0].token,
+                "shard {shard}: token did not rise: {ev:?}"
+            );
+        }
+    }
+}
+
+/// How many of `running` copies each identity runs.
+fn per_identity(running: &BTreeMap<u32, Event>) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for e in running.values() {
+        *out.entry(identity_of(e).to_owned()).or_insert(0) += 1;
+    }
+    out
+}
+
+#[test]
+fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully() {
+    let s = Scratch::new("shards");
+    let log = s.path("log");
+    let start = |id: &str| {
+        Tenure::start(
+            &shard_args(&s, "mail", "4", id, shard_worker(&log, 0.5)),
+            &[],
+            s.path(&format!("err-{id}")),
+        )
+    };
+    let mut a = start("a");
+    wait_until(Duration::from_secs(15), "a to run a copy per shard", || {
+        running(&events(&log)).len() == 4
+    });
+    let mut b = start("b");
+    wait_until(
+        Duration::from_secs(20),
+        "the shards to be split 2 + 2",
+        || {
+            let r = running(&events(&log));
+            r.len() == 4 && per_identity(&r) == [("a".into(), 2), ("b".into(), 2)].into()
+        },
+    );
+    // Each copy knows its shard, the count and its shard's lease.
+    for (shard, e) in running(&events(&log)) {
+        let rest: Vec<&str> = e.rest.split(' ').collect();
+        assert_eq!(
+            rest[..3],
+            [shard.to_string(), "4".into(), format!("mail-{shard}")],
+            "{e:?}"
+        );
+    }
+    let of_a: Vec<u32> = running(&events(&log))
+        .into_iter()
+        .filter(|(_, e)| identity_of(e) == "a")
+        .map(|(shard, _)| shard)
+        .collect();
+
+    // SIGTERM to a: its copies get their grace, its shards move to b, a exits 0.
+    a.signal(libc::SIGTERM);
+    let status = a.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "{}", a.log());
+    wait_until(Duration::from_secs(10), "b to run every shard", || {
+        let r = running(&events(&log));
+        r.len() == 4 && per_identity(&r) == [("b".into(), 4)].into()
+    });
+    let ev = events(&log);
+    assert_one_copy_per_shard_at_a_time(&ev);
+    for shard in &of_a {
+        let copy = |kind: &str, id: &str| {
+            ev.iter()
+                .filter(|e| e.kind == kind && shard_of(e) == *shard && identity_of(e) == id)
+                .map(|e| e.at_ns)
+                .next_back()
+                .unwrap_or_else(|| panic!("no {kind} of shard {shard} on {id}: {ev:?}"))
+        };
+        let (term, end) = (copy("term", "a"), copy("end", "a"));
+        assert!(
+            end - term >= 400_000_000,
+            "shard {shard}: a's copy was not given its grace: {ev:?}"
+        );
+        let handoff = Duration::from_nanos(
+            u64::try_from(copy("start", "b").saturating_sub(end)).unwrap_or(u64::MAX),
+        );
+        println!("shard {shard}: a's copy ended → b's copy started: {handoff:?}");
+        assert!(
+            handoff < Duration::from_secs(3),
+            "shard {shard} waited for the ttl: {handoff:?}"
+        );
+    }
+
+    // status --shards: b holds every shard, with the token its copy got; b is the only member.
+    let (c, out, err) = run_to_end(
+        &[
+            "status",
+            "--lease",
+            "mail",
+            "--shards",
+            "4",
+            "--state-dir",
+            &s.state(),
+        ],
+        &[],
+    );
+    assert_eq!(c, 0, "{err}");
+    let r = running(&events(&log));
+    for (shard, e) in &r {
+        let row = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{shard} ")))
+            .unwrap_or_else(|| panic!("no row for shard {shard}: {out}"));
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells[..4],
+            [
+                shard.to_string(),
+                format!("mail-{shard}"),
+                "b".into(),
+                e.token.to_string()
+            ],
+            "{out}"
+        );
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b", "4", "0,1,2,3"]),
+        "{out}"
+    );
+
+    b.signal(libc::SIGINT);
+    let status = b.wait(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(0), "{}", b.log());
+    assert!(running(&events(&log)).is_empty(), "{:?}", events(&log));
+    let (c, out, err) = run_to_end(
+        &[
+            "status",
+            "--lease",
+            "mail",
+            "--shards",
+            "4",
+            "--state-dir",
+            &s.state(),
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(c, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let leases = v["shardLeases"].as_array().map_or(0, Vec::len);
+    assert_eq!(leases, 4, "{out}");
+    assert!(
+        (0..4).all(|i| v["shardLeases"][i]["held"] == false),
+        "released on the way out: {out}"
+    );
+    assert_eq!(v["members"], serde_json::json!([]), "{out}");
+}
+
+#[test]
+fn a_copy_that_exits_ends_its_shards_term_and_the_shard_is_taken_again() {
+    let s = Scratch::new("shard-exit");
+    let log = s.path("log");
+    let script = format!(
+        r#"echo "start $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_IDENTITY" >> {log}
+sleep 0.3
+echo "end $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_SHARD" >> {log}
+exit 3"#,
+        log = log.display()
+    );
+    let mut t = Tenure::start(
+        &shard_args(&s, "brief", "2", "solo", strings(&["sh", "-c", &script])),
+        &[],
+        s.path("err"),
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "three copies of each shard",
+        || {
+            let ev = events(&log);
+            (0..2).all(|shard| {
+                ev.iter()
+                    .filter(|e| e.kind == "end" && shard_of(e) == shard)
+                    .count()
+                    >= 3
+            })
+        },
+    );
+    assert!(
+        t.child.try_wait().ok().flatten().is_none(),
+        "tenure must keep running: {}",
+        t.log()
+    );
+    assert_one_copy_per_shard_at_a_time(&events(&log));
+    t.signal(libc::SIGTERM);
+    let status = t.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", t.log());
+}
+
+#[test]
+fn with_shards_escaped_processes_live_only_while_the_term_in_their_environment_runs() {
+    let s = Scratch::new("shard-escape");
+    let dir = s.0.path().display().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = format!("127.0.0.1:{port}");
+    // Shard 0's copy leaves two daemons (double fork, own session): one with the copy's
+    // environment, one with none; then an orphan that exits, so tenure sweeps while both
+    // shards' terms run. Shard 1's copy just runs.
+    let script = format!(
+        r#"if [ "$TENURE_SHARD" = 0 ]; then
+  (setsid sh -c 'echo $$ > {dir}/marked.tmp; mv {dir}/marked.tmp {dir}/marked; exec sleep 100' </dev/null >/dev/null 2>&1 &)
+  (setsid env -i sh -c 'echo $$ > {dir}/bare.tmp; mv {dir}/bare.tmp {dir}/bare; exec sleep 100' </dev/null >/dev/null 2>&1 &)
+  sleep 0.5
+  (sleep 0.2 &)
+  while [ ! -e {dir}/stop ]; do sleep 0.1; done
+  exit 0
+fi
+echo $$ > {dir}/other.tmp; mv {dir}/other.tmp {dir}/other
+while :; do sleep 0.1; done"#
+    );
+    let mut t = Tenure::start(
+        &run_args(
+            &s,
+            "esc",
+            &["--shards", "2", "--identity", "solo", "--listen", &addr],
+            strings(&["sh", "-c", &script]),
+        ),
+        &[],
+        s.path("err"),
+    );
+    let marked = read_pid(&s.path("marked"), Duration::from_secs(15));
+    let bare = read_pid(&s.path("bare"), Duration::from_secs(5));
+    let other = read_pid(&s.path("other"), Duration::from_secs(5));
+    wait_until(
+        Duration::from_secs(5),
+        "the daemon without a term in its environment to be killed",
+        || !alive(bare),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        alive(marked),
+        "the daemon of a running term must live: {}",
+        t.log()
+    );
+
+    // The sharded probe endpoints.
+    let (status, body) = get(&addr, "/metrics");
+    assert!(status.contains("200"), "{status}");
+    for metric in [
+        "tenure_shards 2",
+        "tenure_shards_owned 2",
+        "tenure_shard_group_members 1",
+    ] {
+        assert!(body.lines().any(|l| l == metric), "{metric}: {body}");
+    }
+    let (status, body) = get(&addr, "/readyz");
+    assert!(status.contains("200"), "{status} {body}");
+    assert!(get(&addr, "/healthz").0.contains("200"));
+    assert!(get(&addr, "/nope").0.contains("404"));
+
+    // Shard 0's copy exits: its term ends, and its daemon with it; shard 1 runs on.
+    std::fs::write(s.path("stop"), b"").unwrap_or_else(|e| panic!("{e}"));
+    wait_until(
+        Duration::from_secs(5),
+        "the daemon of the ended term to be killed",
+        || !alive(marked),
+    );
+    assert!(alive(other), "shard 1's copy must be undisturbed");
+    t.signal(libc::SIGTERM);
+    let status = t.wait(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", t.log());
+    assert!(!alive(other));
+}
+
+#[test]
+fn bad_shard_counts_exit_2_naming_the_flag() {
+    let s = Scratch::new("shard-bad");
+    let state = s.state();
+    for bad in ["0", "4097", "-1", "many", ""] {
+        let flag = format!("--shards={bad}");
+        for args in [
+            vec![
+                "run",
+                "--lease",
+                "x",
+                "--state-dir",
+                &state,
+                &flag,
+                "--",
+                "true",
+            ],
+            vec!["status", "--lease", "x", "--state-dir", &state, &flag],
+        ] {
+            let (c, _, err) = run_to_end(&args, &[]);
+            assert_eq!(c, 2, "{args:?}: {err}");
+            assert!(err.contains("--shards"), "{args:?}: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+    let (c, _, err) = run_to_end(
+        &[
+            "run",
+            "--lease",
+            "x",
+            "--state-dir",
+            &state,
+            "--shards",
+            "2",
+            "--publish-status",
+            "--",
+            "true",
+        ],
+        &[],
+    );
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        err.contains("--shards") && err.contains("--publish-status"),
+        "{err}"
+    );
+
+    // A replica started with another count than the group's refuses to join.
+    let log = s.path("log");
+    let mut first = Tenure::start(
+        &shard_args(&s, "counted", "4", "first", shard_worker(&log, 0.0)),
+        &[],
+        s.path("err-first"),
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "the first replica's copies",
+        || running(&events(&log)).len() == 4,
+    );
+    let args = shard_args(&s, "counted", "3", "second", shard_worker(&log, 0.0));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (c, _, err) = run_bounded(&refs, &[], b"", Duration::from_secs(20));
+    assert_eq!(c, 2, "{err}");
+    let line = error_line(&err);
+    assert!(
+        line.contains("--shards") && line.contains("runs 4 shards") && line.contains("with 3"),
+        "{line}"
+    );
+    let r = running(&events(&log));
+    assert_eq!(
+        per_identity(&r),
+        [("first".into(), 4)].into(),
+        "the group is undisturbed: {r:?}"
+    );
+    first.signal(libc::SIGTERM);
+    assert_eq!(
+        first.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        first.log()
     );
 }

@@ -331,3 +331,33 @@ pub fn assert_one_at_a_time(events: &[Event], deaths: &[(u32, u128)]) {
 pub fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| (*s).to_owned()).collect()
 }
+
+/// A shell command for `tenure run --shards`: logs `start <token> <pid> <ns> <shard> <shards>
+/// <lease> <identity>` to `log`, works until SIGTERM or SIGINT, then logs `term …`, takes `exit_after`
+/// seconds (its grace), logs `end …` and exits 0. [`events`] reads the log; an event's `rest`
+/// is `<shard> <shards> <lease> <identity>`.
+pub fn shard_worker(log: &Path, exit_after: f64) -> Vec<String> {
+    let body = format!(
+        r#"log() {{ echo "$1 $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_IDENTITY" >> {log}; }}
+trap 'log term; sleep {exit_after}; log end; exit 0' TERM INT
+log start
+while :; do sleep 0.1; done"#,
+        log = log.display(),
+    );
+    vec!["sh".into(), "-c".into(), body]
+}
+
+/// The shard of a [`shard_worker`] event.
+pub fn shard_of(event: &Event) -> u32 {
+    event
+        .rest
+        .split(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no shard in {event:?}"))
+}
+
+/// The identity of a [`shard_worker`] event.
+pub fn identity_of(event: &Event) -> &str {
+    event.rest.rsplit(' ').next().unwrap_or_default()
+}
