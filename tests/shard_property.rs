@@ -127,6 +127,14 @@ impl Rng {
     }
 }
 
+/// A live replica's identity, at random.
+fn pick(rng: &mut Rng, live: &BTreeMap<String, Replica>) -> String {
+    live.keys()
+        .nth(rng.below(live.len()))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Lets the group settle, sampling exclusion every 100 ms meanwhile.
 async fn settle(world: &World, for_: Duration) {
     let steps = for_.as_millis() / 100;
@@ -189,11 +197,7 @@ async fn scenario(seed: u64) {
                 true
             }
             1 => {
-                let id = live
-                    .keys()
-                    .nth(rng.below(live.len()))
-                    .cloned()
-                    .unwrap_or_default();
+                let id = pick(&mut rng, &live);
                 if let Some(r) = live.remove(&id) {
                     let _ = r.stop.send(());
                     r.run.await.expect("joined").expect("a graceful leave");
@@ -202,11 +206,7 @@ async fn scenario(seed: u64) {
             }
             2 => {
                 // kill -9: the replica's store calls stall forever, and it is dropped.
-                let id = live
-                    .keys()
-                    .nth(rng.below(live.len()))
-                    .cloned()
-                    .unwrap_or_default();
+                let id = pick(&mut rng, &live);
                 if let Some(r) = live.remove(&id) {
                     r.faulty.set(Fault::Stall);
                     r.run.abort();
@@ -219,30 +219,17 @@ async fn scenario(seed: u64) {
                 }
                 false
             }
-            3 => {
-                // A pause longer than the lease: its terms lapse, others take over, it rejoins.
-                let id = live
-                    .keys()
-                    .nth(rng.below(live.len()))
-                    .cloned()
-                    .unwrap_or_default();
-                if let Some(r) = live.get(&id) {
-                    r.faulty.set(Fault::Stall);
-                    settle(&world, LEASE * 2).await;
-                    r.faulty.set(Fault::Healthy);
-                }
-                false
-            }
             _ => {
-                // The store fails this replica's calls for a few seconds.
-                let id = live
-                    .keys()
-                    .nth(rng.below(live.len()))
-                    .cloned()
-                    .unwrap_or_default();
-                if let Some(r) = live.get(&id) {
-                    r.faulty.set(Fault::Fail);
-                    settle(&world, Duration::from_secs(4)).await;
+                // A pause longer than the lease (its terms lapse, others take over, it
+                // rejoins), or the store failing this replica's calls for a few seconds.
+                let (fault, lasting) = if op == 3 {
+                    (Fault::Stall, LEASE * 2)
+                } else {
+                    (Fault::Fail, Duration::from_secs(4))
+                };
+                if let Some(r) = live.get(&pick(&mut rng, &live)) {
+                    r.faulty.set(fault);
+                    settle(&world, lasting).await;
                     r.faulty.set(Fault::Healthy);
                 }
                 false
