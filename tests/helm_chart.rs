@@ -885,7 +885,9 @@ fn bad_values_fail_with_a_clear_message() {
         // The default renew deadline (10s) is a third of 30s: not longer.
         (
             &["--set", "election.leaseDuration=30s"],
-            &["election.renewDeadline (10s) must be longer than a third of election.leaseDuration (30s)"],
+            &[
+                "election.renewDeadline (10s) must be longer than a third of election.leaseDuration (30s)",
+            ],
         ),
         // 1.2 × 1m40s is exactly 2m: not longer.
         (
@@ -2546,4 +2548,301 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
         other => panic!("a fenced write without the impersonation RBAC: {other:?}"),
     }
     term.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sharded workers (`sharding.shards`): `tenure run --shards N`.
+
+/// The Role's rules, as rendered.
+fn role_rules(objs: &[Value]) -> Value {
+    one(objs, "Role")["rules"].clone()
+}
+
+/// `sharding.shards` passes `--shards`, and the Role grants what membership needs (member
+/// Leases named after pods: no resourceNames; `delete` for a graceful leave); unset, nothing
+/// changes; bad counts and combinations are refused with a clear message.
+#[test]
+fn sharding_renders_the_shard_count_and_its_role() {
+    let worker_args =
+        |objs: &[Value]| strings(&container(&pod_spec(objs)["containers"], "worker")["args"]);
+    let plain = render("sh", "ns", &[]);
+    assert!(
+        !worker_args(&plain)
+            .iter()
+            .any(|a| a.starts_with("--shards")),
+        "{:?}",
+        worker_args(&plain)
+    );
+    let sharded = render("sh", "ns", &["--set", "sharding.shards=16"]);
+    let args = worker_args(&sharded);
+    assert!(args.contains(&"--shards=16".to_owned()), "{args:?}");
+    let dashes = args.iter().position(|a| a == "--").expect("--");
+    assert!(
+        args.iter().position(|a| a == "--shards=16") < Some(dashes),
+        "{args:?}"
+    );
+    assert_eq!(
+        role_rules(&sharded),
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "update", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    // A values file's number (a float to helm) renders as an integer.
+    let file = kube_support::fresh_dir("sharding-values").join("values.yaml");
+    std::fs::write(&file, "sharding:\n  shards: 4096\n").expect("values file");
+    let args = worker_args(&render("sh", "ns", &["-f", &file.display().to_string()]));
+    assert!(args.contains(&"--shards=4096".to_owned()), "{args:?}");
+    // Redis: still no Kubernetes API use.
+    let redis = render(
+        "sh",
+        "ns",
+        &[
+            "--set",
+            "sharding.shards=4,backend.type=redis,backend.redis.url=redis://redis:6379",
+        ],
+    );
+    assert!(!kinds(&redis).contains("Role"), "{:?}", kinds(&redis));
+    assert!(worker_args(&redis).contains(&"--shards=4".to_owned()));
+
+    let schema = "values don't meet the specifications of the schema(s)";
+    let long = "l".repeat(230);
+    let long = format!("sharding.shards=2,election.lease={long}");
+    assert_refused(&[
+        (
+            &["--set", "sharding.shards=0"],
+            &[schema, "at '/sharding/shards': minimum: got 0, want 1"],
+        ),
+        (
+            &["--set", "sharding.shards=4097"],
+            &[
+                schema,
+                "at '/sharding/shards': maximum: got 4,097, want 4,096",
+            ],
+        ),
+        (
+            &["--set", "sharding.shards=2.5"],
+            &[schema, "/sharding/shards"],
+        ),
+        (
+            &["--set", "sharding.shards=many"],
+            &[schema, "/sharding/shards"],
+        ),
+        (
+            &["--set", "sharding.shard=4"],
+            &[schema, "additional properties 'shard' not allowed"],
+        ),
+        (
+            &["--set", "sharding.shards=4,election.publishStatus=true"],
+            &["sharding.shards and election.publishStatus cannot be combined"],
+        ),
+        (
+            &["--set", "sharding.shards=4,fencing.policy.enabled=true"],
+            &["sharding.shards and fencing.policy / fencing.impersonation cannot be combined"],
+        ),
+        (
+            &["--set", &long],
+            &["with sharding.shards the lease name may have at most 229 characters"],
+        ),
+    ]);
+}
+
+/// With `sharding.shards`, the ServiceAccount may do exactly what sharded membership needs on
+/// the Kubernetes backend, in its namespace only.
+#[test]
+fn the_service_account_can_do_exactly_what_sharding_needs() {
+    let ns = restricted_namespace("rbac-shards");
+    helm_install("sh", &ns, &["--set", "sharding.shards=4"]).expect_ok();
+    let sa = format!("system:serviceaccount:{ns}:sh-tenure");
+    wait_allowed(
+        &sa,
+        &ns,
+        "delete",
+        "leases/sh-tenure-member-0123456789abcdef",
+    );
+    assert_eq!(
+        granted(&ns, "sh-tenure"),
+        [
+            rule("events", "", "create"),
+            rule(
+                "leases.coordination.k8s.io",
+                "",
+                "get list watch update create delete"
+            ),
+        ]
+        .into()
+    );
+    for (verb, resource) in [
+        ("patch", "leases/sh-tenure-0"),
+        ("deletecollection", "leases"),
+        ("get", "secrets"),
+        ("list", "pods"),
+    ] {
+        assert!(
+            !can_i(&sa, &ns, verb, resource, None),
+            "may {verb} {resource}"
+        );
+    }
+    for verb in ["get", "delete", "create"] {
+        assert!(
+            !can_i(&sa, "default", verb, "leases", None),
+            "{verb} in default"
+        );
+    }
+    assert!(!can_i(&sa, ALL, "list", "leases", None));
+}
+
+/// The sharded Deployment's command line, run as it would be in two pods: the real `tenure`
+/// binary with exactly the chart's arguments, authenticated as the chart's ServiceAccount
+/// (only its Role), splits the shards between the two, runs one copy per shard with the
+/// documented environment, and on SIGTERM leaves: every shard Lease released, every member
+/// Lease deleted.
+#[cfg(feature = "cli")]
+#[test]
+fn the_rendered_sharded_command_line_runs_the_real_tenure() {
+    let ns = restricted_namespace("cli-shards");
+    let dir = kube_support::fresh_dir("cli-shards");
+    let log = dir.join("log");
+    let script = format!(
+        "echo \"$TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_FENCING_TOKEN $TENURE_IDENTITY\" >> {}; exec sleep 60",
+        log.display()
+    );
+    let values = [
+        "--set".to_owned(),
+        "sharding.shards=4,metrics.host=127.0.0.1".to_owned(),
+        "--set-json".to_owned(),
+        format!("command={}", json!(["sh", "-c", script])),
+    ];
+    let values: Vec<&str> = values.iter().map(String::as_str).collect();
+    helm_install("cs", &ns, &values).expect_ok();
+    let sa = format!("system:serviceaccount:{ns}:cs-tenure");
+    wait_allowed(
+        &sa,
+        &ns,
+        "delete",
+        "leases/cs-tenure-member-0123456789abcdef",
+    );
+    let token = run(
+        kubectl_cmd().args(["create", "token", "cs-tenure", "-n", &ns, "--duration=10m"]),
+        None,
+    )
+    .expect_ok();
+    let kubeconfig = kubeconfig_with_token(token.trim());
+    let objs = render("cs", &ns, &values);
+    let worker = container(&pod_spec(&objs)["containers"], "worker");
+    let start = |pod: &str| {
+        let port = kube_support::free_port();
+        let args: Vec<String> = strings(&worker["args"])
+            .into_iter()
+            .map(|a| {
+                let a = a
+                    .replace("$(POD_NAMESPACE)", &ns)
+                    .replace("$(POD_NAME)", pod);
+                if a.starts_with("--listen=") {
+                    format!("--listen=127.0.0.1:{port}")
+                } else {
+                    a
+                }
+            })
+            .collect();
+        Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", &ns)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("TENURE_BACKEND")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{pod}.err"))).expect("stderr file"))
+            .spawn()
+            .expect("spawn tenure")
+    };
+    let mut a = start("cs-pod-a");
+    let mut b = start("cs-pod-b");
+    let stderr =
+        |pod: &str| std::fs::read_to_string(dir.join(format!("{pod}.err"))).unwrap_or_default();
+    // Each line: shard, count, lease, token, identity. Split 2 + 2 once both have joined.
+    let latest = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let mut by_shard = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let f: Vec<String> = line.split(' ').map(str::to_owned).collect();
+            assert_eq!(f.len(), 5, "{line:?}");
+            by_shard.insert(f[0].clone(), f);
+        }
+        by_shard
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let shards = latest();
+        let on_a = shards.values().filter(|f| f[4] == "cs-pod-a").count();
+        if shards.len() == 4 && on_a == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 2 + 2 split: {shards:?}\n{}\n{}",
+            stderr("cs-pod-a"),
+            stderr("cs-pod-b")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (shard, f) in latest() {
+        assert_eq!(
+            f[1..3],
+            ["4".to_owned(), format!("cs-tenure-{shard}")],
+            "{f:?}"
+        );
+        assert!(f[3].parse::<u64>().is_ok_and(|t| t > 0), "{f:?}");
+    }
+    let members = |label: &str| {
+        run(
+            kubectl_cmd().args(["get", "leases", "-n", &ns, "-l", label, "-o", "name"]),
+            None,
+        )
+        .expect_ok()
+    };
+    assert_eq!(
+        members("tenure.dev/group=cs-tenure").lines().count(),
+        2,
+        "one member Lease per replica"
+    );
+    for child in [&a, &b] {
+        let pid = libc::pid_t::try_from(child.id()).expect("pid");
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    }
+    for (pod, child) in [("cs-pod-a", &mut a), ("cs-pod-b", &mut b)] {
+        let status = child.wait().expect("wait for tenure");
+        assert_eq!(status.code(), Some(0), "{pod}: {}", stderr(pod));
+    }
+    // Graceful leave: member Leases deleted (the Role's `delete`), shard Leases released.
+    assert_eq!(
+        members("tenure.dev/group=cs-tenure").trim(),
+        "",
+        "member Leases left"
+    );
+    for shard in 0..4 {
+        let lease = run(
+            kubectl_cmd().args([
+                "get",
+                "lease",
+                &format!("cs-tenure-{shard}"),
+                "-n",
+                &ns,
+                "-o",
+                "json",
+            ]),
+            None,
+        )
+        .expect_ok();
+        let lease: Value = serde_json::from_str(&lease).expect("lease json");
+        assert_eq!(
+            lease["spec"]["holderIdentity"].as_str().unwrap_or_default(),
+            "",
+            "shard {shard} not released: {lease}"
+        );
+    }
 }

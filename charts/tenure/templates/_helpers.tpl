@@ -178,6 +178,18 @@ message. Renders nothing.
 {{- end -}}
 {{- $f := .Values.fencing -}}
 {{- $impersonation := ternary $f.policy.enabled $f.impersonation (kindIs "invalid" $f.impersonation) -}}
+{{- if .Values.sharding.shards -}}
+{{- if .Values.election.publishStatus -}}
+{{- fail "sharding.shards and election.publishStatus cannot be combined: the Election resource follows one lease (tenure run refuses --shards with --publish-status)" -}}
+{{- end -}}
+{{- if or $f.policy.enabled $impersonation -}}
+{{- fail "sharding.shards and fencing.policy / fencing.impersonation cannot be combined: the policy follows the election's one Lease, and each shard has its own" -}}
+{{- end -}}
+{{- $lease := include "tenure.lease" . -}}
+{{- if gt (len $lease) 229 -}}
+{{- fail (printf "with sharding.shards the lease name may have at most 229 characters (its member Leases are named <lease>-member-<16 hex digits>, at most 253); %q has %d" $lease (len $lease)) -}}
+{{- end -}}
+{{- end -}}
 {{- if and (or $f.policy.enabled $impersonation) (ne .Values.backend.type "kube") -}}
 {{- fail "fencing.policy / fencing.impersonation need backend.type kube: the policy reads the election's Lease" -}}
 {{- end -}}
