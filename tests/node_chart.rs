@@ -659,6 +659,24 @@ fn chart_pods_on_a_real_node() {
         stale.len().to_string(),
     );
     assert!(stale.is_empty(), "stale writes accepted: {stale:?}");
+    // Scale to zero first: a plain `helm uninstall` deletes the Role, RoleBinding and
+    // ServiceAccount while the pods are still terminating, and the leader's release on
+    // SIGTERM then fails (the Lease keeps naming it until it expires). With the pods gone
+    // first, the release is seen, then uninstall removes the rest.
+    run(
+        node.kubectl()
+            .args(["scale", "deployment", release, "-n", ns, "--replicas=0"]),
+        None,
+    )
+    .expect_ok();
+    wait_for(Duration::from_secs(60), "the pods gone", || {
+        pods(&node, ns).is_empty().then_some(())
+    });
+    let (holder, _) = lease(&node, ns, release);
+    assert_eq!(
+        holder, "",
+        "{leader} still holds the Lease after its pod stopped"
+    );
     run(
         node.helm().args([
             "uninstall",
@@ -672,11 +690,8 @@ fn chart_pods_on_a_real_node() {
         None,
     )
     .expect_ok();
-    wait_for(Duration::from_secs(60), "the pods gone", || {
-        pods(&node, ns).is_empty().then_some(())
-    });
     let (holder, _) = lease(&node, ns, release);
-    assert_eq!(holder, "", "helm uninstall left {leader} holding the Lease");
+    assert_eq!(holder, "", "the Lease names a holder after helm uninstall");
     report.add(
         "refused (stale) write attempts, all scenarios",
         register.refused().to_string(),
