@@ -37,9 +37,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use assign::{Seat, assign, shard_of};
 
+use crate::Locker;
 use crate::backend::{BackendError, Member};
 use crate::election::{ElectionConfig, ElectionError, LeaderElector, Term};
-use crate::Locker;
 
 /// The most shards a group may have.
 pub const MAX_SHARDS: u32 = 4096;
@@ -265,7 +265,7 @@ impl ShardedElector {
             return Err(ShardError::AlreadyRunning);
         }
         let _running = Running(self);
-        let workload = Arc::new(workload);
+        let workload: Workload = Arc::new(move |shard, term| Box::pin(workload(shard, term)));
         let me = Member {
             identity: self.inner.locker.identity().to_owned(),
             shards: self.inner.shards,
@@ -330,7 +330,8 @@ impl ShardedElector {
         loop {
             me.holds = owned.borrow_and_update().iter().copied().collect();
             let sent = backend.announce_member(&self.inner.name, &me, lease);
-            let pause = match tokio::time::timeout(self.inner.config_request_timeout(), sent).await {
+            let pause = match tokio::time::timeout(self.inner.config_request_timeout(), sent).await
+            {
                 Ok(Ok(())) => lease / 3,
                 Ok(Err(e)) if !e.is_transient() => {
                     return ShardError::Membership {
@@ -357,17 +358,13 @@ impl ShardedElector {
     }
 
     /// Computes the assignment from `list` and starts or stops shard terms to match it.
-    fn rebalance<F, Fut>(
+    fn rebalance(
         &self,
         me: &Member,
         list: Vec<Member>,
         shards: &mut Shards,
-        workload: &Arc<F>,
-    ) -> Result<(), ShardError>
-    where
-        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
+        workload: &Workload,
+    ) -> Result<(), ShardError> {
         // The earliest member's count is the group's; members with another count are left
         // out of the assignment, and if that is this replica, it refuses to run.
         let first = list
@@ -383,10 +380,7 @@ impl ShardedElector {
                 member: first.identity.clone(),
             });
         }
-        let members: Vec<Member> = list
-            .into_iter()
-            .filter(|m| m.shards == me.shards)
-            .collect();
+        let members: Vec<Member> = list.into_iter().filter(|m| m.shards == me.shards).collect();
         let ids: Vec<&str> = members.iter().map(|m| m.identity.as_str()).collect();
         let seats: Vec<Seat<'_>> = members
             .iter()
@@ -403,7 +397,9 @@ impl ShardedElector {
             .iter()
             .map(|o| o.map(|i| ids[i].to_owned()))
             .collect();
-        self.inner.assignment.send_replace(Assignment { members, owners });
+        self.inner
+            .assignment
+            .send_replace(Assignment { members, owners });
         shards.assigned.clone_from(&mine);
         for (shard, stop) in &shards.running {
             if !mine.contains(shard) {
@@ -419,17 +415,13 @@ impl ShardedElector {
     }
 
     /// Starts the elector of `shard` after `delay`.
-    fn start<F, Fut>(
+    fn start(
         &self,
         shard: u32,
         shards: &mut Shards,
-        workload: &Arc<F>,
+        workload: &Workload,
         delay: Duration,
-    ) -> Result<(), ShardError>
-    where
-        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
+    ) -> Result<(), ShardError> {
         let elector = LeaderElector::new(
             self.inner.locker.clone(),
             &lease_name(&self.inner.name, shard),
@@ -468,16 +460,12 @@ impl ShardedElector {
 
     /// A shard's elector returned: restart it if the shard is still ours and it ended
     /// because its workload returned; propagate a permanent failure.
-    fn reap<F, Fut>(
+    fn reap(
         &self,
         ended: Result<(tokio::task::Id, Result<Option<()>, ElectionError>), tokio::task::JoinError>,
         shards: &mut Shards,
-        workload: &Arc<F>,
-    ) -> Result<(), ShardError>
-    where
-        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
+        workload: &Workload,
+    ) -> Result<(), ShardError> {
         let (id, result) = match ended {
             Ok((id, result)) => (id, result),
             Err(e) => (
@@ -501,16 +489,12 @@ impl ShardedElector {
         }
     }
 
-    fn restart_if_ours<F, Fut>(
+    fn restart_if_ours(
         &self,
         shard: u32,
         shards: &mut Shards,
-        workload: &Arc<F>,
-    ) -> Result<(), ShardError>
-    where
-        F: Fn(u32, Term) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
+        workload: &Workload,
+    ) -> Result<(), ShardError> {
         if shards.assigned.contains(&shard) {
             let (_, retry) = self.inner.config.timings();
             self.start(shard, shards, workload, retry)?;
@@ -518,6 +502,9 @@ impl ShardedElector {
         Ok(())
     }
 }
+
+/// The workload of every shard term, boxed once so the machinery below is not generic.
+type Workload = Arc<dyn Fn(u32, Term) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// The shard electors running on this replica.
 #[derive(Default)]
