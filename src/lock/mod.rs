@@ -105,8 +105,9 @@ impl std::fmt::Debug for Locker {
 pub struct LockerStats {
     /// Leases held: acquired and not yet released, orphaned or lost.
     pub active_leases: usize,
-    /// Leases the scheduler task has taken in. The task learns of new leases through a
-    /// queue, so this trails `active_leases` briefly after a burst of acquisitions.
+    /// Leases the scheduler task has taken in. It takes new leases in from a queue when it
+    /// next wakes — at the latest when the earliest of them falls due, or once 1,024 changes
+    /// are queued — so this can trail `active_leases` until then.
     pub tracked_leases: usize,
     /// Renewal scheduler tasks running: 1 while any lease is held (and for a second after the
     /// last one ended), 0 otherwise.

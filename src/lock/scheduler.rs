@@ -364,6 +364,15 @@ impl Timers {
     }
 }
 
+/// What the task does after a round of work.
+enum Next {
+    Exit,
+    /// Commands were queued meanwhile: take them in first.
+    TakeIn,
+    /// Sleep until this instant (`None`: until a batch answers or a producer wakes it).
+    Sleep(Option<Instant>),
+}
+
 type BatchResult = (
     Vec<LeaseKey>,
     Instant,
@@ -435,12 +444,11 @@ impl Task {
             if self.timers.next().is_some_and(|at| at <= now) {
                 self.fire_due(now);
             }
-            let Some(wake_at) = self.try_sleep(now) else {
-                return;
-            };
-            let Some(wake_at) = wake_at else {
+            let wake_at = match self.try_sleep(now) {
+                Next::Exit => return,
                 // Commands arrived meanwhile: take them in before sleeping.
-                continue;
+                Next::TakeIn => continue,
+                Next::Sleep(until) => until,
             };
             tokio::select! {
                 biased;
@@ -473,14 +481,11 @@ impl Task {
         self.inbox = inbox;
     }
 
-    /// Decides what to sleep until and publishes it, or exits: `None` to exit, `Some(None)`
-    /// when commands are queued (take them in first), `Some(Some(at))` to sleep until `at`
-    /// (`None`: no timer).
+    /// Decides what to sleep until and publishes it, or exits.
     ///
     /// Exits only when nothing is tracked, in flight or queued, a [`LINGER`] after the last
     /// lease ended; see the invariants on `Queue`.
-    #[allow(clippy::option_option)] // three outcomes, each named above
-    fn try_sleep(&mut self, now: Instant) -> Option<Option<Option<Instant>>> {
+    fn try_sleep(&mut self, now: Instant) -> Next {
         let idle = self.is_empty() && self.in_flight.is_empty();
         if idle {
             // Every timer left is stale: drop them rather than wake up for them.
@@ -489,7 +494,7 @@ impl Task {
         let mut q = self.shared.lock();
         q.free.append(&mut self.freed);
         if !q.commands.is_empty() {
-            return Some(None);
+            return Next::TakeIn;
         }
         let wake_at = if idle {
             // The queue is empty, so no lease ended since `take_in` read `last_end`.
@@ -498,14 +503,14 @@ impl Task {
                 q.running = false;
                 self.shared.stats.tasks.fetch_sub(1, Ordering::Relaxed);
                 self.exited = true;
-                return None;
+                return Next::Exit;
             }
             Some(until)
         } else {
             self.timers.next()
         };
         q.task = TaskState::Asleep(wake_at);
-        Some(Some(wake_at))
+        Next::Sleep(wake_at)
     }
 
     fn entry(&self, key: LeaseKey) -> Option<&Entry> {
