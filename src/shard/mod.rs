@@ -200,6 +200,12 @@ impl ShardedElector {
         })
     }
 
+    /// This replica's identity.
+    #[must_use]
+    pub fn identity(&self) -> &str {
+        self.inner.locker.identity()
+    }
+
     /// The group's name.
     #[must_use]
     pub fn name(&self) -> &str {

@@ -36,11 +36,7 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
             .map_err(|e| CliError::Config {
                 message: format!("--listen {addr}: {e}"),
             })?;
-        tokio::spawn(crate::shard_probe::serve(
-            listener,
-            elector.clone(),
-            identity.clone(),
-        ));
+        tokio::spawn(crate::shard_probe::serve(listener, elector.clone()));
     }
 
     crate::reaper::several_terms();

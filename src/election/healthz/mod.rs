@@ -108,12 +108,19 @@ pub async fn serve_healthz(
 #[derive(Debug)]
 #[must_use]
 pub struct ProbeServer {
-    elector: LeaderElector,
+    probed: Probed,
     tolerance: Duration,
     store_liveness: bool,
     limits: server::Limits,
     #[cfg(feature = "metrics")]
     registry: Option<SharedRegistry>,
+}
+
+/// What the endpoints report on.
+#[derive(Debug)]
+enum Probed {
+    Elector(LeaderElector),
+    Sharded(crate::shard::ShardedElector),
 }
 
 /// A metrics registry the application and the probe server share: the application keeps
@@ -136,8 +143,21 @@ impl ProbeServer {
 
     /// Endpoints for `elector`, with a liveness tolerance of 20 s and the default limits.
     pub fn new(elector: LeaderElector) -> Self {
+        Self::for_probed(Probed::Elector(elector))
+    }
+
+    /// Endpoints for a replica of sharded leadership ([`crate::shard`]): `/healthz` answers
+    /// `200` while the process serves; `/readyz` answers `200` once the replica is a live
+    /// member of its group in the latest assignment (naming how many shards it holds), `503`
+    /// before; `/metrics` as for [`new`](Self::new). Each shard term's own liveness is its
+    /// elector's business (a stuck term ends at its renew deadline).
+    pub fn sharded(elector: crate::shard::ShardedElector) -> Self {
+        Self::for_probed(Probed::Sharded(elector))
+    }
+
+    fn for_probed(probed: Probed) -> Self {
         Self {
-            elector,
+            probed,
             tolerance: Duration::from_secs(20),
             store_liveness: false,
             limits: server::Limits {
@@ -261,9 +281,15 @@ impl ProbeServer {
     }
 
     fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
+        let elector = match (&self.probed, path) {
+            (Probed::Elector(elector), _) => elector,
+            (Probed::Sharded(_), "/healthz") => return (StatusCode::OK, TEXT, "ok\n".to_owned()),
+            (Probed::Sharded(sharded), "/readyz") => return sharded_readiness(sharded),
+            (Probed::Sharded(_), _) => return self.others(path),
+        };
         match path {
             "/healthz" => {
-                let h = self.elector.health(self.tolerance);
+                let h = elector.health(self.tolerance);
                 if self.store_liveness && !h.store_reachable {
                     store_unreachable(&h)
                 } else if h.healthy {
@@ -280,12 +306,12 @@ impl ProbeServer {
                 }
             }
             "/readyz" => {
-                let h = self.elector.health(self.tolerance);
-                if self.elector.is_leader() {
+                let h = elector.health(self.tolerance);
+                if elector.is_leader() {
                     (StatusCode::OK, TEXT, "leading\n".to_owned())
                 } else if !h.store_reachable {
                     store_unreachable(&h)
-                } else if let Some(leader) = self.elector.leader().borrow().as_ref() {
+                } else if let Some(leader) = elector.leader().borrow().as_ref() {
                     (
                         StatusCode::OK,
                         TEXT,
@@ -299,6 +325,13 @@ impl ProbeServer {
                     )
                 }
             }
+            _ => self.others(path),
+        }
+    }
+
+    /// `/metrics` and everything that is not a probe.
+    fn others(&self, path: &str) -> (StatusCode, &'static str, String) {
+        match path {
             #[cfg(feature = "metrics")]
             "/metrics" if self.registry.is_some() => {
                 let mut body = String::new();
@@ -321,6 +354,34 @@ impl ProbeServer {
             }
             _ => (StatusCode::NOT_FOUND, TEXT, "not found\n".to_owned()),
         }
+    }
+}
+
+/// `/readyz` of a sharded replica: ready once it is a member of its group's assignment.
+fn sharded_readiness(sharded: &crate::shard::ShardedElector) -> (StatusCode, &'static str, String) {
+    let identity = sharded.identity();
+    let member = sharded
+        .assignment()
+        .borrow()
+        .members
+        .iter()
+        .any(|m| m.identity == identity);
+    if member {
+        let held = sharded.owned().borrow().len();
+        (
+            StatusCode::OK,
+            TEXT,
+            format!(
+                "member of {}, holding {held} shards\n",
+                sharded.name().escape_debug()
+            ),
+        )
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            "not a member of the group yet\n".to_owned(),
+        )
     }
 }
 
@@ -475,5 +536,39 @@ mod tests {
             "unless asked"
         );
         campaign.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sharded_replica_is_ready_once_a_member_of_its_group() {
+        let locker = Locker::with_identity(MemoryBackend::new(), "me").expect("valid identity");
+        let sharded =
+            crate::shard::ShardedElector::new(locker, "workers", 4, ElectionConfig::new())
+                .expect("valid config");
+        let probes = ProbeServer::sharded(sharded.clone());
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            probes.respond(&request(Method::GET, "/healthz")).status(),
+            StatusCode::OK
+        );
+        let run = tokio::spawn({
+            let sharded = sharded.clone();
+            async move {
+                sharded
+                    .run_until(std::future::pending(), |_, term| async move {
+                        term.cancellation().cancelled().await;
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::OK);
+        assert_eq!(ready.body(), "member of workers, holding 4 shards\n");
+        assert_eq!(
+            probes.respond(&request(Method::GET, "/nope")).status(),
+            StatusCode::NOT_FOUND
+        );
+        run.abort();
     }
 }
