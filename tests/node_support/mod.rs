@@ -109,8 +109,27 @@ pub fn kubectl() -> &'static Path {
     })
 }
 
-/// A fresh directory for this process under cargo's temp dir.
+/// Removes the directories of earlier test processes that are gone (`node-TAG-PID-N`).
+fn sweep(root: &Path) {
+    for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let mut parts = name.rsplitn(3, '-');
+        let (_, pid, rest) = (parts.next(), parts.next(), parts.next());
+        if rest.is_some_and(|r| r.starts_with("node-"))
+            && let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok())
+            && pid != std::process::id()
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// A fresh directory for this process under cargo's temp dir (those of processes that are
+/// gone are removed first).
 pub fn fresh_dir(tag: &str) -> PathBuf {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep(Path::new(env!("CARGO_TARGET_TMPDIR"))));
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "node-{tag}-{}-{:08x}",
         std::process::id(),
@@ -307,6 +326,10 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop();
+        // Kept after a failure, for its logs (removed by the next run's sweep).
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -536,49 +559,50 @@ pub struct LeaseEvent {
 }
 
 /// `kubectl get lease -w` in the background: every version of the Lease with its arrival time.
+/// kubectl is started again whenever it exits (a watch the server ends, a Lease not there
+/// yet) until this is dropped.
 pub struct LeaseWatch {
     pub events: Arc<Mutex<Vec<LeaseEvent>>>,
-    child: Child,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    pid: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl LeaseWatch {
     pub fn start(node: &Node, ns: &str, lease: &str) -> Self {
-        let mut child = node
-            .kubectl()
-            .args(["get", "lease", lease, "-n", ns, "-w", "-o", "json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("kubectl get -w: {e}"));
-        let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        use std::sync::atomic::Ordering;
         let events: Arc<Mutex<Vec<LeaseEvent>>> = Arc::default();
-        let ev = events.clone();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (ev, st, pd) = (events.clone(), stop.clone(), pid.clone());
+        let kubeconfig = node.kubeconfig();
+        let (ns, lease) = (ns.to_owned(), lease.to_owned());
         std::thread::spawn(move || {
-            let stream = serde_json::Deserializer::from_reader(stdout).into_iter::<Value>();
-            for v in stream {
-                let Ok(v) = v else { break };
-                let holder = v["spec"]["holderIdentity"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                let token = v["metadata"]["annotations"]["tenure.dev/fencing"]
-                    .as_str()
-                    .and_then(|t| t.parse().ok())
-                    .unwrap_or(0);
-                let mut e = ev.lock().unwrap_or_else(|p| p.into_inner());
-                if e.last()
-                    .is_none_or(|l: &LeaseEvent| l.holder != holder || l.token != token)
-                {
-                    e.push(LeaseEvent {
-                        at: Instant::now(),
-                        holder,
-                        token,
-                    });
+            while !st.load(Ordering::SeqCst) {
+                let Ok(mut child) = Command::new(kubectl())
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(["get", "lease", &lease, "-n", &ns, "-w", "-o", "json"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                else {
+                    return;
+                };
+                pd.store(child.id(), Ordering::SeqCst);
+                if let Some(stdout) = child.stdout.take() {
+                    let stream = serde_json::Deserializer::from_reader(stdout).into_iter::<Value>();
+                    for v in stream {
+                        let Ok(v) = v else { break };
+                        record(&ev, &v);
+                    }
                 }
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(100));
             }
         });
-        LeaseWatch { events, child }
+        LeaseWatch { events, stop, pid }
     }
 
     pub fn snapshot(&self) -> Vec<LeaseEvent> {
@@ -608,8 +632,34 @@ impl LeaseWatch {
 
 impl Drop for LeaseWatch {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        use std::sync::atomic::Ordering;
+        self.stop.store(true, Ordering::SeqCst);
+        let pid = self.pid.load(Ordering::SeqCst);
+        if pid != 0 {
+            // SAFETY: kill(2) on the kubectl this watch started (reaped by its thread).
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+    }
+}
+
+fn record(events: &Mutex<Vec<LeaseEvent>>, v: &Value) {
+    let holder = v["spec"]["holderIdentity"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let token = v["metadata"]["annotations"]["tenure.dev/fencing"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let mut e = events.lock().unwrap_or_else(|p| p.into_inner());
+    if e.last()
+        .is_none_or(|l: &LeaseEvent| l.holder != holder || l.token != token)
+    {
+        e.push(LeaseEvent {
+            at: Instant::now(),
+            holder,
+            token,
+        });
     }
 }
 
