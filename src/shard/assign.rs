@@ -287,6 +287,50 @@ mod tests {
         );
     }
 
+    /// Replicas of different tenure versions must compute the same assignment: these
+    /// vectors pin the weights, the capacities and the order of the rules.
+    #[test]
+    fn the_assignment_is_pinned_across_versions() {
+        let fresh3 = [
+            Seat {
+                identity: "pod-a",
+                holds: &[],
+            },
+            Seat {
+                identity: "pod-b",
+                holds: &[],
+            },
+            Seat {
+                identity: "pod-c",
+                holds: &[],
+            },
+        ];
+        let got: Vec<usize> = assign("workers", 8, &fresh3)
+            .into_iter()
+            .flatten()
+            .collect();
+        assert_eq!(got, PINNED_FRESH.to_vec(), "fresh members");
+        let holding = [
+            Seat {
+                identity: "pod-a",
+                holds: &[0, 1, 2, 3, 4, 5],
+            },
+            Seat {
+                identity: "pod-b",
+                holds: &[6, 7],
+            },
+            Seat {
+                identity: "pod-c",
+                holds: &[],
+            },
+        ];
+        let got: Vec<usize> = assign("workers", 8, &holding)
+            .into_iter()
+            .flatten()
+            .collect();
+        assert_eq!(got, PINNED_HOLDING.to_vec(), "members holding shards");
+    }
+
     #[test]
     fn no_members_own_nothing() {
         assert_eq!(assign("g", 3, &[]), vec![None, None, None]);
@@ -302,4 +346,7 @@ mod tests {
             .is_empty()
         );
     }
+
+    const PINNED_FRESH: [usize; 8] = [2, 0, 0, 1, 1, 1, 2, 2];
+    const PINNED_HOLDING: [usize; 8] = [2, 1, 2, 0, 2, 0, 1, 1];
 }
