@@ -562,7 +562,9 @@ async fn tasks_of_a_term_end_before_its_lease_is_released() {
     let late = term.spawn(async { "ran" });
     let joined = late.await;
     assert!(
-        joined.as_ref().is_err_and(tokio::task::JoinError::is_cancelled),
+        joined
+            .as_ref()
+            .is_err_and(tokio::task::JoinError::is_cancelled),
         "{joined:?}"
     );
 }
@@ -601,10 +603,15 @@ async fn tasks_of_a_stolen_term_are_aborted_and_the_term_reports_the_theft() {
     );
     assert_eq!(holder(&store).as_deref(), Some("b"), "the thief holds it");
     let handle = task.lock().expect("not poisoned").take().expect("spawned");
-    assert!(handle.is_finished(), "the task was awaited before run returned");
+    assert!(
+        handle.is_finished(),
+        "the task was awaited before run returned"
+    );
     let joined = handle.await;
     assert!(
-        joined.as_ref().is_err_and(tokio::task::JoinError::is_cancelled),
+        joined
+            .as_ref()
+            .is_err_and(tokio::task::JoinError::is_cancelled),
         "{joined:?}"
     );
     // The theft is seen at the first renewal (5 s in): the task saw "b" for about 4 s,
@@ -662,7 +669,8 @@ async fn a_follower_cut_off_from_the_store_reports_it_and_recovers() {
     let h = b.health(Duration::ZERO);
     assert!(h.store_reachable && h.healthy && !h.leading, "{h:?}");
     assert!(
-        h.store_silence.is_some_and(|s| s <= Duration::from_secs(16)),
+        h.store_silence
+            .is_some_and(|s| s <= Duration::from_secs(16)),
         "a follower hears from the store once a lease: {h:?}"
     );
     assert!(a.health(Duration::ZERO).store_reachable);
@@ -672,7 +680,10 @@ async fn a_follower_cut_off_from_the_store_reports_it_and_recovers() {
     tokio::time::sleep(Duration::from_secs(33)).await;
     let h = b.health(Duration::ZERO);
     assert!(!h.store_reachable, "{h:?}");
-    assert!(h.healthy, "a follower's liveness does not depend on the store");
+    assert!(
+        h.healthy,
+        "a follower's liveness does not depend on the store"
+    );
     assert!(
         h.store_silence.is_some_and(|s| s > Duration::from_secs(32)),
         "{h:?}"
@@ -720,4 +731,101 @@ async fn a_test_term_is_a_real_term_that_ends_on_request() {
         matches!(refused, Err(ElectionError::Lock(_))),
         "{refused:?}"
     );
+}
+
+/// A store that refuses every acquire for good (a missing permission), else the memory
+/// backend.
+struct Refusing(MemoryBackend);
+
+impl Backend for Refusing {
+    fn validate_name(&self, name: &str) -> Result<(), tenure::backend::InvalidName> {
+        self.0.validate_name(name)
+    }
+    fn try_acquire<'a>(
+        &'a self,
+        _: &'a tenure::backend::AcquireRequest,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<tenure::backend::Acquired, tenure::backend::BackendError>,
+    > {
+        Box::pin(std::future::ready(Err(tenure::backend::BackendError::new(
+            tenure::backend::BackendErrorKind::PermissionDenied,
+            "may not update leases",
+        ))))
+    }
+    fn renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a tenure::backend::HolderToken,
+        ttl: Duration,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<tenure::backend::Renewed, tenure::backend::BackendError>,
+    > {
+        self.0.renew(name, holder, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a tenure::backend::HolderToken,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<tenure::backend::Released, tenure::backend::BackendError>,
+    > {
+        self.0.release(name, holder)
+    }
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<tenure::backend::LeaseRecord>, tenure::backend::BackendError>,
+    > {
+        self.0.inspect(name)
+    }
+    fn observe(
+        &self,
+        name: &str,
+    ) -> futures::stream::BoxStream<
+        'static,
+        Result<tenure::backend::HolderChange, tenure::backend::BackendError>,
+    > {
+        self.0.observe(name)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_store_refusal_ends_the_campaign_instead_of_retrying() {
+    let e = elector(Refusing(MemoryBackend::new()), "a", ElectionConfig::new());
+    let result = tokio::time::timeout(Duration::from_secs(60), e.run(|_| async {}))
+        .await
+        .expect("a permanent refusal ends run, it is not retried forever");
+    assert!(
+        matches!(&result, Err(ElectionError::Lock(tenure::LockError::Backend(b)))
+            if b.kind() == tenure::backend::BackendErrorKind::PermissionDenied),
+        "{result:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_whose_renewals_fail_stays_healthy_within_its_renew_deadline() {
+    let faulty = FaultyBackend::new(MemoryBackend::new());
+    let e = elector(faulty.clone(), "a", ElectionConfig::new());
+    let watcher = e.clone();
+    e.run(|term| {
+        let (watcher, faulty) = (watcher.clone(), faulty.clone());
+        async move {
+            // Renewed at 5 s; the store fails from 6 s on; the renew deadline is 15 s.
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            faulty.set(Fault::Fail);
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            let h = watcher.health(Duration::from_secs(4));
+            assert!(h.leading && term.is_valid(), "{h:?}");
+            assert_eq!(h.since_last_renewal, Some(Duration::from_secs(9)));
+            // 9 s since the last renewal, within the 10 s renew deadline + 4 s tolerance.
+            assert!(h.healthy, "{h:?}");
+        }
+    })
+    .await
+    .expect("ran");
 }

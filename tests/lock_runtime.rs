@@ -156,6 +156,7 @@ async fn with_lock_should_cancel_the_workload_when_the_lease_is_lost() {
         .with_lock("w", &opts, |guard| {
             let faulty = faulty.clone();
             async move {
+                assert!(guard.is_valid(), "a fresh guard's lease is valid");
                 faulty.set(Fault::Stall);
                 guard.cancellation().cancelled().await;
                 assert!(!guard.is_valid());
