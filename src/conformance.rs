@@ -646,7 +646,11 @@ impl Suite {
                 }
             }
         };
-        assert_eq!(next("at first").await, Vec::new(), "a new group has no members");
+        assert_eq!(
+            next("at first").await,
+            Vec::new(),
+            "a new group has no members"
+        );
         let member = |identity: &str, holds: Vec<u32>| crate::backend::Member {
             identity: identity.to_owned(),
             shards: 8,
@@ -660,7 +664,10 @@ impl Suite {
                 .unwrap_or_else(|e| panic!("announcing {} failed: {e}", m.identity));
         };
         announce(&member("pod-b", vec![])).await;
-        assert_eq!(next("after one announcement").await, vec![member("pod-b", vec![])]);
+        assert_eq!(
+            next("after one announcement").await,
+            vec![member("pod-b", vec![])]
+        );
         // A renewal of the same announcement changes nothing a reader sees.
         announce(&member("pod-b", vec![])).await;
         announce(&member("pod-a", vec![1, 5])).await;
@@ -672,7 +679,10 @@ impl Suite {
         b.withdraw_member(&group, "pod-b")
             .await
             .unwrap_or_else(|e| panic!("withdrawing failed: {e}"));
-        assert_eq!(next("after a withdrawal").await, vec![member("pod-a", vec![1, 5])]);
+        assert_eq!(
+            next("after a withdrawal").await,
+            vec![member("pod-a", vec![1, 5])]
+        );
         b.withdraw_member(&group, "pod-b")
             .await
             .unwrap_or_else(|e| panic!("withdrawing an absent member must succeed: {e}"));

@@ -293,9 +293,10 @@ impl Locker {
     fn record_answer(&self) {
         let since = Instant::now().saturating_duration_since(self.inner.created);
         let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1);
-        self.inner
-            .answered
-            .fetch_max(nanos.saturating_add(1), std::sync::atomic::Ordering::Relaxed);
+        self.inner.answered.fetch_max(
+            nanos.saturating_add(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// When the store last answered one of this locker's acquire attempts, granted or busy.
