@@ -198,6 +198,8 @@ async fn shutdown_hands_over_at_once_through_the_release_notification() {
         async move {
             a.run_until(stopped.map(|_| ()), |term| async move {
                 term.cancellation().cancelled().await;
+                // The lease is still ours until the release, but the term is over.
+                assert!(!term.is_valid(), "a cancelled term is not valid");
                 "a stopped"
             })
             .await
@@ -541,6 +543,8 @@ async fn tasks_of_a_term_end_before_its_lease_is_released() {
         .run(|term| {
             let (t, s) = (t.clone(), s.clone());
             async move {
+                // Two tasks: the second spawn must not forget the first, still running.
+                drop(watchful_task(&term, &s, &t));
                 drop(watchful_task(&term, &s, &t));
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 term
@@ -717,6 +721,7 @@ async fn a_test_term_is_a_real_term_that_ends_on_request() {
     let test = TestTerm::begin("controller", "a").await.expect("a term");
     let term = test.term();
     assert!(term.is_valid());
+    assert_eq!((term.lease_name(), term.identity()), ("controller", "a"));
     assert_eq!(holder(test.store()).as_deref(), Some("a"));
     // It renews like any term: still valid well past one lease duration.
     tokio::time::sleep(Duration::from_secs(40)).await;
