@@ -20,3 +20,36 @@ tenure::conformance_tests!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     setup()
 );
+
+/// A member that stopped announcing before an observer started is not live to it: the
+/// observer dates a record it sees first by its `renewTime`, not by when it saw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_observer_does_not_count_a_long_dead_member_as_live() {
+    use futures::StreamExt;
+    use tenure::Backend;
+    use tenure::backend::Member;
+    let writer = kube_support::shared().backend("default").await;
+    let group = format!("dead-{}", std::process::id());
+    let member = Member {
+        identity: "gone".into(),
+        shards: 4,
+        joined_ms: 1,
+        holds: vec![0, 1],
+    };
+    writer
+        .announce_member(&group, &member, TTL)
+        .await
+        .expect("announce");
+    tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+    let reader = kube_support::shared().backend("default").await;
+    let first = tokio::time::timeout(Duration::from_secs(20), reader.members(&group).next())
+        .await
+        .expect("the stream answers")
+        .expect("an item")
+        .expect("no error");
+    assert_eq!(
+        first,
+        Vec::new(),
+        "a member silent for longer than its ttl is gone"
+    );
+}

@@ -264,9 +264,18 @@ impl View {
                 .unwrap_or(0),
         );
         let before = prior.unwrap_or(into).get(name);
-        let changed = before
-            .filter(|s| &s.rv == rv)
-            .map_or_else(Instant::now, |s| s.changed);
+        let changed = match before {
+            Some(seen) if &seen.rv == rv => seen.changed,
+            // A version seen before changed: now.
+            Some(_) => Instant::now(),
+            // First seen (this observer just started): as old as its `renewTime` says, so a
+            // newcomer does not count a member that died long ago as live for a whole ttl
+            // (and assign shards to it that nobody else does). Only liveness in the
+            // assignment rests on the writer's clock; the shards' leases decide who holds.
+            None => Instant::now()
+                .checked_sub(record_age(lease).min(ttl))
+                .unwrap_or_else(Instant::now),
+        };
         into.insert(
             name.clone(),
             Seen {
@@ -277,6 +286,16 @@ impl View {
             },
         );
     }
+}
+
+/// How long ago the member wrote `lease`, by its `renewTime` and this machine's wall clock
+/// (zero if it is missing or in the future).
+fn record_age(lease: &Lease) -> Duration {
+    let Some(renewed) = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()) else {
+        return Duration::ZERO;
+    };
+    let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed.0);
+    Duration::try_from(age).unwrap_or(Duration::ZERO)
 }
 
 /// The live members of `group`, from one label-selected watch.
