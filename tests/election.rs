@@ -355,6 +355,20 @@ fn invalid_durations_name_the_rule() {
     assert!(rule(ElectionConfig::new().retry_period(s(9))).contains("1.2 × retry_period"));
     assert!(rule(ElectionConfig::new().request_timeout(s(2))).contains("request_timeout"));
     assert!(rule(ElectionConfig::new().stop_margin(s(5))).contains("stop_margin"));
+    // 365 days is the longest duration taken; a nanosecond more is refused.
+    let year = s(365 * 24 * 3600);
+    let elector = |c: ElectionConfig| {
+        LeaderElector::new(
+            Locker::with_identity(MemoryBackend::new(), "a").expect("valid"),
+            "x",
+            c,
+        )
+    };
+    assert!(elector(ElectionConfig::new().store_unreachable_after(year)).is_ok());
+    assert!(
+        rule(ElectionConfig::new().store_unreachable_after(year + Duration::from_nanos(1)))
+            .contains("store_unreachable_after must be at most 365 days")
+    );
     assert!(matches!(
         LeaderElector::new(
             Locker::with_identity(MemoryBackend::new(), "a").expect("valid"),
@@ -833,4 +847,28 @@ async fn a_leader_whose_renewals_fail_stays_healthy_within_its_renew_deadline() 
     })
     .await
     .expect("ran");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failing_for_a_while_delays_the_campaign_and_it_then_leads() {
+    let faulty = FaultyBackend::new(MemoryBackend::new());
+    faulty.set(Fault::Fail);
+    let e = elector(faulty.clone(), "a", ElectionConfig::new());
+    let healer = faulty.clone();
+    tokio::spawn(async move {
+        // Longer than the campaign's acquire window (4 × lease = 60 s): the locker gives the
+        // transient error up to the campaign, which must retry it.
+        tokio::time::sleep(Duration::from_secs(70)).await;
+        healer.set(Fault::Healthy);
+    });
+    let started = Instant::now();
+    let led_at = e
+        .run(|term| async move { term.started_at() })
+        .await
+        .expect("a transient failure is retried, not returned");
+    assert!(
+        led_at - started >= Duration::from_secs(70),
+        "led at {:?}, while the store was failing",
+        led_at - started
+    );
 }
