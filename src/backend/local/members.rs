@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use futures::stream::BoxStream;
 use tokio::sync::watch;
 
-use super::record::{escape, unescape};
+use super::record::{Fields, escape, unescape};
 use super::store::{Store, backoff, deadline, io_error, not_regular, now_ns};
 use super::sys;
 use super::watch::{FALLBACK_POLL, Hub};
@@ -88,24 +88,7 @@ impl MemberFile {
     }
 
     fn parse(text: &str) -> Result<Self, String> {
-        let body = text
-            .strip_suffix("end\n")
-            .ok_or("truncated: the last line is not `end`")?;
-        let mut lines = body.lines();
-        if lines.next() != Some(MAGIC) {
-            return Err(format!("the first line is not `{MAGIC}`"));
-        }
-        let mut field = |key: &str| -> Result<String, String> {
-            let line = lines.next().ok_or_else(|| format!("missing `{key}`"))?;
-            let value = if line == key {
-                ""
-            } else {
-                line.strip_prefix(key)
-                    .and_then(|r| r.strip_prefix(' '))
-                    .ok_or_else(|| format!("expected `{key}`, found {line:?}"))?
-            };
-            Ok(value.to_owned())
-        };
+        let mut fields = Fields::open(text, MAGIC)?;
         fn number<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, String> {
             if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(format!("`{key}` is not an unsigned integer: {v:?}"));
@@ -113,22 +96,18 @@ impl MemberFile {
             v.parse()
                 .map_err(|_| format!("`{key}` is out of range: {v:?}"))
         }
-        let boot = field("boot")?;
-        if boot.is_empty() || boot.contains(char::is_whitespace) {
-            return Err(format!("`boot` is malformed: {boot:?}"));
-        }
-        let expires_ns = number("expires", &field("expires")?)?;
-        let identity = unescape(&field("identity")?)?;
-        let shards = number("shards", &field("shards")?)?;
-        let joined_ms = number("joined", &field("joined")?)?;
-        let holds = field("holds")?
+        let boot = fields.boot()?;
+        let expires_ns = number("expires", &fields.next("expires")?)?;
+        let identity = unescape(&fields.next("identity")?)?;
+        let shards = number("shards", &fields.next("shards")?)?;
+        let joined_ms = number("joined", &fields.next("joined")?)?;
+        let holds = fields
+            .next("holds")?
             .split(' ')
             .filter(|h| !h.is_empty())
             .map(|h| number("holds", h))
             .collect::<Result<Vec<u32>, _>>()?;
-        if let Some(extra) = lines.next() {
-            return Err(format!("unexpected line {extra:?}"));
-        }
+        fields.finish()?;
         Ok(Self {
             boot,
             expires_ns,

@@ -110,41 +110,21 @@ impl Record {
 
     /// Parses the text form; the error says what is wrong.
     pub(super) fn parse(text: &str) -> Result<Self, String> {
-        let body = text
-            .strip_suffix("end\n")
-            .ok_or("truncated: the last line is not `end`")?;
-        let mut lines = body.lines();
-        if lines.next() != Some(MAGIC) {
-            return Err(format!("the first line is not `{MAGIC}`"));
-        }
-        let mut field = |key: &str| -> Result<String, String> {
-            let line = lines.next().ok_or_else(|| format!("missing `{key}`"))?;
-            let value = if line == key {
-                ""
-            } else {
-                line.strip_prefix(key)
-                    .and_then(|r| r.strip_prefix(' '))
-                    .ok_or_else(|| format!("expected `{key}`, found {line:?}"))?
-            };
-            Ok(value.to_owned())
-        };
+        let mut fields = Fields::open(text, MAGIC)?;
         let number = |key: &str, v: String| -> Result<u64, String> {
             v.parse()
                 .map_err(|_| format!("`{key}` is not an unsigned integer: {v:?}"))
         };
-        let boot = field("boot")?;
-        if boot.is_empty() || boot.contains(char::is_whitespace) {
-            return Err(format!("`boot` is malformed: {boot:?}"));
-        }
-        let fencing = number("fencing", field("fencing")?)?;
-        let grants = number("grants", field("grants")?)?;
-        let holder = match field("holder")?.as_str() {
+        let boot = fields.boot()?;
+        let fencing = number("fencing", fields.next("fencing")?)?;
+        let grants = number("grants", fields.next("grants")?)?;
+        let holder = match fields.next("holder")?.as_str() {
             "-" => None,
             hex => {
                 let token = HolderToken::from_hex(hex)
                     .ok_or_else(|| format!("`holder` is not 32 hex digits: {hex:?}"))?;
-                let expires_ns = number("expires", field("expires")?)?;
-                let identity = unescape(&field("identity")?)?;
+                let expires_ns = number("expires", fields.next("expires")?)?;
+                let identity = unescape(&fields.next("identity")?)?;
                 Some(Holder {
                     token,
                     identity,
@@ -152,14 +132,13 @@ impl Record {
                 })
             }
         };
-        let acks = field("acks")?
+        let acks = fields
+            .next("acks")?
             .split(' ')
             .filter(|a| !a.is_empty())
             .map(|a| HolderToken::from_hex(a).ok_or_else(|| format!("bad ack {a:?}")))
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(extra) = lines.next() {
-            return Err(format!("unexpected line {extra:?}"));
-        }
+        fields.finish()?;
         Ok(Self {
             boot,
             fencing,
@@ -167,6 +146,59 @@ impl Record {
             holder,
             acks,
         })
+    }
+}
+
+/// The `key value` lines of a text record (a lease's, a group member's) between its magic first
+/// line and its `end` line, read in order; the error says what is wrong.
+pub(super) struct Fields<'a> {
+    lines: std::str::Lines<'a>,
+}
+
+impl<'a> Fields<'a> {
+    /// Checks the `end` trailer (a record cut short is refused) and the magic first line.
+    pub(super) fn open(text: &'a str, magic: &str) -> Result<Self, String> {
+        let body = text
+            .strip_suffix("end\n")
+            .ok_or("truncated: the last line is not `end`")?;
+        let mut lines = body.lines();
+        if lines.next() != Some(magic) {
+            return Err(format!("the first line is not `{magic}`"));
+        }
+        Ok(Self { lines })
+    }
+
+    /// The value of the next line, which must be `key` (empty value) or `key value`.
+    pub(super) fn next(&mut self, key: &str) -> Result<String, String> {
+        let line = self
+            .lines
+            .next()
+            .ok_or_else(|| format!("missing `{key}`"))?;
+        let value = if line == key {
+            ""
+        } else {
+            line.strip_prefix(key)
+                .and_then(|r| r.strip_prefix(' '))
+                .ok_or_else(|| format!("expected `{key}`, found {line:?}"))?
+        };
+        Ok(value.to_owned())
+    }
+
+    /// The `boot` line: the boot id the record's monotonic instants belong to.
+    pub(super) fn boot(&mut self) -> Result<String, String> {
+        let boot = self.next("boot")?;
+        if boot.is_empty() || boot.contains(char::is_whitespace) {
+            return Err(format!("`boot` is malformed: {boot:?}"));
+        }
+        Ok(boot)
+    }
+
+    /// Refuses anything after the last field.
+    pub(super) fn finish(mut self) -> Result<(), String> {
+        match self.lines.next() {
+            Some(extra) => Err(format!("unexpected line {extra:?}")),
+            None => Ok(()),
+        }
     }
 }
 
