@@ -318,3 +318,92 @@ fn policy_prints_what_the_api_server_accepts_and_bad_input_names_the_flag() {
         assert!(lines[0].starts_with(&format!("tenure: {flag}: ")), "{err}");
     }
 }
+
+/// `tenure drain` (the chart's pre-delete hook) on the real apiserver. This server has no
+/// garbage collector, so a Deployment deleted with foreground propagation stays, marked for
+/// deletion, as it would while its pods stop: drain must wait for it and give up at
+/// `--timeout` (exit 1); a Deployment already gone is success; bad flags name the flag.
+#[test]
+fn drain_waits_for_the_deployment_to_be_gone_and_bad_input_names_the_flag() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let rt = runtime();
+    let server = kube_support::shared();
+    let ns = kube_support::unique("drain");
+    rt.block_on(server.namespace(&ns));
+    let kubeconfig = server.admin_kubeconfig().display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "worker"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "worker"}},
+            "template": {
+                "metadata": {"labels": {"app": "worker"}},
+                "spec": {"containers": [{"name": "w", "image": "busybox"}]}
+            }
+        }
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let api: kube::Api<Deployment> = kube::Api::namespaced(rt.block_on(server.admin()), &ns);
+    rt.block_on(api.create(&Default::default(), &deployment))
+        .unwrap_or_else(|e| panic!("create: {e}"));
+
+    let started = std::time::Instant::now();
+    let (code, out, err) = run_to_end(
+        &[
+            "drain",
+            "--deployment",
+            "worker",
+            "--namespace",
+            &ns,
+            "--timeout",
+            "2s",
+        ],
+        &env,
+    );
+    assert_eq!(code, 1, "still there at --timeout: {out}{err}");
+    assert!(started.elapsed() >= Duration::from_secs(2), "it waited");
+    assert_eq!(
+        err.trim(),
+        format!("tenure: deployment {ns}/worker still has pods after --timeout 2s")
+    );
+    // Deleted with foreground propagation: the API server keeps it until its dependents are
+    // gone (here never: no garbage collector).
+    let left = rt
+        .block_on(api.get("worker"))
+        .unwrap_or_else(|e| panic!("get: {e}"));
+    assert!(left.metadata.deletion_timestamp.is_some(), "{left:?}");
+    assert_eq!(
+        left.metadata.finalizers,
+        Some(vec!["foregroundDeletion".to_owned()])
+    );
+
+    let (code, out, err) = run_to_end(&["drain", "--deployment", "gone", "--namespace", &ns], &env);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), format!("deployment {ns}/gone is already gone"));
+
+    // No Kubernetes configuration: exit 4, one line.
+    let (code, _, err) = run_to_end(
+        &["drain", "--deployment", "worker", "--namespace", &ns],
+        &[("KUBECONFIG", "/nonexistent/kubeconfig")],
+    );
+    assert_eq!(code, 4, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    for (args, flag) in [
+        (vec!["--deployment", "Worker"], "--deployment"),
+        (
+            vec!["--deployment", "w", "--namespace", "a.b"],
+            "--namespace",
+        ),
+        (vec!["--deployment", "w", "--timeout", "5"], "--timeout"),
+    ] {
+        let mut all = vec!["drain"];
+        all.extend(args);
+        let (code, out, err) = run_to_end(&all, &env);
+        assert_eq!(code, 2, "{all:?}: {err}");
+        assert!(out.is_empty(), "{out}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].starts_with(&format!("tenure: {flag}: ")), "{err}");
+    }
+}

@@ -173,8 +173,24 @@ fn template(release: &str, ns: &str, args: &[&str]) -> Result<String, String> {
     if r.ok { Ok(r.stdout) } else { Err(r.stderr) }
 }
 
-/// The objects `helm template` renders, as JSON.
+/// The objects `helm template` renders, as JSON, without the hooks (which `helm install`
+/// does not create): see [`render_hooks`].
 fn render(release: &str, ns: &str, args: &[&str]) -> Vec<Value> {
+    render_all(release, ns, args)
+        .into_iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect()
+}
+
+/// The hooks `helm template` renders (objects with a `helm.sh/hook` annotation).
+fn render_hooks(release: &str, ns: &str, args: &[&str]) -> Vec<Value> {
+    render_all(release, ns, args)
+        .into_iter()
+        .filter(|o| !o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect()
+}
+
+fn render_all(release: &str, ns: &str, args: &[&str]) -> Vec<Value> {
     let yaml = template(release, ns, args)
         .unwrap_or_else(|e| panic!("helm template {release} {args:?} failed:\n{e}"));
     objects(&yaml)
@@ -2845,4 +2861,135 @@ fn the_rendered_sharded_command_line_runs_the_real_tenure() {
             "shard {shard} not released: {lease}"
         );
     }
+}
+
+/// `helm uninstall`'s pre-delete hook: `tenure drain` of this release's Deployment, with a
+/// ServiceAccount that may get and delete that Deployment and nothing else, admitted under
+/// Pod Security "restricted"; rendered only where the pods need the API and the chart owns
+/// their ServiceAccount or RBAC.
+#[test]
+fn the_uninstall_hook_drains_the_deployment_with_only_that_permission() {
+    let hooks = render_hooks("demo", "apps", &[]);
+    assert_eq!(
+        names(&hooks),
+        ["Job", "Role", "RoleBinding", "ServiceAccount"]
+            .map(|k| (k.to_owned(), "demo-tenure-drain".to_owned()))
+            .into()
+    );
+    for h in &hooks {
+        let a = &h["metadata"]["annotations"];
+        assert_eq!(a["helm.sh/hook"], "pre-delete", "{h}");
+        assert_eq!(
+            a["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded",
+            "{h}"
+        );
+    }
+    // The Job runs after its permissions exist.
+    let weight = |kind: &str| {
+        one(&hooks, kind)["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .unwrap_or_default()
+            .parse::<i32>()
+            .unwrap_or_else(|e| panic!("{kind}: {e}"))
+    };
+    assert!(weight("Role") < weight("Job") && weight("ServiceAccount") < weight("Job"));
+    assert_eq!(
+        one(&hooks, "Role")["rules"],
+        json!([{"apiGroups": ["apps"], "resources": ["deployments"],
+                "resourceNames": ["demo-tenure"], "verbs": ["get", "delete"]}])
+    );
+    let job = one(&hooks, "Job");
+    let spec = &job["spec"]["template"]["spec"];
+    assert_eq!(spec["serviceAccountName"], "demo-tenure-drain");
+    assert_restricted(spec);
+    let c = container(&spec["containers"], "drain");
+    assert_eq!(c["image"], "tenure:0.1.0");
+    assert_eq!(
+        strings(&c["command"])
+            .into_iter()
+            .chain(strings(&c["args"]))
+            .collect::<Vec<_>>(),
+        [
+            "/usr/local/bin/tenure",
+            "drain",
+            "--deployment=demo-tenure",
+            "--namespace=apps",
+            // The pods' grace period (5 s + 10 s) and a minute.
+            "--timeout=75s"
+        ]
+    );
+    // The hook's pod is not one of the Deployment's (selector) nor in its PDB.
+    let objs = render("demo", "apps", &[]);
+    let selector = &one(&objs, "Deployment")["spec"]["selector"]["matchLabels"];
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    let selected = selector
+        .as_object()
+        .is_some_and(|m| m.iter().all(|(k, v)| &labels[k] == v));
+    assert!(
+        !selected,
+        "{labels} matches the Deployment's selector {selector}"
+    );
+    // tenure already in the workload image: the hook runs it from there.
+    let hooks = render_hooks("demo", "apps", &["--set", "tenure.inject=false"]);
+    let c = container(
+        &one(&hooks, "Job")["spec"]["template"]["spec"]["containers"],
+        "drain",
+    );
+    assert_eq!(c["image"], "busybox:1.37");
+    assert_eq!(strings(&c["command"]), ["tenure"]);
+
+    // Not rendered: turned off; the pods do not use the API (Redis without the status
+    // publisher); the chart creates neither their ServiceAccount nor their RBAC.
+    for args in [
+        &["--set", "uninstallHook.enabled=false"][..],
+        &[
+            "--set",
+            "backend.type=redis",
+            "--set",
+            "backend.redis.url=redis://r:6379",
+        ][..],
+        &[
+            "--set",
+            "rbac.create=false",
+            "--set",
+            "serviceAccount.create=false",
+        ][..],
+    ] {
+        assert!(render_hooks("demo", "apps", args).is_empty(), "{args:?}");
+    }
+
+    // On the real apiserver: the Job is admitted under "restricted", and the ServiceAccount
+    // may get and delete this Deployment only.
+    let ns = restricted_namespace("drain-hook");
+    let hooks = render_hooks("demo", &ns, &[]);
+    let r = create_dry_run(&ns, one(&hooks, "Job"));
+    assert!(
+        r.ok && !r.stderr.contains("PodSecurity"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    for kind in ["ServiceAccount", "Role", "RoleBinding"] {
+        apply(&one(&hooks, kind).to_string());
+    }
+    let sa = format!("system:serviceaccount:{ns}:demo-tenure-drain");
+    wait_allowed(&sa, &ns, "delete", "deployments.apps/demo-tenure");
+    assert!(can_i(&sa, &ns, "get", "deployments.apps/demo-tenure", None));
+    for (verb, resource) in [
+        ("delete", "deployments.apps/other"),
+        ("patch", "deployments.apps/demo-tenure"),
+        ("update", "deployments.apps/demo-tenure"),
+        ("list", "deployments.apps"),
+        ("delete", "pods"),
+        ("get", "leases/demo-tenure"),
+    ] {
+        assert!(
+            !can_i(&sa, &ns, verb, resource, None),
+            "may {verb} {resource}"
+        );
+    }
+    assert_eq!(
+        granted(&ns, "demo-tenure-drain"),
+        [rule("deployments.apps", "demo-tenure", "get delete")].into()
+    );
 }

@@ -659,24 +659,11 @@ fn chart_pods_on_a_real_node() {
         stale.len().to_string(),
     );
     assert!(stale.is_empty(), "stale writes accepted: {stale:?}");
-    // Scale to zero first: a plain `helm uninstall` deletes the Role, RoleBinding and
-    // ServiceAccount while the pods are still terminating, and the leader's release on
-    // SIGTERM then fails (the Lease keeps naming it until it expires). With the pods gone
-    // first, the release is seen, then uninstall removes the rest.
-    run(
-        node.kubectl()
-            .args(["scale", "deployment", release, "-n", ns, "--replicas=0"]),
-        None,
-    )
-    .expect_ok();
-    wait_for(Duration::from_secs(60), "the pods gone", || {
-        pods(&node, ns).is_empty().then_some(())
-    });
-    let (holder, _) = lease(&node, ns, release);
-    assert_eq!(
-        holder, "",
-        "{leader} still holds the Lease after its pod stopped"
-    );
+    // A plain `helm uninstall`: its pre-delete hook (`tenure drain`) stops the pods while
+    // their Role and ServiceAccount still exist, so the leader's release on SIGTERM is
+    // allowed. Without the hook Helm deletes those first and the Lease keeps naming the
+    // leader until it expires (an expired Lease still shows its holder).
+    let t0 = Instant::now();
     run(
         node.helm().args([
             "uninstall",
@@ -690,8 +677,50 @@ fn chart_pods_on_a_real_node() {
         None,
     )
     .expect_ok();
+    report.add(
+        "helm uninstall (pre-delete hook included)",
+        secs(t0.elapsed()),
+    );
+    let replicas = run(
+        node.kubectl().args([
+            "get",
+            "pods",
+            "-n",
+            ns,
+            "-l",
+            "app.kubernetes.io/name=tenure",
+            "-o",
+            "name",
+        ]),
+        None,
+    )
+    .expect_ok();
+    assert!(
+        replicas.trim().is_empty(),
+        "the hook returned before the pods stopped: {replicas}"
+    );
     let (holder, _) = lease(&node, ns, release);
-    assert_eq!(holder, "", "the Lease names a holder after helm uninstall");
+    assert_eq!(
+        holder, "",
+        "{leader} still holds the Lease after helm uninstall: not released"
+    );
+    // The hook's Job, Role, RoleBinding and ServiceAccount went with it (hook-succeeded).
+    let left = run(
+        node.kubectl().args([
+            "get",
+            "jobs,roles,rolebindings,serviceaccounts",
+            "-n",
+            ns,
+            "-o",
+            "name",
+        ]),
+        None,
+    )
+    .expect_ok();
+    assert!(
+        !left.contains("tenure"),
+        "objects left after helm uninstall:\n{left}"
+    );
     report.add(
         "refused (stale) write attempts, all scenarios",
         register.refused().to_string(),

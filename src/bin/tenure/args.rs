@@ -72,6 +72,36 @@ pub enum Command {
         /// The directory to copy into (usually an emptyDir volume).
         dir: PathBuf,
     },
+    /// Delete a Deployment and wait until its pods have stopped.
+    ///
+    /// For `helm uninstall` (the chart's pre-delete hook): Helm deletes the Role and
+    /// ServiceAccount right after the Deployment, before the pods stop, and a leader whose
+    /// permissions are gone cannot release its lease. Run first, this deletes the Deployment
+    /// with foreground propagation (the API server keeps it until its pods are gone) and waits
+    /// until it has disappeared, so every replica stops — and its leader releases — while its
+    /// permissions still exist. A Deployment that is already gone is not an error.
+    ///
+    /// Needs `get` and `delete` on the Deployment. Exit codes: 0 gone, 1 pods still stopping
+    /// at --timeout, 2 bad flags, 4 the API refused or could not be reached.
+    ///
+    /// Example: tenure drain --deployment reports-tenure --namespace ops --timeout 2m
+    Drain(DrainArgs),
+}
+
+/// `tenure drain`.
+#[derive(Debug, Args)]
+pub struct DrainArgs {
+    /// The Deployment to delete.
+    #[arg(long, value_name = "NAME")]
+    pub deployment: String,
+
+    /// Its namespace [default: the service account's, or the kubeconfig context's].
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+
+    /// How long to wait for the pods to stop (a Go duration: 90s, 2m).
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub timeout: String,
 }
 
 /// `tenure policy`.

@@ -4,6 +4,7 @@
 mod args;
 mod backend;
 mod child;
+mod drain;
 mod error;
 mod publish;
 mod reaper;
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
             }
             Command::Policy(args) => policy(&args),
             Command::Install { dir } => install(&dir),
+            Command::Drain(args) => drain::drain(args).await,
         }
     });
     // Background tasks (watches, the probe server) must not hold the exit.
@@ -73,7 +75,9 @@ fn parse() -> Cli {
     let (name, backend) = match &mut cli.command {
         Command::Run(args) => ("run", &mut args.backend),
         Command::Status(args) => ("status", &mut args.backend),
-        Command::Crd | Command::Policy(_) | Command::Install { .. } => return cli,
+        Command::Crd | Command::Policy(_) | Command::Install { .. } | Command::Drain(_) => {
+            return cli;
+        }
     };
     backend.backend_from_env = matches
         .subcommand_matches(name)
@@ -117,12 +121,6 @@ fn init_tracing() {
         .try_init();
 }
 
-/// `tenure install DIR`: copies this executable to `DIR/tenure`.
-///
-/// The copy is written to a new temporary file in DIR (`O_EXCL` and `O_NOFOLLOW`: never
-/// through a link someone placed there), made executable, synced, and renamed over
-/// `DIR/tenure`. A rename replaces a symbolic link itself, never its target, and whoever runs
-/// `DIR/tenure` meanwhile gets the old file or the whole new one.
 /// `tenure policy`: prints the election's Lease, fencing policy and binding.
 fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
     use tenure::fence::kube::{FencingPolicy, PolicyError};
@@ -161,6 +159,12 @@ fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
     Ok(0)
 }
 
+/// `tenure install DIR`: copies this executable to `DIR/tenure`.
+///
+/// The copy is written to a new temporary file in DIR (`O_EXCL` and `O_NOFOLLOW`: never
+/// through a link someone placed there), made executable, synced, and renamed over
+/// `DIR/tenure`. A rename replaces a symbolic link itself, never its target, and whoever runs
+/// `DIR/tenure` meanwhile gets the old file or the whole new one.
 fn install(dir: &std::path::Path) -> Result<u8, CliError> {
     use std::fs::{File, OpenOptions, Permissions};
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};

@@ -1,0 +1,131 @@
+//! `tenure drain`: stop a Deployment's replicas and wait until their pods are gone, while
+//! their permissions still exist, so each leader's release on SIGTERM is allowed.
+//!
+//! The Helm chart runs it as a pre-delete hook. Helm deletes a release's objects in one pass:
+//! the Deployment first, then the RoleBinding, Role and ServiceAccount, within milliseconds.
+//! The pods stop only afterwards (the garbage collector deletes them, then their grace period
+//! runs), so without the hook a leader's release is refused — its token's ServiceAccount is
+//! gone — and the Lease names it until it expires. Deleting the Deployment with *foreground*
+//! propagation makes the API server keep it until its ReplicaSets, and their pods, are gone;
+//! waiting for the Deployment to disappear is waiting for the last pod to have stopped.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, DeleteParams};
+
+use crate::args::DrainArgs;
+use crate::error::CliError;
+
+/// How often the Deployment is looked up while its pods stop.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Deletes the Deployment (foreground) and waits until it is gone. 0 when gone (or gone
+/// already); 4 when the API refused or could not be reached; 1 at `--timeout`.
+pub async fn drain(args: DrainArgs) -> Result<u8, CliError> {
+    let timeout = tenure::crd::parse_duration(&args.timeout).map_err(|e| CliError::Config {
+        message: format!("--timeout: {e}"),
+    })?;
+    if !is_dns1123(&args.deployment, 253, true) {
+        return Err(CliError::Config {
+            message: format!(
+                "--deployment: {:?} is not a Kubernetes object name (lowercase letters, digits, '-' and '.', at most 253 characters)",
+                args.deployment
+            ),
+        });
+    }
+    if let Some(ns) = &args.namespace
+        && !is_dns1123(ns, 63, false)
+    {
+        return Err(CliError::Config {
+            message: format!(
+                "--namespace: {ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63 characters)"
+            ),
+        });
+    }
+    let config = kube::Config::infer().await.map_err(|e| CliError::Backend {
+        message: format!(
+            "drain needs Kubernetes access (in-cluster service account, $KUBECONFIG or ~/.kube/config): {e}"
+        ),
+    })?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).map_err(|e| CliError::Backend {
+        message: format!("cannot build a Kubernetes client: {e}"),
+    })?;
+    let deployments: Api<Deployment> = Api::namespaced(client, &namespace);
+    let what = format!("deployment {namespace}/{}", args.deployment);
+    let api_error = |doing: &str, e: kube::Error| CliError::Backend {
+        message: format!("{doing} {what}: {}", crate::error::chain(&e)),
+    };
+    let started = Instant::now();
+    match deployments
+        .delete(&args.deployment, &DeleteParams::foreground())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            println!("{what} is already gone");
+            return Ok(0);
+        }
+        Err(e) => return Err(api_error("cannot delete", e)),
+    }
+    println!("deleting {what}; waiting for its pods to stop");
+    loop {
+        match deployments.get_opt(&args.deployment).await {
+            Ok(None) => break,
+            Ok(Some(_)) => {}
+            Err(e) => return Err(api_error("cannot read", e)),
+        }
+        if started.elapsed() >= timeout {
+            return Err(CliError::Internal {
+                message: format!("{what} still has pods after --timeout {}", args.timeout),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    println!(
+        "{what} and its pods are gone after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(0)
+}
+
+/// Kubernetes' rule for names: at most `max` characters, lowercase alphanumeric or '-' parts
+/// (separated by '.' where `dots`, as in object names; namespaces are single labels), each
+/// starting and ending with an alphanumeric character.
+fn is_dns1123(name: &str, max: usize, dots: bool) -> bool {
+    let label = |l: &str| {
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        let b = l.as_bytes();
+        b.first().is_some_and(alnum)
+            && b.last().is_some_and(alnum)
+            && b.iter().all(|c| alnum(c) || *c == b'-')
+    };
+    name.len() <= max
+        && if dots {
+            name.split('.').all(label)
+        } else {
+            label(name)
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_dns1123;
+
+    #[test]
+    fn names_follow_kubernetes_rules() {
+        assert!(is_dns1123("reports-tenure", 253, true));
+        assert!(is_dns1123("a.b-c", 253, true));
+        assert!(!is_dns1123("a.b", 63, false));
+        assert!(!is_dns1123("", 253, true));
+        assert!(!is_dns1123("Reports", 253, true));
+        assert!(!is_dns1123("-a", 253, true));
+        assert!(!is_dns1123("a..b", 253, true));
+        assert!(!is_dns1123(&"a".repeat(64), 63, false));
+        assert!(is_dns1123(&"a".repeat(63), 63, false));
+    }
+}
