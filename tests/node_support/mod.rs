@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
