@@ -365,3 +365,74 @@ fn status_escapes_control_characters_in_the_holder() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
     assert_eq!(v["holder"], evil);
 }
+
+/// `--store-liveness`: a follower the store stopped answering fails `/healthz` (so a liveness
+/// probe restarts it) once 2 × lease + retry have passed; without the flag only `/readyz`
+/// fails and the replica stays live.
+#[test]
+fn store_liveness_fails_healthz_of_a_follower_cut_off_from_the_store() {
+    let mut server = RedisServer::start();
+    let dir = TempDir::new("cli-store-liveness");
+    let p = |n: &str| dir.path().join(n);
+    let url = server.url();
+    let forever = || worker(&p("log"), &p("pid"), -1.0, 0);
+    let _leader = Tenure::start(
+        &run_args(&url, "live", &["--identity", "a"], forever()),
+        &[],
+        p("ea"),
+    );
+    read_pid(&p("pid"), Duration::from_secs(10));
+    let (strict, lenient) = (cli_support::free_port(), cli_support::free_port());
+    let follower = |id: &str, port: u16, extra: &[&str]| {
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["--identity", id, "--listen", &listen];
+        args.extend(extra);
+        Tenure::start(&run_args(&url, "live", &args, forever()), &[], p(id))
+    };
+    let b = follower("b", strict, &["--store-liveness"]);
+    let c = follower("c", lenient, &[]);
+    let get = |port, path| cli_support::http_get(port, path).map(|(code, _)| code);
+    wait_until(Duration::from_secs(10), "both followers ready", || {
+        get(strict, "/readyz") == Some(200) && get(lenient, "/readyz") == Some(200)
+    });
+    assert_eq!(get(strict, "/healthz"), Some(200), "{}", b.log());
+
+    server.stop();
+    // 2 × 3 s + 500 ms of silence, then the answers change.
+    wait_until(Duration::from_secs(15), "b's /healthz to fail", || {
+        get(strict, "/healthz") == Some(503)
+    });
+    let (_, body) = cli_support::http_get(strict, "/healthz").unwrap_or_default();
+    assert!(body.starts_with("store unreachable"), "{body}");
+    wait_until(Duration::from_secs(5), "c's /readyz to fail", || {
+        get(lenient, "/readyz") == Some(503)
+    });
+    assert_eq!(
+        get(lenient, "/healthz"),
+        Some(200),
+        "without the flag, still live: {}",
+        c.log()
+    );
+
+    // Bad input: the flag needs --listen, and a sharded replica has no such probe.
+    for extra in [
+        &["--store-liveness"][..],
+        &[
+            "--store-liveness",
+            "--listen",
+            "127.0.0.1:1",
+            "--shards",
+            "2",
+        ],
+    ] {
+        let (code, out, err) = run_to_end(
+            &run_args(&url, "live", extra, strings(&["true"]))
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            &[],
+        );
+        assert_eq!(code, 2, "{extra:?}: {out}{err}");
+        assert!(err.contains("--store-liveness"), "{err}");
+    }
+}

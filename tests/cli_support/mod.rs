@@ -361,3 +361,29 @@ pub fn shard_of(event: &Event) -> u32 {
 pub fn identity_of(event: &Event) -> &str {
     event.rest.rsplit(' ').next().unwrap_or_default()
 }
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    let l =
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no free port: {e}"));
+    l.local_addr()
+        .unwrap_or_else(|e| panic!("no local addr: {e}"))
+        .port()
+}
+
+/// `GET path` on `127.0.0.1:port`: the status and body, or `None` if nothing answered.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    let status = answer.split_whitespace().nth(1)?.parse().ok()?;
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}

@@ -176,6 +176,14 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR", env = "TENURE_LISTEN")]
     pub listen: Option<std::net::SocketAddr>,
 
+    /// Let /healthz fail too (not only /readyz) while the store has not answered this replica
+    /// for 2 × --lease-duration + --retry-period, so that a liveness probe restarts it. Use it
+    /// when a restart is what mends a lost connection (a stale DNS entry, a wedged client);
+    /// without it a follower cut off from the store stays live, since restarting it would not
+    /// bring the store back.
+    #[arg(long, requires = "listen", conflicts_with = "shards")]
+    pub store_liveness: bool,
+
     /// Publish this replica's view into the status of the Election custom resource (needs
     /// Kubernetes access, whatever the backend).
     #[arg(long)]

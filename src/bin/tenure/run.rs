@@ -72,6 +72,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             })?;
         let server = tenure::election::ProbeServer::new(elector.clone())
             .tolerance(args.lease_duration)
+            .store_liveness(args.store_liveness)
             .metrics(registry);
         tokio::spawn(async move {
             if let Err(e) = server.serve(listener).await {

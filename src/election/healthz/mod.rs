@@ -147,10 +147,12 @@ impl ProbeServer {
     }
 
     /// Endpoints for a replica of sharded leadership ([`crate::shard`]): `/healthz` answers
-    /// `200` while the process serves; `/readyz` answers `200` once the replica is a live
-    /// member of its group in the latest assignment (naming how many shards it holds), `503`
-    /// before; `/metrics` as for [`new`](Self::new). Each shard term's own liveness is its
-    /// elector's business (a stuck term ends at its renew deadline).
+    /// `503` when a shard term this replica holds has outlived its lease by more than the
+    /// [`tolerance`](Self::tolerance) without being ended — its elector would have ended it at
+    /// the renew deadline, so the runtime is stuck (restart it) — and `200` otherwise;
+    /// `/readyz` answers `200` once the replica is a live member of its group in the latest
+    /// assignment (naming how many shards it holds), `503` before; `/metrics` as for
+    /// [`new`](Self::new).
     pub fn sharded(elector: crate::shard::ShardedElector) -> Self {
         Self::for_probed(Probed::Sharded(elector))
     }
@@ -283,7 +285,9 @@ impl ProbeServer {
     fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
         let elector = match (&self.probed, path) {
             (Probed::Elector(elector), _) => elector,
-            (Probed::Sharded(_), "/healthz") => return (StatusCode::OK, TEXT, "ok\n".to_owned()),
+            (Probed::Sharded(sharded), "/healthz") => {
+                return sharded_liveness(sharded, self.tolerance);
+            }
             (Probed::Sharded(sharded), "/readyz") => return sharded_readiness(sharded),
             (Probed::Sharded(_), _) => return self.others(path),
         };
@@ -382,6 +386,32 @@ fn sharded_readiness(sharded: &crate::shard::ShardedElector) -> (StatusCode, &'s
             TEXT,
             "not a member of the group yet\n".to_owned(),
         )
+    }
+}
+
+/// `/healthz` of a sharded replica: fails while a held shard's term, not ended, is past its
+/// lease by more than `tolerance`. A term's elector ends it at the renew deadline, before the
+/// lease runs out, so such a term means the runtime is not running the electors.
+fn sharded_liveness(
+    sharded: &crate::shard::ShardedElector,
+    tolerance: Duration,
+) -> (StatusCode, &'static str, String) {
+    let now = tokio::time::Instant::now();
+    let owned = sharded.owned().borrow().clone();
+    let stuck = owned.into_iter().find_map(|shard| {
+        let term = sharded.term(shard)?;
+        let late = now.checked_duration_since(term.valid_until())?;
+        (late > tolerance && !term.cancellation().is_cancelled()).then_some((shard, late))
+    });
+    match stuck {
+        None => (StatusCode::OK, TEXT, "ok\n".to_owned()),
+        Some((shard, late)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            format!(
+                "shard {shard}'s term outlived its lease by {late:?} without ending (lease + tolerance exceeded)\n"
+            ),
+        ),
     }
 }
 
@@ -570,5 +600,78 @@ mod tests {
             StatusCode::NOT_FOUND
         );
         run.abort();
+    }
+
+    /// A sharded replica whose runtime is stuck (here: a workload blocking the only thread):
+    /// its held terms outlive their leases without being ended, and `/healthz` says so, while a
+    /// healthy replica's answer stays `200`. The probe is answered from another thread, as a
+    /// server on a runtime of its own would.
+    #[test]
+    fn a_sharded_replica_whose_runtime_is_stuck_fails_healthz() {
+        let locker = Locker::with_identity(MemoryBackend::new(), "me").expect("valid identity");
+        let config = ElectionConfig::new()
+            .lease_duration(Duration::from_millis(1000))
+            .renew_deadline(Duration::from_millis(700))
+            .retry_period(Duration::from_millis(100))
+            .stop_margin(Duration::from_millis(100));
+        let sharded =
+            crate::shard::ShardedElector::new(locker, "workers", 2, config).expect("valid config");
+        let probes = ProbeServer::sharded(sharded.clone()).tolerance(Duration::from_millis(200));
+        let block = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let runner = std::thread::spawn({
+            let (sharded, block) = (sharded.clone(), block.clone());
+            move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async move {
+                    let stop = tokio::time::sleep(Duration::from_secs(6));
+                    sharded
+                        .run_until(stop, move |_, term| {
+                            let block = block.clone();
+                            async move {
+                                loop {
+                                    if block.load(std::sync::atomic::Ordering::SeqCst) {
+                                        // Stuck: the thread is gone for 2.5 leases.
+                                        std::thread::sleep(Duration::from_millis(2500));
+                                        block.store(false, std::sync::atomic::Ordering::SeqCst);
+                                    }
+                                    tokio::select! {
+                                        () = term.cancellation().cancelled() => return,
+                                        () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                                    }
+                                }
+                            }
+                        })
+                        .await
+                })
+            }
+        });
+        let healthz = || probes.respond(&request(Method::GET, "/healthz"));
+        let held = std::time::Instant::now();
+        while sharded.owned().borrow().len() < 2 {
+            assert!(
+                held.elapsed() < Duration::from_secs(3),
+                "never held both shards"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Leading and renewing: healthy through several leases' worth of renewals.
+        for _ in 0..15 {
+            assert_eq!(healthz().status(), StatusCode::OK, "{:?}", healthz().body());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        block.store(true, std::sync::atomic::Ordering::SeqCst);
+        // The lease (1 s) and the tolerance (0.2 s) pass while the thread is blocked.
+        std::thread::sleep(Duration::from_millis(1800));
+        let stuck = healthz();
+        assert_eq!(stuck.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            stuck.body().contains("outlived its lease"),
+            "{:?}",
+            stuck.body()
+        );
+        let _ = runner.join().expect("the runner ends");
     }
 }
