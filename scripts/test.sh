@@ -55,4 +55,11 @@ else
     cargo build --release --locked --features cli --bin tenure --target x86_64-unknown-linux-musl
   TENURE_NODE_TENURE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/tenure" \
     cargo test --all-features --test node_chart -- --test-threads=1 --nocapture
+  # examples/kube_controller.rs as pods under the chart's RBAC, and the chart's release side by
+  # side with client-go's leader election (tests/node_peers.rs): the example's static build too.
+  CC_x86_64_unknown_linux_musl=musl-gcc \
+    cargo build --release --locked --all-features --example kube_controller --target x86_64-unknown-linux-musl
+  TENURE_NODE_TENURE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/tenure" \
+    TENURE_NODE_KUBE_CONTROLLER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/examples/kube_controller" \
+    cargo test --all-features --test node_peers -- --test-threads=1 --nocapture
 fi

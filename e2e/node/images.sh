@@ -10,19 +10,48 @@
 #   OUTDIR/busybox.tar      docker.io/library/busybox:1.37 from Debian's busybox-static
 #   OUTDIR/pause.tar        registry.k8s.io/pause:3.10 from e2e/node/cmd/pause
 #
+#   images.sh --peers OUTDIR KUBE_CONTROLLER_BIN CLIENTGO_CANDIDATE_BIN
+#
+#   OUTDIR/kube-controller.tar     docker.io/library/tenure-kube-controller:0.1.0, the static
+#                                  musl build of examples/kube_controller.rs
+#                                  (images/kube-controller.Dockerfile)
+#   OUTDIR/clientgo-candidate.tar  docker.io/library/clientgo-candidate:0.1.0, client-go's
+#                                  leader election (e2e/kube-testenv/cmd/clientgo-candidate)
+#                                  with busybox (images/clientgo-candidate.Dockerfile)
+#   A binary given as "-" skips its image.
+#
 # buildah's storage is a temporary directory under OUTDIR (vfs driver), removed at the end.
 # Prints OUTDIR.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-[[ $# -eq 3 ]] || { echo "usage: $0 OUTDIR TENURE_BIN PAUSE_BIN" >&2; exit 2; }
-out=$1 tenure_bin=$2 pause_bin=$3
+usage() {
+  echo "usage: $0 OUTDIR TENURE_BIN PAUSE_BIN" >&2
+  echo "       $0 --peers OUTDIR KUBE_CONTROLLER_BIN CLIENTGO_CANDIDATE_BIN" >&2
+  exit 2
+}
+peers=false
+if [[ ${1:-} == --peers ]]; then
+  peers=true
+  shift
+fi
+[[ $# -eq 3 ]] || usage
 for tool in buildah busybox; do
   command -v "$tool" >/dev/null || { echo "images.sh: $tool not found (Debian packages buildah, busybox-static)" >&2; exit 1; }
 done
-if ldd "$tenure_bin" 2>&1 | grep -q '=>'; then
-  echo "images.sh: $tenure_bin is dynamically linked; the image needs the static musl build" >&2
-  exit 1
+static() {
+  if ldd "$1" 2>&1 | grep -q '=>'; then
+    echo "images.sh: $1 is dynamically linked; the image needs a static build" >&2
+    exit 1
+  fi
+}
+if $peers; then
+  out=$1 controller_bin=$2 candidate_bin=$3
+  [[ $controller_bin == - ]] || static "$controller_bin"
+  [[ $candidate_bin == - ]] || static "$candidate_bin"
+else
+  out=$1 tenure_bin=$2 pause_bin=$3
+  static "$tenure_bin"
 fi
 app_version=$(awk -F'"' '/^appVersion:/ {print $2}' "$repo/charts/tenure/Chart.yaml")
 mkdir -p "$out"
@@ -35,14 +64,52 @@ cleanup() {
 trap cleanup EXIT
 bh() { buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs "$@"; }
 
+# The same passwd and group the Dockerfile's `build` stage writes.
+passwd_group() {
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$1/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"$1/group"
+}
+# Debian's static busybox and its applet links in DIR/bin.
+busybox_bin() {
+  mkdir -p "$1/bin"
+  install -m 0755 "$(command -v busybox)" "$1/bin/busybox"
+  local applet
+  for applet in $("$1/bin/busybox" --list); do
+    [[ $applet == busybox ]] || ln -s busybox "$1/bin/$applet"
+  done
+}
+
+if $peers; then
+  if [[ $controller_bin != - ]]; then
+    ctx=$work/kube-controller-context
+    mkdir -p "$ctx"
+    install -m 0755 "$controller_bin" "$ctx/kube_controller"
+    cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
+    passwd_group "$ctx"
+    bh build --quiet --layers=false --format docker -f "$here/images/kube-controller.Dockerfile" \
+      -t "localhost/tenure-node-kube-controller:build" "$ctx" >/dev/null
+    bh push --quiet "localhost/tenure-node-kube-controller:build" \
+      "docker-archive:$out/kube-controller.tar:docker.io/library/tenure-kube-controller:$app_version"
+  fi
+  if [[ $candidate_bin != - ]]; then
+    ctx=$work/clientgo-context
+    busybox_bin "$ctx"
+    install -m 0755 "$candidate_bin" "$ctx/clientgo-candidate"
+    bh build --quiet --layers=false --format docker -f "$here/images/clientgo-candidate.Dockerfile" \
+      -t "localhost/tenure-node-clientgo:build" "$ctx" >/dev/null
+    bh push --quiet "localhost/tenure-node-clientgo:build" \
+      "docker-archive:$out/clientgo-candidate.tar:docker.io/library/clientgo-candidate:$app_version"
+  fi
+  echo "$out"
+  exit 0
+fi
+
 # tenure: the repository's Dockerfile, its `prebuilt` path.
 ctx=$work/tenure-context
 mkdir -p "$ctx"
 install -m 0755 "$tenure_bin" "$ctx/tenure"
 cp /etc/ssl/certs/ca-certificates.crt "$ctx/ca-certificates.crt"
-# The same passwd and group the Dockerfile's `build` stage writes.
-printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$ctx/passwd"
-printf 'root:x:0:\nnonroot:x:65532:\n' >"$ctx/group"
+passwd_group "$ctx"
 bh build --quiet --layers=false --format docker --build-arg TENURE_BINARY=prebuilt \
   -f "$repo/Dockerfile" -t "localhost/tenure-node-test:build" "$ctx" >/dev/null
 bh push --quiet "localhost/tenure-node-test:build" "docker-archive:$out/tenure.tar:docker.io/library/tenure:$app_version"
@@ -51,11 +118,7 @@ bh inspect --type image "localhost/tenure-node-test:build" >"$out/tenure.inspect
 
 # busybox: the static binary and its applet links.
 ctx=$work/busybox-context
-mkdir -p "$ctx/bin"
-install -m 0755 "$(command -v busybox)" "$ctx/bin/busybox"
-for applet in $("$ctx/bin/busybox" --list); do
-  [[ $applet == busybox ]] || ln -s busybox "$ctx/bin/$applet"
-done
+busybox_bin "$ctx"
 bh build --quiet --layers=false --format docker -f "$here/images/busybox.Dockerfile" \
   -t "localhost/tenure-node-busybox:build" "$ctx" >/dev/null
 bh push --quiet "localhost/tenure-node-busybox:build" "docker-archive:$out/busybox.tar:docker.io/library/busybox:1.37"

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod peers;
 pub mod redis;
 
 use std::collections::BTreeMap;
