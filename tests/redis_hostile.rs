@@ -2,17 +2,25 @@
 //! handshake and script loads properly and then the scripts' calls with what no Redis should
 //! send (a 4 GB string, wrong types, deep nesting, negative tokens, a 50 MB identity). Every
 //! case must end in a typed error (or a foreign "busy") within the request timeout, without a
-//! panic, and without growing the process by more than a few MiB.
+//! panic, and without growing the process by more than a few MiB. The same over TLS, where
+//! tenure does the handshake itself to bound the decrypted replies, and where a server whose
+//! certificate the configured CA does not vouch for is refused before it can send anything.
+
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use rustls::pki_types::pem::PemObject;
 use tenure::backend::redis::{MAX_REPLY_BYTES, RedisBackend, RedisConfig};
 use tenure::backend::{AcquireRequest, Acquired, Backend, BackendErrorKind, HolderToken};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+};
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -154,9 +162,18 @@ async fn read_command(r: &mut (impl AsyncBufRead + Unpin)) -> Option<Vec<Vec<u8>
     Some(args)
 }
 
-/// A server on 127.0.0.1 that speaks RESP2 properly until a script runs.
+/// A server on 127.0.0.1 that speaks RESP2 properly until a script runs; over TLS if started
+/// with [`Server::start_tls`].
 struct Server {
     port: u16,
+    /// The test CA's PEM, for a TLS server.
+    ca_pem: Option<Vec<u8>>,
+    /// Connections accepted (over TLS: whose handshake completed).
+    accepted: Arc<AtomicU64>,
+    /// Commands received.
+    commands: Arc<AtomicU64>,
+    /// Holds the certificates of a TLS server.
+    _dir: Option<support::TempDir>,
     /// Bytes written after hostile headers (to show that the client stopped reading).
     flooded: Arc<AtomicU64>,
     /// SUBSCRIBE commands received.
@@ -172,49 +189,124 @@ impl Drop for Server {
 
 impl Server {
     async fn start(how: Hostile) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::listen(how, "127.0.0.1", None).await
+    }
+
+    /// The server behind TLS, with a certificate for 127.0.0.1 and localhost from a test CA
+    /// (made with the `openssl` CLI), listening on `ip`.
+    async fn start_tls(how: Hostile, ip: &str) -> Self {
+        let dir = support::TempDir::new("hostile-tls");
+        let certs = support::make_tls(dir.path());
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_else(|e| panic!("{e}"));
+        let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&read(&certs.server_cert))
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&read(&certs.server_key))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut server = Self::listen(how, ip, Some(TlsAcceptor::from(Arc::new(config)))).await;
+        server.ca_pem = Some(read(&certs.ca_cert));
+        server._dir = Some(dir);
+        server
+    }
+
+    async fn listen(how: Hostile, ip: &str, tls: Option<TlsAcceptor>) -> Self {
+        let listener = TcpListener::bind((ip, 0))
             .await
             .unwrap_or_else(|e| panic!("bind: {e}"));
         let port = listener
             .local_addr()
             .unwrap_or_else(|e| panic!("{e}"))
             .port();
-        let flooded = Arc::new(AtomicU64::new(0));
-        let subscribes = Arc::new(AtomicU64::new(0));
-        let (f, n) = (flooded.clone(), subscribes.clone());
+        let counters = Counters::default();
+        let c = counters.clone();
         let task = tokio::spawn(async move {
             let scripts = Scripts::default();
             let mut connections = tokio::task::JoinSet::new();
             while let Ok((socket, _)) = listener.accept().await {
-                let counters = (f.clone(), n.clone());
-                connections.spawn(serve(socket, how, scripts.clone(), counters));
+                let (c, scripts, tls) = (c.clone(), scripts.clone(), tls.clone());
+                connections.spawn(async move {
+                    match tls {
+                        None => {
+                            c.accepted.fetch_add(1, Ordering::Relaxed);
+                            serve(socket, how, scripts, c).await;
+                        }
+                        Some(tls) => {
+                            if let Ok(stream) = tls.accept(socket).await {
+                                c.accepted.fetch_add(1, Ordering::Relaxed);
+                                serve(stream, how, scripts, c).await;
+                            }
+                        }
+                    }
+                });
             }
         });
         Self {
             port,
-            flooded,
-            subscribes,
+            ca_pem: None,
+            accepted: counters.accepted,
+            commands: counters.commands,
+            _dir: None,
+            flooded: counters.flooded,
+            subscribes: counters.subscribes,
             task,
         }
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.ca_pem.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
+
+    /// The config to reach it (over TLS, trusting the test CA).
+    fn config(&self) -> RedisConfig {
+        let config = RedisConfig::new(&self.url())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .request_timeout(REQUEST_TIMEOUT);
+        match &self.ca_pem {
+            Some(pem) => config.ca_certificate_pem(pem.clone()),
+            None => config,
+        }
+    }
+}
+
+/// What the server counts, shared by its connections.
+#[derive(Clone, Default)]
+struct Counters {
+    accepted: Arc<AtomicU64>,
+    commands: Arc<AtomicU64>,
+    flooded: Arc<AtomicU64>,
+    subscribes: Arc<AtomicU64>,
 }
 
 /// SHA1 → script name, from the SCRIPT LOADs (a server's script cache outlives connections).
 type Scripts = Arc<std::sync::Mutex<Vec<(String, &'static str)>>>;
 
 async fn serve(
-    socket: tokio::net::TcpStream,
+    socket: impl AsyncRead + AsyncWrite + Send + 'static,
     how: Hostile,
     scripts: Scripts,
-    (flooded, subscribes): (Arc<AtomicU64>, Arc<AtomicU64>),
+    counters: Counters,
 ) {
-    let (r, mut w) = socket.into_split();
+    let Counters {
+        commands,
+        flooded,
+        subscribes,
+        ..
+    } = counters;
+    let (r, mut w) = tokio::io::split(socket);
     let mut r = BufReader::new(r);
     while let Some(cmd) = read_command(&mut r).await {
+        commands.fetch_add(1, Ordering::Relaxed);
         let name = String::from_utf8_lossy(&cmd[0]).to_ascii_uppercase();
         let reply = match name.as_str() {
             "SCRIPT" => {
@@ -307,13 +399,9 @@ fn rss() -> u64 {
 }
 
 async fn connect(server: &Server) -> RedisBackend {
-    RedisBackend::connect(
-        RedisConfig::new(&server.url())
-            .unwrap_or_else(|e| panic!("{e}"))
-            .request_timeout(REQUEST_TIMEOUT),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the handshake is proper: {e}"))
+    RedisBackend::connect(server.config())
+        .await
+        .unwrap_or_else(|e| panic!("the handshake is proper: {e}"))
 }
 
 fn req() -> AcquireRequest {
@@ -329,7 +417,11 @@ fn req() -> AcquireRequest {
 /// Returns the errors' messages, and how much the process grew meanwhile.
 async fn run(how: Hostile) -> (Vec<String>, u64) {
     let _serial = SERIAL.lock().await;
-    let server = Server::start(how).await;
+    run_on(how, Server::start(how).await).await
+}
+
+/// [`run`] against `server`, which answers `how`.
+async fn run_on(how: Hostile, server: Server) -> (Vec<String>, u64) {
     let b = connect(&server).await;
     let before = rss();
     let mut messages = Vec::new();
@@ -536,7 +628,11 @@ async fn script_loads_answered_with_the_wrong_thing_fail_the_connect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_4gb_notification_is_refused_and_the_subscriber_reconnects() {
     let _serial = SERIAL.lock().await;
-    let server = Server::start(Hostile::HugeNotification).await;
+    notification_refused(Server::start(Hostile::HugeNotification).await).await;
+}
+
+/// A 4 GB notification from `server` is refused; the subscriber reconnects.
+async fn notification_refused(server: Server) {
     let b = connect(&server).await;
     let before = rss();
     let mut stream = b.observe("hostile");
@@ -548,6 +644,11 @@ async fn a_4gb_notification_is_refused_and_the_subscriber_reconnects() {
     assert!(first.is_some(), "{first:?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let grown = rss().saturating_sub(before);
+    eprintln!(
+        "notification: grew {} KiB; the server flooded {} KiB",
+        grown >> 10,
+        server.flooded.load(Ordering::Relaxed) >> 10
+    );
     assert!(
         grown < GROWTH_BOUND,
         "the process grew by {} MiB",
@@ -558,4 +659,76 @@ async fn a_4gb_notification_is_refused_and_the_subscriber_reconnects() {
     assert!(subscribes >= 2, "{subscribes} subscriptions");
     drop(stream);
     drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4gb_string_over_tls_is_refused_at_its_header() {
+    let _serial = SERIAL.lock().await;
+    let how = Hostile::HugeString;
+    let server = Server::start_tls(how, "127.0.0.1").await;
+    let (accepted, commands) = (server.accepted.clone(), server.commands.clone());
+    let (messages, grown) = run_on(how, server).await;
+    assert_refused(how, &messages, grown, "declares a 4000000000-byte string");
+    assert!(
+        messages
+            .iter()
+            .all(|m| m.contains(&MAX_REPLY_BYTES.to_string())),
+        "the message names the limit: {messages:?}"
+    );
+    // It was TLS all along: handshakes completed and the commands came through them.
+    assert!(
+        accepted.load(Ordering::Relaxed) >= 2,
+        "a command connection and a subscriber"
+    );
+    assert!(
+        commands.load(Ordering::Relaxed) >= 5,
+        "script loads and calls"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4gb_notification_over_tls_is_refused_and_the_subscriber_reconnects() {
+    let _serial = SERIAL.lock().await;
+    notification_refused(Server::start_tls(Hostile::HugeNotification, "127.0.0.1").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_server_the_ca_does_not_vouch_for_gets_nothing() {
+    // A certificate from another CA.
+    let server = Server::start_tls(Hostile::HugeString, "127.0.0.1").await;
+    let dir = support::TempDir::new("hostile-wrong-ca");
+    let wrong =
+        std::fs::read(support::make_ca(dir.path(), "wrong")).unwrap_or_else(|e| panic!("{e}"));
+    let err = RedisBackend::connect(
+        server
+            .config()
+            .password("secret-Pw-1")
+            .ca_certificate_pem(wrong),
+    )
+    .await
+    .expect_err("a certificate from another CA");
+    assert_eq!(err.kind(), BackendErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("certificate"), "{err}");
+    assert!(!err.to_string().contains("secret-Pw-1"), "{err}");
+    // A certificate from the right CA, for another name (it names 127.0.0.1 and localhost).
+    let elsewhere = Server::start_tls(Hostile::HugeString, "127.0.0.2").await;
+    let url = format!("rediss://127.0.0.2:{}/", elsewhere.port);
+    let err = RedisBackend::connect(
+        RedisConfig::new(&url)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .password("secret-Pw-1")
+            .ca_certificate_pem(elsewhere.ca_pem.clone().unwrap_or_default()),
+    )
+    .await
+    .expect_err("a certificate for another name");
+    assert_eq!(err.kind(), BackendErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("certificate"), "{err}");
+    // Neither server completed a handshake, so neither saw a byte of AUTH or anything else.
+    for s in [&server, &elsewhere] {
+        assert_eq!(s.accepted.load(Ordering::Relaxed), 0);
+        assert_eq!(s.commands.load(Ordering::Relaxed), 0);
+    }
+    // The same CA and name do connect (the refusals above were the certificate's doing).
+    let ok = RedisBackend::connect(server.config()).await;
+    assert!(ok.is_ok(), "{ok:?}");
 }

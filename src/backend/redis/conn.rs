@@ -1,7 +1,7 @@
 //! The command connection of a backend: one multiplexed connection to a single server, replaced
 //! when it drops, or a Redis Cluster connection that routes every call to the node serving its
 //! keys' slot; and the [`Connector`] that opens single-server connections (the subscriber's too)
-//! over streams whose replies are bounded (see [`limit`](super::limit)).
+//! over streams whose replies are bounded (see [`limit`](super::limit)), TLS included.
 //!
 //! Only a single server takes many locks in one script call. In a cluster each lock's keys hash
 //! to their own slot, possibly on another node, so there every script call carries one lock,
@@ -14,14 +14,14 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Pipeline, RedisError,
-    RedisResult, Value,
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisResult, Value,
 };
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::limit::{Limited, ReplyRefused, Tripwire};
+use super::tls::Tls;
 
 /// Why a call on a [`Conn`] failed.
 #[derive(Debug)]
@@ -42,6 +42,8 @@ impl From<RedisError> for ConnError {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(Arc<Managed>),
+    /// Opened by the redis crate's cluster client: its replies are not bounded (see the
+    /// module docs' caveats in `mod.rs`).
     Cluster(ClusterConnection),
 }
 
@@ -93,16 +95,15 @@ impl Conn {
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// Opens connections to one server. Over TCP and Unix sockets it opens the stream itself and
-/// wraps it in [`Limited`], so that no reply can make tenure allocate more than
-/// [`MAX_REPLY_BYTES`](super::MAX_REPLY_BYTES). Over TLS the redis crate opens the stream (it
-/// does not let a caller wrap its TLS stream), so TLS replies are not bounded by tenure; the
-/// server is at least authenticated by its certificate.
+/// Opens connections to one server, the stream always its own, wrapped in [`Limited`] so that
+/// no reply can make tenure allocate more than [`MAX_REPLY_BYTES`](super::MAX_REPLY_BYTES):
+/// over TCP, over a Unix socket, and over TLS, where it does the handshake itself (see
+/// [`tls`](super::tls)) and bounds the decrypted stream.
 #[derive(Clone)]
 pub(crate) struct Connector {
     info: ConnectionInfo,
-    /// Opens the connections tenure cannot wrap (TLS).
-    client: Client,
+    /// Set for a `rediss://` URL.
+    tls: Option<Tls>,
     connect_timeout: Duration,
     request_timeout: Duration,
 }
@@ -114,33 +115,52 @@ impl std::fmt::Debug for Connector {
 }
 
 impl Connector {
+    /// A connector to `info`'s server; for TLS, trusting only `ca_pem` if given, else the
+    /// system's roots. The error says what is wrong with the TLS settings.
     pub(crate) fn new(
         info: ConnectionInfo,
-        client: Client,
+        ca_pem: Option<&[u8]>,
         connect_timeout: Duration,
         request_timeout: Duration,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, String> {
+        let tls = match info.addr() {
+            ConnectionAddr::TcpTls { insecure: true, .. } => {
+                return Err("tenure always verifies the server's host name".to_owned());
+            }
+            ConnectionAddr::TcpTls { host, .. } => Some(Tls::new(host, ca_pem)?),
+            _ => None,
+        };
+        Ok(Self {
             info,
-            client,
+            tls,
             connect_timeout,
             request_timeout,
-        }
+        })
     }
 
-    /// A bounded stream to the server and its tripwire, or `None` where the redis crate must
-    /// open the stream itself.
-    async fn open(&self) -> RedisResult<Option<(Limited<Box<dyn Io>>, Tripwire)>> {
-        let io: Box<dyn Io> = match self.info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
+    /// A bounded stream to the server (TLS set up) and its tripwire.
+    async fn open(&self) -> RedisResult<(Limited<Box<dyn Io>>, Tripwire)> {
+        let io: Box<dyn Io> = match (self.info.addr(), &self.tls) {
+            (ConnectionAddr::Tcp(host, port), None) => {
                 Box::new(tokio::net::TcpStream::connect((host.as_str(), *port)).await?)
             }
+            (ConnectionAddr::TcpTls { host, port, .. }, Some(tls)) => {
+                let tcp = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                Box::new(tls.handshake(tcp).await?)
+            }
             #[cfg(unix)]
-            ConnectionAddr::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
-            _ => return Ok(None),
+            (ConnectionAddr::Unix(path), None) => {
+                Box::new(tokio::net::UnixStream::connect(path).await?)
+            }
+            _ => {
+                return Err(RedisError::from((
+                    ::redis::ErrorKind::InvalidClientConfig,
+                    "tenure cannot reach this kind of address",
+                )));
+            }
         };
         let tripwire = Tripwire::default();
-        Ok(Some((Limited::new(io, tripwire.clone()), tripwire)))
+        Ok((Limited::new(io, tripwire.clone()), tripwire))
     }
 
     fn config(&self) -> AsyncConnectionConfig {
@@ -149,21 +169,11 @@ impl Connector {
             .set_response_timeout(Some(self.request_timeout))
     }
 
-    /// A new command connection (AUTH and SELECT done), within the connect timeout. `closed`
-    /// runs when a connection tenure drives itself ends.
+    /// A new command connection (TLS, AUTH and SELECT done), within the connect timeout.
+    /// `closed` runs when the connection ends.
     async fn command(&self, closed: impl FnOnce() + Send + 'static) -> RedisResult<Live> {
         let connecting = async {
-            let Some((stream, tripwire)) = self.open().await? else {
-                let conn = self
-                    .client
-                    .get_multiplexed_async_connection_with_config(&self.config())
-                    .await?;
-                return Ok(Live {
-                    conn,
-                    tripwire: Tripwire::default(),
-                    _driver: None,
-                });
-            };
+            let (stream, tripwire) = self.open().await?;
             let (conn, driver) = MultiplexedConnection::new_with_config(
                 self.info.redis_settings(),
                 stream,
@@ -177,7 +187,7 @@ impl Connector {
             Ok(Live {
                 conn,
                 tripwire,
-                _driver: Some(Arc::new(AbortOnDrop(task))),
+                _driver: Arc::new(AbortOnDrop(task)),
             })
         };
         tokio::time::timeout(self.connect_timeout, connecting)
@@ -185,12 +195,10 @@ impl Connector {
             .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))?
     }
 
-    /// A new subscriber connection (the caller bounds the time it takes).
+    /// A new subscriber connection, TLS and AUTH done (the caller bounds the time it takes).
     pub(crate) async fn pubsub(&self) -> RedisResult<PubSub> {
-        match self.open().await? {
-            Some((stream, _)) => PubSub::new(self.info.redis_settings(), stream).await,
-            None => self.client.get_async_pubsub().await,
-        }
+        let (stream, _) = self.open().await?;
+        PubSub::new(self.info.redis_settings(), stream).await
     }
 }
 
@@ -208,8 +216,8 @@ impl Drop for AbortOnDrop {
 struct Live {
     conn: MultiplexedConnection,
     tripwire: Tripwire,
-    /// The task reading the connection, when tenure drives it; ends with the last handle.
-    _driver: Option<Arc<AbortOnDrop>>,
+    /// The task reading the connection; ends with the last handle.
+    _driver: Arc<AbortOnDrop>,
 }
 
 type Connecting = Shared<BoxFuture<'static, Result<Live, RedisError>>>;

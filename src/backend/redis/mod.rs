@@ -27,9 +27,11 @@
 //! - `redis://host:6379/0` — plain TCP, database 0.
 //! - `redis://user:password@host:6379` — AUTH as an ACL user (the password may instead be given
 //!   with [`RedisConfig::password`], which keeps it out of the URL).
-//! - `rediss://host:6380` — TLS, verified against the system's roots, or against a private CA
-//!   given with [`RedisConfig::ca_certificate_pem`]. Host name verification cannot be turned off
-//!   (`#insecure` is refused).
+//! - `rediss://host:6380` — TLS, verified against the system's roots (read once, when the
+//!   backend connects), or against a private CA given with [`RedisConfig::ca_certificate_pem`].
+//!   Host name verification cannot be turned off (`#insecure` is refused). tenure does the
+//!   handshake itself (rustls, as the redis crate would), so that replies over TLS are bounded
+//!   like plain ones.
 //! - `redis+unix:///run/redis.sock` — a Unix socket.
 //!
 //! Passwords never appear in errors, logs or `Debug` output.
@@ -148,8 +150,15 @@
 //!   Keep NTP slewing.
 //! - One reply may hold at most [`MAX_REPLY_BYTES`]: a bigger or malformed one (a broken or
 //!   hostile server) fails the request with [`BackendErrorKind::Protocol`] and closes the
-//!   connection, before the reply's bytes are read. Over TLS and on a Redis Cluster the redis
-//!   crate opens the connections itself, and tenure cannot bound their replies.
+//!   connection, before the reply's bytes are read. That holds over TCP, Unix sockets and TLS,
+//!   for the command connection and the subscriber connection, on a cluster too. The exception
+//!   is a Redis Cluster's command connections: the redis crate's cluster client opens them, and
+//!   tenure cannot bound their replies. It takes a caller's connection type only through
+//!   `ClusterClient::get_async_generic_connection`, which is `#[doc(hidden)]` (outside its
+//!   semver), and that type is built by `cluster_async::Connect::connect_with_config`, a
+//!   function without a receiver: it gets a node's address and an `AsyncConnectionConfig` whose
+//!   fields are private, so a connection tenure made there could not know the backend's CA or
+//!   connect timeout except through process-wide state.
 
 mod batch;
 mod conn;
@@ -160,6 +169,7 @@ mod keys;
 mod limit;
 mod members;
 mod observe;
+mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -301,7 +311,9 @@ impl RedisConfig {
         self
     }
 
-    /// Trusts only this CA (PEM) for `rediss://`, instead of the system's roots.
+    /// Trusts only this CA (PEM: one certificate, or a bundle) for `rediss://`, instead of the
+    /// system's roots. A PEM without a certificate, or one that does not parse, fails
+    /// [`RedisBackend::connect`] with [`BackendErrorKind::Config`].
     pub fn ca_certificate_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_pem = Some(pem.into());
         self
@@ -456,21 +468,6 @@ impl RedisConfig {
             .map_err(|e| from_redis(&e, "cluster client", &scrub))
     }
 
-    fn client(&self) -> Result<::redis::Client, BackendError> {
-        let scrub = self.scrubber();
-        match &self.ca_pem {
-            Some(pem) => ::redis::Client::build_with_tls(
-                self.info.clone(),
-                ::redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            ),
-            None => ::redis::Client::open(self.info.clone()),
-        }
-        .map_err(|e| from_redis(&e, "client", &scrub))
-    }
-
     fn scrubber(&self) -> Scrubber {
         Scrubber::new(self.info.redis_settings().password())
     }
@@ -566,13 +563,13 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self, BackendError> {
         config.validate()?;
         let scrub = config.scrubber();
-        let client = config.client()?;
         let connector = Connector::new(
             config.info.clone(),
-            client,
+            config.ca_pem.as_deref(),
             config.connect_timeout,
             config.request_timeout,
-        );
+        )
+        .map_err(|e| config_error(scrub.scrub(format!("redis TLS: {e}"))))?;
         let connecting = async {
             if config.cluster {
                 config
