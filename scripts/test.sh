@@ -55,6 +55,10 @@ else
     cargo build --release --locked --features cli --bin tenure --target x86_64-unknown-linux-musl
   TENURE_NODE_TENURE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/tenure" \
     cargo test --all-features --test node_chart -- --test-threads=1 --nocapture
+  # The chart's pods on the Redis backend (a redis-server in the node's network namespace), and
+  # bad input: a missing image, a wrong Redis password, a Role without update on leases.
+  TENURE_NODE_TENURE_BIN="${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/tenure" \
+    cargo test --all-features --test node_redis --test node_bad_input -- --test-threads=1 --nocapture
   # examples/kube_controller.rs as pods under the chart's RBAC, and the chart's release side by
   # side with client-go's leader election (tests/node_peers.rs): the example's static build too.
   CC_x86_64_unknown_linux_musl=musl-gcc \

@@ -103,17 +103,38 @@ fn flag_names(rule: &str) -> String {
         .replace("grace", "--grace")
 }
 
-/// An error and its sources joined with ": ", each distinct message once.
-pub fn chain(e: &dyn std::error::Error) -> String {
+/// Whether `e` is a [`BackendError`] or shows one as itself (`#[error(transparent)]`
+/// wrappers, whose `source()` skips the backend error and goes to what lies below it).
+fn is_backend_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    fn election(e: &ElectionError) -> bool {
+        matches!(e, ElectionError::Lock(LockError::Backend(_)))
+    }
+    e.is::<BackendError>()
+        || matches!(e.downcast_ref::<LockError>(), Some(LockError::Backend(_)))
+        || e.downcast_ref::<ElectionError>().is_some_and(election)
+        || matches!(
+            e.downcast_ref::<tenure::shard::ShardError>(),
+            Some(tenure::shard::ShardError::Election(el)) if election(el)
+        )
+}
+
+/// An error and its sources joined with ": ", each distinct message once. The chain ends at
+/// a [`BackendError`]: its message is complete (the backend built it from its source, with
+/// credentials redacted), and what lies below is the client library's own error, whose text
+/// may repeat it, dump a struct (kube's `ApiError: ... (Status { .. })`) or show what the
+/// backend redacted.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
+    let mut current = e;
+    while !is_backend_error(current)
+        && let Some(s) = current.source()
+    {
         let text = s.to_string();
         if !out.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }
-        source = s.source();
+        current = s;
     }
     out
 }
@@ -158,5 +179,39 @@ mod tests {
             "a\\u{1b}[2Jb\\r\\nc\\td\\u{9b}e\\u{7f}"
         );
         assert_eq!(printable("x\u{202e}y\u{200b}"), "x\\u{202e}y\\u{200b}");
+    }
+
+    /// A source below a backend error (the client library's error) is not printed: the
+    /// backend's message already says it, redacted. kube's Display of an API status repeats
+    /// the message and dumps the `Status` struct; a pod's log showed it three times on one
+    /// line.
+    #[test]
+    fn chain_ends_at_the_backend_error() {
+        use tenure::backend::BackendErrorKind;
+        let below = std::io::Error::other("ApiError: the detail (Status { code: 403 }) pw=hunter2");
+        let backend = BackendError::new(
+            BackendErrorKind::PermissionDenied,
+            "update leases ns/x: forbidden (403): the detail",
+        )
+        .with_source(below);
+        let text = chain(&backend);
+        assert_eq!(
+            text,
+            "backend permission denied: update leases ns/x: forbidden (403): the detail"
+        );
+        let election = ElectionError::Lock(LockError::Backend(backend));
+        let line = CliError::from(election).to_string();
+        assert!(line.contains("forbidden (403): the detail"), "{line}");
+        assert!(
+            !line.contains("Status {") && !line.contains("hunter2"),
+            "{line}"
+        );
+        assert_eq!(line.matches("the detail").count(), 1, "{line}");
+        // The same through a sharded elector's error.
+        let backend = BackendError::new(BackendErrorKind::PermissionDenied, "the detail")
+            .with_source(std::io::Error::other("Status { }"));
+        let sharded =
+            tenure::shard::ShardError::Election(ElectionError::Lock(LockError::Backend(backend)));
+        assert_eq!(chain(&sharded), "backend permission denied: the detail");
     }
 }
