@@ -195,22 +195,9 @@ impl Server {
     /// The server behind TLS, with a certificate for 127.0.0.1 and localhost from a test CA
     /// (made with the `openssl` CLI), listening on `ip`.
     async fn start_tls(how: Hostile, ip: &str) -> Self {
-        let dir = support::TempDir::new("hostile-tls");
-        let certs = support::make_tls(dir.path());
-        let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_else(|e| panic!("{e}"));
-        let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&read(&certs.server_cert))
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&read(&certs.server_key))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
-        .unwrap_or_else(|e| panic!("{e}"));
-        let mut server = Self::listen(how, ip, Some(TlsAcceptor::from(Arc::new(config)))).await;
-        server.ca_pem = Some(read(&certs.ca_cert));
+        let (acceptor, ca_pem, dir) = test_tls();
+        let mut server = Self::listen(how, ip, Some(acceptor)).await;
+        server.ca_pem = Some(ca_pem);
         server._dir = Some(dir);
         server
     }
@@ -277,6 +264,30 @@ impl Server {
             None => config,
         }
     }
+}
+
+/// A TLS acceptor with a certificate for 127.0.0.1 and localhost from a test CA (made with the
+/// `openssl` CLI), the CA's PEM, and the directory holding them.
+fn test_tls() -> (TlsAcceptor, Vec<u8>, support::TempDir) {
+    let dir = support::TempDir::new("hostile-tls");
+    let certs = support::make_tls(dir.path());
+    let read = |p: &std::path::Path| std::fs::read(p).unwrap_or_else(|e| panic!("{e}"));
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&read(&certs.server_cert))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&read(&certs.server_key))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+    .unwrap_or_else(|e| panic!("{e}"));
+    (
+        TlsAcceptor::from(Arc::new(config)),
+        read(&certs.ca_cert),
+        dir,
+    )
 }
 
 /// What the server counts, shared by its connections.
@@ -731,4 +742,65 @@ async fn a_tls_server_the_ca_does_not_vouch_for_gets_nothing() {
     // The same CA and name do connect (the refusals above were the certificate's doing).
     let ok = RedisBackend::connect(server.config()).await;
     assert!(ok.is_ok(), "{ok:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connect_timeout_covers_the_tls_handshake_and_auth() {
+    let (acceptor, ca_pem, _dir) = test_tls();
+    // One server never answers the ClientHello; the other completes the handshake and then
+    // never answers AUTH.
+    let silent = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mute = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ports = [&silent, &mute].map(|l| l.local_addr().unwrap_or_else(|e| panic!("{e}")).port());
+    let handshakes = Arc::new(AtomicU64::new(0));
+    let h = handshakes.clone();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            tokio::select! {
+                Ok((socket, _)) = silent.accept() => held.push(tokio::spawn(async move {
+                    let _socket = socket;
+                    std::future::pending::<()>().await;
+                })),
+                Ok((socket, _)) = mute.accept() => {
+                    let (acceptor, h) = (acceptor.clone(), h.clone());
+                    held.push(tokio::spawn(async move {
+                        let Ok(mut stream) = acceptor.accept(socket).await else { return };
+                        h.fetch_add(1, Ordering::Relaxed);
+                        // Read what comes (AUTH), answer nothing.
+                        let mut buf = [0; 1024];
+                        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    }));
+                }
+            }
+        }
+    });
+    let connect_timeout = Duration::from_millis(400);
+    for port in ports {
+        let started = Instant::now();
+        let err = RedisBackend::connect(
+            RedisConfig::new(&format!("rediss://127.0.0.1:{port}/"))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .password("secret-Pw-1")
+                .ca_certificate_pem(ca_pem.clone())
+                .connect_timeout(connect_timeout),
+        )
+        .await
+        .expect_err("the server never answers");
+        let took = started.elapsed();
+        assert_eq!(err.kind(), BackendErrorKind::Timeout, "{err}");
+        assert!(
+            took >= connect_timeout && took < connect_timeout + Duration::from_millis(300),
+            "took {took:?}"
+        );
+    }
+    assert!(
+        handshakes.load(Ordering::Relaxed) >= 1,
+        "the second server's handshake completed"
+    );
+    task.abort();
 }
