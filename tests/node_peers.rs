@@ -335,11 +335,6 @@ fn kube_controller_example_reconciles_as_pods_under_the_chart_rbac() {
         &leader,
         CTRL_LEASE_DURATION + CTRL_RETRY + Duration::from_secs(30),
     );
-    assert_eq!(successor, follower, "the follower took over");
-    assert!(
-        token2 > token,
-        "the new term's token rises: {token} -> {token2}"
-    );
     let granted = leases
         .granted_after(t0, &leader)
         .unwrap_or_else(|| panic!("no grant on the Lease watch"));
@@ -363,6 +358,37 @@ fn kube_controller_example_reconciles_as_pods_under_the_chart_rbac() {
         first_at - t0 < CTRL_LEASE_DURATION,
         "the successor waited for the Lease to expire: the deleted leader did not release it"
     );
+    assert_eq!(successor, follower, "the follower took over");
+    assert!(
+        token2 > token,
+        "the new term's token rises: {token} -> {token2}"
+    );
+    // The chart's fencing policy guards the example's objects: a write as its ServiceAccount
+    // carrying the old term's token is refused by the API server, the new term's is taken.
+    let as_sa = |token: u64, value: &str| {
+        run(
+            node.kubectl().args([
+                "annotate",
+                "configmap",
+                "demo-1",
+                "-n",
+                CTRL_NS,
+                "--overwrite",
+                &format!("test.tenure.dev/probe={value}"),
+                &format!("--as=system:serviceaccount:{CTRL_NS}:{CTRL_SA}"),
+                &format!("--as-user-extra=tenure.dev/fencing-token={token}"),
+            ]),
+            None,
+        )
+    };
+    let stale = as_sa(token, "stale");
+    assert!(
+        !stale.ok && stale.stderr.contains("tenure fencing:"),
+        "the old term's token was not refused: {}{}",
+        stale.stdout,
+        stale.stderr
+    );
+    as_sa(token2, "current").expect_ok();
     // The replacement pod joins as a follower and stamps nothing.
     let p = ready_pods(
         &node,
