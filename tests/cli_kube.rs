@@ -381,6 +381,21 @@ fn drain_waits_for_the_deployment_to_be_gone_and_bad_input_names_the_flag() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), format!("deployment {ns}/gone is already gone"));
 
+    // A user without the permission: the API server's refusal, exit 4, one line.
+    let tester = server.tester_kubeconfig().display().to_string();
+    let (code, _, err) = run_to_end(
+        &["drain", "--deployment", "worker", "--namespace", &ns],
+        &[("KUBECONFIG", tester.as_str())],
+    );
+    assert_eq!(code, 4, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!("tenure: cannot delete deployment {ns}/worker: "))
+            && err.trim_end().ends_with("(403)")
+            && !err.contains("Status"),
+        "{err}"
+    );
+
     // No Kubernetes configuration: exit 4, one line.
     let (code, _, err) = run_to_end(
         &["drain", "--deployment", "worker", "--namespace", &ns],

@@ -57,8 +57,13 @@ pub async fn drain(args: DrainArgs) -> Result<u8, CliError> {
     })?;
     let deployments: Api<Deployment> = Api::namespaced(client, &namespace);
     let what = format!("deployment {namespace}/{}", args.deployment);
+    // The API server's own message and code, not kube's Display (which repeats the message
+    // and dumps the whole Status).
     let api_error = |doing: &str, e: kube::Error| CliError::Backend {
-        message: format!("{doing} {what}: {}", crate::error::chain(&e)),
+        message: match &e {
+            kube::Error::Api(s) => format!("{doing} {what}: {} ({})", s.message, s.code),
+            other => format!("{doing} {what}: {}", crate::error::chain(other)),
+        },
     };
     let started = Instant::now();
     match deployments
