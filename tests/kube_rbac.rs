@@ -193,3 +193,102 @@ async fn with_no_role_reads_are_denied_by_name() {
     assert!(e.message().contains("\"get\""), "{e}");
     assert!(!e.is_transient());
 }
+
+/// What the API server says the user may not do, polled until RBAC's caches have `want`.
+async fn missing_until(backend: &KubeBackend, lease: &str, want: &[&str]) -> Vec<&'static str> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let missing = backend
+            .missing_permissions(lease)
+            .await
+            .expect("the reviews are answered");
+        if missing == want || tokio::time::Instant::now() >= deadline {
+            return missing;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `missing_permissions` asks the API server (SelfSubjectAccessReview) and names exactly the
+/// verbs the user lacks on the Lease; `tenure run` refuses to campaign without them (exit 4,
+/// one line naming the verb), instead of following quietly until it has to take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_permissions_are_named_before_any_campaign() {
+    let all = ["get", "list", "watch", "create", "update"];
+    let ok = unique("rbac-check-ok");
+    grant(&ok, &all).await;
+    assert_eq!(
+        missing_until(&tester(&ok).await, "x", &[]).await,
+        Vec::<&str>::new()
+    );
+
+    let no_update = unique("rbac-check-no-update");
+    grant(&no_update, &["get", "list", "watch", "create"]).await;
+    assert_eq!(
+        missing_until(&tester(&no_update).await, "x", &["update"]).await,
+        ["update"]
+    );
+
+    // A Role for another Lease only: nothing on this one but create.
+    let other = unique("rbac-check-other");
+    shared().namespace(&other).await;
+    let client = shared().admin().await;
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "tenure-leases", "namespace": other},
+        "rules": [
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": ["someone-else"], "verbs": ["get", "list", "watch", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        ]
+    }))
+    .expect("role json");
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "tenure-leases", "namespace": other},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenure-leases"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tester"}]
+    }))
+    .expect("binding json");
+    Api::<Role>::namespaced(client.clone(), &other)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    Api::<RoleBinding>::namespaced(client, &other)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create rolebinding");
+    let backend = tester(&other).await;
+    assert_eq!(
+        missing_until(&backend, "someone-else", &[]).await,
+        Vec::<&str>::new()
+    );
+    assert_eq!(
+        backend.missing_permissions("x").await.expect("answered"),
+        ["get", "list", "watch", "update"]
+    );
+
+    #[cfg(feature = "cli")]
+    {
+        let kubeconfig = shared().tester_kubeconfig();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(["run", "--lease", "x", "--backend", "kube", "--namespace"])
+            .arg(&no_update)
+            .args(["--", "sh", "-c", "echo ran"])
+            .env("KUBECONFIG", kubeconfig)
+            .output()
+            .await
+            .expect("tenure runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{stderr}");
+        assert!(out.stdout.is_empty(), "the command ran");
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("tenure: "))
+            .unwrap_or_else(|| panic!("no error line: {stderr}"));
+        assert!(
+            line.contains(&format!(
+                "kube namespace {no_update}: this user may not update lease \"x\""
+            )),
+            "{line}"
+        );
+    }
+}

@@ -18,6 +18,12 @@ pub const LEASES: Resource = Resource {
     group: "coordination.k8s.io",
     version: "v1",
 };
+/// `authorization.k8s.io/v1` selfsubjectaccessreviews (the permission check at start).
+pub const REVIEWS: Resource = Resource {
+    plural: "selfsubjectaccessreviews",
+    group: "authorization.k8s.io",
+    version: "v1",
+};
 /// Core `v1` events.
 pub const EVENTS: Resource = Resource {
     plural: "events",

@@ -76,6 +76,8 @@
 //! ```
 //!
 //! A missing permission fails with [`BackendErrorKind::PermissionDenied`], naming the verb.
+//! [`KubeBackend::missing_permissions`] asks the API server beforehand what is missing on a
+//! Lease; `tenure run` does, and refuses to campaign without it (exit 4).
 //! Without `list` and `watch`, [`observe`](Backend::observe) reports the error and waiters
 //! fall back to reading on every retry. Without `create` on events, the Events
 //! ([`announce`](Backend::announce)) are skipped (logged at debug level); the lease is
@@ -108,6 +110,7 @@
 //! # Ok(()) }
 //! ```
 
+mod access;
 mod client;
 mod error;
 mod members;

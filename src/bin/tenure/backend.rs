@@ -54,6 +54,8 @@ pub struct Connected {
     pub description: String,
     /// Where the lease lives, as the Election custom resource describes it.
     pub election_backend: ElectionBackend,
+    /// The Kubernetes backend, for what only it can do (check its permissions at start).
+    pub kube: Option<KubeBackend>,
 }
 
 /// Connects to the configured backend; `warn_local` prints the single-host warning when the
@@ -95,6 +97,7 @@ fn local(args: &BackendArgs) -> Result<Connected, CliError> {
         backend: Arc::new(backend),
         description: format!("local {}", dir.display()),
         election_backend: ElectionBackend::local(),
+        kube: None,
     })
 }
 
@@ -109,6 +112,7 @@ async fn kube(args: &BackendArgs) -> Result<Connected, CliError> {
     Ok(Connected {
         description: format!("kube namespace {}", backend.namespace()),
         election_backend: ElectionBackend::kubernetes().namespace(backend.namespace()),
+        kube: Some(backend.clone()),
         backend: Arc::new(backend),
     })
 }
@@ -165,6 +169,7 @@ async fn redis(url: &str, args: &BackendArgs) -> Result<Connected, CliError> {
         backend: Arc::new(backend),
         description,
         election_backend,
+        kube: None,
     })
 }
 

@@ -61,6 +61,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let (connected, locker, identity) = connect(&args).await?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
     probe(&connected, &args.lease, args.retry_period).await?;
+    check_permissions(&connected, &args.lease).await?;
 
     let mut registry = prometheus_client::registry::Registry::default();
     elector = elector.with_metrics(ElectionMetrics::register(&mut registry));
@@ -144,6 +145,32 @@ pub async fn probe(
                 connected.description
             ),
         }),
+    }
+}
+
+/// On Kubernetes, refuses to campaign without a permission the elector needs on its Lease
+/// (exit 4): a candidate without `update` would otherwise follow quietly and fail only when it
+/// has to take over. A failed check (reviews refused, no answer) is logged and not fatal.
+pub async fn check_permissions(
+    connected: &backend::Connected,
+    lease: &str,
+) -> Result<(), CliError> {
+    let Some(kube) = &connected.kube else {
+        return Ok(());
+    };
+    match kube.missing_permissions(lease).await {
+        Ok(missing) if missing.is_empty() => Ok(()),
+        Ok(missing) => Err(CliError::Backend {
+            message: format!(
+                "{}: this user may not {} lease {lease:?} (coordination.k8s.io); tenure run needs get, list, watch and update on its Lease and create on leases: grant them with a Role (the Helm chart's does)",
+                connected.description,
+                missing.join(", ")
+            ),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the permissions on the lease; campaigning anyway");
+            Ok(())
+        }
     }
 }
 
