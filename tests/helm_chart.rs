@@ -2993,3 +2993,57 @@ fn the_uninstall_hook_drains_the_deployment_with_only_that_permission() {
         [rule("deployments.apps", "demo-tenure", "get delete")].into()
     );
 }
+
+/// `rbac.extraRules`: the workload's own API access, added to the chart's Role; with any, the
+/// ServiceAccount token is mounted even on the Redis backend (where tenure needs none). A rule
+/// without its required fields is refused by the schema, naming them.
+#[test]
+fn extra_rules_extend_the_role_and_mount_the_token() {
+    let rule = json!({"apiGroups": [""], "resources": ["configmaps"],
+                      "verbs": ["get", "list", "watch", "patch"]});
+    let extra = format!("rbac.extraRules=[{rule}]");
+    let objs = render("demo", "apps", &["--set-json", &extra]);
+    let rules = one(&objs, "Role")["rules"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(rules.last(), Some(&rule), "{rules:?}");
+    assert_eq!(
+        rules.len(),
+        4,
+        "the elector's three rules and the extra one: {rules:?}"
+    );
+
+    let redis = [
+        "--set",
+        "backend.type=redis",
+        "--set",
+        "backend.redis.url=redis://r:6379",
+    ];
+    let plain = render("demo", "apps", &redis);
+    assert!(!kinds(&plain).contains("Role"), "no Role for Redis alone");
+    assert_eq!(pod_spec(&plain)["automountServiceAccountToken"], false);
+    let mut args = redis.to_vec();
+    args.extend(["--set-json", &extra]);
+    let objs = render("demo", "apps", &args);
+    assert_eq!(one(&objs, "Role")["rules"], json!([rule]));
+    assert_eq!(pod_spec(&objs)["automountServiceAccountToken"], true);
+    assert_eq!(
+        one(&objs, "ServiceAccount")["automountServiceAccountToken"],
+        true
+    );
+
+    let e = template(
+        "demo",
+        "apps",
+        &[
+            "--set-json",
+            r#"rbac.extraRules=[{"resources":["configmaps"]}]"#,
+        ],
+    )
+    .expect_err("a rule without apiGroups and verbs");
+    assert!(
+        e.contains("extraRules") && e.contains("apiGroups") && e.contains("verbs"),
+        "{e}"
+    );
+}

@@ -55,9 +55,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (include "tenure.lease" .) .Values.election.name -}}
 {{- end -}}
 
-{{/* Whether the pods talk to the Kubernetes API at all. */}}
+{{/* Whether the pods talk to the Kubernetes API at all (tenure, or the workload by rbac.extraRules). */}}
 {{- define "tenure.needsApi" -}}
-{{- if or (eq .Values.backend.type "kube") .Values.election.publishStatus -}}true{{- end -}}
+{{- if or (eq .Values.backend.type "kube") .Values.election.publishStatus .Values.rbac.extraRules -}}true{{- end -}}
 {{- end -}}
 
 {{/*
