@@ -96,8 +96,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             .and_then(|s| s.parse().ok())
         {
             Some(secs) => tokio::time::sleep(Duration::from_secs(secs)).await,
+            // SIGTERM is how Kubernetes stops a pod; Ctrl-C, a terminal. Either hands the
+            // lease over at once (as PID 1 in a container nothing else would stop it on
+            // SIGTERM, and the successor would wait for the grace period and the lease).
             None => {
-                let _ = tokio::signal::ctrl_c().await;
+                use tokio::signal::unix::{SignalKind, signal};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => {
+                        tokio::select! {
+                            _ = term.recv() => {}
+                            _ = tokio::signal::ctrl_c() => {}
+                        }
+                    }
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
             }
         }
     };

@@ -3,17 +3,14 @@
 # naming uid 65532 (nonroot), run as 65532 — the same layout as the repository's Dockerfile
 # gives tenure. Built offline by `e2e/node/images.sh --peers`.
 #
-# STOPSIGNAL SIGINT: the example stops (and releases its lease at once) on Ctrl-C only
-# (tokio::signal::ctrl_c). As a container's PID 1 it has no SIGTERM handler, so the kernel
-# drops the SIGTERM a pod deletion sends, and the pod would lead on until the kubelet's
-# SIGKILL after terminationGracePeriodSeconds, and the successor would wait for the Lease to
-# expire too; containerd sends the image's stop signal instead. tests/node_peers.rs measured
-# a leader pod delete -> the successor's first stamp: 42.7 s without this line (30 s grace +
-# the rest of the 15 s lease), 0.13 s with it.
+# No STOPSIGNAL: the example stops on SIGTERM (what a pod deletion sends) as on Ctrl-C. Before
+# it did, as a container's PID 1 without a SIGTERM handler it ignored the signal and led on
+# until the kubelet's SIGKILL after the grace period, and the successor waited for the Lease
+# too: tests/node_peers.rs measured a leader pod delete -> the successor's first stamp at
+# 42.7 s then (30 s grace + the rest of the 15 s lease), 0.13 s with the handler.
 FROM scratch
 COPY kube_controller /usr/local/bin/kube_controller
 COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY passwd group /etc/
 USER 65532:65532
-STOPSIGNAL SIGINT
 ENTRYPOINT ["/usr/local/bin/kube_controller"]
