@@ -279,6 +279,24 @@ async fn missing_permissions_are_named_before_any_campaign() {
             .expect("tenure runs");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(4), "{stderr}");
+        // With every permission, the same command line leads and runs the command.
+        let granted = tokio::process::Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(["run", "--lease", "x", "--backend", "kube", "--namespace"])
+            .arg(&ok)
+            .args(["--", "sh", "-c", "echo ran"])
+            .env("KUBECONFIG", shared().tester_kubeconfig())
+            .output()
+            .await
+            .expect("tenure runs");
+        assert_eq!(
+            (
+                granted.status.code(),
+                String::from_utf8_lossy(&granted.stdout).trim()
+            ),
+            (Some(0), "ran"),
+            "{}",
+            String::from_utf8_lossy(&granted.stderr)
+        );
         assert!(out.stdout.is_empty(), "the command ran");
         let line = stderr
             .lines()
