@@ -13,18 +13,12 @@ mod node_support;
 
 use std::time::{Duration, Instant};
 
-use node_support::redis::{
-    Diagnose, PodInfo, RedisServer, RedisWatch, Report, accepted_stale, logs, longest_gap,
-    password_secret, pods, ready_pods, release_pods, restricted_namespace, secs, sets,
-    writer_command, writers,
+use node_support::chart::{
+    Diagnose, LEASE, PodInfo, RETRY, SLACK, install, instance, logs, password_secret, pods,
+    ready_pods, release_pods, restricted_namespace,
 };
-use node_support::{LeaseWatch, Node, Register, run, skip, wait_for};
-
-/// The same timings as `tests/node_chart.rs`.
-const LEASE: Duration = Duration::from_secs(4);
-const RENEW: Duration = Duration::from_secs(3);
-const RETRY: Duration = Duration::from_secs(1);
-const SLACK: Duration = Duration::from_millis(2500);
+use node_support::redis::{RedisServer, RedisWatch};
+use node_support::{LeaseWatch, Node, Register, Report, accepted_stale, run, secs, skip, wait_for};
 
 const USER: &str = "tenure";
 const PASSWORD: &str = "node-bad-input-pw-41af";
@@ -34,38 +28,11 @@ const WRONG_PASSWORD: &str = "not-the-pw-7be2";
 /// permissions (README "Run any command as a singleton", `tenure run --help`).
 const EXIT_BACKEND: i64 = 4;
 
-fn timings() -> Vec<(&'static str, String)> {
-    vec![
-        ("election.leaseDuration", format!("{}s", LEASE.as_secs())),
-        ("election.renewDeadline", format!("{}s", RENEW.as_secs())),
-        ("election.retryPeriod", format!("{}s", RETRY.as_secs())),
-        ("election.grace", "1s".into()),
-        ("readinessProbe.periodSeconds", "2".into()),
-    ]
-}
-
-fn install(node: &Node, release: &str, ns: &str, register: &Register, values: &[(&str, String)]) {
-    let mut args = vec![
-        "install".to_owned(),
-        release.into(),
-        node_support::chart().display().to_string(),
-        "-n".into(),
-        ns.into(),
-    ];
-    args.extend(sets(&timings()));
-    args.extend(sets(values));
-    args.extend([
-        "--set-json".into(),
-        format!("command={}", writer_command(register)),
-    ]);
-    run(node.helm().args(&args), None).expect_ok();
-}
-
 /// The exit code, reason and log of the worker container's first terminated run in `pod`,
 /// once the kubelet has restarted it (`lastState.terminated`, `kubectl logs --previous`: the
 /// current run's state and log would race with the restart).
 fn last_failure(node: &Node, ns: &str, pod: &str) -> Option<(i64, String, String)> {
-    let p = pods(node, ns).into_iter().find(|p| p.name == pod)?;
+    let p = pods(node, ns, "").into_iter().find(|p| p.name == pod)?;
     let c = p.container("worker")?;
     let (code, reason) = c.last_terminated.clone()?;
     let log = logs(node, ns, pod, "worker", true);
@@ -116,7 +83,7 @@ fn crash_loop(node: &Node, ns: &str, pod: &str, code: i64, timeout: Duration) ->
         timeout,
         &format!("{pod} in CrashLoopBackOff after exit code {code}"),
         || {
-            let p = pods(node, ns).into_iter().find(|p| p.name == pod)?;
+            let p = pods(node, ns, "").into_iter().find(|p| p.name == pod)?;
             let c = p.container("worker")?;
             (c.waiting.as_deref() == Some("CrashLoopBackOff")
                 && c.last_terminated.as_ref().is_some_and(|(c, _)| *c == code))
@@ -130,7 +97,7 @@ fn bad_input_on_a_real_node() {
     if skip("bad_input_on_a_real_node") {
         return;
     }
-    let mut report = Report::new("node_bad_input");
+    let mut report = Report::new("node_bad_input measurements");
     let node = Node::start();
     report.add(
         "node start (launcher to Ready node)",
@@ -150,11 +117,7 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
     let register = Register::start(node);
     let redis = RedisServer::start(node, USER, PASSWORD);
     restricted_namespace(node, ns);
-    let _diagnose = Diagnose {
-        node,
-        ns,
-        redis: Some(&redis),
-    };
+    let _diagnose = Diagnose::chart(node, ns).with_redis(&redis);
     password_secret(node, ns, "rd-password", PASSWORD);
     let watch = RedisWatch::start(&redis, lock);
     install(
@@ -170,11 +133,11 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
             ("election.lease", lock.into()),
         ],
     );
-    let original = ready_pods(node, ns, release, 2, Duration::from_secs(120));
+    let original = ready_pods(node, ns, &instance(release), 2, Duration::from_secs(120));
     std::thread::sleep(Duration::from_secs(2));
     let leader = redis.holder(lock).holder;
     assert_eq!(
-        writers(&register, Duration::from_millis(1500)),
+        register.writers(Duration::from_millis(1500)),
         vec![leader.clone()],
         "one writer, the key's holder"
     );
@@ -249,7 +212,7 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
         "the key named another holder while the image was missing"
     );
     assert_eq!(redis.holder(lock).holder, leader, "the leader changed");
-    let gap = longest_gap(&during, Instant::now());
+    let gap = register.longest_gap(t_a, Instant::now());
     report.add(
         "missing image: longest gap between the leader's writes",
         secs(gap),
@@ -335,7 +298,7 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
         "the key named another holder after the wrong password"
     );
     assert_eq!(redis.holder(lock).holder, leader, "the leader changed");
-    let gap = longest_gap(&during, Instant::now());
+    let gap = register.longest_gap(t_b, Instant::now());
     report.add(
         "wrong Redis password: longest gap between the leader's writes",
         secs(gap),
@@ -350,10 +313,10 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
         None,
     )
     .expect_ok();
-    let _ = ready_pods(node, ns, release, 2, Duration::from_secs(90));
+    let _ = ready_pods(node, ns, &instance(release), 2, Duration::from_secs(90));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        writers(&register, Duration::from_millis(1500)),
+        register.writers(Duration::from_millis(1500)),
         vec![leader.clone()],
         "the leader still leads alone"
     );
@@ -386,11 +349,7 @@ fn rbac_without_update(node: &Node, report: &mut Report) {
     let lease = "shared";
     let register = Register::start(node);
     restricted_namespace(node, ns);
-    let _diagnose = Diagnose {
-        node,
-        ns,
-        redis: None,
-    };
+    let _diagnose = Diagnose::chart(node, ns);
     let role = serde_json::json!({
         "apiVersion": "v1", "kind": "List", "items": [
             {
@@ -431,7 +390,7 @@ fn rbac_without_update(node: &Node, report: &mut Report) {
         ],
     );
     let watch = LeaseWatch::start(node, ns, lease);
-    let keeper = ready_pods(node, ns, "keeper", 1, Duration::from_secs(120))
+    let keeper = ready_pods(node, ns, &instance("keeper"), 1, Duration::from_secs(120))
         .remove(0)
         .name;
     wait_for(Duration::from_secs(30), "keeper's first write", || {
@@ -482,11 +441,11 @@ fn rbac_without_update(node: &Node, report: &mut Report) {
         Duration::from_secs(90),
     );
     assert_eq!(
-        writers(&register, Duration::from_millis(1500)),
+        register.writers(Duration::from_millis(1500)),
         vec![keeper.clone()],
         "keeper leads alone"
     );
-    let gap = longest_gap(&register.since(t_c), Instant::now());
+    let gap = register.longest_gap(t_c, Instant::now());
     report.add(
         "Role without update: longest gap between keeper's writes during readonly's restarts",
         secs(gap),
@@ -603,7 +562,7 @@ fn rbac_without_update(node: &Node, report: &mut Report) {
         after.iter().all(|w| !w.accepted),
         "a write accepted after the leader stopped: {after:?}"
     );
-    let stale = node_support::accepted_stale(&register, &watch);
+    let stale = accepted_stale(&register, &watch);
     report.add(
         "accepted stale writes (Role without update)",
         stale.len().to_string(),

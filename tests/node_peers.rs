@@ -12,23 +12,24 @@
 mod node_support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use node_support::peers::{
-    self, Diagnose, Seen, Timings, Watch, apply, candidate_pid, first_new_term, freezer_dir,
-    import, last_accepted, lease, longest_gap, ready_pods, restricted_namespace, signal, writers,
+use node_support::chart::{
+    self, Diagnose, apply, assert_one_leader, install_args, pods, ready_pods, restricted_namespace,
 };
-use node_support::{LeaseWatch, Node, Register, accepted_stale, run, skip, tenure_pid, wait_for};
+use node_support::peers::{self, Timings, candidate_pid, import};
+use node_support::{
+    Attempt, LeaseWatch, Node, Register, Report, Seen, Watch, accepted_stale, freezer_dir, lease,
+    run, secs, signal, skip, tenure_pid, wait_for,
+};
 use serde_json::json;
 
 /// One node at a time in this process.
 static NODE_LOCK: Mutex<()> = Mutex::new(());
 
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
-}
+/// The label of every pod of these tests (their logs on a failure).
+const TEST_POD: &str = "tenure.dev/test-pod=true";
 
 // ---- 6. the kube_controller example as pods -----------------------------------------------
 
@@ -199,6 +200,8 @@ fn kube_controller_example_reconciles_as_pods_under_the_chart_rbac() {
     let _diagnose = Diagnose {
         node: &node,
         namespaces: vec![CTRL_NS.into()],
+        selector: TEST_POD,
+        redis: None,
     };
 
     // The chart gives the RBAC (and the fencing policy) only: it runs `tenure run -- COMMAND`
@@ -432,9 +435,9 @@ fn kube_controller_example_reconciles_as_pods_under_the_chart_rbac() {
 
 /// The timings of both releases (node_chart's).
 const TIMINGS: Timings = Timings {
-    lease: Duration::from_secs(4),
-    renew: Duration::from_secs(3),
-    retry: Duration::from_secs(1),
+    lease: chart::LEASE,
+    renew: chart::RENEW,
+    retry: chart::RETRY,
 };
 /// A generous liveness bound for a failover or a hand-off (both implementations): twice the
 /// lease and the retry (client-go jitters its retry up to 1.2x), plus room for a loaded
@@ -465,12 +468,13 @@ impl Peer {
     }
 
     /// The current leader's last write (pod, token), fresh.
-    fn leader(&self) -> node_support::Attempt {
+    fn leader(&self) -> Attempt {
         wait_for(
             Duration::from_secs(10),
             "a fresh write of the leader",
             || {
-                last_accepted(&self.register)
+                self.register
+                    .last_accepted()
                     .filter(|w| w.at.elapsed() < Duration::from_millis(500))
             },
         )
@@ -485,7 +489,7 @@ impl Peer {
         .unwrap_or_else(|| panic!("no elector process in {pod}"))
     }
 
-    fn ready(&self, node: &Node) -> Vec<peers::PodInfo> {
+    fn ready(&self, node: &Node) -> Vec<chart::PodInfo> {
         ready_pods(node, self.ns, self.selector, 2, Duration::from_secs(120))
     }
 
@@ -493,18 +497,13 @@ impl Peer {
     /// the Lease's token).
     fn assert_one_leader(&self, node: &Node) -> String {
         let _ = self.ready(node);
-        std::thread::sleep(Duration::from_secs(2));
-        let (holder, token) = lease(node, self.ns, self.lease);
-        let w = writers(&self.register, Duration::from_millis(1500));
-        assert_eq!(w, vec![holder.clone()], "one writer, the Lease's holder");
-        if self.kind == Kind::Tenure {
-            let last = self
-                .register
-                .last_from(&holder)
-                .unwrap_or_else(|| panic!("no write"));
-            assert_eq!(last.token, token, "the command's token is the Lease's");
-        }
-        holder
+        assert_one_leader(
+            node,
+            self.ns,
+            self.lease,
+            &self.register,
+            self.kind == Kind::Tenure,
+        )
     }
 }
 
@@ -520,11 +519,11 @@ struct Failover {
     new_at: Instant,
 }
 
-fn failover(peer: &Peer, old: &node_support::Attempt, t0: Instant) -> Failover {
+fn failover(peer: &Peer, old: &Attempt, t0: Instant) -> Failover {
     let new = wait_for(
         BOUND + Duration::from_secs(10),
         "a write of a later term",
-        || first_new_term(&peer.register, t0, old.token),
+        || peer.register.first_new_term(t0, old.token),
     );
     let to_write = new.at - t0;
     assert!(
@@ -578,73 +577,31 @@ impl Failover {
     }
 }
 
-/// The table: one row per measure, tenure / client-go / ratio.
-struct Report {
-    title: String,
-    rows: Vec<(String, Vec<String>)>,
-}
-
-impl Report {
-    fn new(title: &str) -> Self {
-        Report {
-            title: title.to_owned(),
-            rows: Vec::new(),
+/// A row of the table of the side-by-side test: medians of the samples (min-max when there
+/// are several) of tenure and client-go, and the ratio of medians.
+fn compare(report: &mut Report, what: &str, tenure: &[Duration], clientgo: &[Duration]) {
+    let median = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v.get(v.len() / 2).copied()
+    };
+    let show = |v: &[Duration]| match (median(v), v.iter().min(), v.iter().max()) {
+        (Some(m), Some(lo), Some(hi)) if v.len() > 1 => format!(
+            "{} ({:.2}-{:.2})",
+            secs(m),
+            lo.as_secs_f64(),
+            hi.as_secs_f64()
+        ),
+        (Some(m), _, _) => secs(m),
+        _ => "-".to_owned(),
+    };
+    let ratio = match (median(tenure), median(clientgo)) {
+        (Some(t), Some(c)) if !c.is_zero() => {
+            format!("{:.2}", t.as_secs_f64() / c.as_secs_f64())
         }
-    }
-
-    fn row(&mut self, what: &str, values: &[String]) {
-        println!("MEASURED {what}: {}", values.join(" | "));
-        self.rows.push((what.to_owned(), values.to_vec()));
-    }
-
-    /// Medians of the samples (min-max when there are several), and the ratio of medians.
-    fn compare(&mut self, what: &str, tenure: &[Duration], clientgo: &[Duration]) {
-        let median = |v: &[Duration]| {
-            let mut v = v.to_vec();
-            v.sort();
-            v.get(v.len() / 2).copied()
-        };
-        let show = |v: &[Duration]| match (median(v), v.iter().min(), v.iter().max()) {
-            (Some(m), Some(lo), Some(hi)) if v.len() > 1 => format!(
-                "{} ({:.2}-{:.2})",
-                secs(m),
-                lo.as_secs_f64(),
-                hi.as_secs_f64()
-            ),
-            (Some(m), _, _) => secs(m),
-            _ => "-".to_owned(),
-        };
-        let ratio = match (median(tenure), median(clientgo)) {
-            (Some(t), Some(c)) if !c.is_zero() => {
-                format!("{:.2}", t.as_secs_f64() / c.as_secs_f64())
-            }
-            _ => "-".to_owned(),
-        };
-        self.row(what, &[show(tenure), show(clientgo), ratio]);
-    }
-
-    fn print(&self) {
-        let width = self.rows.iter().map(|(w, _)| w.len()).max().unwrap_or(0);
-        let mut s = format!("\n== {}\n", self.title);
-        for (w, v) in &self.rows {
-            let _ = writeln!(s, "| {w:<width$} | {} |", v.join(" | "));
-        }
-        println!("{s}");
-    }
-}
-
-/// The writer command of the chart's release (node_chart's).
-fn tenure_command(register: &Register) -> String {
-    json!([
-        "sh",
-        "-c",
-        format!(
-            "while true; do printf 'GET /w?pod=%s&token=%s HTTP/1.0\\r\\n\\r\\n' \"$TENURE_IDENTITY\" \"$TENURE_FENCING_TOKEN\" | nc -w 2 {} {} >/dev/null; sleep 0.1; done",
-            node_support::NODE_IP,
-            register.port
-        )
-    ])
-    .to_string()
+        _ => "-".to_owned(),
+    };
+    report.row(what, &[show(tenure), show(clientgo), ratio]);
 }
 
 /// Samples of one measure per implementation ([tenure, client-go]).
@@ -670,7 +627,7 @@ struct Round {
 
 fn rollout_restart(node: &Node, peer: &Peer) -> (Duration, usize, Duration) {
     let t0 = Instant::now();
-    let before = last_accepted(&peer.register).map_or(0, |w| w.token);
+    let before = peer.register.last_accepted().map_or(0, |w| w.token);
     let target = format!("deployment/{}", peer.deployment);
     run(
         node.kubectl()
@@ -693,7 +650,7 @@ fn rollout_restart(node: &Node, peer: &Peer) -> (Duration, usize, Duration) {
     let _ = peer.ready(node);
     std::thread::sleep(Duration::from_secs(1));
     let t1 = Instant::now();
-    let gap = longest_gap(&peer.register, t0, t1);
+    let gap = peer.register.longest_gap(t0, t1);
     let terms: BTreeSet<u64> = peer
         .register
         .since(t0)
@@ -738,7 +695,11 @@ fn round(node: &Node, peers: [&Peer; 2], r: &mut Round) {
         let t0 = Instant::now();
         signal(pid, libc::SIGKILL);
         let f = failover(peer, &old, t0);
-        if last_accepted(&peer.register).is_some_and(|w| w.pod == old.pod) {
+        if peer
+            .register
+            .last_accepted()
+            .is_some_and(|w| w.pod == old.pod)
+        {
             r.kill_same_pod[i] += 1;
         }
         r.kill.0[i].push(f.to_write);
@@ -749,7 +710,7 @@ fn round(node: &Node, peers: [&Peer; 2], r: &mut Round) {
     // Freeze the leader pod (freezer cgroup) until the next term writes, then thaw it.
     for (i, peer) in peers.iter().enumerate() {
         let old = peer.leader();
-        let uid = peers::pods(node, peer.ns, peer.selector)
+        let uid = pods(node, peer.ns, peer.selector)
             .into_iter()
             .find(|p| p.name == old.pod)
             .map(|p| p.uid)
@@ -840,38 +801,20 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
     let _diagnose = Diagnose {
         node: &node,
         namespaces: vec![tenure.ns.into(), clientgo.ns.into()],
+        selector: TEST_POD,
+        redis: None,
     };
     tenure.watch = Some(LeaseWatch::start(&node, tenure.ns, tenure.lease));
     clientgo.watch = Some(LeaseWatch::start(&node, clientgo.ns, clientgo.lease));
 
     // Install: the chart (tenure run -- a writer), and client-go's Deployment.
     let t0 = Instant::now();
-    let s = |d: Duration| format!("{}s", d.as_secs());
-    run(
-        node.helm().args([
-            "install",
-            "tenure",
-            &node_support::chart().display().to_string(),
-            "-n",
-            tenure.ns,
-            "--set",
-            &format!("election.leaseDuration={}", s(TIMINGS.lease)),
-            "--set",
-            &format!("election.renewDeadline={}", s(TIMINGS.renew)),
-            "--set",
-            &format!("election.retryPeriod={}", s(TIMINGS.retry)),
-            "--set",
-            "election.grace=1s",
-            "--set",
-            "readinessProbe.periodSeconds=2",
-            "--set-json",
-            &format!("command={}", tenure_command(&tenure.register)),
-            "--set-string",
-            "podLabels.tenure\\.dev/test-pod=true",
-        ]),
-        None,
-    )
-    .expect_ok();
+    let mut args = install_args("tenure", tenure.ns, &tenure.register, &[]);
+    args.extend([
+        "--set-string".into(),
+        "podLabels.tenure\\.dev/test-pod=true".into(),
+    ]);
+    run(node.helm().args(&args), None).expect_ok();
     let first_t = wait_for(Duration::from_secs(90), "tenure's first write", || {
         tenure.register.first_from_other(t0, "")
     });
@@ -890,7 +833,8 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
     let first_c = wait_for(Duration::from_secs(90), "client-go's first write", || {
         clientgo.register.first_from_other(t1, "")
     });
-    report.compare(
+    compare(
+        &mut report,
         "install (helm / kubectl apply) -> first leading write",
         &[first_t.at - t0],
         &[first_c.at - t1],
@@ -905,17 +849,20 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
     for _ in 0..rounds {
         round(&node, [&tenure, &clientgo], &mut r);
     }
-    report.compare(
+    compare(
+        &mut report,
         "leader pod deleted -> first write of the next term",
         &r.delete.0[0],
         &r.delete.0[1],
     );
-    report.compare(
+    compare(
+        &mut report,
         "leader pod deleted -> Lease names the successor",
         &r.delete_grant.0[0],
         &r.delete_grant.0[1],
     );
-    report.compare(
+    compare(
+        &mut report,
         "leader process SIGKILLed -> first write of the next term",
         &r.kill.0[0],
         &r.kill.0[1],
@@ -928,7 +875,8 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
             "-".into(),
         ],
     );
-    report.compare(
+    compare(
+        &mut report,
         "leader pod frozen -> first write of the next term",
         &r.freeze.0[0],
         &r.freeze.0[1],
@@ -944,7 +892,8 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
         "  thawed old leader: stale write attempts / longest after the thaw",
         &[thawed(&r.thawed[0]), thawed(&r.thawed[1]), "-".into()],
     );
-    report.compare(
+    compare(
+        &mut report,
         "rollout restart: longest gap between accepted writes",
         &r.rollout_gap.0[0],
         &r.rollout_gap.0[1],

@@ -15,18 +15,15 @@ mod node_support;
 
 use std::time::{Duration, Instant};
 
-use node_support::redis::{
-    Diagnose, RedisServer, RedisWatch, Report, accepted_stale, password_secret, pods, ready_pods,
-    restricted_namespace, secs, sets, writer_command, writers,
+use node_support::chart::{
+    Diagnose, LEASE, RENEW, RETRY, SLACK, delete_leader, freeze_tenure, install, instance,
+    password_secret, pods, ready_pods, restricted_namespace,
 };
-use node_support::{Node, Register, command_pids, run, skip, tenure_pid, wait_for};
-
-/// The same timings as `tests/node_chart.rs`: short, so failovers are quick.
-const LEASE: Duration = Duration::from_secs(4);
-const RENEW: Duration = Duration::from_secs(3);
-const RETRY: Duration = Duration::from_secs(1);
-/// Room above lease + retry for a loaded 2-core machine (the same as node_chart's).
-const SLACK: Duration = Duration::from_millis(2500);
+use node_support::redis::{RedisServer, RedisWatch};
+use node_support::{
+    Node, Register, Report, accepted_stale, command_pids, nft, run, secs, skip, takeover,
+    tenure_pid, wait_for,
+};
 
 const NS: &str = "redis";
 const RELEASE: &str = "tenure";
@@ -35,32 +32,16 @@ const LOCK: &str = "tenure";
 const USER: &str = "tenure";
 const PASSWORD: &str = "node-redis-pw-93c7";
 
-fn install_args(register: &Register, redis: &RedisServer) -> Vec<String> {
-    let mut args = vec![
-        "install".to_owned(),
-        RELEASE.into(),
-        node_support::chart().display().to_string(),
-        "-n".into(),
-        NS.into(),
-    ];
-    args.extend(sets(&[
+/// The release's values besides the tests' timings and writer.
+fn extra(redis: &RedisServer) -> Vec<(&'static str, String)> {
+    vec![
         ("backend.type", "redis".into()),
         ("backend.redis.url", redis.url()),
         ("backend.redis.username", USER.into()),
         ("backend.redis.passwordSecret.name", "redis-password".into()),
-        ("election.leaseDuration", format!("{}s", LEASE.as_secs())),
-        ("election.renewDeadline", format!("{}s", RENEW.as_secs())),
-        ("election.retryPeriod", format!("{}s", RETRY.as_secs())),
-        ("election.grace", "1s".into()),
         // The Election resource works with any backend: `kubectl get elections` must agree.
         ("election.publishStatus", "true".into()),
-        ("readinessProbe.periodSeconds", "2".into()),
-    ]));
-    args.extend([
-        "--set-json".into(),
-        format!("command={}", writer_command(register)),
-    ]);
-    args
+    ]
 }
 
 /// Exactly one pod writes, and it is the key's holder with the key's token; `tenure status`
@@ -68,19 +49,7 @@ fn install_args(register: &Register, redis: &RedisServer) -> Vec<String> {
 fn assert_one_leader(node: &Node, register: &Register, redis: &RedisServer) -> String {
     std::thread::sleep(Duration::from_secs(2));
     let key = redis.holder(LOCK);
-    let w = writers(register, Duration::from_millis(1500));
-    assert_eq!(
-        w,
-        vec![key.holder.clone()],
-        "one writer, the Redis key's holder"
-    );
-    let last = register
-        .last_from(&key.holder)
-        .unwrap_or_else(|| panic!("no write"));
-    assert_eq!(
-        last.token, key.token,
-        "the command's TENURE_FENCING_TOKEN is the key's"
-    );
+    register.assert_sole_writer(&key.holder, Some(key.token), "the Redis key's");
     let status = redis.tenure_status(LOCK);
     assert_eq!(
         status["holder"],
@@ -105,48 +74,12 @@ fn assert_one_leader(node: &Node, register: &Register, redis: &RedisServer) -> S
     key.holder
 }
 
-/// A takeover: when the key named the successor, the old leader's last write, the
-/// successor's first.
-struct Takeover {
-    granted: Instant,
-    old_last: Option<Instant>,
-    new_first: Instant,
-    new_leader: String,
-}
-
-fn takeover(
-    register: &Register,
-    watch: &RedisWatch,
-    since: Instant,
-    old: &str,
-    within: Duration,
-) -> Takeover {
-    let new = wait_for(within, "a write from a new leader", || {
-        register.first_from_other(since, old)
-    });
-    let granted = wait_for(Duration::from_secs(5), "the grant in the Redis key", || {
-        watch.granted_after(since, old)
-    });
-    Takeover {
-        granted: granted.at,
-        old_last: register.last_from(old).map(|w| w.at),
-        new_first: new.at,
-        new_leader: new.pod,
-    }
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on a pid we looked up.
-    let rc = unsafe { libc::kill(pid as i32, sig) };
-    assert_eq!(rc, 0, "kill {pid}: {}", std::io::Error::last_os_error());
-}
-
 #[test]
 fn chart_pods_on_a_real_node_with_redis() {
     if skip("chart_pods_on_a_real_node_with_redis") {
         return;
     }
-    let mut report = Report::new("node_redis");
+    let mut report = Report::new("node_redis measurements");
     let node = Node::start();
     report.add(
         "node start (launcher to Ready node)",
@@ -158,15 +91,11 @@ fn chart_pods_on_a_real_node_with_redis() {
 
     // ---- 1. install with the Redis backend into a restricted namespace ---------------------
     restricted_namespace(&node, NS);
-    let _diagnose = Diagnose {
-        node: &node,
-        ns: NS,
-        redis: Some(&redis),
-    };
+    let _diagnose = Diagnose::chart(&node, NS).with_redis(&redis);
     password_secret(&node, NS, "redis-password", PASSWORD);
     let watch = RedisWatch::start(&redis, LOCK);
     let installed = Instant::now();
-    run(node.helm().args(install_args(&register, &redis)), None).expect_ok();
+    install(&node, RELEASE, NS, &register, &extra(&redis));
     let first = wait_for(Duration::from_secs(90), "the first leader's write", || {
         register.first_from_other(installed, "")
     });
@@ -174,7 +103,7 @@ fn chart_pods_on_a_real_node_with_redis() {
         "helm install -> first leading command's write (Redis)",
         secs(first.at - installed),
     );
-    let p = ready_pods(&node, NS, RELEASE, 2, Duration::from_secs(90));
+    let p = ready_pods(&node, NS, &instance(RELEASE), 2, Duration::from_secs(90));
     report.add(
         "helm install -> both pods Ready (Redis)",
         secs(installed.elapsed()),
@@ -203,30 +132,8 @@ fn chart_pods_on_a_real_node_with_redis() {
     }
 
     // ---- 2. delete the leader pod ---------------------------------------------------------
-    let t0 = Instant::now();
-    run(
-        node.kubectl()
-            .args(["delete", "pod", "-n", NS, &leader, "--wait=false"]),
-        None,
-    )
-    .expect_ok();
-    let t = takeover(
-        &register,
-        &watch,
-        t0,
-        &leader,
-        bound + Duration::from_secs(5),
-    );
-    report.add(
-        "failover, leader pod deleted (delete -> successor's first write)",
-        secs(t.new_first - t0),
-    );
-    assert!(t.new_first - t0 <= bound, "failover within lease + retry");
-    assert!(
-        t.old_last.is_none_or(|l| l < t.granted),
-        "the old command wrote after the successor's grant"
-    );
-    let _ = ready_pods(&node, NS, RELEASE, 2, Duration::from_secs(60));
+    let t = delete_leader(&node, NS, &leader, &register, &watch, bound, &mut report);
+    let _ = ready_pods(&node, NS, &instance(RELEASE), 2, Duration::from_secs(60));
     let leader = assert_one_leader(&node, &register, &redis);
     assert_eq!(
         leader, t.new_leader,
@@ -234,41 +141,9 @@ fn chart_pods_on_a_real_node_with_redis() {
     );
 
     // ---- 3. freeze tenure in the leader's container ---------------------------------------
-    let tpid = tenure_pid(&leader).unwrap_or_else(|| panic!("no tenure in {leader}"));
-    assert!(
-        !command_pids(&leader).is_empty(),
-        "the leader's command runs before the freeze"
-    );
-    let t0 = Instant::now();
-    signal(tpid, libc::SIGSTOP);
-    let t = takeover(
-        &register,
-        &watch,
-        t0,
-        &leader,
-        bound + Duration::from_secs(5),
-    );
-    let killed = command_pids(&leader).is_empty();
-    signal(tpid, libc::SIGCONT);
-    report.add(
-        "failover, tenure frozen (SIGSTOP -> successor's first write)",
-        secs(t.new_first - t0),
-    );
-    let old_last = t.old_last.unwrap_or(t0);
-    report.add(
-        "  frozen leader's last write before the successor's grant by",
-        secs(t.granted.saturating_duration_since(old_last)),
-    );
+    let (t0, t) = freeze_tenure(&leader, &register, &watch, bound, &mut report);
     assert!(t.new_first - t0 <= bound, "failover within lease + retry");
-    assert!(
-        old_last < t.granted,
-        "the frozen leader's command wrote after the successor's grant"
-    );
-    assert!(
-        killed,
-        "the frozen tenure's command still runs after the successor leads"
-    );
-    let _ = ready_pods(&node, NS, RELEASE, 2, Duration::from_secs(60));
+    let _ = ready_pods(&node, NS, &instance(RELEASE), 2, Duration::from_secs(60));
     let leader = assert_one_leader(&node, &register, &redis);
     assert_eq!(leader, t.new_leader);
 
@@ -283,17 +158,8 @@ fn chart_pods_on_a_real_node_with_redis() {
         node_support::NODE_IP,
         redis.port
     );
-    let nft = |args: &[&str], input: Option<&str>| {
-        run(
-            std::process::Command::new("nsenter")
-                .args(["-t", &tpid.to_string(), "-n", "--", "nft"])
-                .args(args),
-            input,
-        )
-        .expect_ok()
-    };
     let t0 = Instant::now();
-    nft(&["-f", "-"], Some(&rules));
+    nft(tpid, &["-f", "-"], Some(&rules));
     let t = takeover(
         &register,
         &watch,
@@ -325,14 +191,14 @@ fn chart_pods_on_a_real_node_with_redis() {
         old_last < t.granted,
         "the partitioned leader's command wrote after the successor's grant"
     );
-    nft(&["delete", "table", "inet", "partition"], None);
+    nft(tpid, &["delete", "table", "inet", "partition"], None);
     std::thread::sleep(LEASE);
     let healed = assert_one_leader(&node, &register, &redis);
     assert_eq!(
         healed, t.new_leader,
         "after healing the successor still leads alone"
     );
-    let _ = ready_pods(&node, NS, RELEASE, 2, Duration::from_secs(60));
+    let _ = ready_pods(&node, NS, &instance(RELEASE), 2, Duration::from_secs(60));
 
     let stale = accepted_stale(&register, &watch);
     report.add(
@@ -354,10 +220,7 @@ fn chart_pods_on_a_real_node_with_redis() {
     .expect_ok();
     // Gone, not only being deleted: the leader releases the lock as it stops.
     wait_for(Duration::from_secs(60), "the pods gone", || {
-        pods(&node, NS)
-            .iter()
-            .all(|p| p.instance != RELEASE)
-            .then_some(())
+        pods(&node, NS, &instance(RELEASE)).is_empty().then_some(())
     });
     let key = redis.holder(LOCK);
     assert_eq!(

@@ -1,22 +1,27 @@
 //! The node tests' harness: a real single-node Kubernetes (`e2e/node`: apiserver,
 //! controller-manager, scheduler, containerd, kubelet inside namespaces the launcher creates)
 //! with the repository's images imported, helm and kubectl, a fenced register the pods write
-//! to, and the processes of the pods as the host sees them.
+//! to, the terms of a lock as a watch sees them (a Lease's with kubectl; kubectl watches of
+//! any list), the measurements' report, and the processes (and freezer cgroups) of the pods as
+//! the host sees them. The chart's releases and their pods are [`chart`]'s, Redis is
+//! [`redis`]'s, the peer implementations' images and Deployments are [`peers`]'.
 //!
 //! The suite runs only when `TENURE_NODE_TENURE_BIN` names the static musl `tenure` (what
 //! `scripts/test.sh` sets after building it); otherwise every test prints why it skips.
 
 #![allow(dead_code)]
 
+pub mod chart;
 pub mod peers;
 pub mod redis;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -418,6 +423,45 @@ pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<
     }
 }
 
+/// The measurements: each printed as it comes (`MEASURED what: values`), and all as a table
+/// at the end.
+pub struct Report {
+    title: String,
+    rows: Vec<(String, Vec<String>)>,
+}
+
+impl Report {
+    pub fn new(title: &str) -> Self {
+        Report {
+            title: title.to_owned(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn add(&mut self, what: &str, value: String) {
+        self.row(what, &[value]);
+    }
+
+    pub fn row(&mut self, what: &str, values: &[String]) {
+        println!("MEASURED {what}: {}", values.join(" | "));
+        self.rows.push((what.to_owned(), values.to_vec()));
+    }
+
+    pub fn print(&self) {
+        use std::fmt::Write as _;
+        let width = self.rows.iter().map(|(w, _)| w.len()).max().unwrap_or(0);
+        let mut s = format!("\n== {}\n", self.title);
+        for (w, v) in &self.rows {
+            let _ = writeln!(s, "| {w:<width$} | {} |", v.join(" | "));
+        }
+        println!("{s}");
+    }
+}
+
+pub fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
 // ---- the fenced register -----------------------------------------------------------------
 
 /// One write a pod's command sent.
@@ -491,6 +535,62 @@ impl Register {
     pub fn refused(&self) -> usize {
         self.snapshot().iter().filter(|w| !w.accepted).count()
     }
+
+    /// The last accepted write: the current leader's pod and token.
+    pub fn last_accepted(&self) -> Option<Attempt> {
+        self.snapshot().into_iter().rev().find(|w| w.accepted)
+    }
+
+    /// The first write taken after `since` of a term later than `token` (a higher token).
+    pub fn first_new_term(&self, since: Instant, token: u64) -> Option<Attempt> {
+        self.since(since)
+            .into_iter()
+            .find(|w| w.accepted && w.token > token)
+    }
+
+    /// The pods whose writes the register accepted in the last `window`.
+    pub fn writers(&self, window: Duration) -> Vec<String> {
+        let mut w: Vec<String> = self
+            .since(Instant::now() - window)
+            .into_iter()
+            .filter(|w| w.accepted)
+            .map(|w| w.pod)
+            .collect();
+        w.sort();
+        w.dedup();
+        w
+    }
+
+    /// The longest time between two accepted writes in `[from, to]` (the edges count: a
+    /// stretch without a write at either end is a gap too).
+    pub fn longest_gap(&self, from: Instant, to: Instant) -> Duration {
+        let mut at: Vec<Instant> = self
+            .since(from)
+            .into_iter()
+            .filter(|w| w.accepted && w.at <= to)
+            .map(|w| w.at)
+            .collect();
+        at.insert(0, from);
+        at.push(to);
+        at.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
+    }
+
+    /// Exactly one pod wrote in the last 1.5 s, `holder` (the lock's, as `whose` names it:
+    /// "the Lease's"); with `token`, its last write carried that token.
+    pub fn assert_sole_writer(&self, holder: &str, token: Option<u64>, whose: &str) {
+        assert_eq!(
+            self.writers(Duration::from_millis(1500)),
+            vec![holder.to_owned()],
+            "one writer, {whose} holder"
+        );
+        if let Some(token) = token {
+            let last = self.last_from(holder).unwrap_or_else(|| panic!("no write"));
+            assert_eq!(
+                last.token, token,
+                "the command's TENURE_FENCING_TOKEN is {whose}"
+            );
+        }
+    }
 }
 
 fn serve(mut conn: TcpStream, writes: &Mutex<Vec<Attempt>>) {
@@ -551,40 +651,142 @@ fn serve(mut conn: TcpStream, writes: &Mutex<Vec<Attempt>>) {
     let _ = conn.take(0).read_to_end(&mut rest);
 }
 
-// ---- the Lease, watched ------------------------------------------------------------------
+// ---- terms of a lock, watched ------------------------------------------------------------
 
-/// A change of the Lease as the watch saw it.
+/// A term as a watch of the lock saw it: its holder (empty: none) and fencing token, from the
+/// instant it was first seen.
 #[derive(Clone, Debug)]
-pub struct LeaseEvent {
+pub struct TermEvent {
     pub at: Instant,
     pub holder: String,
     pub token: u64,
 }
 
-/// `kubectl get lease -w` in the background: every version of the Lease with its arrival time.
-/// kubectl is started again whenever it exits (a watch the server ends, a Lease not there
-/// yet) until this is dropped.
-pub struct LeaseWatch {
-    pub events: Arc<Mutex<Vec<LeaseEvent>>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    pid: Arc<std::sync::atomic::AtomicU32>,
+/// Every change of holder or token a watch of a lock saw ([`LeaseWatch`] for a Lease,
+/// [`redis::RedisWatch`] for a Redis key), in order.
+#[derive(Clone, Default)]
+pub struct Terms(Arc<Mutex<Vec<TermEvent>>>);
+
+impl Terms {
+    pub fn snapshot(&self) -> Vec<TermEvent> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Keeps (`holder`, `token`), seen now, if it differs from the last one kept.
+    pub fn record(&self, holder: String, token: u64) {
+        let mut e = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if e.last()
+            .is_none_or(|l| l.holder != holder || l.token != token)
+        {
+            e.push(TermEvent {
+                at: Instant::now(),
+                holder,
+                token,
+            });
+        }
+    }
+
+    /// The last token seen (0 before any).
+    pub fn last_token(&self) -> u64 {
+        self.snapshot().last().map_or(0, |l| l.token)
+    }
+
+    /// The first time the lock named a holder other than `not` (non-empty) after `since`.
+    pub fn granted_after(&self, since: Instant, not: &str) -> Option<TermEvent> {
+        self.snapshot()
+            .into_iter()
+            .find(|e| e.at >= since && !e.holder.is_empty() && e.holder != not)
+    }
+
+    /// The lock's token at instant `at` (the last change seen before it).
+    pub fn token_at(&self, at: Instant) -> u64 {
+        self.snapshot()
+            .into_iter()
+            .rev()
+            .find(|e| e.at <= at)
+            .map(|e| e.token)
+            .unwrap_or(0)
+    }
+
+    /// Every holder the lock named after `since`.
+    pub fn holders_since(&self, since: Instant) -> Vec<String> {
+        let mut h: Vec<String> = self
+            .snapshot()
+            .into_iter()
+            .filter(|e| e.at >= since && !e.holder.is_empty())
+            .map(|e| e.holder)
+            .collect();
+        h.dedup();
+        h
+    }
 }
 
-impl LeaseWatch {
-    pub fn start(node: &Node, ns: &str, lease: &str) -> Self {
-        use std::sync::atomic::Ordering;
-        let events: Arc<Mutex<Vec<LeaseEvent>>> = Arc::default();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let (ev, st, pd) = (events.clone(), stop.clone(), pid.clone());
+/// Writes the register accepted although the lock already named a later term when they
+/// arrived: the stale writes a fence must prevent (goal: none).
+pub fn accepted_stale(register: &Register, terms: &Terms) -> Vec<Attempt> {
+    register
+        .snapshot()
+        .into_iter()
+        .filter(|w| w.accepted && w.token < terms.token_at(w.at))
+        .collect()
+}
+
+/// A takeover: when the successor was granted (the lock's watch), the old leader's last
+/// write, the successor's first.
+pub struct Takeover {
+    pub granted: Instant,
+    pub old_last: Option<Instant>,
+    pub new_first: Instant,
+    pub new_leader: String,
+}
+
+/// Waits up to `within` for an accepted write after `since` from a pod other than `old`, then
+/// (5 s) for the watch's grant to a holder other than `old`.
+pub fn takeover(
+    register: &Register,
+    terms: &Terms,
+    since: Instant,
+    old: &str,
+    within: Duration,
+) -> Takeover {
+    let new = wait_for(within, "a write from a new leader", || {
+        register.first_from_other(since, old)
+    });
+    let granted = wait_for(
+        Duration::from_secs(5),
+        "the grant on the lock's watch",
+        || terms.granted_after(since, old),
+    );
+    Takeover {
+        granted: granted.at,
+        old_last: register.last_from(old).map(|w| w.at),
+        new_first: new.at,
+        new_leader: new.pod,
+    }
+}
+
+// ---- kubectl watches -------------------------------------------------------------------------
+
+/// `kubectl ARGS` (a `-w -o json` watch) in the background, started again whenever kubectl
+/// exits (a watch the server ends, an object not there yet), every object it prints handed to
+/// `each`, until dropped.
+struct Follow {
+    stop: Arc<AtomicBool>,
+    pid: Arc<AtomicU32>,
+}
+
+impl Follow {
+    fn start(node: &Node, args: Vec<String>, mut each: impl FnMut(Value) + Send + 'static) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let pid = Arc::new(AtomicU32::new(0));
+        let (st, pd) = (stop.clone(), pid.clone());
         let kubeconfig = node.kubeconfig();
-        let (ns, lease) = (ns.to_owned(), lease.to_owned());
         std::thread::spawn(move || {
             while !st.load(Ordering::SeqCst) {
                 let Ok(mut child) = Command::new(kubectl())
                     .arg("--kubeconfig")
                     .arg(&kubeconfig)
-                    .args(["get", "lease", &lease, "-n", &ns, "-w", "-o", "json"])
+                    .args(&args)
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null())
@@ -597,7 +799,7 @@ impl LeaseWatch {
                     let stream = serde_json::Deserializer::from_reader(stdout).into_iter::<Value>();
                     for v in stream {
                         let Ok(v) = v else { break };
-                        record(&ev, &v);
+                        each(v);
                     }
                 }
                 let _ = child.kill();
@@ -605,37 +807,12 @@ impl LeaseWatch {
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
-        LeaseWatch { events, stop, pid }
-    }
-
-    pub fn snapshot(&self) -> Vec<LeaseEvent> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// The first time the Lease showed a holder other than `not` (non-empty) after `since`.
-    pub fn granted_after(&self, since: Instant, not: &str) -> Option<LeaseEvent> {
-        self.snapshot()
-            .into_iter()
-            .find(|e| e.at >= since && !e.holder.is_empty() && e.holder != not)
-    }
-
-    /// The Lease's token at instant `at` (the last event before it).
-    pub fn token_at(&self, at: Instant) -> u64 {
-        self.snapshot()
-            .into_iter()
-            .rev()
-            .find(|e| e.at <= at)
-            .map(|e| e.token)
-            .unwrap_or(0)
+        Follow { stop, pid }
     }
 }
 
-impl Drop for LeaseWatch {
+impl Drop for Follow {
     fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
         self.stop.store(true, Ordering::SeqCst);
         let pid = self.pid.load(Ordering::SeqCst);
         if pid != 0 {
@@ -645,35 +822,126 @@ impl Drop for LeaseWatch {
     }
 }
 
-fn record(events: &Mutex<Vec<LeaseEvent>>, v: &Value) {
-    let holder = v["spec"]["holderIdentity"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let token = v["metadata"]["annotations"]["tenure.dev/fencing"]
-        .as_str()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0);
-    let mut e = events.lock().unwrap_or_else(|p| p.into_inner());
-    if e.last()
-        .is_none_or(|l: &LeaseEvent| l.holder != holder || l.token != token)
-    {
-        e.push(LeaseEvent {
-            at: Instant::now(),
-            holder,
-            token,
+/// `kubectl get lease -w` in the background: every term of the Lease (holder, `tenure.dev/fencing`
+/// token) with its arrival time, until dropped.
+pub struct LeaseWatch {
+    terms: Terms,
+    _kubectl: Follow,
+}
+
+impl LeaseWatch {
+    pub fn start(node: &Node, ns: &str, lease: &str) -> Self {
+        let terms = Terms::default();
+        let t = terms.clone();
+        let args = ["get", "lease", lease, "-n", ns, "-w", "-o", "json"]
+            .map(str::to_owned)
+            .to_vec();
+        let kubectl = Follow::start(node, args, move |v| {
+            let (holder, token) = lease_term(&v);
+            t.record(holder, token);
         });
+        LeaseWatch {
+            terms,
+            _kubectl: kubectl,
+        }
     }
 }
 
-/// Writes the register accepted although the Lease already named a later term when they
-/// arrived: the stale writes a fence must prevent (goal: none).
-pub fn accepted_stale(register: &Register, watch: &LeaseWatch) -> Vec<Attempt> {
-    register
-        .snapshot()
-        .into_iter()
-        .filter(|w| w.accepted && w.token < watch.token_at(w.at))
-        .collect()
+impl std::ops::Deref for LeaseWatch {
+    type Target = Terms;
+
+    fn deref(&self) -> &Terms {
+        &self.terms
+    }
+}
+
+/// (holder, `tenure.dev/fencing` token or 0) of a Lease object.
+fn lease_term(v: &Value) -> (String, u64) {
+    (
+        v["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        v["metadata"]["annotations"]["tenure.dev/fencing"]
+            .as_str()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0),
+    )
+}
+
+/// (holder, `tenure.dev/fencing` token or 0) of the Lease as it is now (empty and 0 if there
+/// is none).
+pub fn lease(node: &Node, ns: &str, name: &str) -> (String, u64) {
+    let out = run(
+        node.kubectl()
+            .args(["get", "lease", name, "-n", ns, "-o", "json"]),
+        None,
+    );
+    if !out.ok {
+        return (String::new(), 0);
+    }
+    lease_term(&serde_json::from_str(&out.stdout).unwrap_or_default())
+}
+
+/// One version of an object as `kubectl get -w` delivered it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub at: Instant,
+    pub object: Value,
+}
+
+impl Seen {
+    pub fn name(&self) -> &str {
+        self.object["metadata"]["name"].as_str().unwrap_or_default()
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.object["metadata"]["annotations"][key].as_str()
+    }
+}
+
+/// `kubectl get KIND -n NS [-l SELECTOR] -w -o json` in the background: every distinct
+/// version (by uid and resourceVersion) with its arrival time, until dropped.
+pub struct Watch {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    _kubectl: Follow,
+}
+
+impl Watch {
+    pub fn start(node: &Node, ns: &str, kind: &str, selector: &str) -> Self {
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let sn = seen.clone();
+        let mut args = ["get", kind, "-n", ns, "-w", "-o", "json"]
+            .map(str::to_owned)
+            .to_vec();
+        if !selector.is_empty() {
+            args.extend(["-l".to_owned(), selector.to_owned()]);
+        }
+        let mut versions = BTreeSet::new();
+        let kubectl = Follow::start(node, args, move |v| {
+            let key = (
+                v["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                v["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+            if versions.insert(key) {
+                sn.lock().unwrap_or_else(|p| p.into_inner()).push(Seen {
+                    at: Instant::now(),
+                    object: v,
+                });
+            }
+        });
+        Watch {
+            seen,
+            _kubectl: kubectl,
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 // ---- processes of the pods, as the host sees them -----------------------------------------
@@ -735,4 +1003,40 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// `nft ARGS` (its rules on stdin with `input`) in the network namespace of `pid`: a pod's.
+pub fn nft(pid: u32, args: &[&str], input: Option<&str>) -> String {
+    run(
+        Command::new("nsenter")
+            .args(["-t", &pid.to_string(), "-n", "--", "nft"])
+            .args(args),
+        input,
+    )
+    .expect_ok()
+}
+
+/// Sends `sig` to `pid`.
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a pid we looked up.
+    let rc = unsafe { libc::kill(pid as i32, sig) };
+    assert_eq!(rc, 0, "kill {pid}: {}", std::io::Error::last_os_error());
+}
+
+/// The pod's cgroup directory in the freezer hierarchy.
+pub fn freezer_dir(node: &Node, uid: &str) -> PathBuf {
+    let root = PathBuf::from("/sys/fs/cgroup/freezer").join(node.cgroup_root());
+    let want = format!("pod{uid}");
+    let mut stack = vec![root];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                if e.file_name().to_string_lossy() == want {
+                    return e.path();
+                }
+                stack.push(e.path());
+            }
+        }
+    }
+    panic!("no freezer cgroup for pod {uid}")
 }

@@ -1,9 +1,7 @@
-//! Redis for the node tests, and the chart-release helpers `tests/node_redis.rs` and
-//! `tests/node_bad_input.rs` share: a `redis-server` started inside the node's network
-//! namespace (pods reach it on the node's address; nothing of it is on the host's network),
-//! a small RESP client that connects from inside that namespace, a watch of a lock's key
-//! (every grant and release with its arrival time, like [`super::LeaseWatch`] for a Lease),
-//! and the pods, logs and container states of a release.
+//! Redis for the node tests: a `redis-server` started inside the node's network namespace
+//! (pods reach it on the node's address; nothing of it is on the host's network), a small RESP
+//! client that connects from inside that namespace, and a watch of a lock's key (every grant
+//! and release with its arrival time: [`super::Terms`], as [`super::LeaseWatch`] for a Lease).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -11,13 +9,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{Attempt, NODE_IP, Node, Register, fresh_dir, run, tail, wait_for};
+use super::{NODE_IP, Node, Terms, fresh_dir, run, tail, wait_for};
 
 /// The password of Redis's `default` user (the tests' own connections).
 pub const ADMIN_PASSWORD: &str = "node-admin-pw-5d1e";
@@ -318,26 +316,18 @@ impl KeyState {
     }
 }
 
-/// A change of a lock's key as the watch saw it.
-#[derive(Clone, Debug)]
-pub struct KeyEvent {
-    pub at: Instant,
-    pub holder: String,
-    pub token: u64,
-}
-
 /// Polls the lock's key every 10 ms from a thread in the node's network namespace and keeps
 /// every change (holder or token) with the instant it was first seen, until dropped.
 pub struct RedisWatch {
-    pub events: Arc<Mutex<Vec<KeyEvent>>>,
+    terms: Terms,
     stop: Arc<AtomicBool>,
 }
 
 impl RedisWatch {
     pub fn start(server: &RedisServer, lease: &str) -> Self {
-        let events: Arc<Mutex<Vec<KeyEvent>>> = Arc::default();
+        let terms = Terms::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (ev, st) = (events.clone(), stop.clone());
+        let (t, st) = (terms.clone(), stop.clone());
         let (pid, port, key) = (server.node_pid, server.port, lock_key(lease));
         std::thread::spawn(move || {
             let mut conn: Option<Resp0> = None;
@@ -353,64 +343,28 @@ impl RedisWatch {
                 }
                 match conn.as_mut().map(|c| c.cmd(&["GET", &key])) {
                     Some(Ok(reply)) => {
-                        let mut state = KeyState::of(&reply);
-                        let mut e = ev.lock().unwrap_or_else(|p| p.into_inner());
+                        let state = KeyState::of(&reply);
                         // No key (expired): the last term's token is still the highest.
-                        if state.token == 0 {
-                            state.token = e.last().map(|l| l.token).unwrap_or(0);
-                        }
-                        if e.last()
-                            .is_none_or(|l| l.holder != state.holder || l.token != state.token)
-                        {
-                            e.push(KeyEvent {
-                                at: Instant::now(),
-                                holder: state.holder,
-                                token: state.token,
-                            });
-                        }
+                        let token = match state.token {
+                            0 => t.last_token(),
+                            token => token,
+                        };
+                        t.record(state.holder, token);
                     }
                     Some(Err(_)) | None => conn = None,
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
-        RedisWatch { events, stop }
+        RedisWatch { terms, stop }
     }
+}
 
-    pub fn snapshot(&self) -> Vec<KeyEvent> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
+impl std::ops::Deref for RedisWatch {
+    type Target = Terms;
 
-    /// The first time the key named a holder other than `not` (non-empty) after `since`.
-    pub fn granted_after(&self, since: Instant, not: &str) -> Option<KeyEvent> {
-        self.snapshot()
-            .into_iter()
-            .find(|e| e.at >= since && !e.holder.is_empty() && e.holder != not)
-    }
-
-    /// The key's token at instant `at` (the last change seen before it).
-    pub fn token_at(&self, at: Instant) -> u64 {
-        self.snapshot()
-            .into_iter()
-            .rev()
-            .find(|e| e.at <= at)
-            .map(|e| e.token)
-            .unwrap_or(0)
-    }
-
-    /// Every holder the key named after `since`.
-    pub fn holders_since(&self, since: Instant) -> Vec<String> {
-        let mut h: Vec<String> = self
-            .snapshot()
-            .into_iter()
-            .filter(|e| e.at >= since && !e.holder.is_empty())
-            .map(|e| e.holder)
-            .collect();
-        h.dedup();
-        h
+    fn deref(&self) -> &Terms {
+        &self.terms
     }
 }
 
@@ -418,306 +372,4 @@ impl Drop for RedisWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
-}
-
-/// Writes the register accepted although the key already named a later term when they
-/// arrived (goal: none).
-pub fn accepted_stale(register: &Register, watch: &RedisWatch) -> Vec<Attempt> {
-    register
-        .snapshot()
-        .into_iter()
-        .filter(|w| w.accepted && w.token < watch.token_at(w.at))
-        .collect()
-}
-
-// ---- releases of the chart, their pods and containers ------------------------------------
-
-/// A namespace enforcing Pod Security "restricted".
-pub fn restricted_namespace(node: &Node, name: &str) {
-    let ns = serde_json::json!({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": name, "labels": {
-            "pod-security.kubernetes.io/enforce": "restricted",
-            "pod-security.kubernetes.io/enforce-version": "latest",
-        }}
-    });
-    run(
-        node.kubectl().args(["apply", "-f", "-"]),
-        Some(&ns.to_string()),
-    )
-    .expect_ok();
-}
-
-/// A Secret `name` with `password` under key `password`, created or replaced.
-pub fn password_secret(node: &Node, ns: &str, name: &str, password: &str) {
-    let secret = serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name, "namespace": ns},
-        "type": "Opaque",
-        "stringData": {"password": password},
-    });
-    run(
-        node.kubectl().args(["apply", "-f", "-"]),
-        Some(&secret.to_string()),
-    )
-    .expect_ok();
-}
-
-/// The workload: send this term's token to the register every 100 ms (busybox `nc`), as
-/// `tests/node_chart.rs` does.
-pub fn writer_command(register: &Register) -> String {
-    serde_json::json!([
-        "sh",
-        "-c",
-        format!(
-            "while true; do printf 'GET /w?pod=%s&token=%s HTTP/1.0\\r\\n\\r\\n' \"$TENURE_IDENTITY\" \"$TENURE_FENCING_TOKEN\" | nc -w 2 {} {} >/dev/null; sleep 0.1; done",
-            NODE_IP, register.port
-        )
-    ])
-    .to_string()
-}
-
-/// `--set` pairs as helm arguments.
-pub fn sets(pairs: &[(&str, String)]) -> Vec<String> {
-    pairs
-        .iter()
-        .flat_map(|(k, v)| ["--set".to_owned(), format!("{k}={v}")])
-        .collect()
-}
-
-/// The state of one container of a pod.
-#[derive(Debug, Clone, Default)]
-pub struct ContainerInfo {
-    pub name: String,
-    pub ready: bool,
-    pub restarts: u64,
-    /// `state.waiting.reason` (ErrImagePull, ImagePullBackOff, CrashLoopBackOff, ...).
-    pub waiting: Option<String>,
-    pub waiting_message: String,
-    pub running: bool,
-    /// (exit code, reason) of `state.terminated`.
-    pub terminated: Option<(i64, String)>,
-    /// (exit code, reason) of `lastState.terminated`.
-    pub last_terminated: Option<(i64, String)>,
-}
-
-#[derive(Debug, Clone)]
-pub struct PodInfo {
-    pub name: String,
-    pub uid: String,
-    pub phase: String,
-    pub ready: bool,
-    pub restarts: u64,
-    pub deleting: bool,
-    pub instance: String,
-    pub init: Vec<ContainerInfo>,
-    pub containers: Vec<ContainerInfo>,
-}
-
-impl PodInfo {
-    pub fn container(&self, name: &str) -> Option<&ContainerInfo> {
-        self.containers.iter().find(|c| c.name == name)
-    }
-}
-
-fn terminated(v: &Value) -> Option<(i64, String)> {
-    v.is_object().then(|| {
-        (
-            v["exitCode"].as_i64().unwrap_or(-1),
-            v["reason"].as_str().unwrap_or_default().to_owned(),
-        )
-    })
-}
-
-fn containers(v: &Value) -> Vec<ContainerInfo> {
-    v.as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|s| ContainerInfo {
-            name: s["name"].as_str().unwrap_or_default().into(),
-            ready: s["ready"].as_bool().unwrap_or(false),
-            restarts: s["restartCount"].as_u64().unwrap_or(0),
-            waiting: s["state"]["waiting"]["reason"].as_str().map(str::to_owned),
-            waiting_message: s["state"]["waiting"]["message"]
-                .as_str()
-                .unwrap_or_default()
-                .into(),
-            running: s["state"]["running"].is_object(),
-            terminated: terminated(&s["state"]["terminated"]),
-            last_terminated: terminated(&s["lastState"]["terminated"]),
-        })
-        .collect()
-}
-
-/// The pods of namespace `ns` (of every release in it).
-pub fn pods(node: &Node, ns: &str) -> Vec<PodInfo> {
-    let list = run(
-        node.kubectl().args(["get", "pods", "-n", ns, "-o", "json"]),
-        None,
-    )
-    .json();
-    list["items"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .iter()
-        .map(|p| {
-            let main = containers(&p["status"]["containerStatuses"]);
-            PodInfo {
-                name: p["metadata"]["name"].as_str().unwrap_or_default().into(),
-                uid: p["metadata"]["uid"].as_str().unwrap_or_default().into(),
-                phase: p["status"]["phase"].as_str().unwrap_or_default().into(),
-                ready: p["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                }),
-                restarts: main.iter().map(|c| c.restarts).sum(),
-                deleting: !p["metadata"]["deletionTimestamp"].is_null(),
-                instance: p["metadata"]["labels"]["app.kubernetes.io/instance"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .into(),
-                init: containers(&p["status"]["initContainerStatuses"]),
-                containers: main,
-            }
-        })
-        .collect()
-}
-
-/// The pods of release `release` in `ns`, none being deleted.
-pub fn release_pods(node: &Node, ns: &str, release: &str) -> Vec<PodInfo> {
-    pods(node, ns)
-        .into_iter()
-        .filter(|p| p.instance == release && !p.deleting)
-        .collect()
-}
-
-/// Waits until release `release` has exactly `n` pods, all Running and Ready.
-pub fn ready_pods(
-    node: &Node,
-    ns: &str,
-    release: &str,
-    n: usize,
-    timeout: Duration,
-) -> Vec<PodInfo> {
-    wait_for(
-        timeout,
-        &format!("{n} Ready pods of {release} in {ns}"),
-        || {
-            let p = release_pods(node, ns, release);
-            (p.len() == n && p.iter().all(|p| p.phase == "Running" && p.ready)).then_some(p)
-        },
-    )
-}
-
-/// The pods whose writes the register accepted in the last `window`.
-pub fn writers(register: &Register, window: Duration) -> Vec<String> {
-    let mut w: Vec<String> = register
-        .since(Instant::now() - window)
-        .into_iter()
-        .filter(|w| w.accepted)
-        .map(|w| w.pod)
-        .collect();
-    w.sort();
-    w.dedup();
-    w
-}
-
-/// The log of container `container` of `pod`: of its previous run with `previous`.
-pub fn logs(node: &Node, ns: &str, pod: &str, container: &str, previous: bool) -> String {
-    let mut cmd = node.kubectl();
-    cmd.args(["logs", "-n", ns, pod, "-c", container]);
-    if previous {
-        cmd.arg("--previous");
-    }
-    run(&mut cmd, None).expect_ok()
-}
-
-/// The longest time between two accepted writes in `writes` (sorted by arrival), and from
-/// the last one to `until`.
-pub fn longest_gap(writes: &[Attempt], until: Instant) -> Duration {
-    let accepted: Vec<Instant> = writes.iter().filter(|w| w.accepted).map(|w| w.at).collect();
-    let inner = accepted
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
-    let last = accepted
-        .last()
-        .map(|l| until.saturating_duration_since(*l))
-        .unwrap_or(Duration::MAX);
-    inner.max(last)
-}
-
-/// On a panic, what the namespace looks like (pods, events, logs) and the Redis log.
-pub struct Diagnose<'a> {
-    pub node: &'a Node,
-    pub ns: &'a str,
-    pub redis: Option<&'a RedisServer>,
-}
-
-impl Drop for Diagnose<'_> {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        for args in [
-            &["get", "pods", "-o", "wide"][..],
-            &["get", "events", "--sort-by=.lastTimestamp"][..],
-            &[
-                "logs",
-                "-l",
-                "app.kubernetes.io/name=tenure",
-                "--all-containers",
-                "--prefix",
-                "--tail=30",
-            ][..],
-        ] {
-            let out = run(self.node.kubectl().args(args).args(["-n", self.ns]), None);
-            eprintln!(
-                "--- kubectl {}:\n{}{}",
-                args.join(" "),
-                out.stdout,
-                out.stderr
-            );
-        }
-        if let Some(r) = self.redis {
-            eprintln!("--- redis-server log:\n{}", r.log());
-        }
-    }
-}
-
-/// The measurements, printed as a table at the end (as `tests/node_chart.rs` does).
-pub struct Report {
-    title: String,
-    rows: Vec<(String, String)>,
-}
-
-impl Report {
-    pub fn new(title: &str) -> Self {
-        Report {
-            title: title.to_owned(),
-            rows: Vec::new(),
-        }
-    }
-
-    pub fn add(&mut self, what: &str, value: String) {
-        println!("MEASURED {what}: {value}");
-        self.rows.push((what.to_owned(), value));
-    }
-
-    pub fn print(&self) {
-        use std::fmt::Write as _;
-        let width = self.rows.iter().map(|(w, _)| w.len()).max().unwrap_or(0);
-        let mut s = format!("\n== {} measurements\n", self.title);
-        for (w, v) in &self.rows {
-            let _ = writeln!(s, "| {w:<width$} | {v} |");
-        }
-        println!("{s}");
-    }
-}
-
-pub fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
