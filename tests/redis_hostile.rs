@@ -168,6 +168,8 @@ struct Server {
     port: u16,
     /// The test CA's PEM, for a TLS server.
     ca_pem: Option<Vec<u8>>,
+    /// The socket's path, for a server on a Unix socket (`port` is then 0).
+    socket: Option<std::path::PathBuf>,
     /// Connections accepted (over TLS: whose handshake completed).
     accepted: Arc<AtomicU64>,
     /// Commands received.
@@ -200,6 +202,35 @@ impl Server {
         server.ca_pem = Some(ca_pem);
         server._dir = Some(dir);
         server
+    }
+
+    /// The server on a Unix socket.
+    async fn start_unix(how: Hostile) -> Self {
+        let dir = support::TempDir::new("hostile-unix");
+        let path = dir.path().join("redis.sock");
+        let listener =
+            tokio::net::UnixListener::bind(&path).unwrap_or_else(|e| panic!("bind: {e}"));
+        let counters = Counters::default();
+        let c = counters.clone();
+        let task = tokio::spawn(async move {
+            let scripts = Scripts::default();
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                c.accepted.fetch_add(1, Ordering::Relaxed);
+                connections.spawn(serve(socket, how, scripts.clone(), c.clone()));
+            }
+        });
+        Self {
+            port: 0,
+            ca_pem: None,
+            socket: Some(path),
+            accepted: counters.accepted,
+            commands: counters.commands,
+            _dir: Some(dir),
+            flooded: counters.flooded,
+            subscribes: counters.subscribes,
+            task,
+        }
     }
 
     async fn listen(how: Hostile, ip: &str, tls: Option<TlsAcceptor>) -> Self {
@@ -236,6 +267,7 @@ impl Server {
         Self {
             port,
             ca_pem: None,
+            socket: None,
             accepted: counters.accepted,
             commands: counters.commands,
             _dir: None,
@@ -246,6 +278,9 @@ impl Server {
     }
 
     fn url(&self) -> String {
+        if let Some(path) = &self.socket {
+            return format!("redis+unix://{}", path.display());
+        }
         let scheme = if self.ca_pem.is_some() {
             "rediss"
         } else {
@@ -803,4 +838,18 @@ async fn the_connect_timeout_covers_the_tls_handshake_and_auth() {
         "the second server's handshake completed"
     );
     task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4gb_string_over_a_unix_socket_is_refused_at_its_header() {
+    let _serial = SERIAL.lock().await;
+    let how = Hostile::HugeString;
+    let server = Server::start_unix(how).await;
+    let accepted = server.accepted.clone();
+    let (messages, grown) = run_on(how, server).await;
+    assert_refused(how, &messages, grown, "declares a 4000000000-byte string");
+    assert!(
+        accepted.load(Ordering::Relaxed) >= 2,
+        "it was the Unix socket"
+    );
 }
