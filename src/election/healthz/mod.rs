@@ -666,6 +666,10 @@ mod tests {
         // The lease (1 s) and the tolerance (0.2 s) pass while the thread is blocked.
         std::thread::sleep(Duration::from_millis(1800));
         let stuck = healthz();
+        // The same moment with a tolerance longer than the stall: still live.
+        let lenient = ProbeServer::sharded(sharded.clone()).tolerance(Duration::from_secs(10));
+        let patient = lenient.respond(&request(Method::GET, "/healthz"));
+        assert_eq!(patient.status(), StatusCode::OK, "{:?}", patient.body());
         assert_eq!(stuck.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(
             stuck.body().contains("outlived its lease"),
