@@ -101,6 +101,20 @@ fn local(args: &BackendArgs) -> Result<Connected, CliError> {
     })
 }
 
+/// A Kubernetes client from the in-cluster service account, `$KUBECONFIG` or
+/// `~/.kube/config`, for the commands that use the API beside a lease store (`purpose` names
+/// them in the error); its default namespace is the config's.
+pub async fn kube_client(purpose: &str) -> Result<kube::Client, CliError> {
+    let config = kube::Config::infer().await.map_err(|e| CliError::Backend {
+        message: format!(
+            "{purpose} needs Kubernetes access (in-cluster service account, $KUBECONFIG or ~/.kube/config): {e}"
+        ),
+    })?;
+    kube::Client::try_from(config).map_err(|e| CliError::Backend {
+        message: format!("{purpose}: cannot build a Kubernetes client: {e}"),
+    })
+}
+
 async fn kube(args: &BackendArgs) -> Result<Connected, CliError> {
     let mut options = KubeOptions::new();
     if let Some(ns) = &args.namespace {

@@ -43,18 +43,11 @@ pub async fn drain(args: DrainArgs) -> Result<u8, CliError> {
             ),
         });
     }
-    let config = kube::Config::infer().await.map_err(|e| CliError::Backend {
-        message: format!(
-            "drain needs Kubernetes access (in-cluster service account, $KUBECONFIG or ~/.kube/config): {e}"
-        ),
-    })?;
+    let client = crate::backend::kube_client("drain").await?;
     let namespace = args
         .namespace
         .clone()
-        .unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config).map_err(|e| CliError::Backend {
-        message: format!("cannot build a Kubernetes client: {e}"),
-    })?;
+        .unwrap_or_else(|| client.default_namespace().to_owned());
     let deployments: Api<Deployment> = Api::namespaced(client, &namespace);
     let what = format!("deployment {namespace}/{}", args.deployment);
     // The API server's own message and code, not kube's Display (which repeats the message

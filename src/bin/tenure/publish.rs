@@ -35,19 +35,12 @@ pub async fn spawn(
     connected: &Connected,
     elector: &LeaderElector,
 ) -> Result<Publishing, CliError> {
-    let config = kube::Config::infer().await.map_err(|e| CliError::Backend {
-        message: format!(
-            "--publish-status needs Kubernetes access (in-cluster service account, $KUBECONFIG or ~/.kube/config): {e}"
-        ),
-    })?;
+    let client = crate::backend::kube_client("--publish-status").await?;
     let namespace = args
         .backend
         .namespace
         .clone()
-        .unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config).map_err(|e| CliError::Backend {
-        message: format!("--publish-status: cannot build a Kubernetes client: {e}"),
-    })?;
+        .unwrap_or_else(|| client.default_namespace().to_owned());
     let name = args.election.as_deref().unwrap_or(&args.lease);
     let spec = ElectionSpec::for_elector(elector, connected.election_backend.clone());
     let publisher = StatusPublisher::new(client, &namespace, name).create_if_missing(spec);
