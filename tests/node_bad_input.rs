@@ -92,6 +92,44 @@ fn crash_loop(node: &Node, ns: &str, pod: &str, code: i64, timeout: Duration) ->
     )
 }
 
+/// The Redis leader and what shows it keeps leading through a fault.
+struct Kept<'a> {
+    register: &'a Register,
+    watch: &'a RedisWatch,
+    redis: &'a RedisServer,
+    lock: &'a str,
+    leader: &'a str,
+}
+
+impl Kept<'_> {
+    /// Since `t`: only the leader wrote, every write accepted; the key named no other holder
+    /// and still names the leader; its writes never paused for a lease. `what` labels the
+    /// report's row, `when` the failures.
+    fn check(&self, t: Instant, what: &str, when: &str, report: &mut Report) {
+        let during = self.register.since(t);
+        assert!(
+            during.iter().all(|w| w.pod == self.leader && w.accepted),
+            "writes from another pod, or refused ones, {when}: {during:?}"
+        );
+        assert_eq!(
+            self.watch.holders_since(t),
+            Vec::<String>::new(),
+            "the key named another holder {when}"
+        );
+        assert_eq!(
+            self.redis.holder(self.lock).holder,
+            self.leader,
+            "the leader changed"
+        );
+        let gap = self.register.longest_gap(t, Instant::now());
+        report.add(
+            &format!("{what}: longest gap between the leader's writes"),
+            secs(gap),
+        );
+        assert!(gap < LEASE, "the leader's writes paused for {gap:?}");
+    }
+}
+
 #[test]
 fn bad_input_on_a_real_node() {
     if skip("bad_input_on_a_real_node") {
@@ -201,23 +239,14 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
             o.name
         );
     }
-    let during = register.since(t_a);
-    assert!(
-        during.iter().all(|w| w.pod == leader && w.accepted),
-        "writes from another pod, or refused ones, while the image was missing: {during:?}"
-    );
-    assert_eq!(
-        watch.holders_since(t_a),
-        Vec::<String>::new(),
-        "the key named another holder while the image was missing"
-    );
-    assert_eq!(redis.holder(lock).holder, leader, "the leader changed");
-    let gap = register.longest_gap(t_a, Instant::now());
-    report.add(
-        "missing image: longest gap between the leader's writes",
-        secs(gap),
-    );
-    assert!(gap < LEASE, "the leader's writes paused for {gap:?}");
+    let kept = Kept {
+        register: &register,
+        watch: &watch,
+        redis: &redis,
+        lock,
+        leader: &leader,
+    };
+    kept.check(t_a, "missing image", "while the image was missing", report);
     // Back to the first revision: the stuck pod goes, the old ones stay.
     run(node.helm().args(["rollback", release, "1", "-n", ns]), None).expect_ok();
     wait_for(
@@ -287,23 +316,12 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
         Duration::from_secs(90),
     );
     assert!(!looping.ready, "{looping:?}");
-    let during = register.since(t_b);
-    assert!(
-        during.iter().all(|w| w.pod == leader && w.accepted),
-        "writes from another pod, or refused ones, after the wrong password: {during:?}"
+    kept.check(
+        t_b,
+        "wrong Redis password",
+        "after the wrong password",
+        report,
     );
-    assert_eq!(
-        watch.holders_since(t_b),
-        Vec::<String>::new(),
-        "the key named another holder after the wrong password"
-    );
-    assert_eq!(redis.holder(lock).holder, leader, "the leader changed");
-    let gap = register.longest_gap(t_b, Instant::now());
-    report.add(
-        "wrong Redis password: longest gap between the leader's writes",
-        secs(gap),
-    );
-    assert!(gap < LEASE, "the leader's writes paused for {gap:?}");
     // With the right password back, the next pod joins as a follower: the password was all
     // that was wrong.
     password_secret(node, ns, "rd-password", PASSWORD);
