@@ -62,6 +62,12 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# buildah (as root) would otherwise create /etc/cni/net.d/cni.lock on the host for its network
+# backend, even for builds without RUN, and put temporary files in /var/tmp: both go under
+# $work instead. (Its blob info cache, /var/lib/containers/cache, has no such setting.)
+mkdir -p "$work/cni" "$work/tmp"
+printf '[network]\nnetwork_config_dir = "%s"\n' "$work/cni" >"$work/containers.conf"
+export CONTAINERS_CONF=$work/containers.conf TMPDIR=$work/tmp
 bh() { buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs "$@"; }
 
 # The same passwd and group the Dockerfile's `build` stage writes.
