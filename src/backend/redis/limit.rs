@@ -369,7 +369,32 @@ mod tests {
     fn complete(limit: usize, bytes: &[u8]) -> bool {
         let mut s = Scanner::with_limit(limit);
         s.feed(bytes).expect("accepted");
-        matches!(s.state, State::Type) && s.open.is_empty() && s.used == 0
+        let done = s.is_between_replies();
+        // Every split into two chunks, for inputs small enough (the check is quadratic).
+        let splits = if bytes.len() <= 4096 {
+            1..bytes.len()
+        } else {
+            0..0
+        };
+        for at in splits {
+            let (a, b) = bytes.split_at(at);
+            let mut split = Scanner::with_limit(limit);
+            split.feed(a).expect("first chunk accepted");
+            split.feed(b).expect("second chunk accepted");
+            assert_eq!(
+                split.is_between_replies(),
+                done,
+                "split at {at} changed where {:?} ends",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        done
+    }
+
+    impl Scanner {
+        fn is_between_replies(&self) -> bool {
+            matches!(self.state, State::Type) && self.open.is_empty() && self.used == 0
+        }
     }
 
     #[test]
@@ -402,9 +427,17 @@ mod tests {
                 String::from_utf8_lossy(r)
             );
         }
-        // A simple string may hold a bare LF: only CRLF ends it.
+        // A map counts two values per entry, an attribute two per entry and then the value it
+        // annotates: the reply is not over after the first of them.
+        assert!(!complete(1 << 20, b"%1\r\n+server\r\n"));
+        assert!(!complete(1 << 20, b"|1\r\n+key\r\n+value\r\n"));
+        // A simple string may hold a bare LF: only CRLF ends it, also when a chunk ends
+        // between the two (`complete` tries every split) or between a CR and another byte.
         assert!(!complete(1 << 20, b"+a\nb"));
         assert!(complete(1 << 20, b"+a\nb\r\n"));
+        assert!(complete(1 << 20, b"+a\rb\nc\r\n"));
+        // A string's payload split across chunks, then the next reply.
+        assert!(complete(1 << 20, b"$10\r\n0123456789\r\n+OK\r\n"));
         // Many replies in a row, each within the budget, though not all together.
         let many = b"$6\r\nabcdef\r\n".repeat(100);
         assert!(scan(20, &many).is_ok());
@@ -419,6 +452,13 @@ mod tests {
         assert!(scan(MAX_REPLY_BYTES, b"%9223372036854775807\r\n").is_err());
         assert!(scan(MAX_REPLY_BYTES, b"|9223372036854775807\r\n").is_err());
         assert!(scan(100, b"$101\r\n").is_err());
+        // Counts are refused by what they declare, before any element arrives.
+        let e = scan(1000, b"*16\r\n").expect_err("16 elements of 64 over 1000");
+        assert!(e.to_string().contains("declares 16 elements"), "{e}");
+        assert!(scan(1000, b"*15\r\n").is_ok());
+        // A reply of exactly the limit passes; one byte more does not.
+        assert!(complete(5, b"+OK\r\n"));
+        assert!(scan(4, b"+OK\r\n").is_err());
         // Two elements (64 each) and their headers leave room for 60 bytes, not 70.
         assert!(scan(200, b"*2\r\n$60\r\n").is_ok());
         assert!(scan(200, b"*2\r\n$70\r\n").is_err());
@@ -433,6 +473,11 @@ mod tests {
         assert!(scan(1 << 20, b"%-1\r\n").is_err());
         assert!(scan(1 << 20, b"$abc\r\n").is_err());
         assert!(scan(1 << 20, b"$0000000000000000000000000001\r\n").is_err());
+        // The longest length header taken: MAX_HEADER bytes with its CR.
+        let longest = [&b"$"[..], &[b'0'; MAX_HEADER - 2], b"5\r\n12345\r\n"].concat();
+        assert!(complete(1 << 20, &longest));
+        let longer = [&b"$"[..], &[b'0'; MAX_HEADER - 1], b"5\r\n12345\r\n"].concat();
+        assert!(scan(1 << 20, &longer).is_err());
         assert!(scan(1 << 20, b"@\r\n").is_err());
         // A line that never ends counts against the budget.
         assert!(scan(1000, &[b'+'; 2000]).is_err());
