@@ -57,8 +57,9 @@ app_version=$(awk -F'"' '/^appVersion:/ {print $2}' "$repo/charts/tenure/Chart.y
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d "$out/.buildah.XXXXXX")
+bh() { buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs "$@"; }
 cleanup() {
-  buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs rm --all >/dev/null 2>&1 || true
+  bh rm --all >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -68,7 +69,6 @@ trap cleanup EXIT
 mkdir -p "$work/cni" "$work/tmp"
 printf '[network]\nnetwork_config_dir = "%s"\n' "$work/cni" >"$work/containers.conf"
 export CONTAINERS_CONF=$work/containers.conf TMPDIR=$work/tmp
-bh() { buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs "$@"; }
 
 # The same passwd and group the Dockerfile's `build` stage writes.
 passwd_group() {
