@@ -223,15 +223,20 @@ async fn run() {
     let impersonating: FencedApi<ConfigMap> = Fencer::new(outsider.clone())
         .await
         .expect("identity")
-        .namespaced_with_token(FencingToken::new(1), &ns);
+        .lease_namespace(&ns)
+        .warn_only(true)
+        .namespaced_with_token("trivial", FencingToken::new(1), &ns);
     let trivially_governed: FencedApi<ConfigMap> = Fencer::new(trivial_sa.clone())
         .await
         .expect("identity")
-        .namespaced_with_token(FencingToken::new(1), &ns);
+        .lease_namespace(&ns)
+        .warn_only(true)
+        .namespaced_with_token("trivial", FencingToken::new(1), &ns);
     let fenced: FencedApi<ConfigMap> = Fencer::new(writer.clone())
         .await
         .expect("identity")
-        .namespaced_with_token(term.fencing_token(), &ns);
+        .lease_namespace(&ns)
+        .namespaced_with_token("bench", term.fencing_token(), &ns);
     for name in ["lat-plain", "lat-imp", "lat-fenced", "lat-trivial"] {
         let _ = baseline
             .create(&PostParams::default(), &cm(name, "0"))
@@ -314,7 +319,8 @@ async fn run() {
         let stale: FencedApi<ConfigMap> = Fencer::new(writer.clone())
             .await
             .expect("identity")
-            .namespaced_with_token(token_old, &ns);
+            .lease_namespace(&ns)
+            .namespaced_with_token(&lease, token_old, &ns);
         let stop = Arc::new(AtomicBool::new(false));
         let t0 = Instant::now();
         let writer_task = {
@@ -369,7 +375,8 @@ async fn run() {
         let successor: FencedApi<ConfigMap> = Fencer::new(writer.clone())
             .await
             .expect("identity")
-            .namespaced_with_token(granted.fencing_token(), &ns);
+            .lease_namespace(&ns)
+            .namespaced_with_token(&lease, granted.fencing_token(), &ns);
         let first_write = successor
             .patch(
                 "touched",

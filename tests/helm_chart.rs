@@ -2458,9 +2458,12 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
     let current = current_term.fencing_token();
 
     // Through the fenced client (self-impersonation with the token: the chart's RBAC).
-    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
     let written = fencer
-        .namespaced_with_token::<ConfigMap>(current, &ns)
+        .namespaced_with_token::<ConfigMap>(lease, current, &ns)
         .create(&pp, &configmap("current"))
         .await
         .expect("the current term's write is admitted");
@@ -2472,7 +2475,7 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
         Some(current.get().to_string())
     );
     match fencer
-        .namespaced_with_token::<ConfigMap>(stale, &ns)
+        .namespaced_with_token::<ConfigMap>(lease, stale, &ns)
         .create(&pp, &configmap("stale"))
         .await
     {
@@ -2552,9 +2555,12 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{}", s.message),
         other => panic!("secrets: {other:?}"),
     }
-    let fencer2 = Fencer::new(client2).await.expect("identity");
+    let fencer2 = Fencer::new(client2)
+        .await
+        .expect("identity")
+        .lease_namespace(&ns2);
     match fencer2
-        .namespaced_with_token::<ConfigMap>(term.fencing_token(), &ns2)
+        .namespaced_with_token::<ConfigMap>("all-tenure", term.fencing_token(), &ns2)
         .create(&pp, &configmap("fenced"))
         .await
     {

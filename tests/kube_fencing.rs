@@ -89,9 +89,12 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
     let (held_a, token_a) = take(&a, lease).await;
     install(&policy, &plain).await;
 
-    let fencer = Fencer::new(client.clone()).await.expect("identity");
-    let cms_a: FencedApi<ConfigMap> = fencer.namespaced_with_token(token_a, &ns);
-    let deps_a: FencedApi<Deployment> = fencer.namespaced_with_token(token_a, &ns);
+    let fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let cms_a: FencedApi<ConfigMap> = fencer.namespaced_with_token(lease, token_a, &ns);
+    let deps_a: FencedApi<Deployment> = fencer.namespaced_with_token(lease, token_a, &ns);
     let pp = PostParams::default();
     for name in ["touched", "untouched", "doomed"] {
         cms_a
@@ -168,7 +171,7 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
         token_b.get(),
         "the stamp makes the floor exact"
     );
-    let cms_b: FencedApi<ConfigMap> = fencer.namespaced_with_token(token_b, &ns);
+    let cms_b: FencedApi<ConfigMap> = fencer.namespaced_with_token(lease, token_b, &ns);
     let touched = cms_b
         .patch(
             "touched",
@@ -276,7 +279,7 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
     assert!(admin_cms.get_opt("new-by-a").await.expect("read").is_none());
 
     // B's writes all land, on every verb; a non-participant (admin) is never affected.
-    let deps_b: FencedApi<Deployment> = fencer.namespaced_with_token(token_b, &ns);
+    let deps_b: FencedApi<Deployment> = fencer.namespaced_with_token(lease, token_b, &ns);
     deps_b
         .patch_status(
             "app",
@@ -325,7 +328,10 @@ async fn object_tokens_foreign_holders_and_a_missing_lease_fences_nothing_and_bl
         .await
         .expect("the empty Lease");
     install(&policy, &plain).await;
-    let fencer = Fencer::new(client.clone()).await.expect("identity");
+    let fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
     let admin_cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     admin_cms
         .create(&pp, &cm("by-admin", "x"))
@@ -354,28 +360,34 @@ async fn object_tokens_foreign_holders_and_a_missing_lease_fences_nothing_and_bl
     )
     .expect("identity");
     let (held, token) = take(&locker, lease).await;
-    let ours = fencer.namespaced_with_token::<ConfigMap>(token, &ns);
+    let ours = fencer.namespaced_with_token::<ConfigMap>(lease, token, &ns);
     ours.create(&pp, &cm("obj", "1"))
         .await
         .expect("the leader writes");
 
-    // An object carrying a higher token (set by a non-participant) refuses a lower one.
+    // An object token no term could have issued (above the floor, set by a non-participant)
+    // locks no one out: the policy compares with the Lease's floor only.
     let admin_cms: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     admin_cms
         .patch("obj", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"tenure.dev/fencing-token": (token.get() + 1_000_000).to_string()}}})))
         .await
         .expect("admin stamps a higher token");
-    let current = assert_stale(
-        "object token",
-        ours.patch(
+    let landed = ours
+        .patch(
             "obj",
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
         )
-        .await,
-        token.get(),
+        .await
+        .expect("a planted object token does not lock the current term out");
+    assert_eq!(
+        landed
+            .metadata
+            .annotations
+            .and_then(|a| a.get("tenure.dev/fencing-token").cloned()),
+        Some(token.get().to_string()),
+        "the write stamps its own token over the planted one"
     );
-    assert_eq!(current, Current::Object(token.get() + 1_000_000));
 
     // The first grant recreated the Lease: a token-less write is refused again.
     let refused = plain.create(&pp, &cm("unfenced-again", "x")).await;
@@ -505,7 +517,10 @@ async fn fenced_candidate(kubeconfig: &str, ns: &str, identity: &str, log: &str)
         let _ = f.write_all(format!("{line}\n").as_bytes());
     };
     let token = Arc::new(AtomicU64::new(0));
-    let fencer = Fencer::new(client).await.expect("identity");
+    let fencer = Fencer::new(client)
+        .await
+        .expect("identity")
+        .lease_namespace(ns);
     let writer = {
         let (token, note, ns, id) = (
             token.clone(),
@@ -528,7 +543,7 @@ async fn fenced_candidate(kubeconfig: &str, ns: &str, identity: &str, log: &str)
                     format!("only-{id}")
                 };
                 let api: FencedApi<ConfigMap> =
-                    fencer.namespaced_with_token(FencingToken::new(t), &ns);
+                    fencer.namespaced_with_token("writers", FencingToken::new(t), &ns);
                 let patch = Patch::Apply(serde_json::json!({
                     "apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": name}, "data": {"by": id.clone(), "n": n.to_string()}
@@ -692,31 +707,65 @@ fn wait_grants(log: &std::path::Path, n: usize, what: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_write_waits_for_the_policy_and_goes_ahead_without_one() {
+async fn without_a_policy_fenced_writes_fail_closed_unless_warn_only() {
+    use tenure::fence::kube::PROOF_WINDOW;
     let server = shared();
     let ns = unique("nopolicy");
     server.namespace(&ns).await;
     // No policy governs this ServiceAccount: nothing ever refuses the token below ours.
     let (client, _) = participant(&ns, "lonely").await;
-    let fencer = Fencer::new(client.clone()).await.expect("identity");
-    let api: FencedApi<ConfigMap> = fencer.namespaced_with_token(FencingToken::new(1_000), &ns);
+    let fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let api: FencedApi<ConfigMap> =
+        fencer.namespaced_with_token("lonely", FencingToken::new(1_000), &ns);
     let pp = PostParams::default();
     let started = std::time::Instant::now();
-    api.create(&pp, &cm("first", "1"))
-        .await
-        .expect("first write");
-    let first = started.elapsed();
+    let first = api.create(&pp, &cm("first", "1")).await;
+    let waited = started.elapsed();
+    match &first {
+        Err(FenceError::Unenforced { lease, cause }) => {
+            assert_eq!(lease, &format!("{ns}/lonely"));
+            assert!(
+                cause.contains("admitted a dry-run write with token 999"),
+                "{cause}"
+            );
+            assert!(
+                cause.contains("130887"),
+                "names the upstream issue: {cause}"
+            );
+        }
+        other => panic!("a write with no policy proven must fail closed: {other:?}"),
+    }
     assert!(
-        first >= tenure::fence::kube::SETTLE_LIMIT,
-        "the first write did not wait for a policy: {first:?}"
+        waited >= PROOF_WINDOW,
+        "the proof gave up before its window: {waited:?}"
     );
+    assert!(
+        fencer
+            .open_fence()
+            .is_some_and(|m| m.contains("fence open on lease")),
+        "{:?}",
+        fencer.open_fence()
+    );
+    // The next write fails at once (the proof's verdict stands until a recheck).
     let started = std::time::Instant::now();
-    api.create(&pp, &cm("second", "2"))
+    assert!(matches!(
+        api.create(&pp, &cm("second", "2")).await,
+        Err(FenceError::Unenforced { .. })
+    ));
+    assert!(started.elapsed() < PROOF_WINDOW);
+    // Warn-only lets writes go (opt-in), and the dry runs left nothing behind.
+    let loud = Fencer::new(client.clone())
         .await
-        .expect("second write");
-    // Only the first write waits (a generous bound: it is one request).
-    assert!(started.elapsed() < tenure::fence::kube::SETTLE_LIMIT);
-    // The dry runs left nothing behind: two objects, each written once.
+        .expect("identity")
+        .lease_namespace(&ns)
+        .warn_only(true);
+    loud.namespaced_with_token::<ConfigMap>("lonely", FencingToken::new(1_000), &ns)
+        .create(&pp, &cm("warned", "3"))
+        .await
+        .expect("warn-only writes go");
     let plain: Api<ConfigMap> = Api::namespaced(client, &ns);
     let names: Vec<String> = plain
         .list(&Default::default())
@@ -727,13 +776,22 @@ async fn a_first_write_waits_for_the_policy_and_goes_ahead_without_one() {
         .filter_map(|c| c.metadata.name)
         .filter(|n| n != "kube-root-ca.crt")
         .collect();
-    assert_eq!(names, ["first", "second"]);
-    // Without the policy mode there is no wait at all.
+    assert_eq!(names, ["warned"]);
+    let leases: Api<Lease> = Api::namespaced(server.admin().await, &ns);
+    assert!(
+        leases
+            .get_opt("tenure-fence-probe.lonely")
+            .await
+            .expect("read")
+            .is_none(),
+        "the probe is only ever dry-run"
+    );
+    // Without the policy mode there is no proof at all.
     let quick: FencedApi<ConfigMap> = Fencer::without_policy(plain.clone().into_client())
-        .namespaced_with_token(FencingToken::new(1_000), &ns);
+        .namespaced_with_token("lonely", FencingToken::new(1_000), &ns);
     let started = std::time::Instant::now();
     quick.create(&pp, &cm("third", "3")).await.expect("write");
-    assert!(started.elapsed() < tenure::fence::kube::SETTLE_LIMIT);
+    assert!(started.elapsed() < PROOF_WINDOW);
 }
 
 /// A network namespace made for one test, whose only way to the API server is a relay: a
@@ -962,8 +1020,11 @@ async fn with_a_client_go_leader_tokenless_writes_pass_and_tenure_tokens_are_sta
     .expect("identity");
     let (held, token) = take(&tenure_side, lease).await;
     install(&policy, &plain).await;
-    let fencer = Fencer::new(client.clone()).await.expect("identity");
-    let ours: FencedApi<ConfigMap> = fencer.namespaced_with_token(token, &ns);
+    let fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let ours: FencedApi<ConfigMap> = fencer.namespaced_with_token(lease, token, &ns);
     ours.create(&pp, &cm("by-rust", "1"))
         .await
         .expect("tenure's term writes");
@@ -1027,7 +1088,7 @@ async fn with_a_client_go_leader_tokenless_writes_pass_and_tenure_tokens_are_sta
     let (held, token2) = take(&tenure_side, lease).await;
     assert!(token2 > token);
     fencer
-        .namespaced_with_token::<ConfigMap>(token2, &ns)
+        .namespaced_with_token::<ConfigMap>(lease, token2, &ns)
         .patch(
             "by-rust",
             &PatchParams::default(),

@@ -16,6 +16,12 @@ struct NameLabel {
     name: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    name: String,
+    result: &'static str,
+}
+
 type HistogramFamily = Family<NameLabel, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -33,6 +39,8 @@ fn latency_histogram() -> Histogram {
 /// | `tenure_acquire_latency_seconds{name}` | histogram | time from the start of a campaign to winning |
 /// | `tenure_renew_latency_seconds{name}` | histogram | round trip of the leader's renewals, sampled every lease duration / 3 (the renewal interval) |
 /// | `tenure_lease_remaining_validity_seconds{name}` | gauge | how long the current term's lease stays valid without another renewal, sampled at the start of a term and every lease duration / 3 while leading |
+/// | `tenure_fence_enforced{name}` | gauge | 1 when the latest proof of this process's term found the API server enforcing the fence, 0 when it did not (fenced writes fail closed); absent before the first proof (feature `kube`, [`Fencer::with_metrics`](crate::fence::kube::Fencer::with_metrics)) |
+/// | `tenure_fence_checks_total{name,result}` | counter | fence proofs by result: `enforced`, `unenforced`, `superseded` |
 ///
 /// client-go's `leader_election_slowpath_total` is not exported: it counts a leader's
 /// renewals that had to read the Lease before writing it (its optimistic write over the cached
@@ -57,6 +65,8 @@ pub struct ElectionMetrics {
     acquire_latency: HistogramFamily,
     renew_latency: HistogramFamily,
     remaining_validity: Family<NameLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    fence_enforced: Family<NameLabel, Gauge>,
+    fence_checks: Family<CheckLabels, Counter>,
 }
 
 impl ElectionMetrics {
@@ -69,6 +79,8 @@ impl ElectionMetrics {
             acquire_latency: HistogramFamily::new_with_constructor(latency_histogram),
             renew_latency: HistogramFamily::new_with_constructor(latency_histogram),
             remaining_validity: Family::default(),
+            fence_enforced: Family::default(),
+            fence_checks: Family::default(),
         };
         // client-go's help text, word for word (the registry appends the final '.').
         registry.register(
@@ -104,7 +116,41 @@ impl ElectionMetrics {
             "How long the current term's lease stays valid without another renewal",
             m.remaining_validity.clone(),
         );
+        registry.register(
+            "tenure_fence_enforced",
+            "1 when the latest proof of this process's term found the API server enforcing \
+             the fence, 0 when it did not (fenced writes fail closed)",
+            m.fence_enforced.clone(),
+        );
+        registry.register(
+            "tenure_fence_checks",
+            "Fence proofs by result",
+            m.fence_checks.clone(),
+        );
         m
+    }
+
+    /// A fence proof of a term of `name` found `state`.
+    #[cfg(feature = "kube")]
+    pub(crate) fn fence_checked(&self, name: &str, state: &crate::fence::kube::FenceState) {
+        use crate::fence::kube::FenceState;
+        let result = match state {
+            FenceState::Enforced => "enforced",
+            FenceState::Superseded { .. } => "superseded",
+            FenceState::Unenforced { .. } => "unenforced",
+            FenceState::Proving => return,
+        };
+        self.fence_checks
+            .get_or_create(&CheckLabels {
+                name: name.to_owned(),
+                result,
+            })
+            .inc();
+        if !matches!(state, FenceState::Superseded { .. }) {
+            self.fence_enforced
+                .get_or_create(&Self::label(name))
+                .set(i64::from(state.is_enforced()));
+        }
     }
 
     fn label(name: &str) -> NameLabel {

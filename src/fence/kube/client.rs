@@ -1,11 +1,11 @@
 //! Fenced writes from a term: a kube client whose requests carry the term's token, an `Api`
 //! that stamps it on objects and refuses locally after the term, and the typed refusal.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::proof::{DEFAULT_RECHECK, FenceState, Proof, ProofSetup};
 use super::{OBJECT_TOKEN_ANNOTATION, REFUSAL_PREFIX, REQUEST_TOKEN_EXTRA};
 use crate::FencingToken;
 use crate::election::Term;
@@ -37,6 +38,17 @@ pub enum FenceError {
         ours: u64,
         /// What beat it: the current term's token, the object's, or the foreign holder.
         current: Current,
+    },
+    /// The fence is not proven on the API server (see [`FenceState`]): it admitted a token
+    /// below this term's (the policy or binding is missing, or its Lease parameter cache has
+    /// stopped), or the proof could not be taken. Nothing was sent: fenced writes fail closed
+    /// until a recheck finds the fence enforced again ([`Fencer::warn_only`] lets them go).
+    #[error("the fence on lease {lease} is not enforced, write not sent: {cause}")]
+    Unenforced {
+        /// The election's Lease, `namespace/name`.
+        lease: String,
+        /// What the proof saw, the likely cause and the fix.
+        cause: String,
     },
     /// The term had already ended (cancelled, or past its validity): nothing was sent.
     #[error("the term with fencing token {ours} has ended: write not sent")]
@@ -88,6 +100,30 @@ impl std::fmt::Display for Current {
     }
 }
 
+/// What a policy's stale refusal names as the winner: "… < current F", "… < object O", or
+/// "… held by H, which …".
+pub(crate) fn parse_current(message: &str) -> Option<Current> {
+    let number_after = |marker: &str| {
+        message.find(marker).and_then(|i| {
+            message[i + marker.len()..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+    };
+    if let Some(t) = number_after(" < current ") {
+        Some(Current::Term(t))
+    } else if let Some(t) = number_after(" < object ") {
+        Some(Current::Object(t))
+    } else {
+        message.find("held by ").map(|i| {
+            let holder = &message[i + "held by ".len()..];
+            let holder = holder.split(", which").next().unwrap_or(holder);
+            Current::ForeignHolder(holder.to_owned())
+        })
+    }
+}
+
 fn lease_suffix(lease: Option<&str>) -> String {
     lease.map(|l| format!(" on lease {l}")).unwrap_or_default()
 }
@@ -105,6 +141,10 @@ fn classify(error: kube::Error, ours: u64) -> FenceError {
     match error {
         kube::Error::Api(status) => classify_status(*status, ours),
         kube::Error::Service(e) if e.is::<Ended>() => FenceError::TermEnded { ours },
+        kube::Error::Service(e) if e.is::<Gated>() => match e.downcast::<Gated>() {
+            Ok(gated) => gated.into_error(ours),
+            Err(e) => FenceError::Kube(kube::Error::Service(e)),
+        },
         other => FenceError::Kube(other),
     }
 }
@@ -132,27 +172,13 @@ fn classify_status(status: Status, ours: u64) -> FenceError {
         .strip_prefix("lease ")
         .and_then(|r| r.split(": ").next())
         .map(str::to_owned);
-    let number_after = |marker: &str| {
-        rest.find(marker).and_then(|i| {
-            rest[i + marker.len()..]
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-    };
     if rest.contains(": missing token") {
         return FenceError::MissingToken { message };
     }
-    let current = if let Some(t) = number_after(" < current ") {
-        Some(Current::Term(t))
-    } else if let Some(t) = number_after(" < object ") {
-        Some(Current::Object(t))
+    let current = if rest.contains(": stale: ") {
+        parse_current(rest)
     } else {
-        rest.find("held by ").map(|i| {
-            let holder = &rest[i + "held by ".len()..];
-            let holder = holder.split(", which").next().unwrap_or(holder);
-            Current::ForeignHolder(holder.to_owned())
-        })
+        None
     };
     match current {
         Some(current) => FenceError::Stale {
@@ -169,24 +195,51 @@ fn classify_status(status: Status, ours: u64) -> FenceError {
 /// Cheap to clone. [`Fencer::new`] asks the API server once who this client is
 /// (`SelfSubjectReview`), so that each term's client can impersonate exactly that identity
 /// with the term's token added.
+///
+/// # The fence proves itself
+///
+/// Every fenced client of one term (all its [`FencedApi`]s and [`client`](Self::client)s)
+/// shares one proof ([`FenceState`]): before the term's first write goes, dry-run creates of
+/// the election's probe Lease (`tenure-fence-probe.<lease>`, in
+/// [`lease_namespace`](Self::lease_namespace)) must be refused with the token below the term's
+/// and admitted with the term's; then once per [`recheck_every`](Self::recheck_every). Until
+/// the first proof passes, writes wait (at most [`PROOF_WINDOW`](super::PROOF_WINDOW) and two
+/// request timeouts);
+/// while it fails they are not sent and fail with [`FenceError::Unenforced`]. The proof logs
+/// at error level, writes a `FenceOpen` Warning Event on the Lease, sets the metric
+/// `tenure_fence_enforced{name}` to 0 ([`with_metrics`](Self::with_metrics)) and makes
+/// [`open_fence`](Self::open_fence) answer (for a readiness probe).
 #[derive(Clone)]
 pub struct Fencer {
     client: kube::Client,
     /// The impersonation headers without the token; `None`: send no token.
     identity: Option<Arc<HeaderMap>>,
+    lease_namespace: String,
+    recheck: Duration,
+    warn_only: bool,
+    #[cfg(feature = "metrics")]
+    metrics: Option<crate::election::ElectionMetrics>,
+    /// The proof of the newest term per lease name, shared by that term's clients and kept
+    /// while no newer term of the lease comes (so a client made per write finds it running).
+    proofs: Arc<Mutex<HashMap<String, (u64, Arc<Proof>)>>>,
 }
 
 impl Debug for Fencer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fencer")
             .field("request_token", &self.identity.is_some())
+            .field("lease_namespace", &self.lease_namespace)
+            .field("recheck", &self.recheck)
+            .field("warn_only", &self.warn_only)
             .finish_non_exhaustive()
     }
 }
 
 impl Fencer {
     /// A fencer whose clients carry the term's token in every request, for the API server's
-    /// policy ([`super::FencingPolicy`]).
+    /// policy ([`super::FencingPolicy`]), and prove the fence before a term's first write.
+    /// The elections' Leases are looked for in the client's default namespace (see
+    /// [`lease_namespace`](Self::lease_namespace)).
     ///
     /// # Errors
     ///
@@ -211,44 +264,165 @@ impl Fencer {
                     .into(),
             });
         }
+        let identity = Some(Arc::new(impersonation_headers(
+            &user,
+            &info.groups.unwrap_or_default(),
+        )?));
         Ok(Self {
-            client,
-            identity: Some(Arc::new(impersonation_headers(
-                &user,
-                &info.groups.unwrap_or_default(),
-            )?)),
+            identity,
+            ..Self::without_policy(client)
         })
     }
 
-    /// A fencer that sends no token in requests (no impersonation, so no extra RBAC): only
-    /// the client-side half of fencing (see the module docs). With the policy installed,
-    /// its writes are refused ([`FenceError::MissingToken`]).
+    /// A fencer that sends no token in requests (no impersonation, so no extra RBAC) and
+    /// proves nothing: only the client-side half of fencing (see the module docs). With the
+    /// policy installed, its writes are refused ([`FenceError::MissingToken`]).
     #[must_use]
     pub fn without_policy(client: kube::Client) -> Self {
+        let lease_namespace = client.default_namespace().to_owned();
         Self {
             client,
             identity: None,
+            lease_namespace,
+            recheck: DEFAULT_RECHECK,
+            warn_only: false,
+            #[cfg(feature = "metrics")]
+            metrics: None,
+            proofs: Arc::default(),
+        }
+    }
+
+    /// The namespace of the elections' Leases, where the probe is created (default: the
+    /// client's default namespace, as for [`KubeOptions`](crate::backend::kube::KubeOptions)).
+    #[must_use]
+    pub fn lease_namespace(mut self, namespace: &str) -> Self {
+        namespace.clone_into(&mut self.lease_namespace);
+        self
+    }
+
+    /// How often a term re-proves its fence after the first proof (default
+    /// [`DEFAULT_RECHECK`], 10 s): one pair of dry-run requests per period and term.
+    #[must_use]
+    pub fn recheck_every(mut self, period: Duration) -> Self {
+        self.recheck = period.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Opt-in: let fenced writes go while the fence is not enforced (each failed proof still
+    /// logs at error level, writes the Event and sets the metric). For a migration window
+    /// only: a stale leader's writes are then admitted without a sign in the write's result.
+    #[must_use]
+    pub fn warn_only(mut self, on: bool) -> Self {
+        self.warn_only = on;
+        self
+    }
+
+    /// Reports every proof into `metrics`: `tenure_fence_enforced{name}` (1 proven, 0 not)
+    /// and `tenure_fence_checks_total{name,result}`.
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: crate::election::ElectionMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The cause of the first fence of a running term that is not enforced, if any: for a
+    /// readiness probe (`ProbeServer::readiness_check`), so an open fence shows in
+    /// `kubectl get pods` and rollouts.
+    #[must_use]
+    pub fn open_fence(&self) -> Option<String> {
+        let proofs = self.proofs.lock().unwrap_or_else(PoisonError::into_inner);
+        proofs
+            .values()
+            .filter(|(_, proof)| proof.running())
+            .find_map(|(_, proof)| match proof.state() {
+                FenceState::Unenforced { cause } => {
+                    Some(format!("fence open on lease {}: {cause}", proof.lease()))
+                }
+                _ => None,
+            })
+    }
+
+    /// Proves `term`'s fence (or waits for the proof already running) and returns what it
+    /// found: for a caller that wants to know before it starts work, e.g. a supervisor that
+    /// starts a command only once its writes would be fenced. Fenced writes do the same wait
+    /// by themselves.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the proof keeps running for the term's clients.
+    pub async fn prove(&self, term: &Term) -> FenceState {
+        match self.proof(term.lease_name(), term.fencing_token(), Some(term)) {
+            Some(proof) => proof.settled().await,
+            None => FenceState::Unenforced {
+                cause: "this fencer sends no token (Fencer::without_policy)".into(),
+            },
         }
     }
 
     /// A kube client for `term`: every request carries the term's token (unless
-    /// [`without_policy`](Self::without_policy)), and writes (POST, PUT, PATCH, DELETE) fail
-    /// locally once the term has ended. Use it for anything [`FencedApi`] does not cover;
-    /// its errors are plain `kube::Error`s (a local refusal is a `Service` error).
+    /// [`without_policy`](Self::without_policy)), and writes (POST, PUT, PATCH, DELETE) wait
+    /// for the term's fence proof and fail locally once the term has ended. Use it for
+    /// anything [`FencedApi`] does not cover; its errors are plain `kube::Error`s (a local
+    /// refusal is a `Service` error).
     #[must_use]
     pub fn client(&self, term: &Term) -> kube::Client {
-        self.build(term.fencing_token(), Some(term.clone()))
+        let proof = self.proof(term.lease_name(), term.fencing_token(), Some(term));
+        self.build(term.fencing_token(), Some(term.clone()), proof)
     }
 
-    /// A kube client whose requests carry `token`, with no local check: for a process that
-    /// was handed a token rather than a [`Term`] (a command under `tenure run` reads
-    /// `TENURE_FENCING_TOKEN`). Only the API server's policy refuses its stale writes.
+    /// A kube client whose requests carry `token` of the election `lease`, with no local
+    /// check of the term: for a process that was handed a token rather than a [`Term`] (a
+    /// command under `tenure run` reads `TENURE_LEASE` and `TENURE_FENCING_TOKEN`). Its
+    /// writes still wait for the fence proof.
     #[must_use]
-    pub fn client_with_token(&self, token: FencingToken) -> kube::Client {
-        self.build(token, None)
+    pub fn client_with_token(&self, lease: &str, token: FencingToken) -> kube::Client {
+        let proof = self.proof(lease, token, None);
+        self.build(token, None, proof)
     }
 
-    fn build(&self, token: FencingToken, term: Option<Term>) -> kube::Client {
+    /// The proof of (lease, token), started on first use; `None` without a request token.
+    fn proof(&self, lease: &str, token: FencingToken, term: Option<&Term>) -> Option<Arc<Proof>> {
+        self.identity.as_ref()?;
+        let mut proofs = self.proofs.lock().unwrap_or_else(PoisonError::into_inner);
+        let newest = proofs.get(lease).map(|(t, _)| *t);
+        if let Some((t, proof)) = proofs.get(lease)
+            && *t == token.get()
+        {
+            return Some(proof.clone());
+        }
+        let probe = |t: u64| {
+            Api::namespaced(
+                self.build(FencingToken::new(t), None, None),
+                &self.lease_namespace,
+            )
+        };
+        let proof = Proof::start(ProofSetup {
+            lease: format!("{}/{lease}", self.lease_namespace),
+            lease_name: lease.to_owned(),
+            ours: token.get(),
+            below: probe(token.get().saturating_sub(1)),
+            at: probe(token.get()),
+            events: Some(self.client.clone()),
+            lease_namespace: self.lease_namespace.clone(),
+            recheck: self.recheck,
+            #[cfg(feature = "metrics")]
+            metrics: self.metrics.clone(),
+            cancel: term.map(|t| t.cancellation().clone()),
+        });
+        // An older term's proof (rare: a handed-over old token) lives with its clients only.
+        if newest.is_none_or(|t| t < token.get()) {
+            proofs.insert(lease.to_owned(), (token.get(), proof.clone()));
+        }
+        Some(proof)
+    }
+
+    fn build(
+        &self,
+        token: FencingToken,
+        term: Option<Term>,
+        proof: Option<Arc<Proof>>,
+    ) -> kube::Client {
         let mut headers = self.identity.as_deref().cloned().unwrap_or_default();
         if self.identity.is_some()
             && let Ok(value) = HeaderValue::from_str(&token.get().to_string())
@@ -261,23 +435,32 @@ impl Fencer {
                 inner: self.client.clone(),
                 headers: Arc::new(headers),
                 term,
+                gate: proof.map(|proof| Gate {
+                    proof,
+                    warn_only: self.warn_only,
+                }),
             },
             namespace,
         )
     }
 
     /// A fenced `Api` for namespaced resources of kind `K` in `namespace`, carrying `token`
-    /// with no local check (see [`client_with_token`](Self::client_with_token)).
+    /// of the election `lease` with no local check (see
+    /// [`client_with_token`](Self::client_with_token)).
     #[must_use]
-    pub fn namespaced_with_token<K>(&self, token: FencingToken, namespace: &str) -> FencedApi<K>
+    pub fn namespaced_with_token<K>(
+        &self,
+        lease: &str,
+        token: FencingToken,
+        namespace: &str,
+    ) -> FencedApi<K>
     where
         K: Resource<Scope = NamespaceResourceScope>,
         K::DynamicType: Default,
     {
         FencedApi {
-            api: Api::namespaced(self.client_with_token(token), namespace),
+            api: Api::namespaced(self.client_with_token(lease, token), namespace),
             ours: token,
-            settle: self.settle(token, |c| Api::namespaced(c, namespace)),
         }
     }
 
@@ -291,7 +474,6 @@ impl Fencer {
         FencedApi {
             api: Api::namespaced(self.client(term), namespace),
             ours: term.fencing_token(),
-            settle: self.settle(term.fencing_token(), |c| Api::namespaced(c, namespace)),
         }
     }
 
@@ -306,35 +488,8 @@ impl Fencer {
         FencedApi {
             api: Api::all(self.client(term)),
             ours: term.fencing_token(),
-            settle: self.settle(term.fencing_token(), Api::all),
         }
     }
-
-    /// The probe a term's first fenced write waits on (policy mode only): an `Api` whose
-    /// requests carry the token just below ours.
-    fn settle<K>(
-        &self,
-        ours: FencingToken,
-        api: impl FnOnce(kube::Client) -> Api<K>,
-    ) -> Option<Arc<Settle<K>>> {
-        let below = ours.get().checked_sub(1).filter(|b| *b > 0)?;
-        self.identity.as_ref()?;
-        Some(Arc::new(Settle {
-            below: api(self.build(FencingToken::new(below), None)),
-            done: AtomicBool::new(false),
-        }))
-    }
-}
-
-/// How long a term's first write waits for the API server's policy to refuse the token just
-/// below the term's, before it goes ahead anyway (and warns that no policy seems to enforce
-/// the token).
-pub const SETTLE_LIMIT: Duration = Duration::from_secs(1);
-
-/// The state of a term's first-write wait (see [`FencedApi`]'s "First write").
-struct Settle<K> {
-    below: Api<K>,
-    done: AtomicBool,
 }
 
 /// `Impersonate-Extra-tenure.dev%2ffencing-token` (the key percent-encoded, as the header
@@ -374,13 +529,94 @@ impl std::fmt::Display for Ended {
 
 impl std::error::Error for Ended {}
 
-/// The service under a term's client: adds the headers, refuses writes after the term.
+/// The local refusal: the term's fence proof did not pass, so the write was not sent.
+#[derive(Debug)]
+struct Gated {
+    lease: String,
+    state: FenceState,
+}
+
+impl Gated {
+    fn into_error(self, ours: u64) -> FenceError {
+        match self.state {
+            FenceState::Superseded { current } => FenceError::Stale {
+                lease: Some(self.lease),
+                ours,
+                current,
+            },
+            FenceState::Unenforced { cause } => FenceError::Unenforced {
+                lease: self.lease,
+                cause,
+            },
+            FenceState::Proving | FenceState::Enforced => FenceError::Unenforced {
+                lease: self.lease,
+                cause: "the fence proof did not finish".into(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Gated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.state {
+            FenceState::Superseded { current } => write!(
+                f,
+                "write not sent: a newer term holds lease {} ({current})",
+                self.lease
+            ),
+            FenceState::Unenforced { cause } => write!(
+                f,
+                "write not sent: the fence on lease {} is not enforced: {cause}",
+                self.lease
+            ),
+            _ => write!(
+                f,
+                "write not sent: the fence on lease {} is unproven",
+                self.lease
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Gated {}
+
+/// A term's writes wait for its fence proof.
+#[derive(Clone)]
+struct Gate {
+    proof: Arc<Proof>,
+    warn_only: bool,
+}
+
+impl Gate {
+    /// `Ok` when a write may go.
+    async fn pass(&self) -> Result<(), Gated> {
+        match self.proof.settled().await {
+            FenceState::Enforced => Ok(()),
+            FenceState::Unenforced { cause } if self.warn_only => {
+                tracing::error!(
+                    lease = %self.proof.lease(),
+                    "fenced write sent although the fence is not enforced (warn-only): {cause}"
+                );
+                Ok(())
+            }
+            state => Err(Gated {
+                lease: self.proof.lease().to_owned(),
+                state,
+            }),
+        }
+    }
+}
+
+/// The service under a term's client: adds the headers, holds writes until the fence is
+/// proven, refuses writes after the term.
 #[derive(Clone)]
 struct Stamped {
     inner: kube::Client,
     headers: Arc<HeaderMap>,
     /// `None`: no local check (a token handed over without its term).
     term: Option<Term>,
+    /// `None`: no proof (no request token, or the proof's own probes).
+    gate: Option<Gate>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -399,16 +635,23 @@ impl tower::Service<Request<Body>> for Stamped {
             *request.method(),
             Method::GET | Method::HEAD | Method::OPTIONS
         );
-        // Checked at the last moment before sending: a term that ended while the caller
-        // prepared the write sends nothing.
-        if write && self.term.as_ref().is_some_and(|t| !t.is_valid()) {
-            return Box::pin(async { Err(Box::new(Ended) as BoxError) });
-        }
         for (name, value) in self.headers.iter() {
             request.headers_mut().append(name, value.clone());
         }
         let inner = self.inner.clone();
-        Box::pin(async move { inner.send(request).await.map_err(BoxError::from) })
+        let term = self.term.clone();
+        let gate = self.gate.clone().filter(|_| write);
+        Box::pin(async move {
+            if let Some(gate) = gate {
+                gate.pass().await.map_err(|e| Box::new(e) as BoxError)?;
+            }
+            // Checked at the last moment before sending: a term that ended while the caller
+            // prepared the write (or while it waited for the proof) sends nothing.
+            if write && term.as_ref().is_some_and(|t| !t.is_valid()) {
+                return Err(Box::new(Ended) as BoxError);
+            }
+            inner.send(request).await.map_err(BoxError::from)
+        })
     }
 }
 
@@ -420,32 +663,19 @@ impl tower::Service<Request<Body>> for Stamped {
 ///
 /// # First write
 ///
-/// The API server's policy reads the Lease from an informer, a few milliseconds behind the
-/// write that granted the term: in that lag the previous leader's writes are still admitted
-/// (measured in `benches/kube_fencing.rs`). So the first write through each `FencedApi`
-/// (unless [`Fencer::without_policy`]) is preceded by a dry run of the same request with the
-/// token just below the term's, repeated every 10 ms until the policy refuses it — then the
-/// policy knows this term, and no stale write can land after this term's first write. After
-/// [`SETTLE_LIMIT`] without a refusal the write goes ahead and a warning says that no policy
-/// seems to enforce the token.
+/// Writes wait for the term's fence proof (see [`Fencer`]): only once the API server refuses
+/// the token below this term's does the first write go, so no stale write can land (on that
+/// server) after it. While the proof fails, writes fail with [`FenceError::Unenforced`].
 #[derive(Clone)]
 pub struct FencedApi<K> {
     api: Api<K>,
     ours: FencingToken,
-    settle: Option<Arc<Settle<K>>>,
 }
 
 impl<K> Debug for FencedApi<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FencedApi")
             .field("ours", &self.ours)
-            .field(
-                "settled",
-                &self
-                    .settle
-                    .as_ref()
-                    .is_none_or(|s| s.done.load(Ordering::Acquire)),
-            )
             .finish_non_exhaustive()
     }
 }
@@ -465,40 +695,6 @@ where
     #[must_use]
     pub fn fencing_token(&self) -> FencingToken {
         self.ours
-    }
-
-    /// Before the first write: waits until the policy refuses the token below ours, with
-    /// `dry` sending a dry run of that write through the given `Api`.
-    async fn settled<T, Fut>(&self, dry: impl Fn(Api<K>) -> Fut)
-    where
-        Fut: Future<Output = kube::Result<T>>,
-    {
-        let Some(settle) = &self.settle else { return };
-        if settle.done.load(Ordering::Acquire) {
-            return;
-        }
-        let deadline = tokio::time::Instant::now() + SETTLE_LIMIT;
-        loop {
-            match dry(settle.below.clone()).await {
-                // Refused as stale: the policy knows this term (or a newer one).
-                Err(kube::Error::Api(status)) if status.message.contains(REFUSAL_PREFIX) => break,
-                Ok(_) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Ok(_) => {
-                    tracing::warn!(
-                        fencing_token = self.ours.get(),
-                        "no fencing policy refused a lower token within {SETTLE_LIMIT:?}: is the \
-                         policy installed for this election and resource? (Fencer::without_policy \
-                         if not)"
-                    );
-                    break;
-                }
-                // Anything else (the object is missing, a conflict): the real write will say.
-                Err(_) => break,
-            }
-        }
-        settle.done.store(true, Ordering::Release);
     }
 
     fn stamped(&self, object: &K) -> K {
@@ -534,14 +730,11 @@ where
         self.api.get(name).await.map_err(FenceError::Kube)
     }
 
-    /// Sends one write: `send(api, dry_run)` is called first as a dry run (through
-    /// [`settled`](Self::settled), the first write of a term only), then for real, and a
-    /// refusal is classified.
+    /// Sends one write and classifies a refusal.
     async fn write<T, Fut>(&self, send: impl Fn(Api<K>, bool) -> Fut) -> Result<T, FenceError>
     where
         Fut: Future<Output = kube::Result<T>>,
     {
-        self.settled(|api| send(api, true)).await;
         send(self.api.clone(), false)
             .await
             .map_err(|e| classify(e, self.ours.get()))

@@ -81,9 +81,11 @@
 
 mod client;
 mod policy;
+mod proof;
 
-pub use client::{Current, FenceError, FencedApi, Fencer, SETTLE_LIMIT};
-pub use policy::{FencingPolicy, PolicyError};
+pub use client::{Current, FenceError, FencedApi, Fencer};
+pub use policy::{ANCHOR_NAME, FencingPolicy, PolicyError};
+pub use proof::{DEFAULT_RECHECK, FenceState, PROOF_WINDOW};
 
 /// The user extra that carries a request's fencing token (sent as
 /// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.

@@ -13,8 +13,38 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::{OBJECT_TOKEN_ANNOTATION, REFUSAL_PREFIX, REQUEST_TOKEN_EXTRA};
 use crate::backend::kube::record;
 
-/// A write to a governed object that the policy checks.
-const OPERATIONS: [&str; 3] = ["CREATE", "UPDATE", "DELETE"];
+/// A write to a governed object that the policy checks. CONNECT is pods/exec, attach,
+/// portforward and the proxies: the rules name every subresource (`resource/*`), so a
+/// governed pod's exec is fenced like its update.
+const OPERATIONS: [&str; 4] = ["CREATE", "UPDATE", "DELETE", "CONNECT"];
+
+/// The name of the anchor policy and its binding (see [`FencingPolicy::anchor`]).
+pub const ANCHOR_NAME: &str = "tenure-fencing-anchor";
+
+/// What the election itself writes without a token: governing it would keep every replica
+/// from leading (the Lease), or refuse its own Events and status.
+const ELECTION_OWN: [(&str, &str, &str); 4] = [
+    (
+        "coordination.k8s.io",
+        "leases",
+        "the election's Lease is written by its candidates without a token",
+    ),
+    (
+        "",
+        "events",
+        "the election writes its Events without a token",
+    ),
+    (
+        "events.k8s.io",
+        "events",
+        "the election writes its Events without a token",
+    ),
+    (
+        "tenure.dev",
+        "elections",
+        "the election publishes its Election status without a token",
+    ),
+];
 
 /// A policy spec that [`FencingPolicy::policy`] and [`FencingPolicy::binding`] turn into the
 /// two objects to apply: for one election (a Lease), the participants whose writes are
@@ -35,7 +65,22 @@ const OPERATIONS: [&str; 3] = ["CREATE", "UPDATE", "DELETE"];
 /// - while the Lease does not exist, nothing is fenced (`parameterNotFoundAction: Allow`;
 ///   see the module docs for why not `Deny`): install it with the policy
 ///   ([`lease`](Self::lease), which [`to_yaml`](Self::to_yaml) includes), and it exists from
-///   then on.
+///   then on;
+/// - tokens are compared as decimal strings (form, then length, then lexically), so no value
+///   of any length makes the CEL fail; a malformed floor on the Lease refuses every
+///   participant write with a message naming the Lease and the annotation (fail closed);
+/// - a participant's write may set the object's `tenure.dev/fencing-token` only to its own
+///   request token. The policy does not compare a write with the object's annotation: a
+///   value a term could have issued is at most the floor, which the write already passed,
+///   and any other value (set by a person, another election, a copied manifest) must not
+///   lock later terms out;
+/// - one more Lease is governed: the probe `tenure-fence-probe.<lease>` ([`probe`](Self::probe)),
+///   which no one creates — a term's dry-run creates of it prove the policy is live
+///   ([`Fencer`](super::Fencer)).
+///
+/// Install the [`anchor`](Self::anchor) too, and never delete it: on Kubernetes 1.30–1.36
+/// an API server stops reading Lease parameters for good once no Lease-parameter policy has a
+/// binding (kubernetes/kubernetes#130887), and the anchor's binding keeps one forever.
 ///
 /// # Example
 ///
@@ -81,6 +126,15 @@ pub enum PolicyError {
         value: String,
         /// The rule it breaks.
         rule: String,
+    },
+    /// A resource the election itself writes without a token: governing it would keep every
+    /// replica from leading, or refuse the election's own Events or status.
+    #[error("cannot govern {resource}: {reason}")]
+    ElectionOwn {
+        /// The resource as given.
+        resource: String,
+        /// Why the election needs it unfenced.
+        reason: &'static str,
     },
 }
 
@@ -190,12 +244,14 @@ impl FencingPolicy {
     }
 
     /// Governs `resource` (`configmaps`, `deployments.apps`, `widgets.example.com`): its
-    /// objects and all their subresources (`status`, `scale`, …).
+    /// objects and all their subresources (`status`, `scale`, `exec`, …).
     ///
     /// # Errors
     ///
     /// [`PolicyError::Invalid`] when the resource part is not a DNS-1123 label or the group
-    /// part not a DNS-1123 subdomain.
+    /// part not a DNS-1123 subdomain; [`PolicyError::ElectionOwn`] for
+    /// `leases.coordination.k8s.io`, `events`, `events.events.k8s.io` and
+    /// `elections.tenure.dev`, which the election writes without a token.
     pub fn resource(mut self, resource: &str) -> Result<Self, PolicyError> {
         let (name, group) = resource.split_once('.').unwrap_or((resource, ""));
         check_label("resource", name).map_err(|_| {
@@ -209,6 +265,15 @@ impl FencingPolicy {
         // `deployments.` names no group: refuse it rather than read it as the core group.
         if resource.contains('.') {
             check_subdomain("resource", group)?;
+        }
+        if let Some((_, _, reason)) = ELECTION_OWN
+            .iter()
+            .find(|(g, r, _)| *g == group && *r == name)
+        {
+            return Err(PolicyError::ElectionOwn {
+                resource: resource.to_owned(),
+                reason,
+            });
         }
         let governed = GovernedResource {
             group: group.to_owned(),
@@ -226,6 +291,15 @@ impl FencingPolicy {
     #[must_use]
     pub fn name(&self) -> String {
         format!("tenure-fencing.{}.{}", self.namespace, self.lease)
+    }
+
+    /// The name of the probe Lease, `tenure-fence-probe.<lease>` in the election's namespace:
+    /// the one Lease the policy governs. Nobody creates it; a term's proof sends dry-run
+    /// creates of it ([`Fencer`](super::Fencer)), which the API server judges like any
+    /// governed write and stores nothing.
+    #[must_use]
+    pub fn probe(&self) -> String {
+        probe_name(&self.lease)
     }
 
     fn metadata(&self) -> ObjectMeta {
@@ -258,10 +332,16 @@ impl FencingPolicy {
                     kind: Some("Lease".to_owned()),
                 }),
                 match_constraints: Some(self.match_resources()),
-                match_conditions: Some(vec![MatchCondition {
-                    name: "election-participant".to_owned(),
-                    expression: self.participant_expression(),
-                }]),
+                match_conditions: Some(vec![
+                    MatchCondition {
+                        name: "election-participant".to_owned(),
+                        expression: self.participant_expression(),
+                    },
+                    MatchCondition {
+                        name: "not-a-lease-but-the-probe".to_owned(),
+                        expression: self.probe_expression(),
+                    },
+                ]),
                 variables: Some(variables()),
                 validations: Some(validations()),
                 ..ValidatingAdmissionPolicySpec::default()
@@ -308,53 +388,87 @@ impl FencingPolicy {
         }
     }
 
-    /// The Lease, the policy and the binding as one YAML stream, ready for
-    /// `kubectl apply -f -` (what `tenure policy` prints).
+    /// The anchor ([`anchor`](Self::anchor)), the Lease, the policy and the binding as one
+    /// YAML stream, ready for `kubectl apply -f -` (what `tenure policy` prints).
     #[cfg(feature = "crd")]
     #[must_use]
     pub fn to_yaml(&self) -> String {
-        fn one<T: serde::Serialize>(object: &T) -> String {
-            // Unreachable in practice (plain data); JSON is valid YAML.
-            serde_saphyr::to_string(object)
-                .or_else(|_| serde_json::to_string_pretty(object))
-                .unwrap_or_default()
-        }
-        let mut lease = serde_json::to_value(self.lease()).unwrap_or_default();
-        let mut policy = serde_json::to_value(self.policy()).unwrap_or_default();
-        let mut binding = serde_json::to_value(self.binding()).unwrap_or_default();
-        // k8s-openapi's types serialize without apiVersion/kind; kubectl needs them.
-        for (value, api_version, kind) in [
-            (&mut lease, "coordination.k8s.io/v1", "Lease"),
-            (
-                &mut policy,
-                "admissionregistration.k8s.io/v1",
-                "ValidatingAdmissionPolicy",
-            ),
-            (
-                &mut binding,
-                "admissionregistration.k8s.io/v1",
-                "ValidatingAdmissionPolicyBinding",
-            ),
-        ] {
+        fn one<T: serde::Serialize>(object: &T, api_version: &str, kind: &str) -> String {
+            let mut value = serde_json::to_value(object).unwrap_or_default();
+            // k8s-openapi's types serialize without apiVersion/kind; kubectl needs them.
             if let Some(map) = value.as_object_mut() {
                 map.insert("apiVersion".into(), api_version.into());
                 map.insert("kind".into(), kind.into());
             }
+            // Unreachable in practice (plain data); JSON is valid YAML.
+            serde_saphyr::to_string(&value)
+                .or_else(|_| serde_json::to_string_pretty(&value))
+                .unwrap_or_default()
         }
+        const ADMISSION: &str = "admissionregistration.k8s.io/v1";
+        let (anchor, anchor_binding) = Self::anchor();
         format!(
             "# tenure fencing policy for lease {}/{}: generated by `tenure policy`; do not edit.\n\
-             # The Lease comes first: the policy reads it as its parameter.\n{}---\n{}---\n{}",
+             # First the anchor, shared by every election: never delete it (kubernetes#130887:\n\
+             # without a Lease-parameter binding, API servers stop reading Leases until restarted).\n\
+             {}---\n{}---\n\
+             # The Lease before its policy: the policy reads it as its parameter.\n{}---\n{}---\n{}",
             self.namespace,
             self.lease,
-            one(&lease),
-            one(&policy),
-            one(&binding)
+            one(&anchor, ADMISSION, "ValidatingAdmissionPolicy"),
+            one(
+                &anchor_binding,
+                ADMISSION,
+                "ValidatingAdmissionPolicyBinding"
+            ),
+            one(&self.lease(), "coordination.k8s.io/v1", "Lease"),
+            one(&self.policy(), ADMISSION, "ValidatingAdmissionPolicy"),
+            one(
+                &self.binding(),
+                ADMISSION,
+                "ValidatingAdmissionPolicyBinding"
+            ),
         )
     }
 
     fn participant_expression(&self) -> String {
         let quoted: Vec<String> = self.users.iter().map(|u| format!("'{u}'")).collect();
         format!("request.userInfo.username in [{}]", quoted.join(", "))
+    }
+
+    /// Leases are the election's own (its Lease, shard and member Leases), written without a
+    /// token; the one governed Lease is this election's probe. (A condition, not an
+    /// exclusion rule: exclusions cannot spare one name.)
+    fn probe_expression(&self) -> String {
+        format!(
+            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource ==              'leases') || request.name == '{}'",
+            self.probe()
+        )
+    }
+
+    /// The anchor: a ValidatingAdmissionPolicy with paramKind Lease and a binding that
+    /// matches nothing (a resource no API serves), named [`ANCHOR_NAME`]. Install it before
+    /// any election's policy and never delete it.
+    ///
+    /// Why: on Kubernetes 1.30–1.36 each API server stops its Lease parameter informer for
+    /// good the moment no policy with paramKind Lease has a binding (deleting the last
+    /// election's binding is enough; kubernetes/kubernetes#130887, #133827, fix #141015), and
+    /// from then on every fencing policy reads a frozen Lease or none and admits stale writes
+    /// until that API server restarts. The anchor's binding keeps the kind in use forever.
+    /// It costs nothing at admission: it matches no request.
+    #[must_use]
+    pub fn anchor() -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        Self::anchor_named(ANCHOR_NAME)
+    }
+
+    /// [`anchor`](Self::anchor) under another name: the Helm chart installs one per release
+    /// (`tenure-fencing-anchor.<namespace>.<release>`), so that releases never share an
+    /// object. Any number of anchors may exist; one is enough.
+    #[must_use]
+    pub fn anchor_named(
+        name: &str,
+    ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+        anchor_named(name)
     }
 
     fn match_resources(&self) -> MatchResources {
@@ -376,13 +490,10 @@ impl FencingPolicy {
             }
         };
         if self.resources.is_empty() {
-            // Everything but what the election itself writes: its Lease, its Events, the
-            // Election status it publishes, and the reviews a client makes about itself.
+            // Everything but what the election itself writes: its Events, the Election status
+            // it publishes, and the reviews a client makes about itself. Leases match here and
+            // are spared by `probe_expression` (all but the probe).
             let exclude = vec![
-                rule(
-                    vec!["coordination.k8s.io".to_owned()],
-                    with_subresources("leases"),
-                ),
                 rule(vec![String::new()], with_subresources("events")),
                 rule(
                     vec!["events.k8s.io".to_owned()],
@@ -414,11 +525,20 @@ impl FencingPolicy {
                 .or_default()
                 .extend(with_subresources(&r.resource));
         }
+        // The probe: Leases, of which `probe_expression` lets only the probe through.
+        let probe = NamedRuleWithOperations {
+            operations: Some(vec!["CREATE".to_owned()]),
+            ..rule(
+                vec!["coordination.k8s.io".to_owned()],
+                vec!["leases".to_owned()],
+            )
+        };
         MatchResources {
             resource_rules: Some(
                 by_group
                     .into_iter()
                     .map(|(group, resources)| rule(vec![group.to_owned()], resources))
+                    .chain(std::iter::once(probe))
                     .collect(),
             ),
             match_policy: Some("Equivalent".to_owned()),
@@ -427,13 +547,96 @@ impl FencingPolicy {
     }
 }
 
-/// The CEL variables: who holds the Lease, the term's floor, the writer's token.
+/// The probe Lease of the election whose Lease is `lease` (see [`FencingPolicy::probe`]).
+pub(crate) fn probe_name(lease: &str) -> String {
+    format!("tenure-fence-probe.{lease}")
+}
+
+/// The anchor policy and binding under `name` (the chart names one per release, so that two
+/// releases do not fight over one object).
+fn anchor_named(name: &str) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let metadata = ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some(BTreeMap::from([(
+            "app.kubernetes.io/managed-by".to_owned(),
+            "tenure".to_owned(),
+        )])),
+        annotations: Some(BTreeMap::from([(
+            "tenure.dev/why".to_owned(),
+            "keeps the API server's Lease parameter informer running (kubernetes/kubernetes#130887); \
+             never delete it"
+                .to_owned(),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Ignore".to_owned()),
+            param_kind: Some(ParamKind {
+                api_version: Some("coordination.k8s.io/v1".to_owned()),
+                kind: Some("Lease".to_owned()),
+            }),
+            // A resource no API server serves: the policy never matches a request.
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["tenure.dev".to_owned()]),
+                    api_versions: Some(vec!["v1".to_owned()]),
+                    operations: Some(vec!["CREATE".to_owned()]),
+                    resources: Some(vec!["fencinganchors".to_owned()]),
+                    scope: Some("*".to_owned()),
+                    resource_names: None,
+                }]),
+                ..MatchResources::default()
+            }),
+            validations: Some(vec![Validation {
+                expression: "true".to_owned(),
+                ..Validation::default()
+            }]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata,
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            policy_name: name.to_owned(),
+            param_ref: Some(ParamRef {
+                name: Some(name.to_owned()),
+                namespace: None,
+                parameter_not_found_action: Some("Allow".to_owned()),
+                selector: None,
+            }),
+            validation_actions: vec!["Deny".to_owned()],
+            match_resources: None,
+        },
+    };
+    (policy, binding)
+}
+
+/// A CEL expression true when the string `s` is a fencing token in canonical form: decimal,
+/// no sign, no leading zero, at most 20 digits (u64). The size test comes first so a huge
+/// value costs nothing more.
+fn canonical(s: &str) -> String {
+    format!("(size({s}) <= 20 && {s}.matches('^(0|[1-9][0-9]*)$'))")
+}
+
+/// The CEL variables: who holds the Lease, the term's floor, the writer's token, and the
+/// object token the write sets. Tokens stay strings: `int()` fails on 20 digits (and any
+/// failure refuses everyone under `failurePolicy: Fail`), so they are compared by form,
+/// then length, then lexically — for canonical decimals that is numeric order.
 fn variables() -> Vec<Variable> {
     let holder_identity = record::HOLDER_IDENTITY;
     let floor = record::FENCING_FLOOR;
     let var = |name: &str, expression: String| Variable {
         name: name.to_owned(),
         expression,
+    };
+    let annotation = |object: &str, key: &str| {
+        format!(
+            "{object} != null && has({object}.metadata) && has({object}.metadata.annotations) && \
+             '{key}' in {object}.metadata.annotations ? {object}.metadata.annotations['{key}'] : ''"
+        )
     };
     vec![
         var(
@@ -455,15 +658,15 @@ fn variables() -> Vec<Variable> {
                  params.metadata.annotations['{holder_identity}'] == variables.holder)"
             ),
         ),
-        // A malformed floor makes int() fail, and the policy's failurePolicy (Fail) refuses:
-        // fail closed.
+        // No floor yet (no term was granted): every token passes it.
         var(
             "floor",
             format!(
                 "has(params.metadata.annotations) && '{floor}' in params.metadata.annotations \
-                 ? int(params.metadata.annotations['{floor}']) : 0"
+                 ? params.metadata.annotations['{floor}'] : '0'"
             ),
         ),
+        var("floorOk", canonical("variables.floor")),
         var(
             "token",
             format!(
@@ -472,17 +675,23 @@ fn variables() -> Vec<Variable> {
                  ? request.userInfo.extra['{REQUEST_TOKEN_EXTRA}'][0] : ''"
             ),
         ),
+        var("tokenOk", canonical("variables.token")),
+        // token >= floor, both canonical.
         var(
-            "wellFormed",
-            "variables.token.matches('^[0-9]{1,19}$')".to_owned(),
+            "current",
+            "size(variables.token) > size(variables.floor) || (size(variables.token) == \
+             size(variables.floor) && variables.token >= variables.floor)"
+                .to_owned(),
         ),
+        // The object token the write leaves: a participant may set it only to its own token
+        // (or keep what was there, or leave it out). Empty for deletes and CONNECT.
+        var("stamp", annotation("object", OBJECT_TOKEN_ANNOTATION)),
         var(
-            "objectToken",
+            "stampOk",
             format!(
-                "oldObject != null && has(oldObject.metadata.annotations) && \
-                 '{OBJECT_TOKEN_ANNOTATION}' in oldObject.metadata.annotations && \
-                 oldObject.metadata.annotations['{OBJECT_TOKEN_ANNOTATION}'].matches('^[0-9]{{1,19}}$') \
-                 ? int(oldObject.metadata.annotations['{OBJECT_TOKEN_ANNOTATION}']) : 0"
+                "variables.stamp == '' || variables.stamp == variables.token || \
+                 variables.stamp == ({})",
+                annotation("oldObject", OBJECT_TOKEN_ANNOTATION)
             ),
         ),
     ]
@@ -493,32 +702,36 @@ fn variables() -> Vec<Variable> {
 /// parses into a typed error ([`FenceError`](super::FenceError)): keep the wording in step
 /// with `super::client::classify_status`. The message is only evaluated on a refusal.
 fn validations() -> Vec<Validation> {
-    let stale = |tail: &str| {
-        format!(
-            "'{REFUSAL_PREFIX} lease ' + variables.lease + ': stale: token ' + variables.token + {tail}"
-        )
-    };
+    let floor = record::FENCING_FLOOR;
+    let head = format!("'{REFUSAL_PREFIX} lease ' + variables.lease + ': ");
+    // A value from the request or the Lease shown in a message: at most 40 characters.
+    let shown = |v: &str| format!("(size({v}) > 40 ? {v}.substring(0, 40) + '...' : {v})");
     let message = format!(
-        "variables.token == '' ? '{REFUSAL_PREFIX} lease ' + variables.lease + ': missing \
-         token: a write from a participant of this election must carry its term fencing token \
-         (the user extra {REQUEST_TOKEN_EXTRA}, sent by tenure::fence::kube::Fencer)' \
-         : !variables.wellFormed ? '{REFUSAL_PREFIX} lease ' + variables.lease + ': malformed \
-         token: ' + variables.token \
-         : variables.foreignHolder ? {} \
-         : int(variables.token) < variables.floor ? {} \
-         : {}",
-        stale(
-            "', but the lease is held by ' + variables.holder + ', which is not a tenure replica'"
-        ),
-        stale("' < current ' + string(variables.floor)"),
-        stale("' < object ' + string(variables.objectToken)"),
+        "variables.token == '' ? {head}missing token: a write from a participant of this \
+         election must carry its term\\'s fencing token (the user extra {REQUEST_TOKEN_EXTRA}, \
+         sent by tenure::fence::kube::Fencer or the headers Impersonate-User and \
+         Impersonate-Extra-tenure.dev%2Ffencing-token)' \
+         : !variables.tokenOk ? {head}malformed token: ' + {token} + ' (a fencing token is a \
+         decimal number without sign or leading zeros)' \
+         : !variables.floorOk ? {head}broken floor: the Lease\\'s annotation {floor} is \"' + \
+         {floor_shown} + '\", not a fencing token; participant writes are refused until the \
+         next grant rewrites it (or remove the annotation)' \
+         : variables.foreignHolder ? {head}stale: token ' + variables.token + ', but the lease \
+         is held by ' + variables.holder + ', which is not a tenure replica' \
+         : !variables.current ? {head}stale: token ' + variables.token + ' < current ' + \
+         variables.floor \
+         : {head}object token: this write sets {OBJECT_TOKEN_ANNOTATION} to \"' + {stamp} + \
+         '\"; a participant may set it only to its own token ' + variables.token",
+        token = shown("variables.token"),
+        floor_shown = shown("variables.floor"),
+        stamp = shown("variables.stamp"),
     );
     vec![Validation {
-        // A tokened write: well formed, no foreign holder, not below the term's or the
-        // object's token. A token-less one: only while a foreign holder (client-go) leads.
-        expression: "variables.token != '' ? (variables.wellFormed && !variables.foreignHolder \
-                     && int(variables.token) >= variables.floor \
-                     && int(variables.token) >= variables.objectToken) \
+        // A tokened write: well formed, a well-formed floor, no foreign holder, not below the
+        // term's token, and no foreign object token set. A token-less one: only while a
+        // foreign holder (client-go) leads.
+        expression: "variables.token != '' ? (variables.tokenOk && variables.floorOk && \
+                     !variables.foreignHolder && variables.current && variables.stampOk) \
                      : variables.foreignHolder"
             .to_owned(),
         message_expression: Some(message),
@@ -597,7 +810,109 @@ mod tests {
                         "statefulsets/*".into()
                     ]
                 ),
+                // The probe (only its name passes the second match condition).
+                (vec!["coordination.k8s.io".into()], vec!["leases".into()]),
             ]
+        );
+    }
+
+    #[test]
+    fn the_elections_own_resources_cannot_be_governed() {
+        let p = FencingPolicy::new("ns", "x").expect("valid");
+        for own in [
+            "leases.coordination.k8s.io",
+            "events",
+            "events.events.k8s.io",
+            "elections.tenure.dev",
+        ] {
+            let e = p.clone().resource(own).expect_err(own);
+            assert!(
+                matches!(&e, PolicyError::ElectionOwn { resource, .. } if resource == own),
+                "{e}"
+            );
+            assert!(e.to_string().contains("without a token"), "{e}");
+        }
+        // Names alike but not the election's are fine.
+        for other in ["leases", "events.example.com", "elections.example.com"] {
+            assert!(p.clone().resource(other).is_ok(), "{other}");
+        }
+    }
+
+    #[test]
+    fn every_operation_including_connect_is_governed() {
+        let p = FencingPolicy::new("ns", "x")
+            .and_then(|p| p.service_account("ns", "a"))
+            .expect("valid");
+        let rules = p
+            .policy()
+            .spec
+            .and_then(|s| s.match_constraints)
+            .and_then(|m| m.resource_rules)
+            .expect("rules");
+        assert_eq!(
+            rules[0].operations.as_deref(),
+            Some(
+                &[
+                    "CREATE".into(),
+                    "UPDATE".into(),
+                    "DELETE".into(),
+                    "CONNECT".into()
+                ][..]
+            )
+        );
+        assert_eq!(rules[0].resources.as_deref(), Some(&["*/*".into()][..]));
+    }
+
+    #[test]
+    fn leases_are_spared_but_the_probe() {
+        let p = FencingPolicy::new("ns", "ctl").expect("valid");
+        assert_eq!(p.probe(), "tenure-fence-probe.ctl");
+        let conditions = p
+            .policy()
+            .spec
+            .and_then(|s| s.match_conditions)
+            .expect("conditions");
+        assert!(
+            conditions[1]
+                .expression
+                .ends_with("|| request.name == 'tenure-fence-probe.ctl'"),
+            "{}",
+            conditions[1].expression
+        );
+        let exclude = p
+            .policy()
+            .spec
+            .and_then(|s| s.match_constraints)
+            .and_then(|m| m.exclude_resource_rules)
+            .expect("exclusions");
+        assert!(
+            exclude
+                .iter()
+                .all(|r| r.resources.as_deref() != Some(&["leases".into(), "leases/*".into()][..])),
+            "Leases are not excluded by rule (the probe must match)"
+        );
+    }
+
+    #[test]
+    fn the_anchor_has_a_lease_param_and_matches_nothing_real() {
+        let (policy, binding) = FencingPolicy::anchor();
+        assert_eq!(policy.metadata.name.as_deref(), Some(ANCHOR_NAME));
+        let spec = policy.spec.expect("spec");
+        let kind = spec.param_kind.expect("paramKind");
+        assert_eq!(kind.api_version.as_deref(), Some("coordination.k8s.io/v1"));
+        assert_eq!(kind.kind.as_deref(), Some("Lease"));
+        let rules = spec
+            .match_constraints
+            .and_then(|m| m.resource_rules)
+            .expect("rules");
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["fencinganchors".into()][..])
+        );
+        assert_eq!(binding.spec.policy_name, ANCHOR_NAME);
+        assert!(
+            binding.spec.param_ref.is_some(),
+            "a binding of a param policy"
         );
     }
 
