@@ -117,9 +117,30 @@ pub async fn participant(ns: &str, sa: &str) -> (kube::Client, PathBuf) {
     (server.client_from(&path).await, path)
 }
 
-/// Installs `policy` as admin and waits until the API server enforces it (a participant's
-/// write without a token is refused by it).
+/// Installs the anchor (`FencingPolicy::anchor`) as admin: before any policy, as `tenure
+/// policy` prints it, so that deleting an election's binding never stops the API server's
+/// Lease parameter informer (kubernetes#130887).
+pub async fn install_anchor() {
+    let admin = shared().admin().await;
+    let (policy, binding) = FencingPolicy::anchor();
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        tenure::fence::kube::ANCHOR_NAME,
+        &policy,
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        tenure::fence::kube::ANCHOR_NAME,
+        &binding,
+    )
+    .await;
+}
+
+/// Installs the anchor and `policy` as admin and waits until the API server enforces it (a
+/// participant's write without a token is refused by it).
 pub async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
+    install_anchor().await;
     let admin = shared().admin().await;
     apply(
         &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),

@@ -14,6 +14,7 @@ Exit codes:
            group does not run, a backend without group membership)
   3        the lease was lost and --rejoin is off; the command was stopped
   4        the backend could not be used (unreachable, credentials, permissions)
+  5        tenure policy --check: the fence is not enforced (the line says why and what to do)
   126/127  the command could not be run / was not found
   128 + N  tenure stopped by signal N while it was not leading
 With --shards: 0 after SIGTERM or SIGINT (the copies' own exit codes are logged only).";
@@ -125,9 +126,19 @@ pub struct PolicyArgs {
     pub users: Vec<String>,
 
     /// A governed resource, as `resource[.group]` (configmaps, deployments.apps); repeatable
-    /// [default: every resource but the election's own Leases, Events and Elections].
+    /// [default: every resource but Leases (except the probe), Events, Elections and access
+    /// reviews]. Its subresources are governed too, CONNECT included (pods/exec, attach,
+    /// portforward, proxy). The election's own resources are refused.
     #[arg(long = "resource", value_name = "RESOURCE")]
     pub resources: Vec<String>,
+
+    /// Instead of printing the policy, prove that the API server enforces it: the policy,
+    /// its binding and the Lease exist, and a dry-run write as the first participant
+    /// (impersonated) with a token below the Lease's floor is refused. Exit 0 enforced, 5
+    /// not (the line names the cause and the fix), 4 the check could not run. Proves only
+    /// the API server it reached: on an HA control plane, run it against each.
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// `tenure run`.

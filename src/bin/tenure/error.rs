@@ -33,6 +33,12 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    /// `tenure policy --check` found the fence not enforced.
+    #[error("{message}")]
+    FenceOpen {
+        /// What was seen, the likely cause and the fix.
+        message: String,
+    },
     /// Something tenure itself could not do (a thread, a socket, a signal handler).
     #[error("{message}")]
     Internal {
@@ -48,6 +54,7 @@ impl CliError {
             Self::Config { .. } => 2,
             Self::Lost { .. } => 3,
             Self::Backend { .. } => 4,
+            Self::FenceOpen { .. } => 5,
             Self::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 127,
             Self::Spawn { .. } => 126,
             Self::Internal { .. } => 1,

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
                 print!("{}", tenure::crd::crd_yaml());
                 Ok(0)
             }
-            Command::Policy(args) => policy(&args),
+            Command::Policy(args) => policy(&args).await,
             Command::Install { dir } => install(&dir),
             Command::Drain(args) => drain::drain(args).await,
         }
@@ -121,8 +121,9 @@ fn init_tracing() {
         .try_init();
 }
 
-/// `tenure policy`: prints the election's Lease, fencing policy and binding.
-fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
+/// `tenure policy`: prints the anchor, the election's Lease, fencing policy and binding; with
+/// `--check`, proves the API server enforces them.
+async fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
     use tenure::fence::kube::{FencingPolicy, PolicyError};
     let flag = |flag: &str, e: PolicyError| CliError::Config {
         message: format!("{flag}: {e}"),
@@ -155,8 +156,51 @@ fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
     for resource in &args.resources {
         spec = spec.resource(resource).map_err(|e| flag("--resource", e))?;
     }
-    print!("{}", spec.to_yaml());
-    Ok(0)
+    if !args.check {
+        print!("{}", spec.to_yaml());
+        return Ok(0);
+    }
+    // The first participant speaks for all: the policy matches them alike.
+    let participant = service_accounts
+        .first()
+        .map(|sa| {
+            let (ns, name) = sa.split_once('/').unwrap_or((&args.namespace, sa));
+            format!("system:serviceaccount:{ns}:{name}")
+        })
+        .or_else(|| args.users.first().cloned())
+        .unwrap_or_default();
+    let client = backend::kube_client("tenure policy --check").await?;
+    let lease = format!("{}/{}", args.namespace, args.lease);
+    match tenure::fence::kube::check(&client, &spec, &participant).await {
+        Ok(tenure::fence::kube::CheckVerdict::Enforced { floor }) => {
+            println!(
+                "fence on lease {lease} enforced by the API server (floor {floor}, checked as \
+                 {participant})"
+            );
+            Ok(0)
+        }
+        Ok(tenure::fence::kube::CheckVerdict::Open { message, .. }) => Err(CliError::FenceOpen {
+            message: format!("fence on lease {lease} is not enforced: {message}"),
+        }),
+        Ok(other) => Err(CliError::Internal {
+            message: format!("unexpected verdict {other:?}"),
+        }),
+        Err(kube::Error::Api(s)) => Err(CliError::Backend {
+            message: format!(
+                "cannot check the fence on lease {lease}: {} ({}){}",
+                s.message,
+                s.code,
+                if s.code == 403 {
+                    "; the check impersonates the participant: it needs `impersonate` on it and on userextras/tenure.dev/fencing-token, and the participant `create` on leases"
+                } else {
+                    ""
+                }
+            ),
+        }),
+        Err(e) => Err(CliError::Backend {
+            message: format!("cannot check the fence on lease {lease}: {e}"),
+        }),
+    }
 }
 
 /// `tenure install DIR`: copies this executable to `DIR/tenure`.

@@ -114,6 +114,17 @@ pub struct ProbeServer {
     limits: server::Limits,
     #[cfg(feature = "metrics")]
     registry: Option<SharedRegistry>,
+    /// Extra readiness conditions: `Some(reason)` makes `/readyz` answer `503` with it.
+    readiness: Vec<ReadinessCheck>,
+}
+
+/// An extra readiness condition ([`ProbeServer::readiness_check`]).
+struct ReadinessCheck(Box<dyn Fn() -> Option<String> + Send + Sync>);
+
+impl std::fmt::Debug for ReadinessCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReadinessCheck")
+    }
 }
 
 /// What the endpoints report on.
@@ -170,7 +181,36 @@ impl ProbeServer {
             },
             #[cfg(feature = "metrics")]
             registry: None,
+            readiness: Vec::new(),
         }
+    }
+
+    /// Adds a readiness condition: while `check` returns `Some(reason)`, `/readyz` answers
+    /// `503` with that reason, whatever else holds. For conditions the elector cannot see,
+    /// such as a Kubernetes fence that is not enforced (`move || fencer.open_fence()` with a
+    /// `tenure::fence::kube::Fencer`):
+    ///
+    /// ```no_run
+    /// # fn demo(elector: tenure::election::LeaderElector) {
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use tenure::election::ProbeServer;
+    /// let migrating = Arc::new(AtomicBool::new(false));
+    /// let flag = migrating.clone();
+    /// let probes = ProbeServer::new(elector).readiness_check(move || {
+    ///     flag.load(Ordering::Relaxed).then(|| "migrating".to_owned())
+    /// });
+    /// # let _ = probes; }
+    /// ```
+    ///
+    /// Readiness, not liveness: a restart of the replica cannot fix what such a check
+    /// reports, while an unready pod shows in `kubectl get pods` and stalls a rollout.
+    pub fn readiness_check(
+        mut self,
+        check: impl Fn() -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.readiness.push(ReadinessCheck(Box::new(check)));
+        self
     }
 
     /// How long past the renew deadline a leader without a renewal still counts as live.
@@ -283,6 +323,15 @@ impl ProbeServer {
     }
 
     fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
+        if path == "/readyz"
+            && let Some(reason) = self.readiness.iter().find_map(|c| (c.0)())
+        {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                format!("{}\n", reason.escape_debug()),
+            );
+        }
         let elector = match (&self.probed, path) {
             (Probed::Elector(elector), _) => elector,
             (Probed::Sharded(sharded), "/healthz") => {
@@ -518,6 +567,43 @@ mod tests {
                 .chars()
                 .any(char::is_control)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_readiness_check_makes_even_the_leader_unready_and_keeps_it_live() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let locker = Locker::with_identity(MemoryBackend::new(), "me").expect("valid identity");
+        let elector =
+            LeaderElector::new(locker, "checked", ElectionConfig::new()).expect("valid config");
+        let campaign = {
+            let elector = elector.clone();
+            tokio::spawn(async move { elector.run(|_term| std::future::pending::<()>()).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let open = Arc::new(AtomicBool::new(false));
+        let flag = open.clone();
+        let probes = ProbeServer::new(elector).readiness_check(move || {
+            flag.load(Ordering::Relaxed)
+                .then(|| "fence open on lease ns/checked: \u{1b}[2J".to_owned())
+        });
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::OK, "{}", ready.body());
+        assert_eq!(ready.body(), "leading\n");
+        open.store(true, Ordering::Relaxed);
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            ready.body(),
+            "fence open on lease ns/checked: \\u{1b}[2J\n",
+            "the reason is escaped"
+        );
+        let live = probes.respond(&request(Method::GET, "/healthz"));
+        assert_eq!(live.status(), StatusCode::OK, "liveness does not follow it");
+        open.store(false, Ordering::Relaxed);
+        let ready = probes.respond(&request(Method::GET, "/readyz"));
+        assert_eq!(ready.status(), StatusCode::OK);
+        campaign.abort();
     }
 
     #[tokio::test(start_paused = true)]

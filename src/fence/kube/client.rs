@@ -292,6 +292,41 @@ impl Fencer {
         }
     }
 
+    /// A fencer that impersonates `user` (for [`check`](super::check), run by someone allowed
+    /// to impersonate a participant).
+    pub(crate) fn impersonating(client: kube::Client, user: &str) -> Result<Self, FenceError> {
+        let identity = Some(Arc::new(impersonation_headers(user, &[])?));
+        Ok(Self {
+            identity,
+            ..Self::without_policy(client)
+        })
+    }
+
+    /// An ungated `Api` for the probe in the Lease namespace, carrying `token` (`None`: no
+    /// token at all).
+    pub(crate) fn probe_api(
+        &self,
+        token: Option<u64>,
+    ) -> Api<k8s_openapi::api::coordination::v1::Lease> {
+        let client = match token {
+            Some(t) => self.build(FencingToken::new(t), None, None),
+            None => {
+                let headers = self.identity.as_deref().cloned().unwrap_or_default();
+                let namespace = self.client.default_namespace().to_owned();
+                kube::Client::new(
+                    Stamped {
+                        inner: self.client.clone(),
+                        headers: Arc::new(headers),
+                        term: None,
+                        gate: None,
+                    },
+                    namespace,
+                )
+            }
+        };
+        Api::namespaced(client, &self.lease_namespace)
+    }
+
     /// The namespace of the elections' Leases, where the probe is created (default: the
     /// client's default namespace, as for [`KubeOptions`](crate::backend::kube::KubeOptions)).
     #[must_use]

@@ -85,7 +85,7 @@ mod proof;
 
 pub use client::{Current, FenceError, FencedApi, Fencer};
 pub use policy::{ANCHOR_NAME, FencingPolicy, PolicyError};
-pub use proof::{DEFAULT_RECHECK, FenceState, PROOF_WINDOW};
+pub use proof::{CheckVerdict, DEFAULT_RECHECK, FenceState, OpenCause, PROOF_WINDOW, check};
 
 /// The user extra that carries a request's fencing token (sent as
 /// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.

@@ -293,6 +293,18 @@ impl FencingPolicy {
         format!("tenure-fencing.{}.{}", self.namespace, self.lease)
     }
 
+    /// The election Lease's namespace.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The election Lease's name.
+    #[must_use]
+    pub fn lease_name(&self) -> &str {
+        &self.lease
+    }
+
     /// The name of the probe Lease, `tenure-fence-probe.<lease>` in the election's namespace:
     /// the one Lease the policy governs. Nobody creates it; a term's proof sends dry-run
     /// creates of it ([`Fencer`](super::Fencer)), which the API server judges like any
