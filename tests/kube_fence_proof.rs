@@ -528,7 +528,7 @@ async fn a_broken_floor_fails_closed_naming_the_lease_and_the_next_grant_repairs
             {
                 break s.message.clone();
             }
-            if let Ok(_) = r {
+            if r.is_ok() {
                 let _ = raw.delete("w", &DeleteParams::default()).await;
             }
             assert!(

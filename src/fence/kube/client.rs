@@ -190,6 +190,9 @@ fn classify_status(status: Status, ours: u64) -> FenceError {
     }
 }
 
+/// The newest term's proof per lease name: (token, proof).
+type Proofs = HashMap<String, (u64, Arc<Proof>)>;
+
 /// Makes fenced clients for the terms of one identity.
 ///
 /// Cheap to clone. [`Fencer::new`] asks the API server once who this client is
@@ -221,7 +224,7 @@ pub struct Fencer {
     metrics: Option<crate::election::ElectionMetrics>,
     /// The proof of the newest term per lease name, shared by that term's clients and kept
     /// while no newer term of the lease comes (so a client made per write finds it running).
-    proofs: Arc<Mutex<HashMap<String, (u64, Arc<Proof>)>>>,
+    proofs: Arc<Mutex<Proofs>>,
 }
 
 impl Debug for Fencer {

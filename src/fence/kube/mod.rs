@@ -1,7 +1,7 @@
 //! Fencing on Kubernetes, enforced by the API server: a stale leader's writes are refused
 //! from the moment the next term is granted, on every governed object (feature `kube`).
 //!
-//! Two halves:
+//! Three parts:
 //!
 //! - **The policy** ([`FencingPolicy`]): a `ValidatingAdmissionPolicy` and its binding (CEL
 //!   in the API server, no webhook to run) for one election. It reads the election's Lease
@@ -12,6 +12,13 @@
 //!   request carries the term's token, whose writes stamp it on the object
 //!   (`tenure.dev/fencing-token`), which refuses locally once the term has ended, and which
 //!   turns the policy's refusal into [`FenceError::Stale`], never a retry.
+//! - **The proof** ([`FenceState`], [`check`]): the API server judges by a cached copy of the
+//!   Lease that tenure cannot see, so each term proves, by dry-run, that the server refuses the
+//!   token below the term's and admits the term's, before its first write and every recheck
+//!   period; while it does not, fenced writes fail closed ([`FenceError::Unenforced`]) and
+//!   the leader says so (error log, a `FenceOpen` Event on the Lease, the metric
+//!   `tenure_fence_enforced`, [`Fencer::open_fence`] for a readiness probe).
+//!   `tenure policy --check` runs the same proof from outside.
 //!
 //! # How the token travels
 //!
@@ -31,13 +38,27 @@
 //! The Lease's `tenure.dev/fencing-floor` is raised by the write that grants the term (see
 //! [`crate::backend::kube`]), so the previous leader is refused from the grant itself, on
 //! objects the new leader has not touched as well. The exact token is stamped one write
-//! later, before the grant is returned.
+//! later, before the grant is returned. The API server sees the floor through its informer,
+//! milliseconds later; the proof holds the term's first write until it does, so no stale
+//! write lands after it — on the API server that answered the proof. Each API server of an
+//! HA control plane has its own cache: a proof speaks for one.
+//!
+//! # The upstream bug, and the anchor
+//!
+//! On Kubernetes 1.30–1.36 an API server stops its Lease parameter informer for good once no
+//! policy with a Lease parameter has a binding (kubernetes/kubernetes#130887, #133827; fix
+//! #141015 open): every fencing policy then reads a frozen Lease, or none, and admits stale
+//! writes until that API server restarts. Install [`FencingPolicy::anchor`] before the first
+//! election's policy and never delete it (`tenure policy` prints it first; the chart keeps one
+//! per release on uninstall): its binding keeps the Lease kind in use. The proof catches the
+//! bug where the anchor came too late.
 //!
 //! # What remains unfenced
 //!
 //! - Writes by non-participants (people, other controllers): by design.
 //! - Resources the policy does not govern (with explicit `--resource`s), and the election's
-//!   own Lease, Events and `Election` status (always excluded).
+//!   own Leases, Events and `Election` status (always excluded; `--resource` refuses them).
+//!   Only the probe Lease `tenure-fence-probe.<lease>` is governed, and only ever dry-run.
 //! - While a client-go replica holds the Lease (a mixed fleet), its writes carry no token
 //!   and are admitted, and so would be a stale client-go leader's: client-go has no fencing.
 //!   Every write with a token is refused then (no tenure replica leads).

@@ -316,10 +316,10 @@ async fn report(setup: &ProofSetup, previous: &FenceState, next: &FenceState) {
         }
         (_, FenceState::Proving) => None,
     };
-    if let (Some((kind, reason, message)), Some(client)) = (event, &setup.events) {
-        if let Err(e) = lease_event(client, setup, kind, reason, &message).await {
-            tracing::debug!(lease = %setup.lease, "cannot write the {reason} Event: {e}");
-        }
+    if let (Some((kind, reason, message)), Some(client)) = (event, &setup.events)
+        && let Err(e) = lease_event(client, setup, kind, reason, &message).await
+    {
+        tracing::debug!(lease = %setup.lease, "cannot write the {reason} Event: {e}");
     }
 }
 
