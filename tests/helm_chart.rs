@@ -5,7 +5,8 @@
 //! weakened ones refused) by the apiserver, `kubectl auth can-i` for the ServiceAccount,
 //! tenure's own Kubernetes backend running under exactly the chart's Role, and the fencing
 //! policy (`fencing.*`): rendered exactly as `tenure::fence::kube::FencingPolicy` generates
-//! it, and enforced by the apiserver on the chart's ServiceAccount.
+//! it (its anchor too), enforced by the apiserver on the chart's ServiceAccount, and its anchor
+//! left in place by `helm uninstall`.
 //!
 //! helm (`e2e/scripts/helm.sh build`) and kubectl (`e2e/scripts/kube-testenv.sh
 //! build-kubectl`) are built from Go modules into `~/.cache/tenure` on first use. Nothing is
@@ -1829,8 +1830,9 @@ fn the_rendered_command_line_runs_the_real_tenure() {
 // Fencing enforced by the API server (`fencing.*`): the chart's policy is the generator's.
 
 /// The objects `fencing.*` adds (and a rule in the Role): the policy, its binding, the
-/// ClusterRole for the token's user extra and its binding, and the election's Lease, created
-/// empty before the binding (so the policy has its parameter from the start).
+/// ClusterRole for the token's user extra and its binding, the election's Lease, created
+/// empty before the binding (so the policy has its parameter from the start), and the anchor
+/// (a second policy and binding, kept on uninstall).
 const FENCING_KINDS: [&str; 5] = [
     "Lease",
     "ValidatingAdmissionPolicy",
@@ -1843,6 +1845,80 @@ const FENCING_KINDS: [&str; 5] = [
 fn self_impersonation(sa: &str) -> Value {
     json!({"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": [sa],
            "verbs": ["impersonate"]})
+}
+
+/// The object of `kind` named `name` (the only one).
+fn named<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    let found: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} {name} in {:?}",
+        names(objs)
+    );
+    found[0]
+}
+
+/// The chart's anchor name for a release of full name `fullname` in `ns`.
+fn anchor_name(ns: &str, fullname: &str) -> String {
+    format!("tenure-fencing-anchor.{ns}.{fullname}")
+}
+
+/// Asserts that `objs` carry the anchor of a release of full name `fullname` in `ns`, exactly
+/// as `FencingPolicy::anchor_named` generates it (both specs, compared as JSON; its labels and
+/// annotations), kept by `helm uninstall` (`helm.sh/resource-policy: keep`).
+fn assert_generators_anchor(objs: &[Value], ns: &str, fullname: &str, what: &str) {
+    let name = anchor_name(ns, fullname);
+    assert!(name.len() <= 253, "{name}");
+    let (policy, binding) = FencingPolicy::anchor_named(&name);
+    for (kind, spec, metadata) in [
+        (
+            "ValidatingAdmissionPolicy",
+            serde_json::to_value(&policy.spec).expect("anchor spec json"),
+            &policy.metadata,
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            serde_json::to_value(&binding.spec).expect("anchor binding spec json"),
+            &binding.metadata,
+        ),
+    ] {
+        let rendered = named(objs, kind, &name);
+        assert_eq!(rendered["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert!(
+            rendered["metadata"]["namespace"].is_null(),
+            "{what}: anchor {kind} is cluster-scoped"
+        );
+        assert!(
+            rendered["spec"] == spec,
+            "{what}: the chart's anchor {kind} spec differs from the generator's\n\
+             chart:     {}\ngenerator: {spec}",
+            rendered["spec"]
+        );
+        let labels = &rendered["metadata"]["labels"];
+        for (k, v) in metadata.labels.iter().flatten() {
+            if k == "app.kubernetes.io/managed-by" {
+                assert_eq!(labels[k], "Helm", "{what}: anchor {kind}");
+            } else {
+                assert_eq!(labels[k], v.as_str(), "{what}: anchor {kind} label {k}");
+            }
+        }
+        let annotations = &rendered["metadata"]["annotations"];
+        for (k, v) in metadata.annotations.iter().flatten() {
+            assert_eq!(
+                annotations[k],
+                v.as_str(),
+                "{what}: anchor {kind} annotation {k}"
+            );
+        }
+        assert_eq!(
+            annotations["helm.sh/resource-policy"], "keep",
+            "{what}: anchor {kind} must outlive `helm uninstall`"
+        );
+    }
 }
 
 /// The generator's policy spec as JSON.
@@ -1862,13 +1938,8 @@ fn assert_generators_policy(objs: &[Value], policy: &FencingPolicy, what: &str) 
             serde_json::to_value(&generated_binding.spec).expect("binding spec json"),
         ),
     ] {
-        let rendered = one(objs, kind);
+        let rendered = named(objs, kind, &policy.name());
         assert_eq!(rendered["apiVersion"], "admissionregistration.k8s.io/v1");
-        assert_eq!(
-            rendered["metadata"]["name"],
-            policy.name(),
-            "{what}: {kind}"
-        );
         assert!(
             rendered["metadata"]["namespace"].is_null(),
             "{what}: {kind} is cluster-scoped"
@@ -1879,7 +1950,12 @@ fn assert_generators_policy(objs: &[Value], policy: &FencingPolicy, what: &str) 
              chart:     {}\ngenerator: {spec}",
             rendered["spec"]
         );
-        // The generator's labels, but managed-by: Helm manages these.
+        // The generator's labels, but managed-by: Helm manages these. Uninstall deletes them
+        // (the anchor stays).
+        assert!(
+            rendered["metadata"]["annotations"]["helm.sh/resource-policy"].is_null(),
+            "{what}: {kind}"
+        );
         let labels = &rendered["metadata"]["labels"];
         for (k, v) in generated_policy.metadata.labels.iter().flatten() {
             if k == "app.kubernetes.io/managed-by" {
@@ -1904,6 +1980,34 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .expect("valid policy");
     assert_eq!(policy.name(), "tenure-fencing.apps.demo-tenure");
     assert_generators_policy(&objs, &policy, "defaults");
+    // One anchor per release, named after its namespace and full name, kept on uninstall.
+    assert_generators_anchor(&objs, "apps", "demo-tenure", "defaults");
+    assert_eq!(
+        names(&objs)
+            .into_iter()
+            .filter(|(kind, _)| kind.starts_with("ValidatingAdmissionPolicy"))
+            .collect::<BTreeSet<_>>(),
+        [
+            (
+                "ValidatingAdmissionPolicy",
+                "tenure-fencing.apps.demo-tenure"
+            ),
+            (
+                "ValidatingAdmissionPolicy",
+                "tenure-fencing-anchor.apps.demo-tenure"
+            ),
+            (
+                "ValidatingAdmissionPolicyBinding",
+                "tenure-fencing.apps.demo-tenure"
+            ),
+            (
+                "ValidatingAdmissionPolicyBinding",
+                "tenure-fencing-anchor.apps.demo-tenure"
+            ),
+        ]
+        .map(|(k, n)| (k.to_owned(), n.to_owned()))
+        .into()
+    );
     // The binding's parameter exists from the start, and outlives the release.
     let lease = one(&objs, "Lease");
     assert_eq!(lease["apiVersion"], "coordination.k8s.io/v1");
@@ -1915,9 +2019,9 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
     );
     assert!(lease["spec"].is_null(), "an empty Lease: {lease}");
     // Spelled out once, so the comparison above cannot pass on two equal mistakes.
-    let spec = &one(&objs, "ValidatingAdmissionPolicy")["spec"];
+    let spec = &named(&objs, "ValidatingAdmissionPolicy", &policy.name())["spec"];
     assert_eq!(spec["failurePolicy"], "Fail");
-    let ops = json!(["CREATE", "UPDATE", "DELETE"]);
+    let ops = json!(["CREATE", "UPDATE", "DELETE", "CONNECT"]);
     assert_eq!(
         spec["matchConstraints"]["resourceRules"],
         json!([{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ops,
@@ -1932,13 +2036,10 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
             (r["apiGroups"].clone(), r["resources"].clone())
         })
         .collect();
+    // Leases are not excluded: the second match condition spares all but the probe.
     assert_eq!(
         excluded,
         [
-            (
-                json!(["coordination.k8s.io"]),
-                json!(["leases", "leases/*"])
-            ),
             (json!([""]), json!(["events", "events/*"])),
             (json!(["events.k8s.io"]), json!(["events", "events/*"])),
             (json!(["tenure.dev"]), json!(["elections", "elections/*"])),
@@ -1952,10 +2053,25 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         spec["paramKind"],
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"})
     );
+    assert_eq!(spec["matchConditions"].as_array().map(Vec::len), Some(2));
+    assert_eq!(spec["matchConditions"][0]["name"], "election-participant");
     assert_eq!(
         spec["matchConditions"][0]["expression"],
         "request.userInfo.username in ['system:serviceaccount:apps:demo-tenure']"
     );
+    assert_eq!(
+        spec["matchConditions"][1]["name"],
+        "not-a-lease-but-the-probe"
+    );
+    let probe = spec["matchConditions"][1]["expression"]
+        .as_str()
+        .expect("probe condition");
+    assert!(
+        probe.starts_with("!(request.resource.group == 'coordination.k8s.io' && ")
+            && probe.ends_with(") || request.name == 'tenure-fence-probe.demo-tenure'"),
+        "{probe}"
+    );
+    assert_eq!(policy.probe(), "tenure-fence-probe.demo-tenure");
     assert_eq!(spec["validations"].as_array().map(Vec::len), Some(1));
     assert!(
         spec["validations"][0]["messageExpression"]
@@ -1963,7 +2079,7 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
             .is_some_and(|m| m.contains("tenure fencing:")),
         "{spec}"
     );
-    let binding = &one(&objs, "ValidatingAdmissionPolicyBinding")["spec"];
+    let binding = &named(&objs, "ValidatingAdmissionPolicyBinding", &policy.name())["spec"];
     assert_eq!(
         binding,
         &json!({
@@ -1973,6 +2089,51 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
             "validationActions": ["Deny"]
         })
     );
+    // The anchor, spelled out once too: a Lease parameter, a resource nobody serves.
+    let anchor = named(
+        &objs,
+        "ValidatingAdmissionPolicy",
+        "tenure-fencing-anchor.apps.demo-tenure",
+    );
+    assert_eq!(
+        anchor["spec"],
+        json!({
+            "failurePolicy": "Ignore",
+            "paramKind": {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"},
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["tenure.dev"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "resources": ["fencinganchors"], "scope": "*"}]},
+            "validations": [{"expression": "true"}]
+        })
+    );
+    assert_eq!(
+        named(
+            &objs,
+            "ValidatingAdmissionPolicyBinding",
+            "tenure-fencing-anchor.apps.demo-tenure"
+        )["spec"],
+        json!({
+            "policyName": "tenure-fencing-anchor.apps.demo-tenure",
+            "paramRef": {"name": "tenure-fencing-anchor.apps.demo-tenure",
+                         "parameterNotFoundAction": "Allow"},
+            "validationActions": ["Deny"]
+        })
+    );
+    // The dry-run proof creates the probe Lease: the Role grants create on leases.
+    let rules = one(&objs, "Role")["rules"]
+        .as_array()
+        .expect("rules")
+        .clone();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["apiGroups"] == json!(["coordination.k8s.io"])
+                && r["resources"] == json!(["leases"])
+                && r["resourceNames"].is_null()
+                && strings(&r["verbs"]).iter().any(|v| v == "create")),
+        "no create on leases for the fence proof: {rules:?}"
+    );
+
     // RBAC: self-impersonation in the Role, the token's user extra in a ClusterRole.
     let rules = one(&objs, "Role")["rules"]
         .as_array()
@@ -2030,6 +2191,19 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .and_then(|p| p.resource("configmaps"))
         .expect("valid policy");
     assert_generators_policy(&objs, &policy, "resources and participants");
+    assert_generators_anchor(&objs, "ops", "r-tenure", "resources and participants");
+    let rules = named(&objs, "ValidatingAdmissionPolicy", &policy.name())["spec"]
+        ["matchConstraints"]["resourceRules"]
+        .clone();
+    assert_eq!(
+        rules.as_array().and_then(|r| r.last()),
+        Some(
+            &json!({"apiGroups": ["coordination.k8s.io"], "apiVersions": ["*"],
+                     "operations": ["CREATE"], "resources": ["leases"], "scope": "*"})
+        ),
+        "the probe's rule comes last: {rules}"
+    );
+    assert_eq!(rules.as_array().map(Vec::len), Some(4), "{rules}");
     let rules = one(&objs, "Role")["rules"]
         .as_array()
         .expect("rules")
@@ -2050,6 +2224,20 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .and_then(|p| p.resource("deployments.apps"))
         .expect("valid policy");
     assert_generators_policy(&objs, &policy, "ci values");
+    assert_generators_anchor(&objs, "ci", "ci-tenure", "ci values");
+
+    // A fullname override names the anchor (the longest names stay far below 253).
+    let long_ns = "n".repeat(63);
+    let long_name = "f".repeat(63);
+    let objs = render(
+        "x",
+        &long_ns,
+        &[
+            "--set",
+            &format!("fencing.policy.enabled=true,fullnameOverride={long_name},election.lease=l"),
+        ],
+    );
+    assert_generators_anchor(&objs, &long_ns, &long_name, "long names");
 }
 
 #[test]
@@ -2115,6 +2303,23 @@ fn fencing_is_rendered_only_when_asked_for() {
             *role_rule,
             "{args:?}: the Role's impersonate rule"
         );
+        // The anchor comes with the policy, and only with it.
+        let anchors: BTreeSet<(String, String)> = names(&objs)
+            .into_iter()
+            .filter(|(_, name)| name.starts_with("tenure-fencing-anchor."))
+            .collect();
+        let expected_anchors: BTreeSet<(String, String)> =
+            if expected.contains(&"ValidatingAdmissionPolicy") {
+                [
+                    "ValidatingAdmissionPolicy",
+                    "ValidatingAdmissionPolicyBinding",
+                ]
+                .map(|k| (k.to_owned(), anchor_name("apps", "off-tenure")))
+                .into()
+            } else {
+                BTreeSet::new()
+            };
+        assert_eq!(anchors, expected_anchors, "{args:?}");
     }
 }
 
@@ -2225,6 +2430,44 @@ fn bad_fencing_values_fail_with_a_clear_message() {
         ),
     ];
     assert_refused(cases);
+    // The election's own resources, which it writes without a token (`tenure policy` refuses
+    // them too, exit 2): one line naming the value.
+    for own in [
+        "leases.coordination.k8s.io",
+        "events",
+        "events.events.k8s.io",
+        "elections.tenure.dev",
+    ] {
+        let resources = format!(r#"fencing.policy.resources=["configmaps","{own}"]"#);
+        let expected = format!("fencing.policy.resources: \"{own}\" cannot be governed");
+        assert_refused(&[(
+            &[
+                "--set",
+                "fencing.policy.enabled=true",
+                "--set-json",
+                &resources,
+            ],
+            &[&expected, "without a token"],
+        )]);
+    }
+    // Names alike, but not the election's: governed.
+    let objs = render(
+        "ok",
+        "ns",
+        &[
+            "--set",
+            "fencing.policy.enabled=true",
+            "--set-json",
+            r#"fencing.policy.resources=["leases","events.example.com","elections.example.com"]"#,
+        ],
+    );
+    let policy = FencingPolicy::new("ns", "ok-tenure")
+        .and_then(|p| p.service_account("ns", "ok-tenure"))
+        .and_then(|p| p.resource("leases"))
+        .and_then(|p| p.resource("events.example.com"))
+        .and_then(|p| p.resource("elections.example.com"))
+        .expect("valid policy");
+    assert_generators_policy(&objs, &policy, "names alike the election's own");
 }
 
 /// `kubectl create` of a SubjectAccessReview as admin: may `user` impersonate the user extra
@@ -2262,6 +2505,56 @@ fn installed_fencing(ns: &str, lease: &str) -> BTreeSet<(String, String)> {
     .expect_ok();
     let list: Value = serde_json::from_str(&out).expect("kubectl get -o json");
     names(list["items"].as_array().expect("items"))
+}
+
+/// The anchor policy and binding named `name` that the apiserver has: (kind, name), each
+/// checked to carry `helm.sh/resource-policy: keep`.
+fn installed_anchor(name: &str) -> BTreeSet<(String, String)> {
+    let out = run(
+        kubectl_cmd().args([
+            "get",
+            "validatingadmissionpolicies,validatingadmissionpolicybindings",
+            name,
+            "--ignore-not-found",
+            "-o",
+            "json",
+        ]),
+        None,
+    )
+    .expect_ok();
+    if out.trim().is_empty() {
+        return BTreeSet::new();
+    }
+    let list: Value = serde_json::from_str(&out).expect("kubectl get -o json");
+    let items = list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| vec![list]);
+    for item in &items {
+        assert_eq!(
+            item["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{item}"
+        );
+    }
+    names(&items)
+}
+
+/// `helm uninstall RELEASE -n NS --no-hooks` against the test apiserver (the pre-delete hook's
+/// Job would never run: the test apiserver has no controllers or nodes).
+fn helm_uninstall(release: &str, ns: &str) -> Run {
+    run(
+        helm_cmd()
+            .args([
+                "uninstall",
+                release,
+                "--no-hooks",
+                "--namespace",
+                ns,
+                "--kubeconfig",
+            ])
+            .arg(shared().admin_kubeconfig()),
+        None,
+    )
 }
 
 /// A Role of the user's (not the chart's) letting `sa` write ConfigMaps: the workload's own
@@ -2358,9 +2651,10 @@ async fn two_terms(
 /// more, and the apiserver enforces the policy on the chart's ServiceAccount from the start
 /// (the chart's empty Lease is the parameter): a write without a token is refused, the
 /// current term's is admitted, a stale term's is refused, a non-participant's is admitted
-/// here and in other namespaces. Then with the default (every resource) and without the
-/// chart's impersonation RBAC: the policy is accepted and governs ConfigMaps, and the fenced
-/// client is refused for want of the RBAC.
+/// here and in other namespaces. `helm uninstall` then leaves the Lease and the anchor. Then,
+/// with the default (every resource) and without the chart's impersonation RBAC: the policy
+/// is accepted and governs ConfigMaps, and the fenced client fails closed for want of the
+/// RBAC (its fence proof is refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -2377,8 +2671,9 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
             .into_iter()
             .filter(|(kind, _)| FENCING_KINDS.contains(&kind.as_str()))
             .collect();
-        assert_eq!(expected.len(), 5, "{expected:?}");
+        assert_eq!(expected.len(), 7, "{expected:?}");
         let mut found = installed_fencing(&ns, lease);
+        found.extend(installed_anchor(&anchor_name(&ns, "fx-tenure")));
         let lease_json = run(
             kubectl_cmd().args(["get", "lease", lease, "-n", &ns, "-o", "json"]),
             None,
@@ -2498,6 +2793,35 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
     assert!(admin.get_opt("stale").await.expect("read").is_none());
     current_term.release().await.expect("release");
 
+    // `helm uninstall` deletes the election's policy, binding and RBAC, and leaves the Lease
+    // and the anchor (policy and binding). This is the regression test of the anchor: with no
+    // Lease-parameter binding left (nothing else in this test binary installs one), the test
+    // apiserver (Kubernetes 1.36) stops reading Lease parameters for good
+    // (kubernetes/kubernetes#130887), and the next release's policy, installed below, would
+    // admit every write (tried: without `helm.sh/resource-policy: keep`, the token-less write
+    // below is admitted for 30 s).
+    tokio::task::spawn_blocking({
+        let ns = ns.clone();
+        move || {
+            helm_uninstall(release, &ns).expect_ok();
+            assert_eq!(installed_fencing(&ns, lease), BTreeSet::new());
+            let anchor = anchor_name(&ns, "fx-tenure");
+            assert_eq!(
+                installed_anchor(&anchor),
+                [
+                    "ValidatingAdmissionPolicy",
+                    "ValidatingAdmissionPolicyBinding"
+                ]
+                .map(|k| (k.to_owned(), anchor.clone()))
+                .into(),
+                "the anchor must outlive `helm uninstall`"
+            );
+            run(kubectl_cmd().args(["get", "lease", lease, "-n", &ns]), None).expect_ok();
+        }
+    })
+    .await
+    .expect("uninstall");
+
     // Every resource governed (the default), no impersonation RBAC from the chart.
     let (ns2, kubeconfig2) = tokio::task::spawn_blocking(|| {
         let ns = restricted_namespace("fencing-all");
@@ -2564,11 +2888,20 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
         .create(&pp, &configmap("fenced"))
         .await
     {
-        Err(FenceError::Forbidden { message }) => {
-            assert!(message.contains("impersonate"), "{message}");
+        // The term's fence proof (dry-run creates of the probe Lease, impersonating itself)
+        // is refused for want of the RBAC: the fence is not proven, so the write fails
+        // closed without being sent, naming what is missing.
+        Err(FenceError::Unenforced { lease, cause }) => {
+            assert_eq!(lease, format!("{ns2}/all-tenure"));
+            assert!(cause.contains("cannot impersonate"), "{cause}");
         }
         other => panic!("a fenced write without the impersonation RBAC: {other:?}"),
     }
+    let admin2: Api<ConfigMap> = Api::namespaced(admin_client.clone(), &ns2);
+    assert!(
+        admin2.get_opt("fenced").await.expect("read").is_none(),
+        "the unproven write was sent"
+    );
     term.release().await.expect("release");
 }
 

@@ -130,26 +130,20 @@ impl ElectionMetrics {
         m
     }
 
-    /// A fence proof of a term of `name` found `state`.
+    /// A fence proof of a term of `name` ended with `result`; `enforced` when it says
+    /// whether the fence holds (not when a newer term was seen).
     #[cfg(feature = "kube")]
-    pub(crate) fn fence_checked(&self, name: &str, state: &crate::fence::kube::FenceState) {
-        use crate::fence::kube::FenceState;
-        let result = match state {
-            FenceState::Enforced => "enforced",
-            FenceState::Superseded { .. } => "superseded",
-            FenceState::Unenforced { .. } => "unenforced",
-            FenceState::Proving => return,
-        };
+    pub(crate) fn fence_checked(&self, name: &str, result: &'static str, enforced: Option<bool>) {
         self.fence_checks
             .get_or_create(&CheckLabels {
                 name: name.to_owned(),
                 result,
             })
             .inc();
-        if !matches!(state, FenceState::Superseded { .. }) {
+        if let Some(enforced) = enforced {
             self.fence_enforced
                 .get_or_create(&Self::label(name))
-                .set(i64::from(state.is_enforced()));
+                .set(i64::from(enforced));
         }
     }
 

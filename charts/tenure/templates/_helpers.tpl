@@ -70,6 +70,25 @@ tenure::fence::kube::FencingPolicy::name() spells it.
 {{- end -}}
 
 {{/*
+The name of the fencing anchor's policy and binding (templates/fencing-anchor.yaml):
+tenure-fencing-anchor.<namespace>.<fullname>, one per release, as
+tenure::fence::kube::FencingPolicy::anchor_named is given it. At most 21 + 1 + 63 + 1 + 63
+characters (tenure.validate checks the 253 all the same).
+*/}}
+{{- define "tenure.fencingAnchorName" -}}
+{{- printf "tenure-fencing-anchor.%s.%s" .Release.Namespace (include "tenure.fullname" .) -}}
+{{- end -}}
+
+{{/*
+The anchor's annotations: the generator's tenure.dev/why, and helm.sh/resource-policy: keep so
+that neither `helm uninstall` nor an upgrade that turns fencing off deletes it.
+*/}}
+{{- define "tenure.fencingAnchorAnnotations" -}}
+helm.sh/resource-policy: keep
+tenure.dev/why: "keeps the API server's Lease parameter informer running (kubernetes/kubernetes#130887); never delete it"
+{{- end -}}
+
+{{/*
 Labels of the fencing objects: the chart's, and the election's as FencingPolicy::metadata sets
 them (app.kubernetes.io/managed-by stays Helm's: Helm manages these objects).
 */}}
@@ -205,10 +224,19 @@ message. Renders nothing.
 {{- if gt (len $name) 253 -}}
 {{- fail (printf "the fencing policy's name %q would be longer than 253 characters" $name) -}}
 {{- end -}}
+{{- $anchor := include "tenure.fencingAnchorName" . -}}
+{{- if gt (len $anchor) 253 -}}
+{{- fail (printf "the fencing anchor's name %q would be longer than 253 characters" $anchor) -}}
+{{- end -}}
+{{- /* What the election itself writes without a token (FencingPolicy::resource refuses them too). */ -}}
+{{- $own := list "leases.coordination.k8s.io" "events" "events.events.k8s.io" "elections.tenure.dev" -}}
 {{- range $f.policy.resources -}}
 {{- $resource := regexReplaceAll "\\..*$" . "" -}}
 {{- if gt (len $resource) 63 -}}
 {{- fail (printf "fencing.policy.resources: %q: the resource part must be at most 63 characters" .) -}}
+{{- end -}}
+{{- if has . $own -}}
+{{- fail (printf "fencing.policy.resources: %q cannot be governed: the election itself writes it without a token (its Lease, Events or Election status), so governing it would keep every replica from leading or refuse the election's own writes; tenure policy refuses it too" .) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -100,13 +100,20 @@
 //! # Ok(()) }
 //! ```
 
+mod api;
+mod check;
 mod client;
+mod error;
 mod policy;
 mod proof;
+mod service;
 
-pub use client::{Current, FenceError, FencedApi, Fencer};
+pub use api::FencedApi;
+pub use check::{CheckVerdict, OpenCause, check};
+pub use client::Fencer;
+pub use error::{Current, FenceError, FenceState};
 pub use policy::{ANCHOR_NAME, FencingPolicy, PolicyError};
-pub use proof::{CheckVerdict, DEFAULT_RECHECK, FenceState, OpenCause, PROOF_WINDOW, check};
+pub use proof::{DEFAULT_RECHECK, PROOF_WINDOW};
 
 /// The user extra that carries a request's fencing token (sent as
 /// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.

@@ -453,7 +453,7 @@ impl FencingPolicy {
     /// exclusion rule: exclusions cannot spare one name.)
     fn probe_expression(&self) -> String {
         format!(
-            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource ==              'leases') || request.name == '{}'",
+            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases') || request.name == '{}'",
             self.probe()
         )
     }
@@ -474,7 +474,7 @@ impl FencingPolicy {
     }
 
     /// [`anchor`](Self::anchor) under another name: the Helm chart installs one per release
-    /// (`tenure-fencing-anchor.<namespace>.<release>`), so that releases never share an
+    /// (`tenure-fencing-anchor.<namespace>.<release fullname>`), so that releases never share an
     /// object. Any number of anchors may exist; one is enough.
     #[must_use]
     pub fn anchor_named(

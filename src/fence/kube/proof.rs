@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::REFUSAL_PREFIX;
-use super::client::{Current, parse_current};
+use super::error::{Current, FenceState, parse_current};
 use super::policy::probe_name;
 
 /// How long a term's proof may take to see the lower token refused: the API server's Lease
@@ -33,39 +33,10 @@ pub const PROOF_WINDOW: Duration = Duration::from_secs(3);
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(10);
 
 /// How often the proof asks again while the lower token is still admitted.
-const RETRY: Duration = Duration::from_millis(10);
+pub(super) const RETRY: Duration = Duration::from_millis(10);
 
 /// One dry-run's own bound: a request that hangs must not hold the barrier.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// What the proof of one term's fence found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FenceState {
-    /// The first proof is running; fenced writes wait for it.
-    Proving,
-    /// The API server refuses the token below this term's and admits this term's: writes go.
-    Enforced,
-    /// The API server admitted the lower token (the fence is open), or the proof could not
-    /// be taken: fenced writes fail with [`FenceError::Unenforced`](super::FenceError::Unenforced).
-    Unenforced {
-        /// What was seen, the likely cause and the fix.
-        cause: String,
-    },
-    /// The API server refused this term's own token: a newer term exists.
-    Superseded {
-        /// What beat it.
-        current: Current,
-    },
-}
-
-impl FenceState {
-    /// Whether the fence is proven live.
-    #[must_use]
-    pub fn is_enforced(&self) -> bool {
-        matches!(self, Self::Enforced)
-    }
-}
 
 /// Everything one term's proof needs: the probe clients and where to report.
 pub(crate) struct ProofSetup {
@@ -165,18 +136,20 @@ async fn run(setup: ProofSetup, tx: watch::Sender<FenceState>) {
 }
 
 /// What one dry-run create of the probe got.
-enum Answer {
+pub(super) enum Answer {
     /// Past admission (created, or the probe exists: the store said so after admission).
     Admitted,
     /// Refused as stale by this election's policy.
     Stale(Option<Current>),
     /// Refused by this election's policy for another reason (missing, malformed, broken floor).
     Refused(String),
-    /// Anything else: RBAC, a transport failure, a timeout.
+    /// Not allowed (RBAC, impersonation): asking again will not help.
+    Denied(String),
+    /// Anything else: a transport failure, a timeout, a server error.
     Failed(String),
 }
 
-async fn dry_create(api: &Api<Lease>, probe: &str, lease: &str) -> Answer {
+pub(super) async fn dry_create(api: &Api<Lease>, probe: &str, lease: &str) -> Answer {
     let object = Lease {
         metadata: kube::api::ObjectMeta {
             name: Some(probe.to_owned()),
@@ -201,6 +174,9 @@ async fn dry_create(api: &Api<Lease>, probe: &str, lease: &str) -> Answer {
             } else {
                 Answer::Refused(s.message)
             }
+        }
+        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => {
+            Answer::Denied(format!("{} ({})", s.message, s.code))
         }
         Ok(Err(kube::Error::Api(s))) => Answer::Failed(format!("{} ({})", s.message, s.code)),
         Ok(Err(e)) => Answer::Failed(e.to_string()),
@@ -229,14 +205,17 @@ async fn prove(setup: &ProofSetup, first: bool) -> Option<FenceState> {
                     cause: format!("the API server refuses this election's writes: {message}"),
                 });
             }
+            Answer::Denied(message) => {
+                return Some(FenceState::Unenforced {
+                    cause: cannot_prove(&setup.lease_namespace, &message),
+                });
+            }
             Answer::Failed(message) if late => {
                 tracing::warn!(lease = %setup.lease, "fence proof got no answer: {message}");
                 return first.then(|| FenceState::Unenforced {
                     cause: format!(
-                        "the fence could not be proven within {PROOF_WINDOW:?}: {message} (a \
-                         participant needs `create` on leases in {}, and `impersonate` on \
-                         itself and on userextras/tenure.dev/fencing-token)",
-                        setup.lease_namespace
+                        "no answer within {PROOF_WINDOW:?}: {}",
+                        cannot_prove(&setup.lease_namespace, &message)
                     ),
                 });
             }
@@ -253,10 +232,22 @@ async fn prove(setup: &ProofSetup, first: bool) -> Option<FenceState> {
         Answer::Refused(message) => Some(FenceState::Unenforced {
             cause: format!("the API server refuses this term's own token: {message}"),
         }),
+        Answer::Denied(message) => Some(FenceState::Unenforced {
+            cause: cannot_prove(&setup.lease_namespace, &message),
+        }),
         Answer::Failed(message) => first.then(|| FenceState::Unenforced {
             cause: format!("the fence could not be proven: {message}"),
         }),
     }
+}
+
+/// The message for a proof that could not be taken.
+fn cannot_prove(lease_namespace: &str, message: &str) -> String {
+    format!(
+        "the fence could not be proven: {message} (a participant needs `create` on leases in \
+         {lease_namespace}, and `impersonate` on itself and on \
+         userextras/tenure.dev/fencing-token in apiGroup authentication.k8s.io)"
+    )
 }
 
 /// The message for an open fence: what was seen, the likely causes, the fix.
@@ -277,7 +268,13 @@ fn open_cause(lease: &str, below: u64, ours: u64) -> String {
 async fn report(setup: &ProofSetup, previous: &FenceState, next: &FenceState) {
     #[cfg(feature = "metrics")]
     if let Some(m) = &setup.metrics {
-        m.fence_checked(&setup.lease_name, next);
+        let (result, enforced) = match next {
+            FenceState::Enforced => ("enforced", Some(true)),
+            FenceState::Unenforced { .. } => ("unenforced", Some(false)),
+            FenceState::Superseded { .. } => ("superseded", None),
+            FenceState::Proving => ("proving", None),
+        };
+        m.fence_checked(&setup.lease_name, result, enforced);
     }
     if previous == next {
         // Loud while it lasts: once per recheck period.
@@ -360,168 +357,4 @@ async fn lease_event(
         .create(&PostParams::default(), &event)
         .await
         .map(|_| ())
-}
-
-/// What [`check`] found.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CheckVerdict {
-    /// The API server refuses a participant's token below the Lease's floor (or, before the
-    /// first term, a participant's write without a token).
-    Enforced {
-        /// The Lease's floor at the check (0: no term yet).
-        floor: u64,
-    },
-    /// The fence is not enforced on the API server that answered.
-    Open {
-        /// Why.
-        cause: OpenCause,
-        /// What was seen and what to do, in one line.
-        message: String,
-    },
-}
-
-/// Why [`check`] found the fence open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OpenCause {
-    /// No ValidatingAdmissionPolicy `tenure-fencing.<namespace>.<lease>`.
-    PolicyMissing,
-    /// The policy exists but its binding does not.
-    BindingMissing,
-    /// The election's Lease does not exist: the binding admits everything
-    /// (`parameterNotFoundAction: Allow`).
-    LeaseMissing,
-    /// The Lease's `tenure.dev/fencing-floor` is not a fencing token: participant writes are
-    /// all refused (closed, but broken).
-    BrokenFloor,
-    /// Policy, binding and Lease exist, yet the server admitted a participant's token below
-    /// the floor: its Lease parameter cache is stale (kubernetes/kubernetes#130887), or the
-    /// participant is not matched by the policy.
-    NotEnforced,
-}
-
-/// Proves from outside, as `tenure policy --check` does, that the API server `client`
-/// reaches enforces the fence of `policy`'s election: the policy, its binding and the Lease
-/// exist, and a dry-run create of the probe Lease as the participant `participant`
-/// (impersonated: the caller needs `impersonate` on that user and on
-/// `userextras/tenure.dev/fencing-token`) with the token just below the Lease's floor is
-/// refused. One check proves only the API server that answered it.
-///
-/// # Errors
-///
-/// The API error or transport failure that kept the check from running (RBAC, unreachable).
-///
-/// # Cancel safety
-///
-/// Cancel safe: it only reads and sends dry runs.
-pub async fn check(
-    client: &kube::Client,
-    policy: &super::FencingPolicy,
-    participant: &str,
-) -> Result<CheckVerdict, kube::Error> {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
-    let name = policy.name();
-    let lease = format!("{}/{}", policy.namespace(), policy.lease_name());
-    let open = |cause, message: String| Ok(CheckVerdict::Open { cause, message });
-    if Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .get_opt(&name)
-        .await?
-        .is_none()
-    {
-        return open(
-            OpenCause::PolicyMissing,
-            format!(
-                "no ValidatingAdmissionPolicy {name}: nothing fences lease {lease} (install it: `tenure policy --lease {} --namespace {} | kubectl apply -f -`)",
-                policy.lease_name(),
-                policy.namespace()
-            ),
-        );
-    }
-    if Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .get_opt(&name)
-        .await?
-        .is_none()
-    {
-        return open(
-            OpenCause::BindingMissing,
-            format!(
-                "the policy {name} has no binding {name}: it fences nothing (re-apply `tenure policy`'s output; keep the anchor {} so a deleted binding cannot stop the API server's Lease cache)",
-                super::ANCHOR_NAME
-            ),
-        );
-    }
-    let Some(record) = Api::<Lease>::namespaced(client.clone(), policy.namespace())
-        .get_opt(policy.lease_name())
-        .await?
-    else {
-        return open(
-            OpenCause::LeaseMissing,
-            format!(
-                "the Lease {lease} does not exist: the binding admits every write until a term creates it (`tenure policy` prints it empty)"
-            ),
-        );
-    };
-    let floor_text = record
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(crate::backend::kube::record::FENCING_FLOOR).cloned());
-    let floor = match floor_text.as_deref().map(str::parse::<u64>) {
-        None => 0,
-        Some(Ok(f)) if floor_text.as_deref() == Some(f.to_string().as_str()) => f,
-        Some(_) => {
-            return open(
-                OpenCause::BrokenFloor,
-                format!(
-                    "the Lease {lease}'s annotation {} is {:?}, not a fencing token: every participant write is refused until the next grant rewrites it (or remove the annotation)",
-                    crate::backend::kube::record::FENCING_FLOOR,
-                    floor_text.unwrap_or_default()
-                ),
-            );
-        }
-    };
-    let fencer = super::Fencer::impersonating(client.clone(), participant)
-        .map_err(|e| kube::Error::Service(e.to_string().into()))?
-        .lease_namespace(policy.namespace());
-    // Before any term (floor 0) there is no lower token: a write without one must be refused.
-    let below = floor.checked_sub(1);
-    let api = fencer.probe_api(below);
-    let deadline = tokio::time::Instant::now() + PROOF_WINDOW;
-    loop {
-        let answer = dry_create(&api, &policy.probe(), &lease).await;
-        match answer {
-            Answer::Stale(_) => return Ok(CheckVerdict::Enforced { floor }),
-            Answer::Refused(message) if below.is_none() && message.contains(": missing token") => {
-                return Ok(CheckVerdict::Enforced { floor });
-            }
-            Answer::Refused(message) => {
-                return open(
-                    OpenCause::NotEnforced,
-                    format!("unexpected refusal: {message}"),
-                );
-            }
-            Answer::Failed(message) => {
-                return Err(kube::Error::Service(message.into()));
-            }
-            Answer::Admitted if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(RETRY * 10).await;
-            }
-            Answer::Admitted => {
-                let what = below.map_or_else(
-                    || "a write without a token".to_owned(),
-                    |b| format!("token {b}, below the Lease's floor {floor},"),
-                );
-                return open(
-                    OpenCause::NotEnforced,
-                    format!(
-                        "the API server admitted {what} from {participant} on lease {lease} although the policy, its binding and the Lease exist: its Lease parameter cache is stale (Kubernetes 1.30-1.36 stop it for good once no Lease-parameter policy has a binding: kubernetes/kubernetes#130887, #133827) -- restart every kube-apiserver and keep the anchor {} -- or {participant} is not a participant of the policy",
-                        super::ANCHOR_NAME
-                    ),
-                );
-            }
-        }
-    }
 }
