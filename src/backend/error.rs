@@ -3,6 +3,12 @@
 use std::fmt;
 use std::sync::Arc;
 
+// Several checkouts of this crate may share one target directory (worktrees, a CI cache).
+// Cargo's fingerprints do not name the checkout, so one could take another's artifacts for
+// its own; reading this variable (set per checkout in `.cargo/config.toml`'s `[env]`, or not
+// at all) makes it part of this crate's fingerprint without touching any dependency's.
+const _: Option<&str> = option_env!("TENURE_BUILD_TREE");
+
 /// What kind of I/O failure a backend hit; decides whether the runtime retries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
