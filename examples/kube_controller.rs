@@ -79,7 +79,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     )?;
     let client = kube::Client::try_from(config)?;
     // The fence proves itself on the election's Lease, in the same namespace.
-    let fencer = Fencer::new(client.clone()).await?.lease_namespace(&namespace);
+    let fencer = Fencer::new(client.clone())
+        .await?
+        .lease_namespace(&namespace);
     let elector = LeaderElector::new(
         Locker::new(backend),
         "tenure-demo-controller",
