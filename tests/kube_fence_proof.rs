@@ -633,6 +633,27 @@ async fn tenure_policy_check_tells_a_live_fence_from_missing_pieces() {
         out.contains(&format!("floor {}", held.fencing_token().get())),
         "{out}"
     );
+    // A floor that parses but is not canonical ("0012") is broken for the policy too.
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns);
+    leases
+        .patch(
+            lease,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"tenure.dev/fencing-floor": "0012"}}})),
+        )
+        .await
+        .expect("a non-canonical floor");
+    let (code, _, err) = check(&ns, lease, &sa);
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("\"0012\", not a fencing token"), "{err}");
+    leases
+        .patch(
+            lease,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"tenure.dev/fencing-floor": held.fencing_token().get().to_string()}}})),
+        )
+        .await
+        .expect("the floor back");
     // Someone who is not a participant proves nothing: the policy does not match them.
     let _ = participant(&ns, "stranger").await;
     let (code, _, err) = check(&ns, lease, &["--service-account", "stranger"]);
