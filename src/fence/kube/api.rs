@@ -22,7 +22,7 @@ use crate::FencingToken;
 ///
 /// # First write
 ///
-/// Writes wait for the term's fence proof (see [`Fencer`]): only once the API server refuses
+/// Writes wait for the term's fence proof (see [`Fencer`](super::Fencer)): only once the API server refuses
 /// the token below this term's does the first write go, so no stale write can land (on that
 /// server) after it. While the proof fails, writes fail with [`FenceError::Unenforced`].
 #[derive(Clone)]

@@ -24,7 +24,7 @@ pub enum FenceError {
     /// The fence is not proven on the API server (see [`FenceState`]): it admitted a token
     /// below this term's (the policy or binding is missing, or its Lease parameter cache has
     /// stopped), or the proof could not be taken. Nothing was sent: fenced writes fail closed
-    /// until a recheck finds the fence enforced again ([`Fencer::warn_only`] lets them go).
+    /// until a recheck finds the fence enforced again ([`Fencer::warn_only`](super::Fencer::warn_only) lets them go).
     #[error("the fence on lease {lease} is not enforced, write not sent: {cause}")]
     Unenforced {
         /// The election's Lease, `namespace/name`.
@@ -39,7 +39,7 @@ pub enum FenceError {
         ours: u64,
     },
     /// The policy refused a write without a token: the client sent none (a
-    /// [`Fencer::without_policy`] client while the policy is installed) or it did not arrive.
+    /// [`Fencer::without_policy`](super::Fencer::without_policy) client while the policy is installed) or it did not arrive.
     #[error("refused by the fencing policy: {message}")]
     MissingToken {
         /// The API server's message.
