@@ -1,7 +1,7 @@
 //! Small helpers shared across the crate: randomness for jitter, the default identity, error
 //! messages with their causes.
 
-use crate::lock::MAX_IDENTITY_LEN;
+use crate::backend::types::MAX_IDENTITY_LEN;
 
 /// A random u64 from the OS source, for jitter (not for secrets: see
 /// [`HolderToken`](crate::backend::HolderToken)).

@@ -32,7 +32,7 @@ pub mod local;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
-mod types;
+pub(crate) mod types;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! The values that cross the backend boundary: tokens, requests and outcomes.
+//! The values that cross the backend boundary: tokens, the identity bound, requests and
+//! outcomes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,6 +53,28 @@ impl From<FencingToken> for u64 {
         t.0
     }
 }
+
+/// The longest identity a lease may carry, in bytes (UTF-8): what every backend must be able
+/// to store, and what [`Locker`](crate::Locker) accepts.
+///
+/// 253 is the longest Kubernetes object name (a DNS subdomain), so every pod name — the usual
+/// identity, from `$POD_NAME` — fits, as does any host name (at most 64 bytes on Linux) with a
+/// process id. Every backend stores it: the Kubernetes API server sets no limit of its own on
+/// `spec.holderIdentity` (the object, annotations included, is bounded by its size limits), a
+/// Redis value can be far larger, and a local lease record may have 64 KiB. A bound well
+/// below those keeps every record small and every `tenure status` line readable.
+///
+/// # Example
+///
+/// ```
+/// use tenure::backend::memory::MemoryBackend;
+/// use tenure::lock::MAX_IDENTITY_LEN;
+/// use tenure::Locker;
+///
+/// assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(MAX_IDENTITY_LEN)).is_ok());
+/// assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(MAX_IDENTITY_LEN + 1)).is_err());
+/// ```
+pub const MAX_IDENTITY_LEN: usize = 253;
 
 /// A per-acquisition secret of 128 random bits from the OS CSPRNG: proof of ownership.
 ///

@@ -10,6 +10,7 @@ mod error;
 mod lease;
 mod options;
 mod scheduler;
+mod state;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -23,30 +24,13 @@ pub use error::{LeaseEnd, LockError, LostReason, WithLockError};
 pub use lease::{Lease, LockGuard};
 pub use options::{DRIFT_FLOOR, LockOptions, MAX_DURATION, MIN_AUTO_RENEW_TTL};
 
-use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToken};
-pub(crate) use lease::LeaseShared;
-use scheduler::Scheduler;
+// The identity bound belongs to the backend contract (every store must keep that much);
+// `Locker::with_identity` enforces it.
+pub use crate::backend::types::MAX_IDENTITY_LEN;
 
-/// The longest identity a [`Locker`] accepts, in bytes (UTF-8).
-///
-/// 253 is the longest Kubernetes object name (a DNS subdomain), so every pod name — the usual
-/// identity, from `$POD_NAME` — fits, as does any host name (at most 64 bytes on Linux) with a
-/// process id. Every backend stores it: the Kubernetes API server sets no limit of its own on
-/// `spec.holderIdentity` (the object, annotations included, is bounded by its size limits), a
-/// Redis value can be far larger, and a local lease record may have 64 KiB. A bound well
-/// below those keeps every record small and every `tenure status` line readable.
-///
-/// # Example
-///
-/// ```
-/// use tenure::backend::memory::MemoryBackend;
-/// use tenure::lock::MAX_IDENTITY_LEN;
-/// use tenure::Locker;
-///
-/// assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(MAX_IDENTITY_LEN)).is_ok());
-/// assert!(Locker::with_identity(MemoryBackend::new(), &"a".repeat(MAX_IDENTITY_LEN + 1)).is_err());
-/// ```
-pub const MAX_IDENTITY_LEN: usize = 253;
+use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToken};
+use scheduler::Scheduler;
+pub(crate) use state::LeaseShared;
 
 /// Acquires and holds leases on one backend.
 ///

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::lease::LeaseShared;
+use super::state::{LeaseKey, LeaseShared};
 use super::{LeaseEnd, LostReason};
 use crate::backend::{Backend, BackendError, HolderToken, RenewRequest, Renewed};
 
@@ -89,15 +89,6 @@ enum TaskState {
     /// Sleeping until this instant (a timer bucket, or the end of the linger), or, with
     /// `None`, until a renewal batch answers or it is woken.
     Asleep(Option<Instant>),
-}
-
-/// Identifies a lease to the scheduler: a slot in its entry table, reused after the lease is
-/// gone, and an id that is never reused, so a late command about an ended lease can never
-/// touch the lease that took its slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct LeaseKey {
-    slot: u32,
-    id: u64,
 }
 
 #[derive(Default)]

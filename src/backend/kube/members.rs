@@ -16,7 +16,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
 
-use super::{Fail, Inner};
+use super::inner::{Fail, Inner};
 use crate::backend::{BackendError, BackendErrorKind, Member};
 
 /// The label every member Lease of a group carries, with the group (or its hash) as value.

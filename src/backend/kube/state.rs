@@ -1,13 +1,21 @@
 //! What this process has seen of each Lease, on its own monotonic clock: the basis of every
 //! expiry judgement (client-go semantics) and of the watch-fed cache.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::watch::Notices;
-use crate::backend::{FencingToken, HolderToken};
+use crate::backend::{BackendError, FencingToken, HolderChange, HolderToken};
+
+/// What observers of one Lease see: `None` until the watch has synced once, then the current
+/// holder, or the latest failure of the watch.
+pub type Notice = Option<Result<HolderChange, BackendError>>;
+/// The sending side of a Lease's notices, shared by the Lease's watch task and its
+/// [`LockState`] (where new observers subscribe).
+pub type Notices = Arc<watch::Sender<Notice>>;
 
 /// The Lease as this process last saw it.
 #[derive(Clone, Debug)]

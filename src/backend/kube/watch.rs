@@ -4,23 +4,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::WatchEvent;
+use kube::api::{ListParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 
-use super::Inner;
+use super::inner::{Fail, Inner};
 use super::record::View;
-use super::state::Current;
-use crate::backend::{BackendError, HolderChange, HolderToken};
-
-/// What observers of one Lease see: `None` until the watch has synced once, then the current
-/// holder, or the latest failure of the watch.
-pub type Notice = Option<Result<HolderChange, BackendError>>;
-/// The sending side of a Lease's notices, shared by the watch task and the lock state.
-pub type Notices = Arc<watch::Sender<Notice>>;
+use super::state::{Current, Notices};
+use crate::backend::{BackendError, BackendErrorKind, HolderChange, HolderToken};
 
 /// How long the API server keeps one watch request open (kube's default, below the server's
 /// 5-minute minimum request timeout); the task then resumes from the last resourceVersion.
@@ -304,3 +298,55 @@ impl Task {
 
 /// The (at most one) Lease a field-selected list returned, with the list's resourceVersion.
 pub type Listed = (Option<Lease>, String);
+
+impl Inner {
+    /// The Lease `name` (if any) and a resourceVersion to watch from.
+    async fn list_one(&self, name: &str) -> Result<Listed, BackendError> {
+        let op = self.op("list", name);
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        let list = match self.call(op, self.api.list(&params)).await {
+            Ok(l) => l,
+            Err(Fail::Error(e)) => return Err(e),
+            Err(Fail::NotFound | Fail::Conflict) => {
+                return Err(BackendError::new(
+                    BackendErrorKind::Config,
+                    format!("{op}: not found (404); does the namespace exist?"),
+                ));
+            }
+        };
+        let rv = list.metadata.resource_version.clone().unwrap_or_default();
+        Ok((
+            list.items
+                .into_iter()
+                .find(|l| l.metadata.name.as_deref() == Some(name)),
+            rv,
+        ))
+    }
+
+    /// Opens a watch of the Lease `name` from resourceVersion `rv`.
+    async fn watch_from(
+        &self,
+        name: &str,
+        rv: &str,
+    ) -> Result<BoxStream<'static, kube::Result<WatchEvent<Lease>>>, BackendError> {
+        let op = self.op("watch", name);
+        let params = WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(WATCH_TIMEOUT_SECS);
+        match self.call(op, self.api.watch(&params, rv)).await {
+            Ok(s) => Ok(boxed(s)),
+            Err(Fail::Error(e)) => Err(e),
+            Err(Fail::NotFound | Fail::Conflict) => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("{op}: the watch could not start"),
+            )),
+        }
+    }
+}
+
+fn boxed<S>(s: S) -> BoxStream<'static, kube::Result<WatchEvent<Lease>>>
+where
+    S: Stream<Item = kube::Result<WatchEvent<Lease>>> + Send + 'static,
+{
+    s.boxed()
+}

@@ -278,7 +278,7 @@ impl Store {
                     path.display(),
                     text.len(),
                     record.holder.as_ref().map_or(0, |h| h.identity.len()),
-                    crate::lock::MAX_IDENTITY_LEN,
+                    crate::backend::types::MAX_IDENTITY_LEN,
                 ),
             ));
         }

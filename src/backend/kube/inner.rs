@@ -1,0 +1,193 @@
+//! What a backend shares with its tasks — the Lease API, the request timeout, the per-Lease
+//! view — and the primitives every path is built on: one request under the timeout with its
+//! outcome sorted ([`Fail`]), a read through the watch-fed view, recording what the server
+//! returned, and `inspect`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use tokio::time::Instant;
+
+use super::error::{self, Op};
+use super::record;
+use super::state::{Current, LockState, Own};
+use crate::backend::{BackendError, BackendErrorKind, HolderToken, LeaseRecord};
+
+/// The shared state of a backend and its watch tasks.
+pub(super) struct Inner {
+    pub(super) api: Api<Lease>,
+    pub(super) namespace: String,
+    pub(super) request_timeout: Duration,
+    locks: Mutex<HashMap<Arc<str>, LockState>>,
+    /// The highest resourceVersion this backend has seen on any Lease: every later write's
+    /// is higher (etcd revisions are global), so a grant at or below it means etcd went
+    /// backwards, and is refused.
+    pub(super) max_rv: AtomicU64,
+    /// The resourceVersion of each member Lease this backend wrote last (sharded
+    /// leadership): the next announcement replaces it with one request.
+    pub(super) member_versions: Mutex<HashMap<String, String>>,
+}
+
+/// Why a write or read did not succeed, for the caller to decide.
+pub(super) enum Fail {
+    NotFound,
+    /// 409: `Conflict` on an update, `AlreadyExists` on a create.
+    Conflict,
+    Error(BackendError),
+}
+
+impl Inner {
+    /// A backend's state before it has seen any Lease.
+    pub(super) fn new(client: kube::Client, namespace: String, request_timeout: Duration) -> Self {
+        Self {
+            api: Api::namespaced(client, &namespace),
+            namespace,
+            request_timeout,
+            locks: Mutex::new(HashMap::new()),
+            max_rv: AtomicU64::new(0),
+            member_versions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(super) fn locks(&self) -> MutexGuard<'_, HashMap<Arc<str>, LockState>> {
+        // Nothing panics while this lock is held; recover rather than propagate a poison.
+        self.locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn op<'a>(&'a self, verb: &'static str, name: &'a str) -> Op<'a> {
+        Op {
+            verb,
+            resource: error::LEASES,
+            namespace: &self.namespace,
+            name,
+        }
+    }
+
+    /// Runs one request under the request timeout.
+    pub(super) async fn call<T>(
+        &self,
+        op: Op<'_>,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T, Fail> {
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Err(_) => Err(Fail::Error(BackendError::timeout(
+                &op.to_string(),
+                self.request_timeout,
+            ))),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => Err(Fail::NotFound),
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => Err(Fail::Conflict),
+            Ok(Err(e)) => Err(Fail::Error(error::map(e, op))),
+        }
+    }
+
+    /// Records what a read or write returned; returns the lock's view after it.
+    pub(super) fn note(
+        &self,
+        name: &Arc<str>,
+        lease: Option<Lease>,
+        authoritative: bool,
+    ) -> Result<Current, BackendError> {
+        let lease = match lease {
+            Some(l) => {
+                let rv = record::parse_resource_version(&l)?;
+                self.max_rv.fetch_max(rv, Ordering::Relaxed);
+                Some((l, rv))
+            }
+            None => None,
+        };
+        let now = Instant::now();
+        let mut locks = self.locks();
+        let st = locks.entry(name.clone()).or_default();
+        st.note(lease, authoritative, now);
+        Ok(st.known.clone().unwrap_or(Current::Absent))
+    }
+
+    /// The Lease now: from the watch-fed view if `cached` is allowed and the watch is synced,
+    /// otherwise from the server.
+    pub(super) async fn read(
+        &self,
+        name: &Arc<str>,
+        cached: bool,
+    ) -> Result<Current, BackendError> {
+        if cached {
+            let locks = self.locks();
+            if let Some(st) = locks.get(name)
+                && st.live
+                && let Some(known) = &st.known
+            {
+                return Ok(known.clone());
+            }
+        }
+        let op = self.op("get", name);
+        let lease = match self.call(op, self.api.get(name)).await {
+            Ok(l) => Some(l),
+            Err(Fail::NotFound) => None,
+            Err(Fail::Conflict) => {
+                return Err(BackendError::new(
+                    BackendErrorKind::Protocol,
+                    format!("{op}: unexpected 409"),
+                ));
+            }
+            Err(Fail::Error(e)) => return Err(e),
+        };
+        self.note(name, lease, true)
+    }
+
+    /// The view, if this backend's grant to `holder` is current in it.
+    pub(super) fn own_view(
+        &self,
+        name: &str,
+        holder: &HolderToken,
+    ) -> (Option<Current>, Option<Own>) {
+        let locks = self.locks();
+        let Some(st) = locks.get(name) else {
+            return (None, None);
+        };
+        let own = st.own_of(holder);
+        let cached = own.and(st.known.clone()).filter(|k| {
+            matches!(k, Current::Present(s) if record::View::of(&s.lease).token == Some(*holder))
+        });
+        (cached, own)
+    }
+
+    pub(super) fn forget(&self, name: &str, holder: &HolderToken) {
+        let mut locks = self.locks();
+        if let Some(st) = locks.get_mut(name) {
+            st.forget(holder);
+            if st.is_idle() {
+                locks.remove(name);
+            }
+        }
+    }
+
+    /// The holder on record, if its lease is live by this process's clock.
+    pub(super) async fn inspect(
+        &self,
+        name: &Arc<str>,
+    ) -> Result<Option<LeaseRecord>, BackendError> {
+        let Current::Present(seen) = self.read(name, true).await? else {
+            return Ok(None);
+        };
+        let view = record::View::of(&seen.lease);
+        let Some(identity) = view.holder.clone() else {
+            return Ok(None);
+        };
+        let remaining = seen.remaining(view.duration, Instant::now());
+        if remaining.is_zero() {
+            return Ok(None);
+        }
+        Ok(Some(LeaseRecord {
+            identity,
+            fencing: view.term_fencing(seen.rv),
+            remaining: Some(remaining),
+            transitions: u64::try_from(view.transitions).ok(),
+        }))
+    }
+}

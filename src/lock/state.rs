@@ -1,0 +1,207 @@
+//! The state of one held lease, shared by its handle ([`Lease`](super::Lease),
+//! [`LockGuard`](super::LockGuard)) and the renewal scheduler: validity, the renew deadline,
+//! how the lease ended, and the key the scheduler knows it by.
+//!
+//! Both sides read and write it, so neither file imports the other: the handle reaches the
+//! scheduler only through its [`Locker`](super::Locker). The lease's view depends only on its
+//! own clock: a lease past its deadline counts as lost the moment anyone looks, however late
+//! the scheduler runs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::options::Plan;
+use super::{LeaseEnd, LostReason};
+use crate::backend::{FencingToken, HolderToken};
+
+/// Identifies a lease to the scheduler: a slot in its entry table, reused after the lease is
+/// gone, and an id that is never reused, so a late command about an ended lease can never
+/// touch the lease that took its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseKey {
+    pub(super) slot: u32,
+    pub(super) id: u64,
+}
+
+/// The state of one lease shared by its handle and the renewal scheduler.
+pub(crate) struct LeaseShared {
+    pub key: LeaseKey,
+    pub name: Arc<str>,
+    pub holder: HolderToken,
+    pub fencing: FencingToken,
+    pub plan: Plan,
+    /// Whether the renewal scheduler still looks after this lease. Cleared exactly once, by
+    /// whoever stops tracking it first: a remover under the scheduler's queue lock, or the
+    /// scheduler task when it ends the lease (see the invariants on `scheduler::Queue`).
+    tracked: AtomicBool,
+    state: Mutex<LeaseState>,
+    ended: Notify,
+}
+
+struct LeaseState {
+    /// `sent + validity` of the latest successful acquire or renewal. Only ever moves forward.
+    valid_until: Instant,
+    /// `sent + renew_deadline` of the same request (at most `valid_until`): the lease counts as
+    /// lost from this instant on, whether or not the scheduler has run yet.
+    deadline: Instant,
+    /// Set once; the first cause wins.
+    end: Option<LeaseEnd>,
+    /// Successful renewals so far, and the round-trip time of the latest (for metrics).
+    renewals: u32,
+    last_renew_latency: std::time::Duration,
+}
+
+impl LeaseState {
+    /// Records the loss at the deadline if it has passed: the handle's view depends only on
+    /// its own clock, never on how punctually the scheduler task runs.
+    fn settle(&mut self, now: Instant, plan: &Plan) -> bool {
+        if self.end.is_none() && now >= self.deadline {
+            self.end = Some(LeaseEnd::Lost(if plan.auto_renew {
+                LostReason::RenewDeadline
+            } else {
+                LostReason::Expired
+            }));
+            return true;
+        }
+        false
+    }
+}
+
+impl LeaseShared {
+    pub fn new(
+        key: LeaseKey,
+        name: Arc<str>,
+        holder: HolderToken,
+        fencing: FencingToken,
+        plan: Plan,
+        sent: Instant,
+    ) -> Self {
+        Self {
+            key,
+            name,
+            holder,
+            fencing,
+            plan,
+            tracked: AtomicBool::new(true),
+            state: Mutex::new(LeaseState {
+                valid_until: sent + plan.validity,
+                deadline: sent + plan.renew_deadline,
+                end: None,
+                renewals: 0,
+                last_renew_latency: std::time::Duration::ZERO,
+            }),
+            ended: Notify::new(),
+        }
+    }
+
+    /// Marks the lease as no longer tracked by the scheduler; true for the one caller that
+    /// did so.
+    pub fn untrack(&self) -> bool {
+        self.tracked.swap(false, Ordering::AcqRel)
+    }
+
+    pub fn is_tracked(&self) -> bool {
+        self.tracked.load(Ordering::Acquire)
+    }
+
+    /// The state, settled at the current instant.
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
+        // Nothing panics while this lock is held; recover rather than propagate a poison.
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.settle(Instant::now(), &self.plan) {
+            tracing::warn!(lock = %self.name, fencing = %self.fencing, end = ?s.end, "lease lost");
+            self.ended.notify_waiters();
+        }
+        s
+    }
+
+    pub fn valid_until(&self) -> Instant {
+        self.state().valid_until
+    }
+
+    /// Records a successful renewal sent at `sent`. Ignored once the lease has ended: a late
+    /// answer must not revive a lease the workload was already told it lost.
+    pub fn renewed(&self, sent: Instant, latency: std::time::Duration) {
+        // Not `state()`: settling needs the clock, and the scheduler calls this for every lease
+        // of a batch. A lease past its deadline is settled by the next reader anyway.
+        let mut s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.end.is_none() {
+            s.valid_until = s.valid_until.max(sent + self.plan.validity);
+            s.deadline = s.deadline.max(sent + self.plan.renew_deadline);
+            s.renewals = s.renewals.wrapping_add(1);
+            s.last_renew_latency = latency;
+        }
+    }
+
+    /// How many renewals have succeeded, and how long the latest took from send to answer.
+    pub fn renewal_stats(&self) -> (u32, std::time::Duration) {
+        let s = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (s.renewals, s.last_renew_latency)
+    }
+
+    /// Time since the last successful acquire or renewal was sent.
+    pub fn since_last_renewal(&self) -> std::time::Duration {
+        let last_ok = self.valid_until() - self.plan.validity;
+        Instant::now().saturating_duration_since(last_ok)
+    }
+
+    /// Whether this process may act as the holder right now.
+    pub fn is_valid(&self) -> bool {
+        let s = self.state();
+        s.end.is_none() && Instant::now() < s.valid_until
+    }
+
+    pub fn end_cause(&self) -> Option<LeaseEnd> {
+        self.state().end.clone()
+    }
+
+    /// Ends the lease with `cause` unless it already ended; returns the earlier cause if so.
+    pub fn end(&self, cause: LeaseEnd) -> Option<LeaseEnd> {
+        let mut s = self.state();
+        if let Some(prev) = &s.end {
+            return Some(prev.clone());
+        }
+        match &cause {
+            LeaseEnd::Lost(reason) => {
+                tracing::warn!(lock = %self.name, fencing = %self.fencing, %reason, "lease lost");
+            }
+            other => {
+                tracing::debug!(lock = %self.name, fencing = %self.fencing, end = ?other, "lease ended")
+            }
+        }
+        s.end = Some(cause);
+        drop(s);
+        self.ended.notify_waiters();
+        None
+    }
+
+    /// Resolves when the lease ends, with the cause.
+    pub async fn wait_end(&self) -> LeaseEnd {
+        loop {
+            let notified = self.ended.notified();
+            let deadline = {
+                let s = self.state();
+                if let Some(end) = &s.end {
+                    return end.clone();
+                }
+                s.deadline
+            };
+            tokio::select! {
+                () = notified => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+}
