@@ -1,33 +1,38 @@
 //! `tenure`: run any command as a singleton, fenced by a lease on Kubernetes, Redis or local
 //! files. See `tenure --help` and the README's "Run any command as a singleton".
+//!
+//! This file parses the command line, dispatches and turns the result into the exit code. The
+//! modules are layers, each importing only those below it: `args` (the command line) → the
+//! commands (`run/`, `status`, `policy`, `drain`, `install`) → `run/supervisor.rs` (the
+//! command of one term) → `process/` (its process group, the watchdog, the reaper). `backend`
+//! (`--backend` → a store) and `error` (exit codes) serve every layer.
 
 mod args;
 mod backend;
-mod child;
 mod drain;
 mod error;
-mod publish;
-mod reaper;
+mod install;
+mod policy;
+mod process;
 mod run;
-mod shard_probe;
-mod sharded;
 mod status;
-mod watchdog;
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 
 use crate::args::{Cli, Command};
-use crate::error::CliError;
 
 fn main() -> ExitCode {
     protect_environment();
     // The watchdog process is tenure re-executed; it needs neither clap nor a runtime.
     let mut args = std::env::args_os().skip(1);
-    if args.next().is_some_and(|a| a == watchdog::SUBCOMMAND) {
+    if args
+        .next()
+        .is_some_and(|a| a == process::watchdog::SUBCOMMAND)
+    {
         let rest: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
-        return ExitCode::from(watchdog::process_main(&rest));
+        return ExitCode::from(process::watchdog::process_main(&rest));
     }
     let cli = parse();
     init_tracing();
@@ -51,8 +56,8 @@ fn main() -> ExitCode {
                 print!("{}", tenure::crd::crd_yaml());
                 Ok(0)
             }
-            Command::Policy(args) => policy(&args).await,
-            Command::Install { dir } => install(&dir),
+            Command::Policy(args) => policy::policy(&args).await,
+            Command::Install { dir } => install::install(&dir),
             Command::Drain(args) => drain::drain(args).await,
         }
     });
@@ -119,134 +124,4 @@ fn init_tracing() {
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
-}
-
-/// `tenure policy`: prints the anchor, the election's Lease, fencing policy and binding; with
-/// `--check`, proves the API server enforces them.
-async fn policy(args: &args::PolicyArgs) -> Result<u8, CliError> {
-    use tenure::fence::kube::{FencingPolicy, PolicyError};
-    let flag = |flag: &str, e: PolicyError| CliError::Config {
-        message: format!("{flag}: {e}"),
-    };
-    let mut spec = FencingPolicy::new(&args.namespace, &args.lease).map_err(|e| {
-        let namespace = matches!(
-            &e,
-            PolicyError::Invalid {
-                what: "namespace",
-                ..
-            }
-        );
-        flag(if namespace { "--namespace" } else { "--lease" }, e)
-    })?;
-    let default_sa = ["tenure".to_owned()];
-    let service_accounts = if args.service_accounts.is_empty() && args.users.is_empty() {
-        &default_sa[..]
-    } else {
-        &args.service_accounts[..]
-    };
-    for sa in service_accounts {
-        let (ns, name) = sa.split_once('/').unwrap_or((&args.namespace, sa));
-        spec = spec
-            .service_account(ns, name)
-            .map_err(|e| flag("--service-account", e))?;
-    }
-    for user in &args.users {
-        spec = spec.user(user).map_err(|e| flag("--user", e))?;
-    }
-    for resource in &args.resources {
-        spec = spec.resource(resource).map_err(|e| flag("--resource", e))?;
-    }
-    if !args.check {
-        print!("{}", spec.to_yaml());
-        return Ok(0);
-    }
-    // The first participant speaks for all: the policy matches them alike.
-    let participant = service_accounts
-        .first()
-        .map(|sa| {
-            let (ns, name) = sa.split_once('/').unwrap_or((&args.namespace, sa));
-            format!("system:serviceaccount:{ns}:{name}")
-        })
-        .or_else(|| args.users.first().cloned())
-        .unwrap_or_default();
-    let client = backend::kube_client("tenure policy --check").await?;
-    let lease = format!("{}/{}", args.namespace, args.lease);
-    match tenure::fence::kube::check(&client, &spec, &participant).await {
-        Ok(tenure::fence::kube::CheckVerdict::Enforced { floor }) => {
-            println!(
-                "fence on lease {lease} enforced by the API server (floor {floor}, checked as \
-                 {participant})"
-            );
-            Ok(0)
-        }
-        Ok(tenure::fence::kube::CheckVerdict::Open { message, .. }) => Err(CliError::FenceOpen {
-            message: format!("fence on lease {lease} is not enforced: {message}"),
-        }),
-        Ok(other) => Err(CliError::Internal {
-            message: format!("unexpected verdict {other:?}"),
-        }),
-        Err(kube::Error::Api(s)) => Err(CliError::Backend {
-            message: format!(
-                "cannot check the fence on lease {lease}: {} ({}){}",
-                s.message,
-                s.code,
-                if s.code == 403 {
-                    "; the check impersonates the participant: it needs `impersonate` on it and on userextras/tenure.dev/fencing-token, and the participant `create` on leases"
-                } else {
-                    ""
-                }
-            ),
-        }),
-        Err(e) => Err(CliError::Backend {
-            message: format!("cannot check the fence on lease {lease}: {e}"),
-        }),
-    }
-}
-
-/// `tenure install DIR`: copies this executable to `DIR/tenure`.
-///
-/// The copy is written to a new temporary file in DIR (`O_EXCL` and `O_NOFOLLOW`: never
-/// through a link someone placed there), made executable, synced, and renamed over
-/// `DIR/tenure`. A rename replaces a symbolic link itself, never its target, and whoever runs
-/// `DIR/tenure` meanwhile gets the old file or the whole new one.
-fn install(dir: &std::path::Path) -> Result<u8, CliError> {
-    use std::fs::{File, OpenOptions, Permissions};
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let fail = |what: &str, e: std::io::Error| CliError::Config {
-        message: format!("install into {}: {what}: {e}", dir.display()),
-    };
-    let me = std::env::current_exe().map_err(|e| fail("cannot find this executable", e))?;
-    let target = dir.join("tenure");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let temp = dir.join(format!(".tenure.{}.{nanos}.tmp", std::process::id()));
-    let written = (|| {
-        let mut source = File::open(&me).map_err(|e| fail("cannot read this executable", e))?;
-        let mut copy = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o700)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&temp)
-            .map_err(|e| fail("cannot create a temporary file", e))?;
-        std::io::copy(&mut source, &mut copy).map_err(|e| fail("cannot copy", e))?;
-        // Not subject to the umask, unlike the mode given at creation.
-        copy.set_permissions(Permissions::from_mode(0o755))
-            .map_err(|e| fail("cannot make it executable", e))?;
-        copy.sync_all()
-            .map_err(|e| fail("cannot sync the copy", e))?;
-        drop(copy);
-        std::fs::rename(&temp, &target).map_err(|e| fail("cannot move the copy into place", e))
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&temp);
-        return Err(e);
-    }
-    // The rename itself survives a crash once the directory is synced; best effort.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    println!("{}", target.display());
-    Ok(0)
 }

@@ -19,20 +19,17 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use crate::run::{ENV_FENCING_TOKEN, ENV_LEASE};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tokio::signal::unix::{SignalKind, signal};
+
+use crate::process::term_env::{Marker, marker_of};
 
 /// Pids of children tokio waits for.
 fn managed() -> &'static Mutex<HashSet<libc::pid_t>> {
     static SET: OnceLock<Mutex<HashSet<libc::pid_t>>> = OnceLock::new();
     SET.get_or_init(|| Mutex::new(HashSet::new()))
 }
-
-/// A running term, as its command's environment names it: (lease, fencing token).
-type Marker = (String, String);
 
 /// The terms running now.
 fn terms() -> &'static Mutex<Vec<Marker>> {
@@ -141,33 +138,6 @@ fn sweep() {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
-}
-
-/// The term `pid` was started for, from the `TENURE_LEASE` and `TENURE_FENCING_TOKEN` of its
-/// environment (as it was when the process started its program); `None` when either is
-/// missing or the environment cannot be read.
-fn marker_of(pid: libc::pid_t) -> Option<Marker> {
-    // The environment block of a program is at most a few MiB (ARG_MAX); read a bounded part.
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(format!("/proc/{pid}/environ"))
-        .ok()?
-        .take(4 << 20)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    let (mut lease, mut token) = (None, None);
-    for entry in bytes.split(|&b| b == 0) {
-        let Some(eq) = entry.iter().position(|&b| b == b'=') else {
-            continue;
-        };
-        let (name, value) = (&entry[..eq], &entry[eq + 1..]);
-        if name == ENV_LEASE.as_bytes() {
-            lease = Some(String::from_utf8_lossy(value).into_owned());
-        } else if name == ENV_FENCING_TOKEN.as_bytes() {
-            token = Some(String::from_utf8_lossy(value).into_owned());
-        }
-    }
-    Some((lease?, token?))
 }
 
 /// This process's children, from `/proc/self/task/*/children`.

@@ -1,8 +1,7 @@
 //! `tenure run --shards N`: a [`ShardedElector`] whose workload, for every shard term, is the
-//! supervisor `tenure run` runs for its one lease ([`Supervisor::term`]): one copy of the
-//! command per shard held here, each with its own process group, watchdog, grace and reaping.
+//! same [`Supervisor::term`] `tenure run` runs for its one lease: one copy of the command per
+//! shard held here, each with its own process group, watchdog, grace and reaping.
 
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,39 +13,26 @@ use tokio_util::sync::CancellationToken;
 use crate::args::RunArgs;
 use crate::backend::Connected;
 use crate::error::{CliError, chain};
-use crate::run::{self, Supervisor};
-use crate::watchdog::Watchdog;
-
-/// The shard a copy of the command serves (0 to N − 1).
-pub const ENV_SHARD: &str = "TENURE_SHARD";
-/// The group's shard count N.
-pub const ENV_SHARDS: &str = "TENURE_SHARDS";
+use crate::process::term_env::{ENV_SHARD, ENV_SHARDS};
+use crate::run::setup;
+use crate::run::shard_probe;
+use crate::run::supervisor::{Supervisor, Terms};
 
 /// Runs `tenure run --shards N`; the result is the process exit code.
 pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
-    let (config, stop_margin) = run::election_config(&args);
-    let (connected, locker, identity) = run::connect(&args).await?;
+    let (config, stop_margin) = setup::election_config(&args);
+    let (connected, locker, identity) = setup::connect(&args).await?;
     let elector = ShardedElector::new(locker, &args.lease, shards, config).map_err(shard_error)?;
-    run::probe(&connected, &lease_name(&args.lease, 0), args.retry_period).await?;
+    setup::probe(&connected, &lease_name(&args.lease, 0), args.retry_period).await?;
     probe_membership(&connected, &args.lease, args.retry_period).await?;
 
     if let Some(addr) = args.listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| CliError::Config {
-                message: format!("--listen {addr}: {e}"),
-            })?;
-        tokio::spawn(crate::shard_probe::serve(listener, elector.clone()));
+        let listener = setup::listen(addr).await?;
+        tokio::spawn(shard_probe::serve(listener, elector.clone()));
     }
 
-    crate::reaper::several_terms();
-    crate::reaper::start();
-    let watchdog = Watchdog::start().map_err(|e| CliError::Internal {
-        message: format!("cannot start the watchdog thread: {e}"),
-    })?;
-    let received = Arc::new(AtomicI32::new(0));
-    let hurry = CancellationToken::new();
-    let signalled = run::shutdown_signal(Arc::clone(&received), hurry.clone())?;
+    let (supervisor, signalled) =
+        Supervisor::start(args.command, args.grace, stop_margin, Terms::Several)?;
     // A copy that cannot be started (command not found, no watchdog process) stops tenure:
     // every shard would fail the same way.
     let failed = CancellationToken::new();
@@ -67,15 +53,9 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
         backend = %connected.description,
         "joining the group"
     );
-    let supervisor = Arc::new(Supervisor {
-        command: args.command,
-        grace: args.grace,
-        stop_margin,
-        watchdog,
-        received: Arc::clone(&received),
-        hurry,
-    });
+    let supervisor = Arc::new(supervisor);
     let workload = {
+        let supervisor = Arc::clone(&supervisor);
         let fatal = Arc::clone(&fatal);
         move |shard: u32, term: tenure::Term| {
             let copy = supervisor.term(
@@ -109,7 +89,7 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
     match (outcome, fatal) {
         (_, Some(e)) => Err(e),
         (Ok(()), None) => {
-            let signo = received.load(Ordering::Acquire);
+            let signo = supervisor.received_signal();
             tracing::info!(signal = signo, "left the group: every shard released");
             Ok(0)
         }

@@ -38,8 +38,9 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::child::{ProcessGroup, signal_group};
 use crate::error::CliError;
+use crate::process::child::{ProcessGroup, signal_group};
+use crate::process::reaper;
 
 /// The hidden subcommand that runs [`process_main`].
 pub const SUBCOMMAND: &str = "__watchdog";
@@ -248,11 +249,11 @@ fn spawn_process(
         .and_then(|p| libc::pid_t::try_from(p).ok())
         .ok_or_else(|| internal("no pid", io::Error::other("missing")))?;
     // No await since the spawn: the reaper (same thread) has not seen it yet.
-    crate::reaper::manage(pid);
+    reaper::manage(pid);
     let watchdog = watchdog.clone();
     tokio::spawn(async move {
         let _ = child.wait().await;
-        crate::reaper::release(pid);
+        reaper::release(pid);
         watchdog.process_exited(group, pid);
     });
     Ok((File::from(fd), pid))

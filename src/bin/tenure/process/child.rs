@@ -1,5 +1,5 @@
 //! The supervised command: started in its own process group with a parent-death signal, and
-//! stopped group-wide. [`crate::watchdog`] makes sure it never outlives the lease.
+//! stopped group-wide. [`crate::process::watchdog`] makes sure it never outlives the lease.
 
 use std::ffi::OsString;
 use std::io;
@@ -7,6 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
 
 use crate::error::CliError;
+use crate::process::reaper;
 
 /// A started command: its process and its process group.
 pub struct Child {
@@ -98,7 +99,7 @@ impl Child {
                 message: "the started command has no pid".into(),
             })?;
         // No await between the spawn and this: the reaper (same thread) cannot run first.
-        crate::reaper::manage(pid);
+        reaper::manage(pid);
         Ok(Self {
             process,
             group: ProcessGroup(pid),
@@ -117,7 +118,7 @@ impl Child {
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         let status = self.process.wait().await;
         if status.is_ok() {
-            crate::reaper::release(self.group.0);
+            reaper::release(self.group.0);
         }
         status
     }

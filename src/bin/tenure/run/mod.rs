@@ -1,0 +1,25 @@
+//! `tenure run`: campaign for the lease (or, with `--shards`, a share of the group's shards)
+//! and run the command for each term won.
+//!
+//! The files import downwards only: `single` and `sharded` (the two ways to run, with
+//! `publish` and `shard_probe` beside them) use `setup` (what both do before campaigning) and
+//! `supervisor` (the command of one term, and tenure's own signals, for both); `supervisor`
+//! drives `crate::process`. Nothing here imports this file.
+
+mod publish;
+mod setup;
+mod shard_probe;
+mod sharded;
+mod single;
+mod supervisor;
+
+use crate::args::RunArgs;
+use crate::error::CliError;
+
+/// Runs `tenure run`; the result is the process exit code.
+pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    match args.shards {
+        Some(shards) => sharded::run(args, shards).await,
+        None => single::run(args).await,
+    }
+}

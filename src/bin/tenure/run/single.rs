@@ -1,0 +1,87 @@
+//! `tenure run` on one lease: a [`LeaderElector`] whose workload, for each term won, is the
+//! command under the [`Supervisor`]; the probe endpoint and the status publisher beside it.
+
+use tenure::election::{ElectionMetrics, LeaderElector};
+
+use crate::args::RunArgs;
+use crate::backend;
+use crate::error::CliError;
+use crate::run::publish;
+use crate::run::setup;
+use crate::run::supervisor::{Supervisor, Terms};
+
+/// Runs `tenure run` without `--shards`; the result is the process exit code.
+pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    let (config, stop_margin) = setup::election_config(&args);
+    let (connected, locker, identity) = setup::connect(&args).await?;
+    let mut elector = LeaderElector::new(locker, &args.lease, config)?;
+    setup::probe(&connected, &args.lease, args.retry_period).await?;
+    check_permissions(&connected, &args.lease).await?;
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    elector = elector.with_metrics(ElectionMetrics::register(&mut registry));
+    if let Some(addr) = args.listen {
+        let listener = setup::listen(addr).await?;
+        let server = tenure::election::ProbeServer::new(elector.clone())
+            .tolerance(args.lease_duration)
+            .store_liveness(args.store_liveness)
+            .metrics(registry);
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(listener).await {
+                tracing::error!(error = %e, "the /metrics and probe endpoint stopped");
+            }
+        });
+    }
+    let publishing = if args.publish_status {
+        Some(publish::spawn(&args, &connected, &elector).await?)
+    } else {
+        None
+    };
+
+    let (supervisor, shutdown) =
+        Supervisor::start(args.command, args.grace, stop_margin, Terms::One)?;
+    tracing::info!(
+        lease = %args.lease,
+        identity = %identity,
+        backend = %connected.description,
+        "campaigning"
+    );
+    let outcome = elector
+        .run_until(shutdown, |term| supervisor.term(term, Vec::new()))
+        .await;
+    if let Some(publishing) = publishing {
+        publishing.finish().await;
+    }
+    match outcome {
+        Ok(Some(code)) => code,
+        Ok(None) => {
+            let signo = supervisor.received_signal();
+            tracing::info!(signal = signo, "stopped by signal");
+            Ok(u8::try_from(128 + signo).unwrap_or(1))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// On Kubernetes, refuses to campaign without a permission the elector needs on its Lease
+/// (exit 4): a candidate without `update` would otherwise follow quietly and fail only when it
+/// has to take over. A failed check (reviews refused, no answer) is logged and not fatal.
+async fn check_permissions(connected: &backend::Connected, lease: &str) -> Result<(), CliError> {
+    let Some(kube) = &connected.kube else {
+        return Ok(());
+    };
+    match kube.missing_permissions(lease).await {
+        Ok(missing) if missing.is_empty() => Ok(()),
+        Ok(missing) => Err(CliError::Backend {
+            message: format!(
+                "{}: this user may not {} lease {lease:?} (coordination.k8s.io); tenure run needs get, list, watch and update on its Lease and create on leases: grant them with a Role (the Helm chart's does)",
+                connected.description,
+                missing.join(", ")
+            ),
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the permissions on the lease; campaigning anyway");
+            Ok(())
+        }
+    }
+}
