@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::error::{self, Op};
 use super::record;
-use super::state::{Current, LockState, Own};
+use super::state::{Current, LockState, Own, Source};
 use crate::backend::{BackendError, BackendErrorKind, HolderToken, LeaseRecord};
 
 /// The shared state of a backend and its watch tasks.
@@ -92,7 +92,8 @@ impl Inner {
         &self,
         name: &Arc<str>,
         lease: Option<Lease>,
-        authoritative: bool,
+        deleted_rv: Option<u64>,
+        source: Source,
     ) -> Result<Current, BackendError> {
         let lease = match lease {
             Some(l) => {
@@ -105,7 +106,7 @@ impl Inner {
         let now = Instant::now();
         let mut locks = self.locks();
         let st = locks.entry(name.clone()).or_default();
-        st.note(lease, authoritative, now);
+        st.note(lease, deleted_rv, source, now);
         Ok(st.known.clone().unwrap_or(Current::Absent))
     }
 
@@ -126,6 +127,7 @@ impl Inner {
             }
         }
         let op = self.op("get", name);
+        let sent = Instant::now();
         let lease = match self.call(op, self.api.get(name)).await {
             Ok(l) => Some(l),
             Err(Fail::NotFound) => None,
@@ -137,7 +139,7 @@ impl Inner {
             }
             Err(Fail::Error(e)) => return Err(e),
         };
-        self.note(name, lease, true)
+        self.note(name, lease, None, Source::Answer(sent))
     }
 
     /// The view, if this backend's grant to `holder` is current in it.

@@ -10,10 +10,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::inner::{Fail, Inner};
-use super::record::View;
-use super::state::{Current, Notices};
+use super::record::{self, View};
+use super::state::{Current, Notices, Source};
 use crate::backend::{BackendError, BackendErrorKind, HolderChange, HolderToken};
 
 /// How long the API server keeps one watch request open (kube's default, below the server's
@@ -157,6 +158,7 @@ impl Task {
 
     /// One list, then watches from its resourceVersion until something breaks.
     async fn session(&mut self) -> Next {
+        let sent = Instant::now();
         let listed = tokio::select! {
             r = self.inner.list_one(&self.name) => r,
             () = self.tx.closed() => return self.stop_or(Next::Relist),
@@ -165,7 +167,10 @@ impl Task {
             Ok(l) => l,
             Err(e) => return Next::Backoff(e),
         };
-        let current = match self.inner.note(&self.name, lease, true) {
+        let current = match self
+            .inner
+            .note(&self.name, lease, None, Source::Answer(sent))
+        {
             Ok(c) => c,
             Err(e) => return Next::Backoff(e),
         };
@@ -210,17 +215,21 @@ impl Task {
                         if let Some(v) = lease.metadata.resource_version.clone() {
                             rv = v;
                         }
-                        match self.inner.note(&self.name, Some(lease), false) {
+                        match self
+                            .inner
+                            .note(&self.name, Some(lease), None, Source::Watch)
+                        {
                             Ok(current) => self.announce(&current),
                             Err(e) => return Next::Backoff(e),
                         }
                         self.backoff = BACKOFF_FIRST;
                     }
                     WatchEvent::Deleted(lease) => {
+                        let deleted = record::parse_resource_version(&lease).ok();
                         if let Some(v) = lease.metadata.resource_version.clone() {
                             rv = v;
                         }
-                        match self.inner.note(&self.name, None, false) {
+                        match self.inner.note(&self.name, None, deleted, Source::Watch) {
                             Ok(current) => self.announce(&current),
                             Err(e) => return Next::Backoff(e),
                         }

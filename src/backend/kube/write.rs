@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::inner::{Fail, Inner};
 use super::record;
-use super::state::{Current, Own};
+use super::state::{Current, Own, Source};
 use crate::backend::{
     AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, HolderToken, Released,
     Renewed,
@@ -51,7 +51,7 @@ impl Inner {
                 .unsigned_abs()
                 .into(),
         );
-        self.note(name, Some(lease), true)?;
+        self.note(name, Some(lease), None, Source::Answer(sent))?;
         if let Some(st) = self.locks().get_mut(name) {
             st.own = Some(Own {
                 holder: req.holder,
@@ -86,7 +86,7 @@ impl Inner {
         match self.replace(name, &lease).await {
             Ok(obj) => {
                 tracing::debug!(lease = %name, fencing = %fencing, elapsed = ?started.elapsed(), "stamped the term's fencing token");
-                if let Err(e) = self.note(name, Some(obj), true) {
+                if let Err(e) = self.note(name, Some(obj), None, Source::Answer(started)) {
                     tracing::warn!(lease = %name, "after stamping the fencing token: {e}");
                 }
             }
@@ -227,7 +227,7 @@ impl Inner {
             let sent = Instant::now();
             match self.replace(name, &lease).await {
                 Ok(obj) => {
-                    self.note(name, Some(obj), true)?;
+                    self.note(name, Some(obj), None, Source::Answer(sent))?;
                     if let Some(st) = self.locks().get_mut(&**name)
                         && let Some(o) = st.own.as_mut().filter(|o| o.holder == *holder)
                     {
@@ -276,9 +276,10 @@ impl Inner {
             }
             let mut lease = seen.lease.clone();
             record::released(&mut lease, holder);
+            let sent = Instant::now();
             match self.replace(name, &lease).await {
                 Ok(obj) => {
-                    self.note(name, Some(obj), true)?;
+                    self.note(name, Some(obj), None, Source::Answer(sent))?;
                     self.forget(name, holder);
                     return Ok(Released::Released);
                 }
