@@ -12,10 +12,12 @@
 //! - [`lock`]: the lock runtime. A [`Locker`] acquires [`Lease`]s, renews them from one shared
 //!   scheduler task, and runs closures under them with [`Locker::with_lock`].
 //! - [`election`]: [`LeaderElector`] runs a workload only while this replica holds a lease,
-//!   with controller-runtime's durations; probes and metrics behind `healthz` and `metrics`.
+//!   with controller-runtime's durations; Prometheus metrics behind the `metrics` feature.
 //! - [`fence`]: how to make stale writers harmless with the fencing token.
 //! - `crd` (feature `crd`): the `Election` custom resource and a publisher that shows who
 //!   leads in `kubectl get elections`, for any backend.
+//! - `probe` (feature `healthz`): the `/healthz`, `/readyz` and `/metrics` endpoints of an
+//!   elector or a sharded replica (`ProbeServer`), above election and sharding alike.
 //!
 //! The `tenure` command (feature `cli`) wraps any process: `tenure run --lease NAME -- CMD`
 //! runs CMD only while it holds the lease (see the README).
@@ -73,6 +75,8 @@ pub mod crd;
 pub mod election;
 pub mod fence;
 pub mod lock;
+#[cfg(feature = "healthz")]
+pub mod probe;
 pub mod shard;
 mod util;
 

@@ -1,0 +1,349 @@
+//! The elector's run: campaign until the lease is ours, serve the term (the workload, its
+//! cancellation and drop deadline, the term's tasks, the release), then campaign again or
+//! return. Following the leader, sampling metrics and the shutdown signal are branches of the
+//! same `select!`: the elector owns no background task.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::future::FusedFuture;
+use futures::{FutureExt, StreamExt};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::{ElectionError, LeaderElector, Term};
+use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
+use crate::{Lease, LeaseEnd, LockError, LostReason};
+
+/// The store's holder changes for one lease, as the elector follows them.
+type HolderChanges = futures::stream::BoxStream<'static, Result<HolderChange, BackendError>>;
+
+/// The least time aborted term tasks get to end, even when the term's deadline has passed.
+const TASKS_MIN_WAIT: Duration = Duration::from_millis(100);
+
+/// How a term ended.
+enum TermEnd<T> {
+    /// The workload returned while the term was intact (or during a shutdown's grace).
+    Returned(T),
+    /// The workload panicked.
+    Panicked(String),
+    /// The lease was lost.
+    Lost(FencingToken, LostReason),
+    /// Shutdown was requested and the workload has stopped.
+    Shutdown,
+}
+
+/// Why the term is being wound down.
+enum Stopping {
+    Lost(LostReason),
+    Shutdown,
+}
+
+impl LeaderElector {
+    /// Campaigns and runs `workload` for each term won, until the workload returns.
+    ///
+    /// Equivalent to [`run_until`](Self::run_until) with a shutdown signal that never fires.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_until`](Self::run_until).
+    pub async fn run<F, Fut, T>(&self, workload: F) -> Result<T, ElectionError>
+    where
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        match self.run_until(std::future::pending(), workload).await {
+            Ok(Some(out)) => Ok(out),
+            // `pending()` never completes, so a shutdown never happens.
+            Ok(None) => Err(ElectionError::Internal {
+                message: "run stopped for a shutdown that has no signal".into(),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Campaigns and runs `workload` for each term won, until the workload returns or
+    /// `shutdown` completes.
+    ///
+    /// On shutdown: the term's cancellation fires, the workload gets up to the grace period
+    /// (never past `valid_until − stop_margin`) to stop, then the lease is released at once so
+    /// a waiting candidate takes over without waiting for the ttl. Returns `Ok(None)` then, or
+    /// `Ok(Some(output))` if the workload returned an output while stopping.
+    ///
+    /// # Errors
+    ///
+    /// - [`ElectionError::Lost`]: a term was lost and
+    ///   [`rejoin`](super::ElectionConfig::rejoin) is off. The workload has stopped and the
+    ///   lease was released.
+    /// - [`ElectionError::WorkloadPanicked`]: the workload panicked; the lease was released.
+    /// - [`ElectionError::Lock`]: campaigning failed permanently (credentials, permissions).
+    ///   Transient store failures are retried every retry period.
+    /// - [`ElectionError::AlreadyRunning`]: this elector is already running.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future drops the workload at once and releases the lease in the
+    /// background.
+    pub async fn run_until<S, F, Fut, T>(
+        &self,
+        shutdown: S,
+        mut workload: F,
+    ) -> Result<Option<T>, ElectionError>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        if self.inner.running.swap(true, Ordering::AcqRel) {
+            return Err(ElectionError::AlreadyRunning);
+        }
+        let _running = RunningGuard(self);
+        self.inner.contact.run_started();
+        let mut shutdown = pin!(shutdown.fuse());
+        // One stream of holder changes for the whole run: campaigning and leading follow the
+        // same watch, so a won campaign does not close it and open another (two requests per
+        // term on Kubernetes, where the last observer's leaving stops the shared watch).
+        let mut changes = self.inner.locker.backend().observe(&self.inner.name);
+        loop {
+            let lease = tokio::select! {
+                lease = self.campaign(&mut changes) => lease?,
+                () = &mut shutdown => return Ok(None),
+            };
+            match self
+                .serve(lease, &mut workload, shutdown.as_mut(), &mut changes)
+                .await
+            {
+                TermEnd::Returned(out) => return Ok(Some(out)),
+                TermEnd::Shutdown => return Ok(None),
+                TermEnd::Panicked(message) => {
+                    return Err(ElectionError::WorkloadPanicked { message });
+                }
+                TermEnd::Lost(fencing, reason) => {
+                    if !self.inner.config.rejoin {
+                        return Err(ElectionError::Lost {
+                            name: self.inner.name.to_string(),
+                            fencing,
+                            reason,
+                        });
+                    }
+                    if shutdown.is_terminated() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tries until the lease is ours, following the leader meanwhile.
+    async fn campaign(&self, changes: &mut HolderChanges) -> Result<Lease, ElectionError> {
+        let span =
+            tracing::info_span!("campaign", lease = %self.inner.name, identity = %self.identity());
+        let inner = &self.inner;
+        let window = inner.config.lease_duration.saturating_mul(4);
+        let opts = inner.lease_opts.clone().wait(window);
+        let attempt = async {
+            let started = Instant::now();
+            let mut waited = false;
+            loop {
+                match inner.locker.acquire(&inner.name, &opts).await {
+                    Ok(lease) => {
+                        self.record_acquired(started.elapsed(), waited);
+                        return Ok(lease);
+                    }
+                    Err(LockError::NotAcquired { .. }) => waited = true,
+                    Err(LockError::Backend(e)) if e.is_transient() => {
+                        tracing::warn!(error = %e, "campaign request failed; retrying");
+                        waited = true;
+                        tokio::time::sleep(inner.config.retry_period).await;
+                    }
+                    Err(e) => return Err(ElectionError::Lock(e)),
+                }
+            }
+        };
+        async {
+            tokio::select! {
+                result = attempt => result,
+                never = self.follow_leader(changes) => match never {},
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Keeps [`leader`](Self::leader) current from the store's holder changes. Never returns.
+    async fn follow_leader(&self, changes: &mut HolderChanges) -> std::convert::Infallible {
+        while let Some(change) = changes.next().await {
+            if let Ok(change) = change {
+                self.inner.contact.answered();
+                self.inner.leader.publish(&change);
+            }
+        }
+        std::future::pending().await
+    }
+
+    /// Serves one term: runs the workload, stops it in time, releases the lease.
+    async fn serve<S, F, Fut, T>(
+        &self,
+        lease: Lease,
+        workload: &mut F,
+        mut shutdown: std::pin::Pin<&mut futures::future::Fuse<S>>,
+        changes: &mut HolderChanges,
+    ) -> TermEnd<T>
+    where
+        S: Future<Output = ()>,
+        F: FnMut(Term) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let shared = lease.shared().clone();
+        let fencing = shared.fencing;
+        let span = tracing::info_span!("term", lease = %self.inner.name, identity = %self.identity(), %fencing);
+        let cancel = CancellationToken::new();
+        let (term, tasks) = Term::begin(shared.clone(), self.identity(), cancel.clone());
+        self.set_term(Some(shared.clone()));
+        self.inner.leader.publish(&HolderChange {
+            holder: Some(self.identity().to_owned()),
+            fencing: Some(fencing),
+        });
+        self.record_leading(true);
+        tracing::info!(parent: &span, "became leader");
+        self.announce(LeadershipEvent::BecameLeader {
+            identity: self.identity().to_owned(),
+            fencing,
+        })
+        .await;
+
+        let config = &self.inner.config;
+        let mut stopping: Option<Stopping> = None;
+        let mut drop_at: Option<Instant> = None;
+        let finished = {
+            let mut work = pin!(AssertUnwindSafe(workload(term)).catch_unwind());
+            let mut follow = pin!(self.follow_leader(changes));
+            let mut sample = tokio::time::interval(config.lease_duration / 3);
+            let mut renewals_seen = 0;
+            loop {
+                let deadline = drop_at;
+                tokio::select! {
+                    biased;
+                    out = &mut work => break Some(out),
+                    end = shared.wait_end(), if stopping.is_none() => {
+                        cancel.cancel();
+                        self.set_term(None);
+                        self.record_leading(false);
+                        let reason = match end {
+                            LeaseEnd::Lost(reason) => reason,
+                            // Only this function releases or orphans the term's lease.
+                            LeaseEnd::Released | LeaseEnd::Orphaned => LostReason::NotHeld,
+                        };
+                        tracing::warn!(parent: &span, %reason, "stopped leading: lease lost");
+                        // Told outright that the lease is gone: someone else may hold it now.
+                        drop_at = Some(if matches!(reason, LostReason::NotHeld) {
+                            Instant::now()
+                        } else {
+                            shared.valid_until() - config.stop_margin
+                        });
+                        stopping = Some(Stopping::Lost(reason));
+                    }
+                    () = &mut shutdown, if stopping.is_none() && !shutdown.is_terminated() => {
+                        cancel.cancel();
+                        tracing::info!(parent: &span, "shutting down: workload cancelled");
+                        drop_at = Some((Instant::now() + config.grace).min(shared.valid_until() - config.stop_margin));
+                        stopping = Some(Stopping::Shutdown);
+                    }
+                    () = sleep_until_opt(deadline) => {
+                        tracing::warn!(parent: &span, "workload ignored cancellation: dropped");
+                        break None;
+                    }
+                    never = &mut follow => match never {},
+                    _ = sample.tick(), if stopping.is_none() => {
+                        renewals_seen = self.record_sample(&shared, renewals_seen);
+                    }
+                }
+            }
+            // `work` is dropped here, before the release below.
+        };
+        // The term's tasks end before the release too, within the workload's bound: a lost
+        // term's drop deadline, or the instant before anyone else can hold the lease.
+        // Aborted tasks end at their next poll: leave them a moment even when the deadline
+        // has passed (the store said the lease is gone), so that only a task stuck in
+        // blocking code is reported.
+        let tasks_deadline = drop_at
+            .unwrap_or_else(|| shared.valid_until() - config.stop_margin)
+            .max(Instant::now() + TASKS_MIN_WAIT);
+        if !tasks.stop(tasks_deadline).await {
+            tracing::error!(parent: &span, "a task of the term ignored its abort (blocking code?); releasing the lease anyway");
+        }
+        // A workload can finish at an instant its lease had already run out (the process was
+        // frozen, say): then the term was lost, whatever the workload returned.
+        if stopping.is_none()
+            && let Some(LeaseEnd::Lost(reason)) = shared.end_cause()
+        {
+            stopping = Some(Stopping::Lost(reason));
+        }
+        self.set_term(None);
+        self.record_leading(false);
+        cancel.cancel();
+        let released = lease.release().await;
+        if let Err(e) = &released {
+            tracing::debug!(parent: &span, error = %e, "release after the term");
+        }
+        // `leader()` must not keep naming this replica for a term that is over; the next
+        // campaign's watch reports whoever leads next.
+        self.inner.leader.forget(self.identity(), Some(fencing));
+        tracing::info!(parent: &span, "stopped leading");
+        let reason = match &stopping {
+            Some(Stopping::Lost(reason)) => format!("lease lost: {reason}"),
+            Some(Stopping::Shutdown) => "shut down: released".to_owned(),
+            None => "workload finished: released".to_owned(),
+        };
+        self.announce(LeadershipEvent::StoppedLeading {
+            identity: self.identity().to_owned(),
+            fencing,
+            reason,
+        })
+        .await;
+        match (finished, stopping) {
+            (Some(Err(panic)), _) => TermEnd::Panicked(panic_message(panic.as_ref())),
+            (_, Some(Stopping::Lost(reason))) => TermEnd::Lost(fencing, reason),
+            (Some(Ok(out)), _) => TermEnd::Returned(out),
+            (None, _) => TermEnd::Shutdown,
+        }
+    }
+    /// Records the event through the backend (a Kubernetes Event), bounded by the request
+    /// timeout so that a slow store never delays a term by more than that.
+    async fn announce(&self, event: LeadershipEvent) {
+        let backend = self.inner.locker.backend();
+        let timeout = self.inner.config.effective_request_timeout();
+        let _ = tokio::time::timeout(timeout, backend.announce(&self.inner.name, &event)).await;
+    }
+}
+
+/// Clears the "running" flag however `run_until` ends.
+struct RunningGuard<'a>(&'a LeaderElector);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.set_term(None);
+        // Also when `run_until` was dropped in the middle of a term.
+        self.0.inner.leader.forget(self.0.identity(), None);
+        self.0.inner.contact.run_ended();
+        self.0.inner.running.store(false, Ordering::Release);
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".to_owned())
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
