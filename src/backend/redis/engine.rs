@@ -1,6 +1,10 @@
 //! Runs the Lua scripts: batches of entries become EVALSHA calls, sent as one pipeline (one
 //! round trip), reloaded on NOSCRIPT in that same retry, and their answers parsed into the
 //! backend's values.
+//!
+//! [`Engine::send`] is the one way a script call reaches the server; the lock scripts' calls
+//! are built here, the membership scripts' in `members.rs`, on top of it (this file knows
+//! nothing of them: `connect.rs` hands [`Engine::load_scripts`] both lists).
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -50,12 +54,10 @@ pub(crate) static RELEASE: LazyLock<Lua> =
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("inspect", script!("inspect.lua")));
 
-/// Every script, for loading them up front.
-pub(crate) fn all_scripts() -> [&'static Lua; 7] {
-    use super::members::{ANNOUNCE, MEMBERS, WITHDRAW};
-    [
-        &*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*ANNOUNCE, &*WITHDRAW, &*MEMBERS,
-    ]
+/// The lock scripts, for loading them up front (with the other scripts of the backend: see
+/// [`Engine::load_scripts`]).
+pub(crate) fn lock_scripts() -> [&'static Lua; 4] {
+    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT]
 }
 
 /// Counters of what the engine sent.
@@ -114,44 +116,6 @@ impl Snapshot {
                 fencing: Some(r.fencing),
             })
     }
-}
-
-/// A parsed notification.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Notification {
-    pub(crate) version: Version,
-    pub(crate) change: HolderChange,
-    /// The lock is not marked watched (a `G` grant), so its next grant and release will not be
-    /// published unless an observer marks it.
-    pub(crate) unwatched: bool,
-}
-
-/// Parses a notification payload: `g:<fencing>:<identity>` or `r:<fencing>` (a watched lock),
-/// or `G:…` (a grant on a lock nobody could have marked: its key was missing).
-pub(crate) fn parse_notification(payload: &[u8]) -> Option<Notification> {
-    let text = std::str::from_utf8(payload).ok()?;
-    let (kind, rest) = text.split_once(':')?;
-    let unwatched = kind == "G";
-    let (version, change) = match kind {
-        "g" | "G" => {
-            let (f, identity) = rest.split_once(':')?;
-            let f: u64 = f.parse().ok()?;
-            (
-                Version(f, 0),
-                HolderChange {
-                    holder: Some(identity.to_owned()),
-                    fencing: Some(FencingToken::new(f)),
-                },
-            )
-        }
-        "r" => (Version(rest.parse().ok()?, 1), HolderChange::free()),
-        _ => return None,
-    };
-    Some(Notification {
-        version,
-        change,
-        unwatched,
-    })
 }
 
 /// Sends script calls over the shared connection.
@@ -450,9 +414,9 @@ impl Engine {
         })
     }
 
-    /// Loads every script (on every node of a cluster).
-    pub(crate) async fn load_scripts(&self) -> Result<(), BackendError> {
-        let sources = all_scripts().map(|s| s.src);
+    /// Loads `scripts` (on every node of a cluster).
+    pub(crate) async fn load_scripts(&self, scripts: &[&'static Lua]) -> Result<(), BackendError> {
+        let sources: Vec<&str> = scripts.iter().map(|s| s.src).collect();
         self.counters.round_trips.fetch_add(1, Ordering::Relaxed);
         let replies = self
             .conn
@@ -469,7 +433,7 @@ impl Engine {
                 ),
             ));
         }
-        for (script, r) in all_scripts().iter().zip(replies) {
+        for (script, r) in scripts.iter().zip(replies) {
             match r {
                 Value::ServerError(e) => {
                     let e: ::redis::RedisError = e.into();
@@ -755,25 +719,5 @@ mod tests {
             let t = crate::backend::HolderToken::random();
             assert_eq!(hex(&t), t.to_hex());
         }
-    }
-
-    #[test]
-    fn notifications_parse() {
-        let n = parse_notification(b"g:12:host:9").expect("grant");
-        assert_eq!(n.version, Version(12, 0));
-        assert_eq!(n.change.holder.as_deref(), Some("host:9"));
-        assert_eq!(n.change.fencing, Some(FencingToken::new(12)));
-        assert!(!n.unwatched);
-        let n = parse_notification(b"G:13:host:9").expect("unwatched grant");
-        assert_eq!(n.version, Version(13, 0));
-        assert!(n.unwatched);
-        let n = parse_notification(b"r:12").expect("release");
-        assert_eq!(n.version, Version(12, 1));
-        assert!(n.change.is_free());
-        assert!(!n.unwatched);
-        assert!(parse_notification(b"R:12").is_none());
-        assert!(parse_notification(b"x").is_none());
-        assert!(parse_notification(b"x:1").is_none());
-        assert!(parse_notification(b"g:zz:a").is_none());
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::conn::ConnError;
-use crate::backend::{BackendError, BackendErrorKind};
+use crate::backend::{BackendError, BackendErrorKind, InvalidName};
 
 /// Scrubs a secret (the password) from text that is about to become an error message or a
 /// log line. Defence in depth: the messages built here never format the connection info.
@@ -121,6 +121,16 @@ pub(crate) fn from_redis(err: &::redis::RedisError, what: &str, scrub: &Scrubber
 fn is_certificate_failure(text: &str) -> bool {
     let t = text.to_ascii_lowercase();
     t.contains("certificate") || t.contains("unknownissuer")
+}
+
+/// A [`BackendErrorKind::Config`] error: an option or a name the backend refuses.
+pub(crate) fn config_error(message: impl Into<String>) -> BackendError {
+    BackendError::new(BackendErrorKind::Config, message)
+}
+
+/// A name the key layout refuses, as a [`BackendErrorKind::Config`] error.
+pub(crate) fn name_error(e: InvalidName) -> BackendError {
+    config_error(e.to_string())
 }
 
 #[cfg(test)]

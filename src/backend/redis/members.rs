@@ -29,14 +29,18 @@ use crate::backend::{BackendError, BackendErrorKind, Member};
 
 /// Announces or renews one member (its own text: it never reads a lock value, so no
 /// `value.lua` before it).
-pub(crate) static ANNOUNCE: LazyLock<Lua> =
+static ANNOUNCE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("announce", include_str!("announce.lua")));
 /// Removes one member.
-pub(crate) static WITHDRAW: LazyLock<Lua> =
+static WITHDRAW: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("withdraw", include_str!("withdraw.lua")));
 /// Reads the live members, pruning the expired ones.
-pub(crate) static MEMBERS: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new("members", include_str!("members.lua")));
+static MEMBERS: LazyLock<Lua> = LazyLock::new(|| Lua::new("members", include_str!("members.lua")));
+
+/// The membership scripts, for loading them up front with the lock scripts.
+pub(crate) fn scripts() -> [&'static Lua; 3] {
+    [&*ANNOUNCE, &*WITHDRAW, &*MEMBERS]
+}
 
 /// The first field of every record: the encoding and its version.
 const VERSION: &str = "m1";
@@ -136,78 +140,86 @@ struct GroupRead {
     skipped: Vec<(String, &'static str)>,
 }
 
-impl Engine {
-    /// Runs one script call on a group's two keys; its reply.
-    async fn group_call(
-        &self,
-        script: &'static LazyLock<Lua>,
-        what: &str,
-        group: &str,
-        args: &[&[u8]],
-    ) -> Result<Value, BackendError> {
-        let mut pipe = ::redis::pipe();
-        let cmd = pipe
-            .cmd("EVALSHA")
-            .arg(&script.sha)
-            .arg(2)
-            .arg(self.keys.members(group))
-            .arg(self.keys.member_records(group));
-        for a in args {
-            cmd.arg(*a);
-        }
-        self.counters
-            .entries
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.send(&pipe, &[&**script], what)
-            .await?
-            .pop()
-            .unwrap_or(Ok(Value::Nil))
+/// Runs one script call on a group's two keys; its reply.
+async fn group_call(
+    engine: &Engine,
+    script: &'static LazyLock<Lua>,
+    what: &str,
+    group: &str,
+    args: &[&[u8]],
+) -> Result<Value, BackendError> {
+    let mut pipe = ::redis::pipe();
+    let cmd = pipe
+        .cmd("EVALSHA")
+        .arg(&script.sha)
+        .arg(2)
+        .arg(engine.keys.members(group))
+        .arg(engine.keys.member_records(group));
+    for a in args {
+        cmd.arg(*a);
     }
+    engine
+        .counters
+        .entries
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    engine
+        .send(&pipe, &[&**script], what)
+        .await?
+        .pop()
+        .unwrap_or(Ok(Value::Nil))
+}
 
-    /// Announces `identity` with `record` for `ttl_ms`; whether readers were told.
-    pub(super) async fn announce_member(
-        &self,
-        group: &str,
-        identity: &str,
-        record: &str,
-        ttl_ms: u64,
-    ) -> Result<bool, BackendError> {
-        let ttl = ttl_ms.to_string();
-        let args: [&[u8]; 3] = [identity.as_bytes(), record.as_bytes(), ttl.as_bytes()];
-        let reply = self
-            .group_call(&ANNOUNCE, "announce member", group, &args)
-            .await?;
-        match as_i64(&reply) {
-            Some(1) => Ok(true),
-            Some(0) => Ok(false),
-            _ => Err(protocol("announce member", &reply)),
-        }
+/// Announces `identity` with `record` for `ttl_ms`; whether readers were told.
+pub(super) async fn announce_member(
+    engine: &Engine,
+    group: &str,
+    identity: &str,
+    record: &str,
+    ttl_ms: u64,
+) -> Result<bool, BackendError> {
+    let ttl = ttl_ms.to_string();
+    let args: [&[u8]; 3] = [identity.as_bytes(), record.as_bytes(), ttl.as_bytes()];
+    let reply = group_call(engine, &ANNOUNCE, "announce member", group, &args).await?;
+    match as_i64(&reply) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(protocol("announce member", &reply)),
     }
+}
 
-    /// Withdraws `identity`; whether it was there.
-    pub(super) async fn withdraw_member(
-        &self,
-        group: &str,
-        identity: &str,
-    ) -> Result<bool, BackendError> {
-        let reply = self
-            .group_call(&WITHDRAW, "withdraw member", group, &[identity.as_bytes()])
-            .await?;
-        match as_i64(&reply) {
-            Some(1) => Ok(true),
-            Some(0) => Ok(false),
-            _ => Err(protocol("withdraw member", &reply)),
-        }
+/// Withdraws `identity`; whether it was there.
+pub(super) async fn withdraw_member(
+    engine: &Engine,
+    group: &str,
+    identity: &str,
+) -> Result<bool, BackendError> {
+    let reply = group_call(
+        engine,
+        &WITHDRAW,
+        "withdraw member",
+        group,
+        &[identity.as_bytes()],
+    )
+    .await?;
+    match as_i64(&reply) {
+        Some(1) => Ok(true),
+        Some(0) => Ok(false),
+        _ => Err(protocol("withdraw member", &reply)),
     }
+}
 
-    /// Reads the live members of `group` (and prunes the expired ones).
-    async fn read_members(&self, group: &str) -> Result<GroupRead, BackendError> {
-        let budget = READ_BUDGET.to_string();
-        let reply = self
-            .group_call(&MEMBERS, "read members", group, &[budget.as_bytes()])
-            .await?;
-        parse_read(&reply).unwrap_or_else(|| Err(protocol("read members", &reply)))
-    }
+/// Reads the live members of `group` (and prunes the expired ones).
+async fn read_members(engine: &Engine, group: &str) -> Result<GroupRead, BackendError> {
+    let budget = READ_BUDGET.to_string();
+    let reply = group_call(
+        engine,
+        &MEMBERS,
+        "read members",
+        group,
+        &[budget.as_bytes()],
+    )
+    .await?;
+    parse_read(&reply).unwrap_or_else(|| Err(protocol("read members", &reply)))
 }
 
 /// Parses `members.lua`'s reply; `None` when it is not of that shape.
@@ -372,7 +384,7 @@ impl Watch {
             self.epoch = Some(self.sub.confirmed().await?);
         }
         let t = self.sub.request_timeout();
-        let read = tokio::time::timeout(t, self.engine.read_members(&self.group))
+        let read = tokio::time::timeout(t, read_members(&self.engine, &self.group))
             .await
             .map_err(|_| BackendError::timeout("redis read members", t))??;
         self.stale = false;

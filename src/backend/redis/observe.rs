@@ -6,8 +6,8 @@
 //! The hub keeps a table of the channels local observers want. A single task owns the pub/sub
 //! connection: it subscribes and unsubscribes (batching channels, one command at a time) as
 //! observers come and go, and delivers each message to the mailboxes of that channel's
-//! observers. When the connection drops it tells every observer, reconnects with backoff and
-//! subscribes again.
+//! observers: a lock's message parsed into a [`Notification`], a group's as a poke. When the
+//! connection drops it tells every observer, reconnects with backoff and subscribes again.
 //!
 //! An observer's stream starts with the lock's state read *after* its subscription was
 //! confirmed, so nothing that happens after that read can go unnoticed; later items are the
@@ -27,15 +27,53 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::conn::Connector;
-use super::engine::{Engine, Notification, Snapshot, Version, parse_notification};
+use super::engine::{Engine, Snapshot, Version};
 use super::error::from_redis;
-use crate::backend::{BackendError, BackendErrorKind, HolderChange};
+use crate::backend::{BackendError, BackendErrorKind, FencingToken, HolderChange};
 
 /// The most notifications queued for one observer; beyond it the queue is replaced by a resync.
 const MAILBOX_CAP: usize = 64;
 /// The first and the longest pause between reconnection attempts.
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// A parsed notification: what the lock scripts PUBLISH on a lock's channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Notification {
+    version: Version,
+    change: HolderChange,
+    /// The lock is not marked watched (a `G` grant), so its next grant and release will not be
+    /// published unless an observer marks it.
+    unwatched: bool,
+}
+
+/// Parses a notification payload: `g:<fencing>:<identity>` or `r:<fencing>` (a watched lock),
+/// or `G:…` (a grant on a lock nobody could have marked: its key was missing).
+fn parse_notification(payload: &[u8]) -> Option<Notification> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let (kind, rest) = text.split_once(':')?;
+    let unwatched = kind == "G";
+    let (version, change) = match kind {
+        "g" | "G" => {
+            let (f, identity) = rest.split_once(':')?;
+            let f: u64 = f.parse().ok()?;
+            (
+                Version(f, 0),
+                HolderChange {
+                    holder: Some(identity.to_owned()),
+                    fencing: Some(FencingToken::new(f)),
+                },
+            )
+        }
+        "r" => (Version(rest.parse().ok()?, 1), HolderChange::free()),
+        _ => return None,
+    };
+    Some(Notification {
+        version,
+        change,
+        unwatched,
+    })
+}
 
 /// What the hub delivers to an observer.
 enum Note {
@@ -630,5 +668,30 @@ impl GroupSubscription {
     /// The bound on each request of the backend.
     pub(super) fn request_timeout(&self) -> Duration {
         self.reg.hub.request_timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_parse() {
+        let n = parse_notification(b"g:12:host:9").expect("grant");
+        assert_eq!(n.version, Version(12, 0));
+        assert_eq!(n.change.holder.as_deref(), Some("host:9"));
+        assert_eq!(n.change.fencing, Some(FencingToken::new(12)));
+        assert!(!n.unwatched);
+        let n = parse_notification(b"G:13:host:9").expect("unwatched grant");
+        assert_eq!(n.version, Version(13, 0));
+        assert!(n.unwatched);
+        let n = parse_notification(b"r:12").expect("release");
+        assert_eq!(n.version, Version(12, 1));
+        assert!(n.change.is_free());
+        assert!(!n.unwatched);
+        assert!(parse_notification(b"R:12").is_none());
+        assert!(parse_notification(b"x").is_none());
+        assert!(parse_notification(b"x:1").is_none());
+        assert!(parse_notification(b"g:zz:a").is_none());
     }
 }
