@@ -15,25 +15,11 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube_support::fencing::{apply, cm, participant};
+use kube_support::fencing::{apply, cm, participant, take};
 use kube_support::{shared, unique};
 use tenure::Locker;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::fence::kube::{FenceError, FencedApi, Fencer, FencingPolicy, PROOF_WINDOW};
-use tenure::lock::LockOptions;
-
-async fn take(locker: &Locker, lease: &str) -> tenure::lock::Lease {
-    locker
-        .acquire(
-            lease,
-            &LockOptions::new()
-                .ttl(Duration::from_secs(3))
-                .wait(Duration::from_secs(20))
-                .auto_renew(true),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("acquire {lease}: {e}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_lease_cache_is_caught_by_the_proof_and_fails_closed() {

@@ -21,30 +21,46 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube_support::fencing::{apply, cm, install, install_anchor, obj, participant};
+use kube_support::fencing::{apply, cm, install, install_anchor, obj, participant, take};
 use kube_support::{shared, unique};
 use tenure::Locker;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::election::{ElectionConfig, ElectionMetrics, LeaderElector};
 use tenure::fence::kube::{FenceError, FenceState, FencedApi, Fencer, FencingPolicy};
-use tenure::lock::LockOptions;
 
 fn backend(client: &kube::Client, ns: &str) -> KubeBackend {
     KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns)).expect("backend")
 }
 
-/// Takes `lease` for a term (waiting out the previous holder's ttl).
-async fn take(locker: &Locker, lease: &str) -> tenure::lock::Lease {
-    locker
-        .acquire(
-            lease,
-            &LockOptions::new()
-                .ttl(Duration::from_secs(3))
-                .wait(Duration::from_secs(20))
-                .auto_renew(true),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("acquire {lease}: {e}"))
+/// An election `ctl` in a fresh namespace: its participant `ctl`, a first term, and its
+/// policy (governing ConfigMaps) installed after the anchor and enforced.
+struct Election {
+    ns: String,
+    client: kube::Client,
+    policy: FencingPolicy,
+    locker: Locker,
+    held: tenure::lock::Lease,
+}
+
+async fn configmap_election(tag: &str) -> Election {
+    install_anchor().await;
+    let ns = unique(tag);
+    shared().namespace(&ns).await;
+    let (client, _) = participant(&ns, "ctl").await;
+    let policy = FencingPolicy::new(&ns, "ctl")
+        .and_then(|p| p.service_account(&ns, "ctl"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("valid policy");
+    let locker = Locker::with_identity(backend(&client, &ns), "ctl-0").expect("identity");
+    let held = take(&locker, "ctl").await;
+    install(&policy, &Api::namespaced(client.clone(), &ns)).await;
+    Election {
+        ns,
+        client,
+        policy,
+        locker,
+        held,
+    }
 }
 
 async fn fencer(client: &kube::Client, ns: &str) -> Fencer {
@@ -200,19 +216,14 @@ async fn the_default_policy_lets_the_election_run_and_fences_governed_writes_and
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_deleted_mid_term_fails_writes_closed_loudly_and_recovers() {
     let server = shared();
-    install_anchor().await;
-    let ns = unique("proof-open");
-    server.namespace(&ns).await;
     let lease = "ctl";
-    let (client, _) = participant(&ns, "ctl").await;
-    let policy = FencingPolicy::new(&ns, lease)
-        .and_then(|p| p.service_account(&ns, "ctl"))
-        .and_then(|p| p.resource("configmaps"))
-        .expect("valid policy");
-    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let locker = Locker::with_identity(backend(&client, &ns), "ctl-0").expect("identity");
-    let held = take(&locker, lease).await;
-    install(&policy, &plain).await;
+    let Election {
+        ns,
+        client,
+        policy,
+        held,
+        ..
+    } = configmap_election("proof-open").await;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ElectionMetrics::register(&mut registry);
     let recheck = Duration::from_secs(1);
@@ -407,19 +418,10 @@ async fn with_the_anchor_deleting_one_elections_binding_leaves_the_others_fenced
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_tokens_of_any_shape_lock_no_term_out_and_participants_stamp_only_their_own() {
     let server = shared();
-    install_anchor().await;
-    let ns = unique("proof-object");
-    server.namespace(&ns).await;
     let lease = "ctl";
-    let (client, _) = participant(&ns, "ctl").await;
-    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let policy = FencingPolicy::new(&ns, lease)
-        .and_then(|p| p.service_account(&ns, "ctl"))
-        .and_then(|p| p.resource("configmaps"))
-        .expect("valid");
-    let locker = Locker::with_identity(backend(&client, &ns), "ctl-0").expect("identity");
-    let held = take(&locker, lease).await;
-    install(&policy, &plain).await;
+    let Election {
+        ns, client, held, ..
+    } = configmap_election("proof-object").await;
     let token = held.fencing_token();
     let fencer = fencer(&client, &ns).await;
     let ours: FencedApi<ConfigMap> = fencer.namespaced_with_token(lease, token, &ns);
@@ -491,19 +493,14 @@ async fn object_tokens_of_any_shape_lock_no_term_out_and_participants_stamp_only
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_floor_fails_closed_naming_the_lease_and_the_next_grant_repairs_it() {
     let server = shared();
-    install_anchor().await;
-    let ns = unique("proof-floor");
-    server.namespace(&ns).await;
     let lease = "ctl";
-    let (client, _) = participant(&ns, "ctl").await;
-    let plain: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
-    let policy = FencingPolicy::new(&ns, lease)
-        .and_then(|p| p.service_account(&ns, "ctl"))
-        .and_then(|p| p.resource("configmaps"))
-        .expect("valid");
-    let locker = Locker::with_identity(backend(&client, &ns), "ctl-0").expect("identity");
-    let held = take(&locker, lease).await;
-    install(&policy, &plain).await;
+    let Election {
+        ns,
+        client,
+        locker,
+        held,
+        ..
+    } = configmap_election("proof-floor").await;
     let token = held.fencing_token();
     held.release().await.expect("release");
     let fencer = fencer(&client, &ns).await;

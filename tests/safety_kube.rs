@@ -60,6 +60,36 @@ async fn kube_controller_example_reconciles_only_while_leading_and_stamps_the_to
     api.create(&PostParams::default(), &cm)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // The example's fenced writes prove the fence first and fail closed without it: install
+    // its policy as the README says, with this test's user (the admin) as the participant.
+    let who = kube::Api::<k8s_openapi::api::authentication::v1::SelfSubjectReview>::all(
+        server.admin().await,
+    )
+    .create(&PostParams::default(), &Default::default())
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .status
+    .and_then(|s| s.user_info)
+    .and_then(|u| u.username)
+    .unwrap_or_default();
+    let policy = tenure::fence::kube::FencingPolicy::new("default", "tenure-demo-controller")
+        .and_then(|p| p.user(&who))
+        .and_then(|p| p.resource("configmaps"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.admin().await, "default");
+    if leases
+        .get_opt("tenure-demo-controller")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .is_none()
+    {
+        leases
+            .create(&PostParams::default(), &policy.lease())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    kube_support::fencing::install(&policy, &api).await;
     // Two replicas of the controller. The first starts earlier and leads; the second waits,
     // reconciling nothing, until the first shuts down and releases; then it takes over at
     // once with a higher token and stamps again.

@@ -177,6 +177,20 @@ pub async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
     }
 }
 
+/// Takes `lease` for a term with a 3 s ttl, renewed (waiting out the previous holder's).
+pub async fn take(locker: &tenure::Locker, lease: &str) -> tenure::lock::Lease {
+    locker
+        .acquire(
+            lease,
+            &tenure::lock::LockOptions::new()
+                .ttl(Duration::from_secs(3))
+                .wait(Duration::from_secs(20))
+                .auto_renew(true),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("acquire {lease}: {e}"))
+}
+
 pub fn cm(name: &str, value: &str) -> ConfigMap {
     obj(serde_json::json!({"metadata": {"name": name}, "data": {"v": value}}))
 }
