@@ -39,9 +39,7 @@
 //! that target dir. `TENURE_BIN=/path/to/tenure` overrides all of this. Under `cargo bench`
 //! the profile is `bench` (release settings, `target/release/tenure`).
 
-#[path = "../tests/kube_support/mod.rs"]
-mod kube_support;
-#[path = "../tests/support/mod.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::io::Write as _;
@@ -51,9 +49,16 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use support::kube_harness;
+use support::out::{Say, save_json};
+use support::redis_harness::RedisServer;
+use support::scratch::Scratch;
+use support::stats::Stats;
+use support::table;
 
 /// The elector settings of every run: lease 3 s, renew deadline 2 s, retry period 500 ms.
 const LEASE: Duration = Duration::from_secs(3);
@@ -99,9 +104,7 @@ const SHORT: Duration = Duration::from_secs(20);
 
 /// Wall-clock nanoseconds, comparable with the commands' `$EPOCHREALTIME` stamps.
 fn now_ns() -> i128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or(0))
+    i128::try_from(support::role::now_ns()).unwrap_or(0)
 }
 
 /// `1732950000.123456` (either decimal separator) → nanoseconds.
@@ -117,56 +120,26 @@ fn ms(ns: i128) -> f64 {
     ns as f64 / 1e6
 }
 
-/// Summary of samples in milliseconds (or KiB, for memory).
-#[derive(Clone, Debug)]
-struct Stats {
-    n: usize,
-    median: f64,
-    p90: f64,
-    min: f64,
-    max: f64,
+/// Summary of samples in milliseconds (or KiB, for memory); its p50 is the median.
+fn stats(samples: &[f64]) -> Option<Stats> {
+    Stats::of(samples.iter().copied())
 }
 
-impl Stats {
-    fn of(samples: &[f64]) -> Option<Self> {
-        if samples.is_empty() {
-            return None;
-        }
-        let mut s = samples.to_vec();
-        s.sort_by(f64::total_cmp);
-        let at = |p: f64| s[((s.len() - 1) as f64 * p).round() as usize];
-        Some(Self {
-            n: s.len(),
-            median: at(0.5),
-            p90: at(0.9),
-            min: s[0],
-            max: s[s.len() - 1],
-        })
-    }
-
-    fn json(&self, unit: &str) -> Value {
-        json!({"unit": unit, "n": self.n, "median": self.median, "p90": self.p90,
-               "min": self.min, "max": self.max})
-    }
+fn stats_json(s: &Stats, unit: &str) -> Value {
+    json!({"unit": unit, "n": s.n, "median": s.p50, "p90": s.p90, "min": s.min, "max": s.max})
 }
 
 /// `12.3 ms` / `2.51 s`.
 fn fmt_ms(v: f64) -> String {
-    if v.abs() >= 1000.0 {
-        format!("{:.2} s", v / 1000.0)
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1} ms")
-    } else {
-        format!("{v:.2} ms")
-    }
+    table::fmt_ms(v, 1, 2)
 }
 
 fn cell_ms(s: &Stats) -> String {
-    format!("{} (p90 {}, n={})", fmt_ms(s.median), fmt_ms(s.p90), s.n)
+    format!("{} (p90 {}, n={})", fmt_ms(s.p50), fmt_ms(s.p90), s.n)
 }
 
 fn cell_kib(s: &Stats) -> String {
-    format!("{:.1} MiB", s.median / 1024.0)
+    format!("{:.1} MiB", s.p50 / 1024.0)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -489,17 +462,17 @@ impl Replica {
         }
     }
 
+    /// Waits for it to exit, which it must do with status 0.
+    fn exits_ok(&mut self) {
+        let s = self.wait_exit(SHORT);
+        assert!(s.success(), "{s}: {}", self.stderr_text());
+    }
+
     /// (VmRSS KiB, threads) of the wrapper process.
     fn rss(&self) -> (f64, f64) {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-                .unwrap_or(f64::NAN)
-        };
+        let status = support::proc::status(self.child.id());
+        let field =
+            |name: &str| support::proc::status_field(&status, name).map_or(f64::NAN, |v| v as f64);
         (field("VmRSS:"), field("Threads:"))
     }
 }
@@ -519,22 +492,9 @@ impl Drop for Replica {
     }
 }
 
-/// A directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(base: &Path, label: &str) -> Self {
-        let p = base.join(format!("tenure-bench-cli-{}-{label}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
-        Self(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A directory of this run under `base`, removed on drop.
+fn scratch_dir(base: &Path, label: &str) -> Scratch {
+    Scratch::new(base.join(format!("tenure-bench-cli-{}-{label}", std::process::id())))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -571,10 +531,8 @@ fn handoff(w: &Wrapper, dir: &Path, tag: &str) -> (Vec<f64>, usize) {
         let a_end = a.wait_stamp("end", SHORT);
         let b_start = b.wait_stamp("start", LEASE * 3);
         b.release();
-        for r in [&mut a, &mut b] {
-            let s = r.wait_exit(SHORT);
-            assert!(s.success(), "{s}: {}", r.stderr_text());
-        }
+        a.exits_ok();
+        b.exits_ok();
         if b_start < a_end {
             overlaps += 1;
         }
@@ -635,8 +593,7 @@ fn failover(w: &Wrapper, dir: &Path, tag: &str) -> Failover {
         let b_start = b.wait_stamp("start", LEASE * 4);
         out.takeover.push(ms(b_start - killed));
         b.release();
-        let s = b.wait_exit(SHORT);
-        assert!(s.success(), "{s}: {}", b.stderr_text());
+        b.exits_ok();
         a.wait_exit(SHORT);
     }
     out
@@ -739,8 +696,7 @@ fn freeze(w: &Wrapper, dir: &Path, tag: &str) -> Freeze {
         out.overlap.push(ms(gone - b_start).max(0.0));
         out.exit_codes.push(a.wait_exit(SHORT).code().unwrap_or(-1));
         b.release();
-        let s = b.wait_exit(SHORT);
-        assert!(s.success(), "{s}: {}", b.stderr_text());
+        b.exits_ok();
     }
     out
 }
@@ -794,7 +750,7 @@ impl Report {
         peer_name: &str,
         theirs: &[f64],
     ) {
-        let (Some(o), Some(t)) = (Stats::of(ours), Stats::of(theirs)) else {
+        let (Some(o), Some(t)) = (stats(ours), stats(theirs)) else {
             return;
         };
         self.rows.push(Row {
@@ -802,30 +758,30 @@ impl Report {
             backend: backend.into(),
             tenure: cell_ms(&o),
             peer: format!("{peer_name}: {}", cell_ms(&t)),
-            ratio: ratio(o.median, t.median),
-            json: json!({"measure": measure, "backend": backend, "tenure": o.json("ms"),
-                         "peer": {"name": peer_name, "stats": t.json("ms")},
-                         "ratio": o.median / t.median}),
+            ratio: ratio(o.p50, t.p50),
+            json: json!({"measure": measure, "backend": backend, "tenure": stats_json(&o, "ms"),
+                         "peer": {"name": peer_name, "stats": stats_json(&t, "ms")},
+                         "ratio": o.p50 / t.p50}),
         });
     }
 
     /// A row comparing samples (ms) with a fixed figure (ms).
     fn against(&mut self, measure: &str, backend: &str, ours: &[f64], what: &str, value: f64) {
-        let Some(o) = Stats::of(ours) else { return };
+        let Some(o) = stats(ours) else { return };
         self.rows.push(Row {
             measure: measure.into(),
             backend: backend.into(),
             tenure: cell_ms(&o),
             peer: format!("{what} {}", fmt_ms(value)),
-            ratio: ratio(o.median, value),
-            json: json!({"measure": measure, "backend": backend, "tenure": o.json("ms"),
-                         "peer": {"name": what, "value_ms": value}, "ratio": o.median / value}),
+            ratio: ratio(o.p50, value),
+            json: json!({"measure": measure, "backend": backend, "tenure": stats_json(&o, "ms"),
+                         "peer": {"name": what, "value_ms": value}, "ratio": o.p50 / value}),
         });
     }
 
     /// A row with a textual peer and no ratio; `note` follows tenure's figure.
     fn text(&mut self, measure: &str, backend: &str, ours: &[f64], note: &str, peer: String) {
-        let o = Stats::of(ours);
+        let o = stats(ours);
         let mut tenure = o.as_ref().map_or_else(|| "—".into(), cell_ms);
         if !note.is_empty() {
             tenure = format!("{tenure}; {note}");
@@ -837,20 +793,20 @@ impl Report {
             peer: peer.clone(),
             ratio: "—".into(),
             json: json!({"measure": measure, "backend": backend,
-                         "tenure": o.map(|o| o.json("ms")), "note": note, "peer": peer}),
+                         "tenure": o.map(|o| stats_json(&o, "ms")), "note": note, "peer": peer}),
         });
     }
 
     /// Memory: KiB samples vs a peer's.
     fn memory(&mut self, backend: &str, ours: &[f64], threads: &[f64], theirs: Option<&[f64]>) {
-        let Some(o) = Stats::of(ours) else { return };
-        let th = Stats::of(threads).map_or(f64::NAN, |t| t.median);
+        let Some(o) = stats(ours) else { return };
+        let th = stats(threads).map_or(f64::NAN, |t| t.p50);
         let measure = "VmRSS of the idle leading wrapper";
-        let (peer, r, pj) = match theirs.and_then(Stats::of) {
+        let (peer, r, pj) = match theirs.and_then(stats) {
             Some(t) => (
                 format!("flock(1): {}", cell_kib(&t)),
-                ratio(o.median, t.median),
-                t.json("KiB"),
+                ratio(o.p50, t.p50),
+                stats_json(&t, "KiB"),
             ),
             None => ("—".into(), "—".into(), Value::Null),
         };
@@ -860,7 +816,7 @@ impl Report {
             tenure: format!("{} ({th:.0} threads)", cell_kib(&o)),
             peer,
             ratio: r,
-            json: json!({"measure": measure, "backend": backend, "tenure": o.json("KiB"),
+            json: json!({"measure": measure, "backend": backend, "tenure": stats_json(&o, "KiB"),
                          "threads": th, "peer": pj}),
         });
     }
@@ -870,12 +826,14 @@ impl Report {
     }
 
     fn print(&self) {
-        println!("| measure | backend | tenure | peer | ratio |");
-        println!("|---|---|---|---|---:|");
+        println!(
+            "{}",
+            table::header(&["measure", "backend", "tenure", "peer", "ratio"], 1)
+        );
         for r in &self.rows {
             println!(
-                "| {} | {} | {} | {} | {} |",
-                r.measure, r.backend, r.tenure, r.peer, r.ratio
+                "{}",
+                table::row(&[&r.measure, &r.backend, &r.tenure, &r.peer, &r.ratio])
             );
         }
     }
@@ -982,7 +940,7 @@ fn main() {
         .then(|| PathBuf::from("/dev/shm"));
     let temp = std::env::temp_dir();
     // Logs and FIFOs on tmpfs when there is one.
-    let scratch = Scratch::new(tmpfs.as_deref().unwrap_or(&temp), "run");
+    let scratch = scratch_dir(tmpfs.as_deref().unwrap_or(&temp), "run");
     let dir = scratch.0.as_path();
     let mut report = Report {
         rows: Vec::new(),
@@ -1001,7 +959,7 @@ fn main() {
     places.push((format!("local, temp dir {}", temp.display()), temp.clone()));
     let mut locals = Vec::new();
     for (i, (label, base)) in places.iter().enumerate() {
-        let place = Scratch::new(base, "state");
+        let place = scratch_dir(base, "state");
         let lockfile = place.0.join("flock.lock");
         let flock = Wrapper::Flock {
             lockfile: lockfile.clone(),
@@ -1047,7 +1005,7 @@ fn main() {
 
     let redis = {
         eprintln!("[redis] starting redis-server");
-        let server = support::RedisServer::start();
+        let server = RedisServer::start();
         let w = Wrapper::Tenure {
             args: vec!["--backend".into(), server.url()],
             env: Vec::new(),
@@ -1057,8 +1015,8 @@ fn main() {
 
     let kube = {
         eprintln!("[kube] starting kube-apiserver");
-        let server = kube_support::Server::start(kube_support::Launch::default());
-        let ns = kube_support::unique("bench-cli");
+        let server = kube_harness::Server::start(kube_harness::Launch::default());
+        let ns = kube_harness::unique("bench-cli");
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -1182,7 +1140,7 @@ fn assemble(
             &format!("tenure exited {:?}", fz.exit_codes),
             "flock(1): no lease, nothing expires".into(),
         );
-        let takeover = Stats::of(&fz.takeover).map_or(f64::NAN, |s| s.median);
+        let takeover = stats(&fz.takeover).map_or(f64::NAN, |s| s.p50);
         report.text(
             FROZEN_OVERLAP,
             &t.label,
@@ -1216,7 +1174,7 @@ fn assemble(
         .iter()
         .filter_map(|t| {
             let fo = t.failover.as_ref()?;
-            Some((t.label.clone(), Stats::of(&fo.follower_rss)?.median))
+            Some((t.label.clone(), stats(&fo.follower_rss)?.p50))
         })
         .collect();
     report
@@ -1226,15 +1184,15 @@ fn assemble(
 
 fn flock_kill_text(name: &str, k: &FlockKill) -> String {
     let window = fmt_ms((LEASE + RETRY).as_secs_f64() * 1000.0);
-    let within = Stats::of(&k.started_within);
-    let after = Stats::of(&k.after_orphan_exit);
+    let within = stats(&k.started_within);
+    let after = stats(&k.after_orphan_exit);
     let mut s = format!(
         "{name}: B started within {window} in {}/{}",
         k.started_within.len(),
         reps(FLOCK_KILL_REPS)
     );
     if let Some(w) = within {
-        s += &format!(" (after {}", fmt_ms(w.median));
+        s += &format!(" (after {}", fmt_ms(w.p50));
         if k.overlapped > 0 {
             s += &format!(
                 ", while A's orphaned command still ran: {}/{} overlaps",
@@ -1247,7 +1205,7 @@ fn flock_kill_text(name: &str, k: &FlockKill) -> String {
     if let Some(a) = after {
         s += &format!(
             "; otherwise only when A's orphaned command exited (+{})",
-            fmt_ms(a.median)
+            fmt_ms(a.p50)
         );
     }
     s
@@ -1267,11 +1225,5 @@ fn write_json(report: &Report, bin: &Path, profile: &str, elapsed: Duration) {
         "rows": report.rows.iter().map(|r| r.json.clone()).collect::<Vec<_>>(),
         "samples": Value::Object(report.raw.clone()),
     });
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let path = dir.join("cli.json");
-    let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, text + "\n")) {
-        Ok(()) => eprintln!("wrote {}", path.display()),
-        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
-    }
+    save_json("cli.json", &doc, Say::Stderr);
 }

@@ -34,19 +34,25 @@
 //! shutdown signal, so a graceful hand-off is the elector's own shutdown, which releases the
 //! Lease. The client-go candidate releases on SIGTERM too (`ReleaseOnCancel`).
 
-#[path = "../tests/kube_support/mod.rs"]
-mod kube_support;
+#[path = "support/mod.rs"]
+mod support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 
-use kube_support::{Launch, Server, candidate, fresh_dir, unique};
+use support::apiserver::{self, LEASE_AUDIT_POLICY, config_as, go_peer};
+use support::env::{knob, knob_secs};
+use support::kube_harness::{Server, candidate, fresh_dir, unique};
+use support::out::{Say, save_json};
+use support::proc::{Process, read_events};
+use support::role::{command, event};
+use support::stats::{Stats, round3};
+use support::table::{self, secs};
 
 const NS: &str = "default";
 /// The durations of tenure and client-go (controller-runtime's defaults, passed to both): lease
@@ -57,94 +63,44 @@ const RETRY: Duration = Duration::from_secs(2);
 /// kube-lease-manager's default lease duration (it runs at its defaults).
 const KLM_LEASE: Duration = Duration::from_secs(30);
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-fn emit(event: &str, identity: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{event} {identity} {}", now_ns());
-    let _ = out.flush();
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        let rest = &args[i + 1..];
-        let [role, kubeconfig, lease, identity, ..] = rest else {
+    if let Some(args) = support::role::args() {
+        let [role, kubeconfig, lease, identity, ..] = &args[..] else {
             eprintln!("usage: --role tenure|klm KUBECONFIG LEASE IDENTITY");
             return ExitCode::from(2);
         };
-        let rt = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                eprintln!("runtime: {e}");
-                return ExitCode::FAILURE;
+        return support::role::run(1, &format!("{role} candidate {identity}"), || async {
+            match role.as_str() {
+                "tenure" => tenure_candidate(kubeconfig, lease, identity).await,
+                "klm" => klm_candidate(kubeconfig, lease, identity).await,
+                other => Err(format!("unknown role {other}")),
             }
-        };
-        let run = match role.as_str() {
-            "tenure" => rt.block_on(tenure_candidate(kubeconfig, lease, identity)),
-            "klm" => rt.block_on(klm_candidate(kubeconfig, lease, identity)),
-            other => Err(format!("unknown role {other}")),
-        };
-        return match run {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("{role} candidate {identity}: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        });
     }
     orchestrate();
     ExitCode::SUCCESS
 }
 
-/// A kube config from `kubeconfig` whose requests carry `user_agent`.
-async fn config(kubeconfig: &str, user_agent: &str) -> Result<kube::Config, String> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_str(user_agent).map_err(|e| e.to_string())?,
-    ));
-    Ok(config)
-}
-
 /// tenure: a `LeaderElector` whose workload lasts its term; SIGTERM shuts it down (releasing).
 async fn tenure_candidate(kubeconfig: &str, lease: &str, identity: &str) -> Result<(), String> {
-    use tenure::Locker;
-    use tenure::backend::kube::{KubeBackend, KubeOptions};
-    use tenure::election::{ElectionConfig, LeaderElector};
     use tokio::signal::unix::{SignalKind, signal};
 
-    let backend = KubeBackend::from_config(
-        config(kubeconfig, identity).await?,
-        KubeOptions::new().namespace(NS),
-    )
-    .map_err(|e| e.to_string())?;
-    let locker = Locker::with_identity(backend, identity).map_err(|e| e.to_string())?;
-    let config = ElectionConfig::new()
-        .lease_duration(LEASE)
-        .renew_deadline(RENEW_DEADLINE)
-        .retry_period(RETRY);
-    let elector = LeaderElector::new(locker, lease, config).map_err(|e| e.to_string())?;
+    let elector = apiserver::elector(
+        config_as(kubeconfig, identity).await?,
+        NS,
+        lease,
+        identity,
+        (LEASE, RENEW_DEADLINE, RETRY),
+    )?;
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let shutdown = async move {
         sigterm.recv().await;
     };
     elector
         .run_until(shutdown, |term| async move {
-            emit("STARTED", identity);
+            event("STARTED", identity);
             term.cancellation().cancelled().await;
-            emit("ENDED", identity);
+            event("ENDED", identity);
         })
         .await
         .map(|_returned_or_stopped| ())
@@ -156,8 +112,8 @@ async fn klm_candidate(kubeconfig: &str, lease: &str, identity: &str) -> Result<
     use tokio::signal::unix::{SignalKind, signal};
 
     // kube's default client, as kube-lease-manager users build it.
-    let client =
-        kube::Client::try_from(config(kubeconfig, identity).await?).map_err(|e| e.to_string())?;
+    let client = kube::Client::try_from(config_as(kubeconfig, identity).await?)
+        .map_err(|e| e.to_string())?;
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client, lease)
         .with_namespace(NS)
         .with_identity(identity)
@@ -173,11 +129,11 @@ async fn klm_candidate(kubeconfig: &str, lease: &str, identity: &str) -> Result<
                     return Err("the lease manager stopped".into());
                 }
                 let now = *leading.borrow_and_update();
-                emit(if now { "STARTED" } else { "ENDED" }, identity);
+                event(if now { "STARTED" } else { "ENDED" }, identity);
             }
             _ = term.recv() => {
                 if *leading.borrow() {
-                    emit("ENDED", identity);
+                    event("ENDED", identity);
                 }
                 // Dropping the receiver makes the manager release the lease.
                 drop(leading);
@@ -221,14 +177,8 @@ impl Kind {
 
 /// One candidate process and its events.
 struct Candidate {
-    identity: String,
-    child: Child,
+    process: Process,
     events: mpsc::Receiver<(String, String, SystemTime)>,
-}
-
-/// A duration as Go's `time.ParseDuration` reads it.
-fn go_duration(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
 }
 
 impl Candidate {
@@ -236,78 +186,34 @@ impl Candidate {
         let kubeconfig = server.admin_kubeconfig();
         let mut cmd = match kind {
             Kind::ClientGo => {
-                let mut c = Command::new(candidate());
-                c.arg("--kubeconfig")
-                    .arg(&kubeconfig)
-                    .args(["--namespace", NS, "--lease", lease, "--identity", identity])
-                    .args(["--lease-duration", &go_duration(LEASE)])
-                    .args(["--renew-deadline", &go_duration(RENEW_DEADLINE)])
-                    .args(["--retry-period", &go_duration(RETRY)])
-                    .args(["--timestamps", "--user-agent", identity]);
+                let durations = (LEASE, RENEW_DEADLINE, RETRY);
+                let mut c = go_peer(candidate(), &kubeconfig, NS, lease, identity, durations);
+                c.args(["--timestamps", "--user-agent", identity]);
                 c
             }
             Kind::Tenure | Kind::LeaseManager => {
-                let exe = std::env::current_exe().expect("current_exe");
-                let mut c = Command::new(exe);
-                c.arg("--role")
-                    .arg(if kind == Kind::Tenure {
-                        "tenure"
-                    } else {
-                        "klm"
-                    })
-                    .arg(&kubeconfig)
-                    .args([lease, identity]);
+                let mut c = command(if kind == Kind::Tenure {
+                    "tenure"
+                } else {
+                    "klm"
+                });
+                c.arg(&kubeconfig).args([lease, identity]);
                 c
             }
         };
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {identity}: {e}"));
-        let stdout = child.stdout.take().expect("the child's stdout is piped");
+        let (process, stdout) = Process::spawn(&mut cmd, identity, Stdio::null());
         let (tx, events) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let mut w: Vec<&str> = line.split_whitespace().collect();
-                let Some(ns) = w.pop().and_then(|n| n.parse::<u64>().ok()) else {
-                    continue;
-                };
+        read_events(
+            stdout,
+            tx,
+            |w, at| {
                 let kind = w.first().map(|s| (*s).to_owned()).unwrap_or_default();
                 let who = w.get(1..).map(|s| s.join(" ")).unwrap_or_default();
-                let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
-                if tx.send((kind, who, at)).is_err() {
-                    break;
-                }
-            }
-        });
-        Self {
-            identity: identity.to_owned(),
-            child,
-            events,
-        }
-    }
-
-    /// SIGTERM, sent directly (spawning kill(1) would add its start-up to every hand-off).
-    fn terminate(&self) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
-        // SAFETY: a signal to our own child, not yet reaped (its pid cannot have been reused).
-        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-        if rc != 0 {
-            eprintln!(
-                "kill -TERM {}: {}",
-                self.identity,
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-
-    /// SIGKILL.
-    fn crash(&mut self) {
-        if let Err(e) = self.child.kill() {
-            eprintln!("kill -KILL {}: {e}", self.identity);
-        }
+                Some((kind, who, at))
+            },
+            || None,
+        );
+        Self { process, events }
     }
 
     /// Empties its event queue; the time of the last STARTED in it, if any.
@@ -322,22 +228,7 @@ impl Candidate {
     }
 
     fn wait_exit(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.wait_exit(Duration::from_secs(30));
     }
 }
 
@@ -365,13 +256,9 @@ fn count_requests(
     from: SystemTime,
     to: SystemTime,
 ) -> BTreeMap<String, BTreeMap<String, u64>> {
-    let text = std::fs::read_to_string(audit).unwrap_or_default();
     let mut seen = HashSet::new();
     let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(ev) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
+    for ev in apiserver::audit_events(audit) {
         let obj = &ev["objectRef"];
         if obj["resource"] != "leases" {
             continue;
@@ -384,11 +271,7 @@ fn count_requests(
             continue;
         }
         let id = ev["auditID"].as_str().unwrap_or_default().to_owned();
-        let Some(at) = ev["requestReceivedTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-            .map(SystemTime::from)
-        else {
+        let Some(at) = apiserver::timestamp(&ev["requestReceivedTimestamp"]) else {
             continue;
         };
         if at < from || at >= to || !seen.insert(id) {
@@ -506,11 +389,11 @@ impl Group {
                     / minutes
             })
         };
-        self.figures.leader_requests_per_min = per_min(&self.cands[0].identity, false);
-        self.figures.leader_writes_per_min = per_min(&self.cands[0].identity, true);
+        self.figures.leader_requests_per_min = per_min(&self.cands[0].process.identity, false);
+        self.figures.leader_writes_per_min = per_min(&self.cands[0].process.identity, true);
         self.figures.follower_requests_per_min = self.cands[1..]
             .iter()
-            .map(|c| per_min(&c.identity, false))
+            .map(|c| per_min(&c.process.identity, false))
             .collect();
         self.figures.verbs = counts;
     }
@@ -536,7 +419,7 @@ impl Group {
             eprintln!(
                 "   {}: {} started leading between trials",
                 self.kind.key(),
-                self.cands[i].identity
+                self.cands[i].process.identity
             );
             self.figures.unexpected_takeovers += 1;
             let c = self.cands.remove(i);
@@ -556,9 +439,9 @@ impl Group {
         let mut old = self.cands.remove(0);
         let stop = SystemTime::now();
         if crash {
-            old.crash();
+            old.process.signal(libc::SIGKILL);
         } else {
-            old.terminate();
+            old.process.terminate();
         }
         let followers: Vec<&Candidate> = self.cands.iter().collect();
         let next = first_started(&followers, self.kind.lease() * 4);
@@ -595,7 +478,7 @@ impl Group {
             },
             done,
             self.trials(crash),
-            self.cands[i].identity,
+            self.cands[i].process.identity,
             fmt_ms(took.as_secs_f64() * 1000.0)
         );
         self.led_since = at;
@@ -606,7 +489,7 @@ impl Group {
 
     fn stop(&mut self) {
         for c in &self.cands {
-            c.terminate();
+            c.process.terminate();
         }
         for c in &mut self.cands {
             c.wait_exit();
@@ -614,75 +497,39 @@ impl Group {
     }
 }
 
-/// p50 and p90 (the sample at index round(p·(n−1)) of the sorted samples, as the Redis bench
-/// takes its percentiles), min and max, in milliseconds.
-#[derive(Clone, Copy, Debug)]
-struct Stats {
-    n: usize,
-    p50: f64,
-    p90: f64,
-    min: f64,
-    max: f64,
+/// p50 / p90 (min–max), n: p50 and p90 are the samples at index round(p·(n−1)) of the sorted
+/// samples, as the Redis bench takes its percentiles.
+fn cell(s: Option<Stats>) -> String {
+    s.map_or_else(
+        || "—".to_owned(),
+        |s| {
+            format!(
+                "{} / {} ({}–{}), n={}",
+                fmt_ms(s.p50),
+                fmt_ms(s.p90),
+                fmt_ms(s.min),
+                fmt_ms(s.max),
+                s.n
+            )
+        },
+    )
 }
 
-impl Stats {
-    fn of(samples: &[Duration]) -> Option<Self> {
-        let mut s: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
-        s.sort_by(f64::total_cmp);
-        let at = |p: f64| {
-            s.get(((s.len().max(1) - 1) as f64 * p).round() as usize)
-                .copied()
-        };
-        Some(Self {
-            n: s.len(),
-            p50: at(0.5)?,
-            p90: at(0.9)?,
-            min: *s.first()?,
-            max: *s.last()?,
-        })
+fn stats_json(samples: &[Duration]) -> Value {
+    let ms: Vec<f64> = samples
+        .iter()
+        .map(|d| round3(support::stats::ms(*d)))
+        .collect();
+    match Stats::of_ms(samples) {
+        Some(s) => json!({"n": s.n, "p50": round3(s.p50), "p90": round3(s.p90),
+                          "min": round3(s.min), "max": round3(s.max), "samples": ms}),
+        None => json!({"n": 0, "samples": ms}),
     }
-
-    fn cell(s: Option<Self>) -> String {
-        s.map_or_else(
-            || "—".to_owned(),
-            |s| {
-                format!(
-                    "{} / {} ({}–{}), n={}",
-                    fmt_ms(s.p50),
-                    fmt_ms(s.p90),
-                    fmt_ms(s.min),
-                    fmt_ms(s.max),
-                    s.n
-                )
-            },
-        )
-    }
-
-    fn json(samples: &[Duration]) -> Value {
-        let ms: Vec<f64> = samples
-            .iter()
-            .map(|d| round3(d.as_secs_f64() * 1000.0))
-            .collect();
-        match Self::of(samples) {
-            Some(s) => json!({"n": s.n, "p50": round3(s.p50), "p90": round3(s.p90),
-                              "min": round3(s.min), "max": round3(s.max), "samples": ms}),
-            None => json!({"n": 0, "samples": ms}),
-        }
-    }
-}
-
-/// Three decimals, for the JSON.
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 /// `21.3 ms` / `2.31 s`.
 fn fmt_ms(v: f64) -> String {
-    if v >= 1000.0 {
-        format!("{:.2} s", v / 1000.0)
-    } else {
-        format!("{v:.1} ms")
-    }
+    table::fmt_ms(v, 1, 1)
 }
 
 /// `tenure / client-go` of one percentile, with how many times faster tenure is.
@@ -700,40 +547,12 @@ fn ratio(t: f64, b: f64) -> String {
     }
 }
 
-fn env_count(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 fn orchestrate() {
-    let window = std::env::var("TENURE_BENCH_WINDOW_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map_or(Duration::from_secs(60), Duration::from_secs);
-    let handoffs = env_count("TENURE_BENCH_HANDOFFS", 21);
-    let crashes = env_count("TENURE_BENCH_CRASHES", 7);
-    let audit_dir = fresh_dir("audit");
-    let policy = audit_dir.join("policy.yaml");
-    let audit = audit_dir.join("audit.log");
-    std::fs::write(
-        &policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n\
-         - level: Metadata\n  resources:\n  - group: coordination.k8s.io\n    resources: [\"leases\"]\n\
-         - level: None\n",
-    )
-    .unwrap_or_else(|e| panic!("audit policy: {e}"));
+    let window = knob_secs("TENURE_BENCH_WINDOW_SECS", Duration::from_secs(60));
+    let handoffs = knob("TENURE_BENCH_HANDOFFS", 21);
+    let crashes = knob("TENURE_BENCH_CRASHES", 7);
     let started = Instant::now();
-    let server = Server::start(Launch {
-        extra: vec![
-            format!("--audit-policy-file={}", policy.display()),
-            format!("--audit-log-path={}", audit.display()),
-            "--audit-log-format=json".into(),
-            "--audit-log-mode=blocking".into(),
-        ],
-        ..Launch::default()
-    });
+    let (server, audit) = apiserver::start_audited(&fresh_dir("audit"), LEASE_AUDIT_POLICY);
     eprintln!("kube-apiserver ready in {:?}", started.elapsed());
 
     // The three groups side by side, each on its own Lease.
@@ -781,12 +600,9 @@ fn orchestrate() {
     }
     let elapsed = started.elapsed();
 
-    let secs = |d: Duration| format!("{} s", d.as_secs_f64());
     let durations = format!(
-        "lease {} / renew deadline {} / retry {} for tenure and client-go (kube-lease-manager: its defaults, {} / grace 5 s)",
-        secs(LEASE),
-        secs(RENEW_DEADLINE),
-        secs(RETRY),
+        "{} for tenure and client-go (kube-lease-manager: its defaults, {} / grace 5 s)",
+        table::durations(LEASE, RENEW_DEADLINE, RETRY),
         secs(KLM_LEASE)
     );
     println!();
@@ -795,10 +611,16 @@ fn orchestrate() {
         elapsed.as_secs_f64()
     );
     println!();
-    println!(
-        "| implementation | leader req/min | leader writes/min | follower 1 req/min | follower 2 req/min | graceful hand-off p50 / p90 (min–max), n | crash failover (kill -9) p50 / p90 (min–max), n |"
-    );
-    println!("|---|---|---|---|---|---|---|");
+    let columns = [
+        "implementation",
+        "leader req/min",
+        "leader writes/min",
+        "follower 1 req/min",
+        "follower 2 req/min",
+        "graceful hand-off p50 / p90 (min–max), n",
+        "crash failover (kill -9) p50 / p90 (min–max), n",
+    ];
+    println!("{}", table::header(&columns, 0));
     for g in &groups {
         let f = &g.figures;
         println!(
@@ -808,8 +630,8 @@ fn orchestrate() {
             f.leader_writes_per_min,
             f.follower_requests_per_min.first().copied().unwrap_or(0.0),
             f.follower_requests_per_min.get(1).copied().unwrap_or(0.0),
-            Stats::cell(Stats::of(&f.graceful_handoffs)),
-            Stats::cell(Stats::of(&f.crash_failovers)),
+            cell(Stats::of_ms(&f.graceful_handoffs)),
+            cell(Stats::of_ms(&f.crash_failovers)),
         );
     }
     let unexpected: usize = groups.iter().map(|g| g.figures.unexpected_takeovers).sum();
@@ -838,7 +660,7 @@ fn orchestrate() {
                 &b.crash_failovers,
             ),
         ] {
-            let (Some(ts), Some(bs)) = (Stats::of(ts), Stats::of(bs)) else {
+            let (Some(ts), Some(bs)) = (Stats::of_ms(ts), Stats::of_ms(bs)) else {
                 println!("  {what:<18} —");
                 continue;
             };
@@ -859,8 +681,8 @@ fn orchestrate() {
         let writes = t.leader_writes_per_min / b.leader_writes_per_min.max(f64::MIN_POSITIVE);
         ratios["leader_writes_per_min"] = json!(round3(writes));
         let speedup = |q: fn(&Stats) -> f64| match (
-            Stats::of(&t.graceful_handoffs),
-            Stats::of(&b.graceful_handoffs),
+            Stats::of_ms(&t.graceful_handoffs),
+            Stats::of_ms(&b.graceful_handoffs),
         ) {
             (Some(t), Some(b)) => format!("{:.0}×", q(&b) / q(&t).max(1e-9)),
             _ => "?".into(),
@@ -875,7 +697,7 @@ fn orchestrate() {
                 / b.follower_requests_per_min.len().max(1) as f64,
             speedup(|s| s.p50),
             speedup(|s| s.p90),
-            Stats::of(&t.crash_failovers).map_or_else(|| "—".to_owned(), |s| fmt_ms(s.max)),
+            Stats::of_ms(&t.crash_failovers).map_or_else(|| "—".to_owned(), |s| fmt_ms(s.max)),
             secs(LEASE + RETRY),
         );
     }
@@ -908,25 +730,15 @@ fn orchestrate() {
                 "leader_requests_per_min": round3(f.leader_requests_per_min),
                 "leader_writes_per_min": round3(f.leader_writes_per_min),
                 "follower_requests_per_min": f.follower_requests_per_min.iter().copied().map(round3).collect::<Vec<_>>(),
-                "graceful_handoff_ms": Stats::json(&f.graceful_handoffs),
-                "crash_failover_ms": Stats::json(&f.crash_failovers),
+                "graceful_handoff_ms": stats_json(&f.graceful_handoffs),
+                "crash_failover_ms": stats_json(&f.crash_failovers),
                 "unexpected_takeovers": f.unexpected_takeovers,
                 "requests_by_user_agent_and_verb": f.verbs,
             })
         }).collect::<Vec<_>>(),
         "tenure_over_client_go": ratios,
     });
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let path = dir.join("kube.json");
-    match std::fs::create_dir_all(&dir).and_then(|()| {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&json).unwrap_or_default() + "\n",
-        )
-    }) {
-        Ok(()) => println!("\nwrote {}", path.display()),
-        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
-    }
+    save_json("kube.json", &json, Say::Stdout);
     drop(groups);
     drop(server);
 }

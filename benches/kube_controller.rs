@@ -38,20 +38,26 @@
 //! (default `1000,10000`). All candidates run with the same short durations (lease 6 s, renew
 //! deadline 4 s, retry 1 s), printed with the results.
 
-#[path = "../tests/kube_support/mod.rs"]
-mod kube_support;
+#[path = "support/mod.rs"]
+mod support;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
 
-use kube_support::{Launch, Server, fresh_dir};
+use support::apiserver::{self, config_as, go_peer};
+use support::env::{knob, knob_list};
+use support::kube_harness::{Server, fresh_dir};
+use support::out::{Say, save_json};
+use support::proc::{Process, read_events, rss_kib};
+use support::role::{command, event};
+use support::stats::{Stats, ms, round3};
+use support::table;
 
 /// The namespace of the ConfigMaps and of every configuration's Lease.
 const NS: &str = "bench-controller";
@@ -74,61 +80,19 @@ const COLD_SETTLE: Duration = Duration::from_millis(1500);
 /// filled, its allocator quiet).
 const WARM_SETTLE: Duration = Duration::from_millis(500);
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-fn emit(event: &str, identity: &str) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{event} {identity} {}", now_ns());
-    let _ = out.flush();
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        let rest = &args[i + 1..];
-        let [mode, kubeconfig, lease, identity, expect, ..] = rest else {
+    if let Some(args) = support::role::args() {
+        let [mode, kubeconfig, lease, identity, expect, ..] = &args[..] else {
             eprintln!("usage: --role warm|cold KUBECONFIG LEASE IDENTITY EXPECT");
             return ExitCode::from(2);
         };
-        let rt = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(WORKERS)
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                eprintln!("runtime: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
         let expect = expect.parse().unwrap_or(0);
-        return match rt.block_on(tenure_candidate(mode, kubeconfig, lease, identity, expect)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("tenure candidate {identity}: {e}");
-                ExitCode::FAILURE
-            }
-        };
+        return support::role::run(WORKERS, &format!("tenure candidate {identity}"), || {
+            tenure_candidate(mode, kubeconfig, lease, identity, expect)
+        });
     }
     orchestrate();
     ExitCode::SUCCESS
-}
-
-/// A kube config from `kubeconfig` whose requests carry `user_agent`.
-async fn config(kubeconfig: &str, user_agent: &str) -> Result<kube::Config, String> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|e| e.to_string())?;
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_str(user_agent).map_err(|e| e.to_string())?,
-    ));
-    Ok(config)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +114,7 @@ async fn reconcile(
     ctx: Arc<TermCtx>,
 ) -> Result<kube::runtime::controller::Action, Never> {
     if !ctx.first.swap(true, Ordering::SeqCst) {
-        emit("FIRST", &ctx.identity);
+        event("FIRST", &ctx.identity);
     }
     if ctx.expect > 0 && !ctx.all.load(Ordering::SeqCst) {
         let done = {
@@ -159,7 +123,7 @@ async fn reconcile(
             seen.len() >= ctx.expect
         };
         if done && !ctx.all.swap(true, Ordering::SeqCst) {
-            emit("ALL", &ctx.identity);
+            event("ALL", &ctx.identity);
         }
     }
     // As the controller-runtime peer: nothing to do until the object changes.
@@ -180,22 +144,12 @@ async fn tenure_candidate(
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::controller::Action;
     use kube::runtime::watcher;
-    use tenure::Locker;
-    use tenure::backend::kube::{KubeBackend, KubeOptions};
     use tenure::controller::{Cache, CacheMode, CacheState};
-    use tenure::election::{ElectionConfig, LeaderElector};
     use tokio::signal::unix::{SignalKind, signal};
 
-    let config = config(kubeconfig, identity).await?;
+    let config = config_as(kubeconfig, identity).await?;
     let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
-    let backend = KubeBackend::from_config(config, KubeOptions::new().namespace(NS))
-        .map_err(|e| e.to_string())?;
-    let locker = Locker::with_identity(backend, identity).map_err(|e| e.to_string())?;
-    let election = ElectionConfig::new()
-        .lease_duration(LEASE)
-        .renew_deadline(RENEW_DEADLINE)
-        .retry_period(RETRY);
-    let elector = LeaderElector::new(locker, lease, election).map_err(|e| e.to_string())?;
+    let elector = apiserver::elector(config, NS, lease, identity, (LEASE, RENEW_DEADLINE, RETRY))?;
     let mode = match mode {
         "warm" => CacheMode::Warm,
         "cold" => CacheMode::Cold,
@@ -207,14 +161,14 @@ async fn tenure_candidate(
         mode,
     );
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    emit("READY", identity);
+    event("READY", identity);
     if mode == CacheMode::Warm {
         let (cache, identity) = (cache.clone(), identity.to_owned());
         tokio::spawn(async move {
             while cache.state() != CacheState::Warm {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            emit("WARM", &identity);
+            event("WARM", &identity);
         });
     }
     elector
@@ -226,7 +180,7 @@ async fn tenure_candidate(
                 let cache = cache.clone();
                 let identity = identity.to_owned();
                 async move {
-                    emit("GRANT", &identity);
+                    event("GRANT", &identity);
                     let ctx = Arc::new(TermCtx {
                         identity,
                         expect,
@@ -313,15 +267,9 @@ fn cr_peer() -> &'static Path {
     })
 }
 
-/// A duration as Go's `time.ParseDuration` reads it.
-fn go_duration(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
 /// One candidate process and the events it printed.
 struct Candidate {
-    identity: String,
-    child: Child,
+    process: Process,
     events: mpsc::Receiver<(String, SystemTime)>,
     seen: VecDeque<(String, SystemTime)>,
 }
@@ -338,29 +286,22 @@ impl Candidate {
         let kubeconfig = server.admin_kubeconfig();
         let mut cmd = match kind {
             Kind::CrWarm | Kind::CrCold => {
-                let mut c = Command::new(cr_peer());
-                c.arg("--kubeconfig")
-                    .arg(&kubeconfig)
-                    .args(["--namespace", NS, "--lease", lease, "--identity", identity])
-                    .args(["--selector", SELECTOR])
-                    .args(["--expect", &expect.to_string()])
-                    .args(["--lease-duration", &go_duration(LEASE)])
-                    .args(["--renew-deadline", &go_duration(RENEW_DEADLINE)])
-                    .args(["--retry-period", &go_duration(RETRY)]);
+                let durations = (LEASE, RENEW_DEADLINE, RETRY);
+                let mut c = go_peer(cr_peer(), &kubeconfig, NS, lease, identity, durations);
+                c.args(["--selector", SELECTOR])
+                    .args(["--expect", &expect.to_string()]);
                 if kind == Kind::CrWarm {
                     c.arg("--warmup");
                 }
                 c
             }
             Kind::TenureWarm | Kind::TenureCold => {
-                let mut c = Command::new(std::env::current_exe().expect("current_exe"));
-                c.arg("--role")
-                    .arg(if kind == Kind::TenureWarm {
-                        "warm"
-                    } else {
-                        "cold"
-                    })
-                    .arg(&kubeconfig)
+                let mut c = command(if kind == Kind::TenureWarm {
+                    "warm"
+                } else {
+                    "cold"
+                });
+                c.arg(&kubeconfig)
                     .args([lease, identity, &expect.to_string()]);
                 c
             }
@@ -370,38 +311,19 @@ impl Candidate {
             .append(true)
             .open(log)
             .expect("the candidates' log");
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {identity}: {e}"));
-        let stdout = child.stdout.take().expect("the child's stdout is piped");
+        let (process, stdout) = Process::spawn(&mut cmd, identity, stderr);
         let (tx, events) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let w: Vec<&str> = line.split_whitespace().collect();
-                let (Some(kind), Some(ns)) =
-                    (w.first(), w.last().and_then(|n| n.parse::<u64>().ok()))
-                else {
-                    continue;
-                };
-                let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
-                if tx.send(((*kind).to_owned(), at)).is_err() {
-                    break;
-                }
-            }
-        });
+        read_events(
+            stdout,
+            tx,
+            |w, at| Some(((*w.first()?).to_owned(), at)),
+            || None,
+        );
         Self {
-            identity: identity.to_owned(),
-            child,
+            process,
             events,
             seen: VecDeque::new(),
         }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
     }
 
     /// Waits up to `within` for event `kind` (seen before or printed later); its time.
@@ -417,10 +339,10 @@ impl Candidate {
             if Instant::now() >= deadline {
                 return None;
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
+            if let Ok(Some(status)) = self.process.child.try_wait() {
                 eprintln!(
                     "{} exited ({status}) while waiting for {kind}",
-                    self.identity
+                    self.process.identity
                 );
                 return None;
             }
@@ -438,46 +360,17 @@ impl Candidate {
 
     /// SIGTERM, sent directly (spawning kill(1) would add its start-up to the hand-off).
     fn terminate(&self) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid fits pid_t");
-        // SAFETY: a signal to our own child, not yet reaped (its pid cannot have been reused).
-        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-        if rc != 0 {
-            eprintln!(
-                "kill -TERM {}: {}",
-                self.identity,
-                std::io::Error::last_os_error()
-            );
-        }
+        self.process.terminate();
     }
 
     fn wait_exit(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if !self.process.wait_exit(Duration::from_secs(40)) {
+            eprintln!(
+                "{} still running 40 s after SIGTERM: killed",
+                self.process.identity
+            );
         }
-        eprintln!("{} still running 40 s after SIGTERM: killed", self.identity);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A process's resident memory in KiB (VmRSS).
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 /// A process's established TCP connections to `port` on the loopback (its socket inodes
@@ -521,10 +414,7 @@ fn connections_to(pid: u32, port: u16) -> usize {
 /// completed (ResponseComplete), in the audit log.
 fn open_watches(audit: &Path, user_agent: &str) -> usize {
     let mut open = HashSet::new();
-    for line in std::fs::read_to_string(audit).unwrap_or_default().lines() {
-        let Ok(ev) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
+    for ev in apiserver::audit_events(audit) {
         if ev["userAgent"].as_str() != Some(user_agent)
             || ev["verb"] != "watch"
             || ev["objectRef"]["resource"] != "configmaps"
@@ -550,10 +440,7 @@ fn open_watches(audit: &Path, user_agent: &str) -> usize {
 /// WatchList).
 fn syncs_since(audit: &Path, user_agent: &str, since: SystemTime) -> usize {
     let mut ids = HashSet::new();
-    for line in std::fs::read_to_string(audit).unwrap_or_default().lines() {
-        let Ok(ev) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
+    for ev in apiserver::audit_events(audit) {
         if ev["userAgent"].as_str() != Some(user_agent)
             || ev["objectRef"]["resource"] != "configmaps"
         {
@@ -564,10 +451,7 @@ fn syncs_since(audit: &Path, user_agent: &str, since: SystemTime) -> usize {
                 && ev["requestURI"]
                     .as_str()
                     .is_some_and(|u| u.contains("sendInitialEvents=true")));
-        let at = ev["requestReceivedTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-            .map(SystemTime::from);
+        let at = apiserver::timestamp(&ev["requestReceivedTimestamp"]);
         if sync && at.is_some_and(|at| at >= since) {
             ids.insert(ev["auditID"].as_str().unwrap_or_default().to_owned());
         }
@@ -655,10 +539,10 @@ impl Group {
     fn follower(kind: Kind, objects: usize, lease: &str, env: &Env<'_>) -> Candidate {
         let mut c = Self::spawn_one(kind, objects, lease, env);
         c.wait("READY", Duration::from_secs(60))
-            .unwrap_or_else(|| panic!("{}: never ready", c.identity));
+            .unwrap_or_else(|| panic!("{}: never ready", c.process.identity));
         if kind.warm() {
             c.wait("WARM", Duration::from_secs(120))
-                .unwrap_or_else(|| panic!("{}: its cache never synced", c.identity));
+                .unwrap_or_else(|| panic!("{}: its cache never synced", c.process.identity));
             std::thread::sleep(WARM_SETTLE);
         } else {
             std::thread::sleep(COLD_SETTLE);
@@ -666,7 +550,7 @@ impl Group {
         assert!(
             !c.has("GRANT"),
             "{}: a follower led before its hand-off",
-            c.identity
+            c.process.identity
         );
         c
     }
@@ -675,10 +559,10 @@ impl Group {
     /// object; then the old leader is replaced by a fresh follower.
     fn trial(&mut self, env: &Env<'_>, round: usize, rounds: usize) {
         let f = &mut self.figures;
-        let pid = self.follower.pid();
+        let pid = self.follower.process.pid();
         f.follower_rss_kib.push(rss_kib(pid).unwrap_or(0));
         f.follower_open_watches
-            .push(open_watches(&env.audit, &self.follower.identity));
+            .push(open_watches(&env.audit, &self.follower.process.identity));
         f.follower_connections.push(connections_to(pid, env.port));
 
         let stop = SystemTime::now();
@@ -707,8 +591,11 @@ impl Group {
         f.grant_to_all.push(since(all, grant));
         f.stop_to_grant.push(since(grant, stop));
         f.stop_to_first.push(since(first, stop));
-        f.syncs_after_grant
-            .push(syncs_since(&env.audit, &self.follower.identity, grant));
+        f.syncs_after_grant.push(syncs_since(
+            &env.audit,
+            &self.follower.process.identity,
+            grant,
+        ));
         eprintln!(
             "   {:<12} {:>6} objects  hand-off {}/{rounds}: grant → first reconcile {}, → all {}; SIGTERM → grant {}",
             self.kind.key(),
@@ -731,54 +618,15 @@ impl Group {
     }
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// p50 (the sample at index round(0.5·(n−1)) of the sorted samples), min, max.
-#[derive(Clone, Copy, Debug)]
-struct Stats {
-    n: usize,
-    p50: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Stats {
-    fn of(samples: impl IntoIterator<Item = f64>) -> Option<Self> {
-        let mut s: Vec<f64> = samples.into_iter().collect();
-        s.sort_by(f64::total_cmp);
-        Some(Self {
-            n: s.len(),
-            p50: *s.get(((s.len().max(1) - 1) as f64 * 0.5).round() as usize)?,
-            min: *s.first()?,
-            max: *s.last()?,
-        })
-    }
-
-    fn durations(samples: &[Duration]) -> Option<Self> {
-        Self::of(samples.iter().map(|d| ms(*d)))
-    }
-
-    fn json(self, samples: Vec<f64>) -> Value {
-        json!({"n": self.n, "p50": round3(self.p50), "min": round3(self.min), "max": round3(self.max),
-               "samples": samples.into_iter().map(round3).collect::<Vec<_>>()})
-    }
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
+/// p50 (the sample at index round(0.5·(n−1)) of the sorted samples), min, max, and the samples.
+fn stats_json(s: Stats, samples: Vec<f64>) -> Value {
+    json!({"n": s.n, "p50": round3(s.p50), "min": round3(s.min), "max": round3(s.max),
+           "samples": samples.into_iter().map(round3).collect::<Vec<_>>()})
 }
 
 /// `2.1 ms` / `1.31 s`.
 fn fmt_ms(v: f64) -> String {
-    if v >= 1000.0 {
-        format!("{:.2} s", v / 1000.0)
-    } else if v >= 10.0 {
-        format!("{v:.0} ms")
-    } else {
-        format!("{v:.1} ms")
-    }
+    table::fmt_ms(v, 0, 1)
 }
 
 fn cell(s: Option<Stats>) -> String {
@@ -786,13 +634,6 @@ fn cell(s: Option<Stats>) -> String {
         || "—".to_owned(),
         |s| format!("{} ({}–{})", fmt_ms(s.p50), fmt_ms(s.min), fmt_ms(s.max)),
     )
-}
-
-fn env_count(key: &str, default: usize) -> usize {
-    std::env::var(key)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
 }
 
 /// Makes sure the namespace holds `count` labelled ConfigMaps `cm-0` … (creating the missing
@@ -836,12 +677,8 @@ fn fill(rt: &tokio::runtime::Runtime, server: &Server, from: usize, count: usize
 }
 
 fn orchestrate() {
-    let handoffs = env_count("TENURE_BENCH_HANDOFFS", 11).max(1);
-    let counts: Vec<usize> = std::env::var("TENURE_BENCH_COUNTS")
-        .ok()
-        .map(|s| s.split(',').filter_map(|c| c.trim().parse().ok()).collect())
-        .filter(|v: &Vec<usize>| !v.is_empty())
-        .unwrap_or_else(|| vec![1000, 10_000]);
+    let handoffs = knob("TENURE_BENCH_HANDOFFS", 11).max(1);
+    let counts: Vec<usize> = knob_list("TENURE_BENCH_COUNTS").unwrap_or_else(|| vec![1000, 10_000]);
     let mut counts = counts;
     counts.sort_unstable();
     let started = Instant::now();
@@ -849,25 +686,13 @@ fn orchestrate() {
     eprintln!("controller-runtime peer: {}", cr_peer().display());
 
     let dir = fresh_dir("ctrl-bench");
-    let policy = dir.join("policy.yaml");
-    let audit = dir.join("audit.log");
     let log = dir.join("candidates.log");
-    std::fs::write(
-        &policy,
+    let (server, audit) = apiserver::start_audited(
+        &dir,
         "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n\
          - level: Metadata\n  verbs: [\"list\", \"watch\"]\n  resources:\n  - group: \"\"\n    resources: [\"configmaps\"]\n\
          - level: None\n",
-    )
-    .expect("audit policy");
-    let server = Server::start(Launch {
-        extra: vec![
-            format!("--audit-policy-file={}", policy.display()),
-            format!("--audit-log-path={}", audit.display()),
-            "--audit-log-format=json".into(),
-            "--audit-log-mode=blocking".into(),
-        ],
-        ..Launch::default()
-    });
+    );
     let port: u16 = server
         .url()
         .rsplit(':')
@@ -921,12 +746,9 @@ fn orchestrate() {
     }
     let elapsed = started.elapsed();
 
-    let secs = |d: Duration| format!("{} s", d.as_secs_f64());
     let durations = format!(
-        "lease {} / renew deadline {} / retry {}, for every candidate",
-        secs(LEASE),
-        secs(RENEW_DEADLINE),
-        secs(RETRY)
+        "{}, for every candidate",
+        table::durations(LEASE, RENEW_DEADLINE, RETRY)
     );
     println!();
     println!(
@@ -934,10 +756,20 @@ fn orchestrate() {
         elapsed.as_secs_f64()
     );
     println!();
-    println!(
-        "| configuration | objects | grant → first reconcile p50 (min–max) | grant → all reconciled p50 | SIGTERM → grant p50 | SIGTERM → first reconcile p50 | LIST pages + WatchLists after grant | follower RSS p50 | follower open ConfigMap watches | follower TCP connections to the apiserver | n |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let columns = [
+        "configuration",
+        "objects",
+        "grant → first reconcile p50 (min–max)",
+        "grant → all reconciled p50",
+        "SIGTERM → grant p50",
+        "SIGTERM → first reconcile p50",
+        "LIST pages + WatchLists after grant",
+        "follower RSS p50",
+        "follower open ConfigMap watches",
+        "follower TCP connections to the apiserver",
+        "n",
+    ];
+    println!("{}", table::header(&columns, 0));
     for g in &groups {
         let f = &g.figures;
         let rss = Stats::of(f.follower_rss_kib.iter().map(|k| *k as f64 / 1024.0));
@@ -953,10 +785,10 @@ fn orchestrate() {
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |",
             g.kind.label(),
             g.objects,
-            cell(Stats::durations(&f.grant_to_first)),
-            Stats::durations(&f.grant_to_all).map_or("—".into(), |s| fmt_ms(s.p50)),
-            Stats::durations(&f.stop_to_grant).map_or("—".into(), |s| fmt_ms(s.p50)),
-            Stats::durations(&f.stop_to_first).map_or("—".into(), |s| fmt_ms(s.p50)),
+            cell(Stats::of_ms(&f.grant_to_first)),
+            Stats::of_ms(&f.grant_to_all).map_or("—".into(), |s| fmt_ms(s.p50)),
+            Stats::of_ms(&f.stop_to_grant).map_or("—".into(), |s| fmt_ms(s.p50)),
+            Stats::of_ms(&f.stop_to_first).map_or("—".into(), |s| fmt_ms(s.p50)),
             span(&f.syncs_after_grant),
             rss.map_or("—".into(), |s| format!("{:.1} MiB", s.p50)),
             span(&f.follower_open_watches),
@@ -971,8 +803,7 @@ fn orchestrate() {
     }
 
     let find = |k: Kind, n: usize| groups.iter().find(|g| g.kind == k && g.objects == n);
-    let p50 =
-        |k: Kind, n: usize| find(k, n).and_then(|g| Stats::durations(&g.figures.grant_to_first));
+    let p50 = |k: Kind, n: usize| find(k, n).and_then(|g| Stats::of_ms(&g.figures.grant_to_first));
     let rss = |k: Kind, n: usize| {
         find(k, n).and_then(|g| Stats::of(g.figures.follower_rss_kib.iter().map(|k| *k as f64)))
     };
@@ -1126,7 +957,7 @@ fn orchestrate() {
         "bench_secs": round3(elapsed.as_secs_f64()),
         "results": groups.iter().map(|g| {
             let f = &g.figures;
-            let durs = |v: &[Duration]| Stats::durations(v).map_or(json!({"n": 0}), |s| s.json(v.iter().map(|d| ms(*d)).collect()));
+            let durs = |v: &[Duration]| Stats::of_ms(v).map_or(json!({"n": 0}), |s| stats_json(s, v.iter().map(|d| ms(*d)).collect()));
             let rss: Vec<f64> = f.follower_rss_kib.iter().map(|k| *k as f64 / 1024.0).collect();
             json!({
                 "configuration": g.kind.key(),
@@ -1136,7 +967,7 @@ fn orchestrate() {
                 "sigterm_to_grant_ms": durs(&f.stop_to_grant),
                 "sigterm_to_first_reconcile_ms": durs(&f.stop_to_first),
                 "initial_syncs_after_grant": f.syncs_after_grant,
-                "follower_rss_mib": Stats::of(rss.iter().copied()).map_or(json!({"n": 0}), |s| s.json(rss.clone())),
+                "follower_rss_mib": Stats::of(rss.iter().copied()).map_or(json!({"n": 0}), |s| stats_json(s, rss.clone())),
                 "follower_open_configmap_watches": f.follower_open_watches,
                 "follower_apiserver_tcp_connections": f.follower_connections,
                 "failed_handoffs": f.failed,
@@ -1145,17 +976,7 @@ fn orchestrate() {
         "ratios_of_p50": ratios,
         "goals": goals,
     });
-    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let path = out.join("kube_controller.json");
-    match std::fs::create_dir_all(&out).and_then(|()| {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&json).unwrap_or_default() + "\n",
-        )
-    }) {
-        Ok(()) => println!("\nwrote {}", path.display()),
-        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
-    }
+    save_json("kube_controller.json", &json, Say::Stdout);
     drop(groups);
     drop(server);
 }

@@ -35,8 +35,8 @@
 //! Run with `cargo bench --bench kube_fencing --features kube`. `TENURE_BENCH_WRITES` sets
 //! the writes per mode (default 1000), `TENURE_BENCH_ROUNDS` the takeovers (default 24).
 
-#[path = "../tests/kube_support/mod.rs"]
-mod kube_support;
+#[path = "support/mod.rs"]
+mod support;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -48,8 +48,11 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_support::fencing::{apply, cm, install, participant, uninstall};
-use kube_support::unique;
+use support::env::knob;
+use support::kube_harness::fencing::{apply, cm, install, participant, uninstall};
+use support::kube_harness::{shared, unique};
+use support::out::{Say, save};
+use support::stats::{ms, p50_p99};
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::fence::kube::{DEFAULT_RECHECK, FenceError, FencedApi, Fencer, FencingPolicy};
 use tenure::lock::LockOptions;
@@ -57,26 +60,6 @@ use tenure::{ElectionConfig, FencingToken, LeaderElector, Locker, Term};
 
 /// Writes before the measured ones, per mode: connections, caches, the first proofs.
 const WARMUP: usize = 20;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
 
 /// One takeover under a nonstop stale writer.
 struct Window {
@@ -101,7 +84,7 @@ type Versions = Arc<std::sync::Mutex<Vec<(u64, Duration, bool)>>>;
 async fn watch_versions(ns: &str, name: &str, t0: Instant) -> Versions {
     use futures::StreamExt;
     let api: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(kube_support::shared().admin().await, ns);
+        Api::namespaced(shared().admin().await, ns);
     let from = api
         .get(name)
         .await
@@ -146,21 +129,9 @@ fn stamp_gap(versions: &Versions, token: u64) -> Option<f64> {
     Some(ms(stamped.saturating_sub(granted)))
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn main() -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(rt) = support::role::runtime(2) else {
+        return ExitCode::FAILURE;
     };
     rt.block_on(run());
     ExitCode::SUCCESS
@@ -186,7 +157,7 @@ async fn trivial_policy(ns: &str, sa: &str) -> String {
     let mut binding = spec.binding();
     binding.metadata.name = Some(name.clone());
     binding.spec.policy_name = name.clone();
-    let admin = kube_support::shared().admin().await;
+    let admin = shared().admin().await;
     apply(
         &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
         &name,
@@ -260,11 +231,6 @@ async fn unproven(client: &kube::Client, ns: &str) -> Fencer {
         .recheck_every(Duration::from_secs(24 * 3600))
 }
 
-fn p50_p99(mut v: Vec<Duration>) -> (Duration, Duration) {
-    v.sort();
-    (percentile(&v, 0.5), percentile(&v, 0.99))
-}
-
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64()
 }
@@ -281,11 +247,11 @@ async fn successor_write(api: &FencedApi<ConfigMap>, by: &str) -> Result<ConfigM
 
 #[allow(clippy::too_many_lines)]
 async fn run() {
-    let writes = env_usize("TENURE_BENCH_WRITES", 1000);
-    let rounds = env_usize("TENURE_BENCH_ROUNDS", 24);
+    let writes = knob("TENURE_BENCH_WRITES", 1000);
+    let rounds = knob("TENURE_BENCH_ROUNDS", 24);
     let t_run = Instant::now();
     // The shared harness server (this process's own, stopped when it exits).
-    let server = kube_support::shared();
+    let server = shared();
     let ns = unique("bench-fencing");
     server.namespace(&ns).await;
     let (writer, _) = participant(&ns, "writer").await;
@@ -325,6 +291,12 @@ async fn run() {
             .await;
     }
     let pp = PatchParams::default();
+    // Modes 1 to 3: the fenced clients, with their ConfigMap and their name in a failure.
+    let fenced_modes = [
+        (&impersonating, "lat-imp", "impersonating"),
+        (&trivially_governed, "lat-trivial", "trivially governed"),
+        (&fenced, "lat-fenced", "fenced"),
+    ];
     let mut samples: [Vec<Duration>; 4] = Default::default();
     let mut proofs: Vec<Duration> = Vec::new();
     let t_latency = Instant::now();
@@ -362,35 +334,18 @@ async fn run() {
                 continue;
             }
             let start = Instant::now();
-            match mode {
-                0 => {
-                    baseline
-                        .patch("lat-plain", &pp, &patch)
-                        .await
-                        .map(|_| ())
-                        .unwrap_or_else(|e| panic!("plain: {e}"));
-                }
-                1 => {
-                    impersonating
-                        .patch("lat-imp", &pp, &patch)
-                        .await
-                        .map(|_| ())
-                        .unwrap_or_else(|e| panic!("impersonating: {e}"));
-                }
-                2 => {
-                    trivially_governed
-                        .patch("lat-trivial", &pp, &patch)
-                        .await
-                        .map(|_| ())
-                        .unwrap_or_else(|e| panic!("trivially governed: {e}"));
-                }
-                _ => {
-                    fenced
-                        .patch("lat-fenced", &pp, &patch)
-                        .await
-                        .map(|_| ())
-                        .unwrap_or_else(|e| panic!("fenced: {e}"));
-                }
+            if mode == 0 {
+                baseline
+                    .patch("lat-plain", &pp, &patch)
+                    .await
+                    .map(|_| ())
+                    .unwrap_or_else(|e| panic!("plain: {e}"));
+            } else {
+                let (api, name, what) = fenced_modes[mode - 1];
+                api.patch(name, &pp, &patch)
+                    .await
+                    .map(|_| ())
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             // The first rounds warm connections and caches, and wait for the first proofs.
             if i >= WARMUP {
@@ -734,10 +689,5 @@ async fn run() {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let path = dir.join("kube_fencing.json");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, json)) {
-        Ok(()) => eprintln!("wrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
-    }
+    save("kube_fencing.json", &json, Say::Stderr);
 }

@@ -8,10 +8,17 @@
 //!
 //! `cargo bench --features local --bench local`
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use support::scratch::Scratch;
+use support::stats::percentile;
+use support::table;
 
 use tenure::backend::local::LocalBackend;
 use tenure::backend::{AcquireRequest, Acquired, Backend, HolderToken};
@@ -22,18 +29,8 @@ const RUN: Duration = Duration::from_secs(2);
 /// Hand-off samples per measurement.
 const HANDOFFS: usize = 200;
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn dir_under(base: &Path, label: &str) -> Dir {
-    let path = base.join(format!("tenure-bench-local-{label}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&path);
-    Dir(path)
+fn dir_under(base: &Path, label: &str) -> Scratch {
+    Scratch::new(base.join(format!("tenure-bench-local-{label}-{}", std::process::id())))
 }
 
 fn open(dir: &Path) -> LocalBackend {
@@ -172,12 +169,6 @@ fn flock_handoffs(dir: &Path) -> Vec<Duration> {
     samples
 }
 
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    let i = ((samples.len() as f64 - 1.0) * p).round() as usize;
-    samples[i]
-}
-
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
@@ -189,8 +180,19 @@ async fn main() {
         places.push(("tmpfs", PathBuf::from("/dev/shm")));
     }
     places.push(("temp dir", std::env::temp_dir()));
-    println!("| directory | measure | tenure local | flock(LOCK_EX) | ratio |");
-    println!("|---|---|---:|---:|---:|");
+    println!(
+        "{}",
+        table::header(
+            &[
+                "directory",
+                "measure",
+                "tenure local",
+                "flock(LOCK_EX)",
+                "ratio"
+            ],
+            3
+        )
+    );
     for (label, base) in places {
         let dir = dir_under(&base, "run");
         let place = format!("{label} ({})", base.display());
@@ -207,8 +209,10 @@ async fn main() {
         );
         let mut ours = locker_handoffs(&dir.0).await;
         let mut theirs = flock_handoffs(&dir.0);
+        ours.sort();
+        theirs.sort();
         for (name, p) in [("p50", 0.5), ("p99", 0.99)] {
-            let (o, t) = (percentile(&mut ours, p), percentile(&mut theirs, p));
+            let (o, t) = (percentile(&ours, p), percentile(&theirs, p));
             println!(
                 "| {place} | release→grant hand-off {name}, µs | {:.0} | {:.1} | {:.0}× |",
                 micros(o),

@@ -8,6 +8,9 @@
 //!
 //! Run: `cargo bench --bench lock_runtime` (`-- --leases 100000 --cycles 200000` to change N).
 
+#[path = "support/mod.rs"]
+mod support;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -16,6 +19,9 @@ use std::time::{Duration, Instant};
 use tenure::backend::memory::MemoryBackend;
 use tenure::backend::{AcquireRequest, Backend, HolderToken};
 use tenure::{Lease, LockOptions, Locker};
+
+use support::out::{Say, save};
+use support::table;
 
 /// Counts live heap bytes so per-lease memory can be measured exactly.
 struct Counting;
@@ -272,8 +278,10 @@ fn main() {
         "## lock runtime on the memory backend ({} cycles, {} leases)\n",
         a.cycles, a.leases
     );
-    println!("| measure | tenure | peer | ratio |");
-    println!("|---|---|---|---|");
+    println!(
+        "{}",
+        table::header(&["measure", "tenure", "peer", "ratio"], 0)
+    );
     println!(
         "| acquire→release cycles/s (peer: raw backend calls) | {tenure_cps:.0} | {raw_cps:.0} | {:.2} |",
         tenure_cps / raw_cps
@@ -330,8 +338,5 @@ fn main() {
         t.renew_round_trips,
         p.renew_round_trips
     );
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    if std::fs::create_dir_all(&dir).is_ok() {
-        let _ = std::fs::write(dir.join("lock_runtime.json"), json);
-    }
+    save("lock_runtime.json", &json, Say::Quiet);
 }

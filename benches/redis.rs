@@ -23,7 +23,7 @@
 //! - 10,000 auto-renewed leases: renewals/s and round trips per renewal batch.
 //! - Round trips per operation, from `INFO commandstats`.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
@@ -34,7 +34,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use support::RedisServer;
+use support::env::{knob, selected};
+use support::out::{Say, save};
+use support::redis_harness::{self, RedisServer};
+use support::stats::percentile;
 use tenure::backend::redis::RedisBackend;
 use tenure::backend::{AcquireRequest, Acquired, Backend, HolderToken, Released};
 use tenure::{LockError, LockOptions, Locker};
@@ -51,13 +54,6 @@ const RELEASE_LUA: &str = concat!(
     include_str!("../src/backend/redis/release.lua")
 );
 const TTL: Duration = Duration::from_secs(10);
-
-fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Client {
@@ -167,10 +163,10 @@ impl Driver {
 async fn driver(client: Client, server: &RedisServer) -> Driver {
     match client {
         Client::TenureLocker => Driver::Locker(
-            Locker::with_identity(support::backend(server).await, "bench")
+            Locker::with_identity(redis_harness::backend(server).await, "bench")
                 .unwrap_or_else(|e| panic!("{e}")),
         ),
-        Client::TenureBackend => Driver::Backend(support::backend(server).await),
+        Client::TenureBackend => Driver::Backend(redis_harness::backend(server).await),
         Client::Rslock => Driver::Rslock(Arc::new(rslock::LockManager::new(vec![server.url()]))),
         Client::Baseline => {
             let client = redis::Client::open(server.url()).unwrap_or_else(|e| panic!("{e}"));
@@ -232,20 +228,9 @@ async fn cycles(
     )
 }
 
-/// CPU time (user + system) the process has used, from /proc.
+/// CPU time (user + system) the process has used, from /proc (zero if it cannot be read).
 fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which is in parentheses): utime is the 14th, stime 15th.
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // Linux reports in clock ticks of 100 Hz.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    support::proc::cpu_time(pid).unwrap_or_default()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -253,18 +238,10 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
 /// Hand-off latencies with 16 tasks on one lock: tenure's notification-driven `acquire`, or
 /// a loop that polls `try_acquire` every 50 ms.
 async fn handoff(server: &RedisServer, polling: bool, secs: f64) -> Vec<Duration> {
-    let backend = support::backend(server).await;
+    let backend = redis_harness::backend(server).await;
     let last_release = Arc::new(Mutex::new(None::<Instant>));
     let latencies = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -350,7 +327,7 @@ struct RenewalFigures {
 }
 
 async fn renewals(server: &RedisServer, leases: usize, secs: f64) -> RenewalFigures {
-    let backend = support::backend(server).await;
+    let backend = redis_harness::backend(server).await;
     let locker =
         Locker::with_identity(backend.clone(), "renewer").unwrap_or_else(|e| panic!("{e}"));
     let ttl = Duration::from_secs(1);
@@ -404,7 +381,7 @@ async fn renewals(server: &RedisServer, leases: usize, secs: f64) -> RenewalFigu
 /// Client-sent commands per operation for `n` acquires, renewals and releases, with `tasks`
 /// tasks running them concurrently on their own locks.
 async fn round_trips(server: &RedisServer, tasks: usize, per_task: usize) -> BTreeMap<String, f64> {
-    let backend = support::backend(server).await;
+    let backend = redis_harness::backend(server).await;
     server.cmd(&["CONFIG", "RESETSTAT"]);
     let mut out = BTreeMap::new();
     let holders: Vec<HolderToken> = (0..tasks).map(|_| HolderToken::random()).collect();
@@ -552,8 +529,8 @@ fn implied_cycles(acquire: f64, release: f64) -> f64 {
 }
 
 fn main() {
-    let secs: f64 = env_or("TENURE_BENCH_SECS", 3.0);
-    let reps: usize = env_or("TENURE_BENCH_REPS", 3);
+    let secs: f64 = knob("TENURE_BENCH_SECS", 3.0);
+    let reps: usize = knob("TENURE_BENCH_REPS", 3);
     // For development: TENURE_BENCH_RT=current runs everything on a current-thread runtime.
     let rt = if std::env::var("TENURE_BENCH_RT").as_deref() == Ok("current") {
         tokio::runtime::Builder::new_current_thread()
@@ -566,8 +543,7 @@ fn main() {
     .build()
     .unwrap_or_else(|e| panic!("{e}"));
     // For development: TENURE_BENCH_ONLY=limits,cycles,handoff,renew,trips (default: all).
-    let only = std::env::var("TENURE_BENCH_ONLY").unwrap_or_default();
-    let want = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
+    let want = |part: &str| selected("TENURE_BENCH_ONLY", part);
     let server = RedisServer::start();
     let version = server
         .info_field("server", "redis_version")
@@ -590,7 +566,6 @@ fn main() {
     let limit_64 = implied_cycles(p64_acq, p64_rel);
 
     // For development: TENURE_BENCH_CLIENTS=tenure_locker,tenure_backend,rslock,baseline.
-    let only_clients = std::env::var("TENURE_BENCH_CLIENTS").unwrap_or_default();
     let clients: Vec<Client> = [
         Client::TenureLocker,
         Client::TenureBackend,
@@ -598,7 +573,7 @@ fn main() {
         Client::Baseline,
     ]
     .into_iter()
-    .filter(|c| only_clients.is_empty() || only_clients.split(',').any(|k| k == c.key()))
+    .filter(|c| selected("TENURE_BENCH_CLIENTS", c.key()))
     .collect();
     let mut table: BTreeMap<(Client, usize), Row> = BTreeMap::new();
     rt.block_on(async {
@@ -831,22 +806,18 @@ fn main() {
         "  {:<30} {:>8} {:>10} {:>10}",
         "", "handoffs", "p50 ms", "p99 ms"
     );
-    let _ = writeln!(
-        out,
-        "  {:<30} {:>8} {:>10.3} {:>10.3}",
-        "tenure (notification)",
-        notified.len(),
-        p(&notified, 0.5),
-        p(&notified, 0.99)
-    );
-    let _ = writeln!(
-        out,
-        "  {:<30} {:>8} {:>10.3} {:>10.3}",
-        "polling every 50 ms",
-        polled.len(),
-        p(&polled, 0.5),
-        p(&polled, 0.99)
-    );
+    for (name, v) in [
+        ("tenure (notification)", &notified),
+        ("polling every 50 ms", &polled),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {name:<30} {:>8} {:>10.3} {:>10.3}",
+            v.len(),
+            p(v, 0.5),
+            p(v, 0.99)
+        );
+    }
     let _ = writeln!(
         out,
         "\n{} auto-renewed leases (ttl 1 s, renewed every 1/3 s)",
@@ -964,10 +935,5 @@ fn main() {
         .replace(": NaN", ": null")
         .replace(": -inf", ": null")
         .replace(": inf", ": null");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let path = dir.join("redis.json");
-    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, json)) {
-        Ok(()) => eprintln!("wrote {}", path.display()),
-        Err(e) => eprintln!("could not write {}: {e}", path.display()),
-    }
+    save("redis.json", &json, Say::Stderr);
 }

@@ -34,19 +34,25 @@
 //! Prints a table with the ratios tenure / baseline and writes `target/bench/shard.json`.
 //! Run with `cargo bench --all-features --bench shard` (about 8 minutes).
 
-#[path = "../tests/kube_support/mod.rs"]
-mod kube_support;
-#[path = "../tests/support/mod.rs"]
+#[path = "support/mod.rs"]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
+
+use support::apiserver::{self, LEASE_AUDIT_POLICY};
+use support::env::{knob, knob_secs, selected};
+use support::kube_harness::{fresh_dir, unique};
+use support::out::{Say, save_json};
+use support::proc::{Process, read_events};
+use support::redis_harness::RedisServer;
+use support::role::emit;
+use support::stats::{percentile, round2};
 
 const SHARDS: u32 = 256;
 const REPLICAS: usize = 10;
@@ -125,18 +131,6 @@ impl Timings {
     }
 }
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
-fn emit(line: std::fmt::Arguments<'_>) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line} {}", now_ns());
-    let _ = out.flush();
-}
-
 fn election_config(t: Timings) -> tenure::election::ElectionConfig {
     tenure::election::ElectionConfig::new()
         .lease_duration(t.lease)
@@ -147,31 +141,15 @@ fn election_config(t: Timings) -> tenure::election::ElectionConfig {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--role") {
-        let [imp, store, endpoint, group, identity, start_at, ..] = &args[i + 1..] else {
+    if let Some(args) = support::role::args() {
+        let [imp, store, endpoint, group, identity, start_at, ..] = &args[..] else {
             eprintln!("usage: --role tenure|baseline redis|kube ENDPOINT GROUP IDENTITY START_NS");
             return ExitCode::from(2);
         };
-        let rt = match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                eprintln!("runtime: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
         let start_at = start_at.parse::<u64>().unwrap_or(0);
-        return match rt.block_on(replica(imp, store, endpoint, group, identity, start_at)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("replica {identity} ({imp} on {store}): {e}");
-                ExitCode::FAILURE
-            }
-        };
+        return support::role::run(1, &format!("replica {identity} ({imp} on {store})"), || {
+            replica(imp, store, endpoint, group, identity, start_at)
+        });
     }
     orchestrate();
     ExitCode::SUCCESS
@@ -220,20 +198,11 @@ async fn replica(
             });
             Locker::with_identity(backend, identity).map_err(|e| e.to_string())?
         }
-        "kube" => {
-            use tenure::backend::kube::{KubeBackend, KubeOptions};
-            let kc = kube::config::Kubeconfig::read_from(endpoint).map_err(|e| e.to_string())?;
-            let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            config.headers.push((
-                http::header::USER_AGENT,
-                http::HeaderValue::from_str(identity).map_err(|e| e.to_string())?,
-            ));
-            let backend = KubeBackend::from_config(config, KubeOptions::new().namespace(NS))
-                .map_err(|e| e.to_string())?;
-            Locker::with_identity(backend, identity).map_err(|e| e.to_string())?
-        }
+        "kube" => apiserver::locker(
+            apiserver::config_as(endpoint, identity).await?,
+            NS,
+            identity,
+        )?,
         other => return Err(format!("unknown store {other}")),
     };
     let timings = Timings::of(store);
@@ -352,70 +321,8 @@ struct Line {
     event: Event,
 }
 
-struct Replica {
-    identity: String,
-    child: Child,
-}
-
-impl Replica {
-    fn pid(&self) -> i32 {
-        i32::try_from(self.child.id()).unwrap_or(0)
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: a signal to our own child, not yet reaped (its pid cannot have been reused).
-        let rc = unsafe { libc::kill(self.pid(), sig) };
-        if rc != 0 {
-            eprintln!(
-                "kill -{sig} {}: {}",
-                self.identity,
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        false
-    }
-
-    /// Resident set size, KiB.
-    fn rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-    }
-
-    /// User + system CPU time so far.
-    fn cpu(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).ok()?;
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        // Fields 14 and 15 of the line (utime, stime), 11 and 12 after the state field.
-        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
-        Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// A replica process.
+type Replica = Process;
 
 /// What one event (start-up, join, leave, crash) took.
 #[derive(Clone, Debug, Default)]
@@ -489,7 +396,7 @@ impl Fleet {
             store,
             imp,
             endpoint,
-            group: kube_support::unique(&format!("sh-{}", imp.key())),
+            group: unique(&format!("sh-{}", imp.key())),
             replicas: Vec::new(),
             spawned: 0,
             tx,
@@ -511,32 +418,17 @@ impl Fleet {
             self.spawned
         );
         self.spawned += 1;
-        let exe = std::env::current_exe().expect("current_exe");
-        let mut child = Command::new(exe)
-            .arg("--role")
-            .args([
-                self.imp.key(),
-                self.store.key(),
-                &self.endpoint,
-                &self.group,
-            ])
+        let mut cmd = support::role::command(self.imp.key());
+        cmd.args([self.store.key(), &self.endpoint, &self.group])
             .arg(&identity)
-            .arg(start_at.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {identity}: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let tx = self.tx.clone();
+            .arg(start_at.to_string());
+        let (replica, stdout) = Process::spawn(&mut cmd, &identity, Stdio::inherit());
         let who = identity.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let mut w: Vec<&str> = line.split_whitespace().collect();
-                let Some(ns) = w.pop().and_then(|n| n.parse::<u64>().ok()) else {
-                    continue;
-                };
-                let at = SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
+        let gone = identity.clone();
+        read_events(
+            stdout,
+            self.tx.clone(),
+            move |w, at| {
                 let num = |i: usize| w.get(i).and_then(|s| s.parse::<u64>().ok());
                 let event = match w.first().copied() {
                     Some("R") => Event::Ready,
@@ -549,27 +441,23 @@ impl Fleet {
                         num(4).unwrap_or(0),
                         num(5).unwrap_or(0),
                     ]),
-                    _ => continue,
+                    _ => return None,
                 };
-                let sent = tx.send(Line {
+                Some(Line {
                     who: who.clone(),
                     at,
                     event,
-                });
-                if sent.is_err() {
-                    return;
-                }
-            }
-            let _ = tx.send(Line {
-                who,
-                at: SystemTime::now(),
-                event: Event::Exit,
-            });
-        });
-        self.replicas.push(Replica {
-            identity: identity.clone(),
-            child,
-        });
+                })
+            },
+            move || {
+                Some(Line {
+                    who: gone,
+                    at: SystemTime::now(),
+                    event: Event::Exit,
+                })
+            },
+        );
+        self.replicas.push(replica);
         self.live.insert(identity.clone());
         self.held.insert(identity.clone(), BTreeSet::new());
         identity
@@ -769,35 +657,21 @@ impl Fleet {
 fn fmt_d(d: Option<Duration>) -> String {
     d.map_or_else(
         || "—".into(),
-        |d| {
-            let ms = d.as_secs_f64() * 1000.0;
-            if ms >= 1000.0 {
-                format!("{:.2} s", ms / 1000.0)
-            } else {
-                format!("{ms:.0} ms")
-            }
-        },
+        |d| support::table::fmt_ms(support::stats::ms(d), 0, 0),
     )
 }
 
-/// The sample at index round(p·(n−1)) of the sorted samples.
+/// The sample at index round(p·(n−1)) of the sorted samples; none unless every event has one.
 fn pct(samples: &[Option<Duration>], p: f64) -> Option<Duration> {
     let mut s: Vec<Duration> = samples.iter().copied().collect::<Option<Vec<_>>>()?;
-    if s.is_empty() {
-        return None;
-    }
     s.sort();
-    s.get(((s.len() - 1) as f64 * p).round() as usize).copied()
+    (!s.is_empty()).then(|| percentile(&s, p))
 }
 
 fn ms(d: Option<Duration>) -> Value {
     d.map_or(Value::Null, |d| {
         json!((d.as_secs_f64() * 1e6).round() / 1e3)
     })
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 /// A kube audit line's parts that matter here.
@@ -811,19 +685,9 @@ struct Audit {
 }
 
 fn audit_lines(audit: &Path) -> Vec<Audit> {
-    let Ok(f) = std::fs::File::open(audit) else {
-        return Vec::new();
-    };
-    let ts = |v: &Value| {
-        v.as_str()
-            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-            .map(SystemTime::from)
-    };
-    BufReader::new(f)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|line| {
-            let ev: Value = serde_json::from_str(&line).ok()?;
+    let ts = apiserver::timestamp;
+    apiserver::audit_events(audit)
+        .filter_map(|ev| {
             if ev["objectRef"]["resource"] != "leases" {
                 return None;
             }
@@ -883,7 +747,7 @@ fn run(
     store: Store,
     imp: Imp,
     endpoint: String,
-    redis: Option<&support::RedisServer>,
+    redis: Option<&RedisServer>,
     window: Duration,
     rounds: usize,
 ) -> Run {
@@ -1166,35 +1030,11 @@ fn balance_cell(b: (usize, usize)) -> String {
 }
 
 fn orchestrate() {
-    let window = std::env::var("TENURE_BENCH_WINDOW_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .map_or(Duration::from_secs(30), Duration::from_secs);
-    let rounds: usize = std::env::var("TENURE_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4);
+    let window = knob_secs("TENURE_BENCH_WINDOW_SECS", Duration::from_secs(30));
+    let rounds: usize = knob("TENURE_BENCH_ROUNDS", 4);
     let began = Instant::now();
-    let redis = support::RedisServer::start();
-    let audit_dir = kube_support::fresh_dir("shard-audit");
-    let policy = audit_dir.join("policy.yaml");
-    let audit = audit_dir.join("audit.log");
-    std::fs::write(
-        &policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [\"RequestReceived\"]\nrules:\n\
-         - level: Metadata\n  resources:\n  - group: coordination.k8s.io\n    resources: [\"leases\"]\n\
-         - level: None\n",
-    )
-    .unwrap_or_else(|e| panic!("audit policy: {e}"));
-    let server = kube_support::Server::start(kube_support::Launch {
-        extra: vec![
-            format!("--audit-policy-file={}", policy.display()),
-            format!("--audit-log-path={}", audit.display()),
-            "--audit-log-format=json".into(),
-            "--audit-log-mode=blocking".into(),
-        ],
-        ..kube_support::Launch::default()
-    });
+    let redis = RedisServer::start();
+    let (server, audit) = apiserver::start_audited(&fresh_dir("shard-audit"), LEASE_AUDIT_POLICY);
     eprintln!(
         "redis-server and kube-apiserver ready in {:?}",
         began.elapsed()
@@ -1202,7 +1042,6 @@ fn orchestrate() {
     let kubeconfig = server.admin_kubeconfig().display().to_string();
 
     // `TENURE_BENCH_ONLY=kube-baseline,redis-tenure` runs only those (for trying things out).
-    let only = std::env::var("TENURE_BENCH_ONLY").unwrap_or_default();
     let mut runs = Vec::new();
     for (store, imp) in [
         (Store::Redis, Imp::Tenure),
@@ -1211,7 +1050,7 @@ fn orchestrate() {
         (Store::Kube, Imp::Baseline),
     ] {
         let name = format!("{}-{}", store.key(), imp.key());
-        if !only.is_empty() && !only.split(',').any(|o| o == name) {
+        if !selected("TENURE_BENCH_ONLY", &name) {
             runs.push(Run {
                 store: store.key(),
                 imp: imp.key(),
@@ -1263,10 +1102,16 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
          baseline: to every shard held (it never rebalances)."
     );
     println!();
-    println!(
-        "| metric | Redis tenure | Redis baseline | ratio t/b | kube tenure | kube baseline | ratio t/b |"
-    );
-    println!("|---|---|---|---|---|---|---|");
+    let columns = [
+        "metric",
+        "Redis tenure",
+        "Redis baseline",
+        "ratio t/b",
+        "kube tenure",
+        "kube baseline",
+        "ratio t/b",
+    ];
+    println!("{}", support::table::header(&columns, 0));
     let (rt, rb, kt, kb) = (&sums[0], &sums[1], &sums[2], &sums[3]);
     let n = |r: &Run, which: &str| match which {
         "join" => r.joins.len(),
@@ -1326,31 +1171,38 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
             dratio(get(kt), get(kb)),
         );
     }
-    row(
-        "store requests/min per replica, mean (max)",
-        &|s| format!("{:.0} ({:.0})", s.req_mean, s.req_max),
-        &|t, b| ratio(t.req_mean, b.req_mean),
-    );
-    row(
-        "worst replica's requests / its goal",
-        &|s| format!("{:.2}", s.goal_ratio),
-        &|t, b| ratio(t.goal_ratio, b.goal_ratio),
-    );
-    row(
-        "watches (kube) / subscribed channels (Redis) per replica, mean (max)",
-        &|s| format!("{:.1} ({:.0})", s.watches_mean, s.watches_max),
-        &|t, b| ratio(t.watches_mean, b.watches_mean),
-    );
-    row(
-        "RSS per replica, mean",
-        &|s| format!("{:.1} MiB", s.rss_mib),
-        &|t, b| ratio(t.rss_mib, b.rss_mib),
-    );
-    row(
-        "CPU per replica, mean (% of a core)",
-        &|s| format!("{:.1} %", s.cpu),
-        &|t, b| ratio(t.cpu, b.cpu),
-    );
+    // The rows whose ratio is of one figure: (row, cell, figure).
+    type Figure = (&'static str, fn(&Summary) -> String, fn(&Summary) -> f64);
+    let figures: [Figure; 5] = [
+        (
+            "store requests/min per replica, mean (max)",
+            |s| format!("{:.0} ({:.0})", s.req_mean, s.req_max),
+            |s| s.req_mean,
+        ),
+        (
+            "worst replica's requests / its goal",
+            |s| format!("{:.2}", s.goal_ratio),
+            |s| s.goal_ratio,
+        ),
+        (
+            "watches (kube) / subscribed channels (Redis) per replica, mean (max)",
+            |s| format!("{:.1} ({:.0})", s.watches_mean, s.watches_max),
+            |s| s.watches_mean,
+        ),
+        (
+            "RSS per replica, mean",
+            |s| format!("{:.1} MiB", s.rss_mib),
+            |s| s.rss_mib,
+        ),
+        (
+            "CPU per replica, mean (% of a core)",
+            |s| format!("{:.1} %", s.cpu),
+            |s| s.cpu,
+        ),
+    ];
+    for (name, cell, figure) in figures {
+        row(name, &cell, &|t, b| ratio(figure(t), figure(b)));
+    }
     println!();
     println!(
         "Goal per replica: (owned + 1) × 60 s / (lease/3) = (owned + 1) × {:.0} (Redis) or × {:.0} (kube) requests/min (each owned shard renewed every lease/3, one membership heartbeat every lease/3). \
@@ -1470,15 +1322,5 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
         "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
         "tenure_over_baseline": ratios,
     });
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
-    let path = dir.join("shard.json");
-    match std::fs::create_dir_all(&dir).and_then(|()| {
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&json).unwrap_or_default() + "\n",
-        )
-    }) {
-        Ok(()) => println!("\nwrote {}", path.display()),
-        Err(e) => eprintln!("cannot write {}: {e}", path.display()),
-    }
+    save_json("shard.json", &json, Say::Stdout);
 }

@@ -24,22 +24,10 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/base64"
-	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
-	"math/big"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -55,6 +43,8 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics, as in the upstream main
 	_ "k8s.io/component-base/metrics/prometheus/version"  // kubernetes_build_info, as in the upstream main
 	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+
+	"tenure/e2e/launchkit"
 )
 
 const (
@@ -103,11 +93,7 @@ func run() error {
 	// Our own signal handler. The apiserver command installs its own
 	// (genericapiserver.SetupSignalContext); it is removed again below, and
 	// the apiserver is told to stop with genericapiserver.RequestShutdown.
-	sigCh := make(chan os.Signal, 2)
-	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
-	if *parentPID > 0 {
-		go watchParent(*parentPID, sigCh)
-	}
+	sigCh := launchkit.Signals(*parentPID, logf)
 
 	// ---- etcd -------------------------------------------------------------
 	var etcdDir string
@@ -147,18 +133,20 @@ func run() error {
 		if caPEM, err = writeCerts(dir); err != nil {
 			return fmt.Errorf("certs: %w", err)
 		}
-		if err := writeSAKey(dir); err != nil {
+		if err := launchkit.WriteSAKey(dir); err != nil {
 			return fmt.Errorf("service account key: %w", err)
 		}
-		adminToken, testerToken = randToken(), randToken()
+		adminToken, testerToken = launchkit.RandToken(), launchkit.RandToken()
 		tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
 			adminToken, adminUser, adminUser, testerToken, testerUser, testerUser)
-		if err := writeFiles(dir, map[string]string{
+		for name, content := range map[string]string{
 			"tokens.csv":   tokens,
 			"admin.token":  adminToken,
 			"tester.token": testerToken,
-		}, 0o600); err != nil {
-			return err
+		} {
+			if err := launchkit.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+				return err
+			}
 		}
 	}
 
@@ -217,12 +205,7 @@ func run() error {
 	}
 
 	// ---- readiness --------------------------------------------------------
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	client := &http.Client{
-		Timeout:   5 * time.Second,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}},
-	}
+	api := launchkit.NewAPIClient(server, caPEM, adminToken)
 	deadline := time.Now().Add(*readyTimeout)
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
@@ -255,8 +238,7 @@ func run() error {
 			logf("kube-apiserver not ready after %v", *readyTimeout)
 			abort(1)
 		}
-		ready = get(client, server+"/readyz", adminToken) == http.StatusOK &&
-			get(client, server+"/api/v1/namespaces/default", adminToken) == http.StatusOK
+		ready = api.Ready()
 	}
 	if stopRequested {
 		genericapiserver.RequestShutdown()
@@ -366,18 +348,6 @@ func startEtcd(dataDir string, keep bool, timeout time.Duration, sigCh <-chan os
 	return nil, "", fmt.Errorf("etcd: %w", lastErr)
 }
 
-// watchParent sends a SIGTERM-equivalent on sigCh once process pid is gone.
-func watchParent(pid int, sigCh chan<- os.Signal) {
-	for {
-		time.Sleep(250 * time.Millisecond)
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			logf("parent process %d is gone; stopping", pid)
-			sigCh <- syscall.SIGTERM
-			return
-		}
-	}
-}
-
 // readCredentials reads the CA and the tokens an earlier run wrote into dir;
 // ok is false if any file is missing.
 func readCredentials(dir string) (caPEM []byte, admin, tester string, ok bool) {
@@ -409,20 +379,6 @@ func closeEtcd(e *embed.Etcd) {
 	}
 }
 
-func get(c *http.Client, u, token string) int {
-	req, err := http.NewRequest(http.MethodGet, u, nil)
-	if err != nil {
-		return 0
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := c.Do(req)
-	if err != nil {
-		return 0
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -432,138 +388,21 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func randToken() string {
-	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 // writeCerts writes ca.crt and a serving cert/key for 127.0.0.1 and
 // localhost signed by it (the CA key is never written). Returns the CA PEM.
 func writeCerts(dir string) ([]byte, error) {
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := launchkit.NewCA("kube-testenv-ca")
 	if err != nil {
 		return nil, err
 	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "kube-testenv-ca@" + strconv.FormatInt(now.Unix(), 10)},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
+	if err := launchkit.WriteFile(filepath.Join(dir, "ca.crt"), ca.PEM, 0o644); err != nil {
 		return nil, err
 	}
-	caCert, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return nil, err
-	}
-
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "kube-apiserver"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:              []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-	if err := writeFiles(dir, map[string]string{"ca.crt": string(caPEM), "serving.crt": string(certPEM)}, 0o644); err != nil {
-		return nil, err
-	}
-	return caPEM, writeFiles(dir, map[string]string{"serving.key": string(keyPEM)}, 0o600)
-}
-
-func writeSAKey(dir string) error {
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	if err := writeFiles(dir, map[string]string{
-		"sa.key": string(pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})),
-	}, 0o600); err != nil {
-		return err
-	}
-	return writeFiles(dir, map[string]string{
-		"sa.pub": string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})),
-	}, 0o644)
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		panic(err)
-	}
-	return n
+	return ca.PEM, ca.Issue(dir, "serving", "kube-apiserver", nil, true, []string{"127.0.0.1"}, []string{"localhost"})
 }
 
 func writeKubeconfig(path, server string, caPEM []byte, user, token string) error {
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kube-testenv
-  cluster:
-    server: %s
-    certificate-authority-data: %s
-users:
-- name: %s
-  user:
-    token: %s
-contexts:
-- name: %s
-  context:
-    cluster: kube-testenv
-    user: %s
-    namespace: default
-current-context: %s
-`, server, base64.StdEncoding.EncodeToString(caPEM), user, token, user, user, user)
-	return writeFiles(filepath.Dir(path), map[string]string{filepath.Base(path): kc}, 0o600)
-}
-
-// writeFiles writes each file atomically (temp file + rename).
-func writeFiles(dir string, files map[string]string, mode os.FileMode) error {
-	for name, content := range files {
-		tmp := filepath.Join(dir, "."+name+".tmp")
-		if err := os.WriteFile(tmp, []byte(content), mode); err != nil {
-			return err
-		}
-		if err := os.Chmod(tmp, mode); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return launchkit.Kubeconfig{Cluster: "kube-testenv", Server: server, CAPEM: caPEM, User: user, Token: token}.Write(path)
 }
 
 func logf(format string, args ...any) {

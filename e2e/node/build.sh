@@ -5,8 +5,8 @@
 #
 # Cached outside the repo in ${TENURE_CACHE:-$HOME/.cache/tenure}/kube-node/: the Kubernetes
 # binaries in k8s-<hash of go.mod, go.sum, the Go version, RECIPE>/, the launcher and pause in
-# <hash of every .go file too>/ (with links to the former). Builds of one hash are serialised
-# with flock. Never committed.
+# <hash of every .go file too, and of the launchers' shared module ../launchkit>/ (with links
+# to the former). Builds of one hash are serialised with flock. Never committed.
 set -euo pipefail
 
 RECIPE=1
@@ -18,6 +18,8 @@ log() { echo "kube-node build: $*" >&2; }
 die() { log "$@"; exit 1; }
 # shellcheck source=../scripts/find-go.sh
 source "$here/../scripts/find-go.sh"
+# shellcheck source=../scripts/k8s-version.sh
+source "$here/../scripts/k8s-version.sh"
 
 go=$(find_go)
 # hash_of FILES...: the recipe, the Go version and the named files of the module.
@@ -32,9 +34,10 @@ hash_of() {
     done
   ) | sha256sum | cut -c1-16
 }
-# The Kubernetes binaries depend on go.mod and go.sum only; the launcher on every file.
+# The Kubernetes binaries depend on go.mod and go.sum only; the launcher on every file, and on
+# the launchers' shared module (go.mod replaces it with ../launchkit).
 k8s_hash=$(hash_of go.mod go.sum)
-mapfile -t sources < <(cd "$MOD" && find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
+mapfile -t sources < <(cd "$MOD" && find . ../launchkit -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
   -not -path './.*' -print | LC_ALL=C sort)
 hash=$(hash_of "${sources[@]}")
 k8s_dir=$CACHE_ROOT/k8s-$k8s_hash
@@ -43,17 +46,7 @@ mkdir -p "$dir" "$k8s_dir"
 exec {lockfd}>"$dir/.lock"
 flock "$lockfd"
 
-kver=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2; exit }' "$MOD/go.mod")
-[[ $kver =~ ^v([0-9]+)\.([0-9]+)\.[0-9]+ ]] || die "cannot read the k8s.io/kubernetes version from $MOD/go.mod"
-major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
-bdate=$(cd "$MOD" && GOFLAGS=-mod=readonly "$go" list -m \
-  -f '{{with .Time}}{{.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes 2>/dev/null || true)
-ldflags="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $p.gitVersion=$kver -X $p.gitMajor=$major -X $p.gitMinor=$minor"
-  ldflags+=" -X $p.gitTreeState=clean -X $p.gitCommit="
-  if [[ -n $bdate ]]; then ldflags+=" -X $p.buildDate=$bdate"; fi
-done
+ldflags=$(k8s_ldflags "$go" "$MOD")
 
 # build DIR NAME PKG
 build() {

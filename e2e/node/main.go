@@ -28,23 +28,10 @@ package main
 
 import (
 	"bufio"
-	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -62,6 +49,8 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"golang.org/x/sys/unix"
+
+	"tenure/e2e/launchkit"
 )
 
 const (
@@ -159,11 +148,7 @@ func outer(argv []string) error {
 	_ = os.Remove(readyFile)
 	defer os.Remove(readyFile)
 
-	sigCh := make(chan os.Signal, 2)
-	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
-	if *parentPID > 0 {
-		go watchParent(*parentPID, sigCh)
-	}
+	sigCh := launchkit.Signals(*parentPID, logf)
 
 	removeStaleCgroups()
 	cgroupRoot := cgroupName + strconv.Itoa(os.Getpid())
@@ -464,94 +449,24 @@ func isKubeNode(pid int) bool {
 
 // ---- certificates and configuration ------------------------------------------------------
 
-type ca struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA() (*ca, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "kube-node-ca@" + strconv.FormatInt(now.Unix(), 10)},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLenZero:        true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return nil, err
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	return &ca{cert, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
-}
-
-// issue writes NAME.crt and NAME.key signed by the CA.
-func (c *ca) issue(dir, name, cn string, orgs []string, server bool, ips []string, dns []string) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: cn, Organization: orgs},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(10 * 365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		BasicConstraintsValid: true,
-		DNSNames:              dns,
-	}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-	}
-	for _, ip := range ips {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		return err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	if err := writeFile(filepath.Join(dir, name+".crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		return err
-	}
-	return writeFile(filepath.Join(dir, name+".key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
-}
-
 func writeCluster(dir, hostURL, cgroupRoot string) error {
 	pki := filepath.Join(dir, "pki")
 	if err := os.MkdirAll(pki, 0o755); err != nil {
 		return err
 	}
-	c, err := newCA()
+	c, err := launchkit.NewCA("kube-node-ca")
 	if err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(dir, "ca.crt"), c.pem, 0o644); err != nil {
+	if err := launchkit.WriteFile(filepath.Join(dir, "ca.crt"), c.PEM, 0o644); err != nil {
 		return err
 	}
-	if err := c.issue(pki, "apiserver", "kube-apiserver", nil, true,
+	if err := c.Issue(pki, "apiserver", "kube-apiserver", nil, true,
 		[]string{"127.0.0.1", nodeIP, serviceIP},
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}); err != nil {
 		return err
 	}
-	if err := c.issue(pki, "kubelet-serving", nodeName, nil, true, []string{nodeIP}, []string{nodeName}); err != nil {
+	if err := c.Issue(pki, "kubelet-serving", nodeName, nil, true, []string{nodeIP}, []string{nodeName}); err != nil {
 		return err
 	}
 	clients := []struct{ name, cn, org string }{
@@ -565,38 +480,38 @@ func writeCluster(dir, hostURL, cgroupRoot string) error {
 		if cl.org != "" {
 			orgs = []string{cl.org}
 		}
-		if err := c.issue(pki, cl.name, cl.cn, orgs, false, nil, nil); err != nil {
+		if err := c.Issue(pki, cl.name, cl.cn, orgs, false, nil, nil); err != nil {
 			return err
 		}
 	}
-	if err := writeSAKey(pki); err != nil {
+	if err := launchkit.WriteSAKey(pki); err != nil {
 		return err
 	}
-	adminToken, testerToken := randToken(), randToken()
+	adminToken, testerToken := launchkit.RandToken(), launchkit.RandToken()
 	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,tester,tester-uid\n", adminToken, testerToken)
-	if err := writeFile(filepath.Join(pki, "tokens.csv"), []byte(tokens), 0o600); err != nil {
+	if err := launchkit.WriteFile(filepath.Join(pki, "tokens.csv"), []byte(tokens), 0o600); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(dir, "admin.token"), []byte(adminToken), 0o600); err != nil {
+	if err := launchkit.WriteFile(filepath.Join(dir, "admin.token"), []byte(adminToken), 0o600); err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(dir, "tester.token"), []byte(testerToken), 0o600); err != nil {
+	if err := launchkit.WriteFile(filepath.Join(dir, "tester.token"), []byte(testerToken), 0o600); err != nil {
 		return err
 	}
 	// Host side: through the relay.
-	if err := writeKubeconfig(filepath.Join(dir, "admin.kubeconfig"), hostURL, c.pem, "admin", adminToken, "", ""); err != nil {
+	if err := writeKubeconfig(filepath.Join(dir, "admin.kubeconfig"), hostURL, c.PEM, "admin", adminToken, "", ""); err != nil {
 		return err
 	}
-	if err := writeKubeconfig(filepath.Join(dir, "tester.kubeconfig"), hostURL, c.pem, "tester", testerToken, "", ""); err != nil {
+	if err := writeKubeconfig(filepath.Join(dir, "tester.kubeconfig"), hostURL, c.PEM, "tester", testerToken, "", ""); err != nil {
 		return err
 	}
 	// Inside the node's network namespace.
 	inURL := "https://127.0.0.1:" + strconv.Itoa(apiPort)
-	if err := writeKubeconfig(filepath.Join(dir, "inner-admin.kubeconfig"), inURL, c.pem, "admin", adminToken, "", ""); err != nil {
+	if err := writeKubeconfig(filepath.Join(dir, "inner-admin.kubeconfig"), inURL, c.PEM, "admin", adminToken, "", ""); err != nil {
 		return err
 	}
 	for _, cl := range clients[:3] {
-		if err := writeKubeconfig(filepath.Join(dir, cl.name+".kubeconfig"), inURL, c.pem, cl.cn, "",
+		if err := writeKubeconfig(filepath.Join(dir, cl.name+".kubeconfig"), inURL, c.PEM, cl.cn, "",
 			filepath.Join(pki, cl.name+".crt"), filepath.Join(pki, cl.name+".key")); err != nil {
 			return err
 		}
@@ -714,7 +629,7 @@ syncFrequency: 10s
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return err
 		}
-		if err := writeFile(p, []byte(content), 0o644); err != nil {
+		if err := launchkit.WriteFile(p, []byte(content), 0o644); err != nil {
 			return err
 		}
 	}
@@ -723,7 +638,7 @@ syncFrequency: 10s
 		return err
 	}
 	for k, v := range kernelTunables {
-		if err := writeFile(filepath.Join(sys, strings.ReplaceAll(k, "/", ".")), []byte(v+"\n"), 0o644); err != nil {
+		if err := launchkit.WriteFile(filepath.Join(sys, strings.ReplaceAll(k, "/", ".")), []byte(v+"\n"), 0o644); err != nil {
 			return err
 		}
 	}
@@ -757,8 +672,7 @@ func inner(argv []string) error {
 	dir, bins := *dirFlag, *binDir
 	logs := filepath.Join(dir, "logs")
 
-	sigCh := make(chan os.Signal, 2)
-	signal.Notify(sigCh, syscall.SIGTERM, os.Interrupt)
+	sigCh := launchkit.Signals(0, logf)
 	sup := &supervisor{procs: map[int]*proc{}}
 	go sup.reap()
 
@@ -829,10 +743,8 @@ func inner(argv []string) error {
 	if err != nil {
 		return err
 	}
-	api := newAPIClient(caPEM, string(adminToken))
-	if err := waitFor(deadline, sigCh, "kube-apiserver /readyz", func() bool {
-		return api.status("/readyz") == http.StatusOK && api.status("/api/v1/namespaces/default") == http.StatusOK
-	}); err != nil {
+	api := launchkit.NewAPIClient("https://127.0.0.1:"+strconv.Itoa(apiPort), caPEM, string(adminToken))
+	if err := waitFor(deadline, sigCh, "kube-apiserver /readyz", api.Ready); err != nil {
 		return sup.shutdown(err, etcd)
 	}
 	logf("kube-apiserver ready")
@@ -882,16 +794,16 @@ func inner(argv []string) error {
 	); err != nil {
 		return sup.shutdown(err, etcd)
 	}
-	if err := waitFor(deadline, sigCh, "a Ready node", func() bool { return api.nodeReady(nodeName) }); err != nil {
+	if err := waitFor(deadline, sigCh, "a Ready node", func() bool { return nodeReady(api, nodeName) }); err != nil {
 		return sup.shutdown(err, etcd)
 	}
 	// The default ServiceAccount exists once the controller-manager runs; pods need it.
 	if err := waitFor(deadline, sigCh, "the default ServiceAccount", func() bool {
-		return api.status("/api/v1/namespaces/default/serviceaccounts/default") == http.StatusOK
+		return api.Status("/api/v1/namespaces/default/serviceaccounts/default") == http.StatusOK
 	}); err != nil {
 		return sup.shutdown(err, etcd)
 	}
-	if err := writeFile(filepath.Join(dir, "inner-ready"), []byte("ready\n"), 0o644); err != nil {
+	if err := launchkit.WriteFile(filepath.Join(dir, "inner-ready"), []byte("ready\n"), 0o644); err != nil {
 		return sup.shutdown(err, etcd)
 	}
 	logf("node %s Ready", nodeName)
@@ -1126,44 +1038,11 @@ func (s *supervisor) shutdown(why error, etcd *embed.Etcd) error {
 	return why
 }
 
-// ---- a small API client for readiness --------------------------------------------------
+// ---- readiness ---------------------------------------------------------------------------
 
-type apiClient struct {
-	c     *http.Client
-	token string
-}
-
-func newAPIClient(caPEM []byte, token string) *apiClient {
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	return &apiClient{
-		c:     &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}},
-		token: token,
-	}
-}
-
-func (a *apiClient) get(path string) (int, []byte) {
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, "https://127.0.0.1:"+strconv.Itoa(apiPort)+path, nil)
-	if err != nil {
-		return 0, nil
-	}
-	req.Header.Set("Authorization", "Bearer "+a.token)
-	resp, err := a.c.Do(req)
-	if err != nil {
-		return 0, nil
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	return resp.StatusCode, b
-}
-
-func (a *apiClient) status(path string) int {
-	code, _ := a.get(path)
-	return code
-}
-
-func (a *apiClient) nodeReady(name string) bool {
-	code, body := a.get("/api/v1/nodes/" + name)
+// nodeReady tells whether node name has the condition Ready.
+func nodeReady(api *launchkit.APIClient, name string) bool {
+	code, body := api.Get("/api/v1/nodes/" + name)
 	if code != http.StatusOK {
 		return false
 	}
@@ -1188,17 +1067,6 @@ func (a *apiClient) nodeReady(name string) bool {
 
 // ---- helpers -----------------------------------------------------------------------------
 
-func watchParent(pid int, sigCh chan<- os.Signal) {
-	for {
-		time.Sleep(250 * time.Millisecond)
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			logf("parent process %d is gone; stopping", pid)
-			sigCh <- syscall.SIGTERM
-			return
-		}
-	}
-}
-
 func tail(path string, n int) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -1219,77 +1087,10 @@ func tail(path string, n int) {
 	}
 }
 
-func writeSAKey(dir string) error {
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return err
-	}
-	if err := writeFile(filepath.Join(dir, "sa.key"),
-		pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
-		return err
-	}
-	return writeFile(filepath.Join(dir, "sa.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644)
-}
-
-func serial() *big.Int {
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		panic(err)
-	}
-	return n
-}
-
-func randToken() string {
-	b := make([]byte, 24)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 // writeKubeconfig writes a kubeconfig with a bearer token or a client certificate.
 func writeKubeconfig(path, server string, caPEM []byte, user, token, cert, key string) error {
-	var cred string
-	if token != "" {
-		cred = "    token: " + token + "\n"
-	} else {
-		cred = "    client-certificate: " + cert + "\n    client-key: " + key + "\n"
-	}
-	kc := fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kube-node
-  cluster:
-    server: %s
-    certificate-authority-data: %s
-users:
-- name: %q
-  user:
-%scontexts:
-- name: %q
-  context:
-    cluster: kube-node
-    user: %q
-    namespace: default
-current-context: %q
-`, server, base64.StdEncoding.EncodeToString(caPEM), user, cred, user, user, user)
-	return writeFile(path, []byte(kc), 0o600)
-}
-
-// writeFile writes atomically (temp file + rename).
-func writeFile(path string, content []byte, mode os.FileMode) error {
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err := os.WriteFile(tmp, content, mode); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return launchkit.Kubeconfig{Cluster: "kube-node", Server: server, CAPEM: caPEM, User: user,
+		Token: token, Cert: cert, Key: key}.Write(path)
 }
 
 func logf(format string, args ...any) {

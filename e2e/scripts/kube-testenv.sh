@@ -12,9 +12,10 @@
 #
 # Binaries are cached outside the repo in
 #   ${TENURE_CACHE:-$HOME/.cache/tenure}/kube-testenv/<hash>/
-# where <hash> covers go.mod, go.sum, every .go file of e2e/kube-testenv, the Go
-# version and this script's build recipe. Only Go and the Go module proxy are
-# needed; the first (cold) build downloads the modules and takes several minutes.
+# where <hash> covers go.mod, go.sum, every .go file of e2e/kube-testenv and of
+# e2e/launchkit (the launchers' shared module), the Go version and this script's
+# build recipe. Only Go and the Go module proxy are needed; the first (cold) build
+# downloads the modules and takes several minutes.
 # The controller-runtime peer is cached the same way, by the hash of its own
 # module, in ${TENURE_CACHE:-$HOME/.cache/tenure}/controller-runtime-peer/<hash>/.
 #
@@ -30,6 +31,8 @@ RECIPE=2
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 MOD=$(cd "$here/../kube-testenv" && pwd)
+# The launchers' shared module, which go.mod replaces with this directory (relative to MOD).
+SHARED=../launchkit
 CACHE_ROOT=${TENURE_CACHE:-${HOME:-/root}/.cache/tenure}/kube-testenv
 START_TIMEOUT=${KUBE_TESTENV_START_TIMEOUT:-180}
 STOP_TIMEOUT=${KUBE_TESTENV_STOP_TIMEOUT:-60}
@@ -39,15 +42,20 @@ die() { log "$@"; exit 1; }
 
 # shellcheck source=find-go.sh
 source "$(dirname "${BASH_SOURCE[0]}")/find-go.sh"
+# shellcheck source=k8s-version.sh
+source "$(dirname "${BASH_SOURCE[0]}")/k8s-version.sh"
 
-# Hash of everything that determines the binaries.
-source_hash() {
-  local go=$1
+# tree_hash GO DIR [MORE...]: hash of everything that determines the binaries of the module in
+# DIR: this script's recipe, the Go version, and go.mod, go.sum and every .go file under DIR
+# and under the directories MORE (relative to DIR).
+tree_hash() {
+  local go=$1 mod=$2
+  shift 2
   (
-    cd "$MOD"
+    cd "$mod"
     printf 'recipe %s\n' "$RECIPE"
     "$go" env GOVERSION GOOS GOARCH
-    find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -not -path './.*' -print |
+    find . "$@" -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -not -path './.*' -print |
       LC_ALL=C sort | while IFS= read -r f; do
         printf '%s ' "$f"
         sha256sum <"$f" | cut -d' ' -f1
@@ -55,14 +63,12 @@ source_hash() {
   ) | sha256sum | cut -c1-16
 }
 
-k8s_version() {
-  awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3; exit }
-       $1 == "k8s.io/kubernetes" && $2 ~ /^v/      { print $2; exit }' "$MOD/go.mod"
-}
+# The launcher's: its module and the shared one.
+source_hash() { tree_hash "$1" "$MOD" "$SHARED"; }
 
 # build_one NAME PKG: build package PKG of the module into the cache as NAME.
 build_one() {
-  local name=$1 pkg=$2 go hash dir bin tmp kver major minor ldflags bdate start
+  local name=$1 pkg=$2 go hash dir bin tmp kver ldflags start
   go=$(find_go)
   hash=$(source_hash "$go")
   dir=$CACHE_ROOT/$hash
@@ -77,21 +83,9 @@ build_one() {
     if [[ -x $bin ]]; then echo "$bin"; return 0; fi
   fi
 
-  kver=$(k8s_version)
-  [[ $kver =~ ^v([0-9]+)\.([0-9]+)\.[0-9]+ ]] || die "cannot read the k8s.io/kubernetes version from $MOD/go.mod"
-  major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
-  # Same variables as kubernetes' hack/lib/version.sh, so /version reports the
-  # real release. buildDate is the release's publication time (from the
-  # module proxy's .info), which keeps the build reproducible; the git commit
-  # is not known from the module proxy and is left empty.
-  bdate=$(cd "$MOD" && GOFLAGS=-mod=readonly "$go" list -m \
-    -f '{{with .Time}}{{.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes 2>/dev/null || true)
-  ldflags="-s -w"
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $p.gitVersion=$kver -X $p.gitMajor=$major -X $p.gitMinor=$minor"
-    ldflags+=" -X $p.gitTreeState=clean -X $p.gitCommit="
-    if [[ -n $bdate ]]; then ldflags+=" -X $p.buildDate=$bdate"; fi
-  done
+  kver=$(k8s_version "$MOD")
+  # /version reports the real release (see k8s-version.sh).
+  ldflags=$(k8s_ldflags "$go" "$MOD") || exit 1
 
   log "building $name ($pkg, k8s.io/kubernetes $kver) into $dir; a cold build takes several minutes"
   start=$SECONDS
@@ -119,19 +113,8 @@ cmd_build_kubectl() { build_one kubectl k8s.io/kubernetes/cmd/kubectl; }
 # kubernetes version stamps (it only reports controller-runtime's own version).
 CR_CACHE_ROOT=${TENURE_CACHE:-${HOME:-/root}/.cache/tenure}/controller-runtime-peer
 
-cr_peer_hash() {
-  local go=$1 mod=$2
-  (
-    cd "$mod"
-    printf 'recipe %s\n' "$RECIPE"
-    "$go" env GOVERSION GOOS GOARCH
-    find . -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) -not -path './.*' -print |
-      LC_ALL=C sort | while IFS= read -r f; do
-        printf '%s ' "$f"
-        sha256sum <"$f" | cut -d' ' -f1
-      done
-  ) | sha256sum | cut -c1-16
-}
+# cr_peer_hash GO MOD: the peer's module alone.
+cr_peer_hash() { tree_hash "$1" "$2"; }
 
 cmd_build_cr_peer() {
   local name=controller-runtime-peer mod go hash dir bin tmp start
@@ -251,5 +234,5 @@ case ${1:-} in
   build-cr-peer) shift; cmd_build_cr_peer "$@" ;;
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;
-  *) sed -n '2,25s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+  *) sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac
