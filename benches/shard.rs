@@ -364,6 +364,8 @@ struct Run {
     crashes: Vec<Sample>,
     /// Terms that started or ended on their own in the steady window (lost leases).
     churn_in_window: usize,
+    /// Per-shard hand-offs (a term's end to the next term's start of that shard), by phase.
+    moves: Vec<(&'static str, Duration)>,
     window: (Option<SystemTime>, Option<SystemTime>),
     broken: Option<String>,
     secs: f64,
@@ -387,6 +389,12 @@ struct Fleet {
     stats: HashMap<String, Vec<(SystemTime, [u64; 5])>>,
     /// Start/end lines seen (for churn).
     transitions: usize,
+    /// What the fleet is going through now ("start-up", "steady", "join", "leave", "crash").
+    phase: &'static str,
+    /// When each shard's last term ended (its `E` line), until another term starts it.
+    released: HashMap<u32, SystemTime>,
+    /// Per-shard hand-offs: from a term's end to the next term's start, by phase.
+    moves: Vec<(&'static str, Duration)>,
 }
 
 impl Fleet {
@@ -407,6 +415,9 @@ impl Fleet {
             ready: HashMap::new(),
             stats: HashMap::new(),
             transitions: 0,
+            phase: "start-up",
+            released: HashMap::new(),
+            moves: Vec::new(),
         }
     }
 
@@ -473,10 +484,15 @@ impl Fleet {
             }
             Event::Start(s) => {
                 self.transitions += 1;
+                if let Some(ended) = self.released.remove(&s) {
+                    let took = line.at.duration_since(ended).unwrap_or_default();
+                    self.moves.push((self.phase, took));
+                }
                 self.held.entry(line.who).or_default().insert(s);
             }
             Event::End(s) => {
                 self.transitions += 1;
+                self.released.insert(s, line.at);
                 self.held.entry(line.who).or_default().remove(&s);
             }
             Event::Stats(v) => self.stats.entry(line.who).or_default().push((line.at, v)),
@@ -792,6 +808,7 @@ fn run(
         .filter_map(|r| Some((r.identity.clone(), r.cpu()?)))
         .collect();
     let transitions0 = fleet.transitions;
+    fleet.phase = "steady";
     let from = SystemTime::now();
     out.balance.push(fleet.min_max());
     fleet.pump(window);
@@ -851,6 +868,7 @@ fn run(
             break;
         }
         for (what, n) in [("join", 0), ("leave", 1), ("join", 2), ("crash", 3)] {
+            fleet.phase = what;
             let s = match what {
                 "join" => fleet.join(),
                 _ => fleet.leave(what == "crash"),
@@ -880,6 +898,8 @@ fn run(
             }
         }
     }
+    fleet.phase = "stop";
+    out.moves = std::mem::take(&mut fleet.moves);
     fleet.stop();
     out.secs = began.elapsed().as_secs_f64();
     out
@@ -1002,8 +1022,36 @@ fn run_json(r: &Run) -> Value {
         "join": sample_json(&r.joins),
         "graceful_leave": sample_json(&r.leaves),
         "crash": sample_json(&r.crashes),
+        "shard_handoffs": handoffs_json(r),
     })
 }
+
+fn handoffs_json(r: &Run) -> Value {
+    let phases = ["join", "leave"].map(|phase| {
+        let m = moves_of(r, phase);
+        json!({
+            "phase": phase,
+            "n": m.len(),
+            "p50_ms": ms((!m.is_empty()).then(|| percentile(&m, 0.5))),
+            "p99_ms": ms((!m.is_empty()).then(|| percentile(&m, 0.99))),
+            "max_ms": ms(m.last().copied()),
+        })
+    });
+    Value::Array(phases.to_vec())
+}
+
+/// The per-shard hand-offs of `r` in `phase`, sorted.
+fn moves_of(r: &Run, phase: &str) -> Vec<Duration> {
+    let mut m: Vec<Duration> = r
+        .moves
+        .iter()
+        .filter(|(p, _)| *p == phase)
+        .map(|(_, d)| *d)
+        .collect();
+    m.sort();
+    m
+}
+
 
 fn ratio(t: f64, b: f64) -> String {
     if b <= 0.0 {
@@ -1169,6 +1217,32 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
             fmt_d(get(kt)),
             fmt_d(get(kb)),
             dratio(get(kt), get(kb)),
+        );
+    }
+    // One shard's hand-off: from the old term's end (its `E` line) to the next term's start.
+    for (label, phase) in [
+        ("shard hand-off in a join, p50 / p99 / max (n)", "join"),
+        ("shard hand-off in a graceful leave, p50 / p99 / max (n)", "leave"),
+    ] {
+        let cell = |r: &Run| {
+            let m = moves_of(r, phase);
+            if m.is_empty() {
+                return "—".to_string();
+            }
+            format!(
+                "{} / {} / {} ({})",
+                fmt_d(Some(percentile(&m, 0.5))),
+                fmt_d(Some(percentile(&m, 0.99))),
+                fmt_d(m.last().copied()),
+                m.len()
+            )
+        };
+        println!(
+            "| {label} | {} | {} | | {} | {} | |",
+            cell(&runs[0]),
+            cell(&runs[1]),
+            cell(&runs[2]),
+            cell(&runs[3])
         );
     }
     // The rows whose ratio is of one figure: (row, cell, figure).
