@@ -86,9 +86,9 @@ pub async fn serve_healthz(
 /// (each has a builder method):
 ///
 /// - at most [`max_connections`](Self::max_connections) connections at once (default
-///   [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), 64). At the cap the server
-///   stops accepting: further clients wait in the kernel's listen backlog and are served as
-///   connections end (one that stops sending or reading ends within the timeouts below).
+///   [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), 64). At the cap a new
+///   connection closes the oldest open one: a probe always gets a connection of its own at
+///   once, however many idle or slow clients (slowloris) hold the others.
 /// - a request's headers must arrive within [`header_timeout`](Self::header_timeout)
 ///   (default 10 s, against slowloris clients). The clock starts when the connection waits
 ///   for a request, so it also closes a connection that sends nothing, and a keep-alive
@@ -241,8 +241,8 @@ impl ProbeServer {
         self
     }
 
-    /// How many connections are served at once (default 64; at least 1). Above it the server
-    /// stops accepting until a connection ends; clients wait in the listen backlog.
+    /// How many connections are served at once (default 64; at least 1). A connection above
+    /// it closes the oldest open one.
     pub fn max_connections(mut self, max: usize) -> Self {
         self.limits.max_connections = max.max(1);
         self

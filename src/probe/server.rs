@@ -1,11 +1,12 @@
-//! Keeps the probe endpoint accepting: the accept loop (backoff on errors, a cap on open
-//! connections) and one hyper HTTP/1.1 connection per client, closed when it stops making
-//! progress.
+//! Keeps the probe endpoint answering: the accept loop (backoff on errors, a cap on open
+//! connections that closes the oldest rather than turn a newcomer away) and one hyper
+//! HTTP/1.1 connection per client, closed when it stops making progress.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -14,8 +15,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::ProbeServer;
 
@@ -40,31 +41,76 @@ pub(super) struct Limits {
 pub(super) async fn run(app: ProbeServer, listener: TcpListener) {
     let limits = app.limits;
     let app = Arc::new(app);
-    let slots = Arc::new(Semaphore::new(
-        limits.max_connections.clamp(1, Semaphore::MAX_PERMITS),
-    ));
+    let open = Arc::new(Open::new(limits.max_connections));
     let mut failures = Failures::default();
     loop {
-        // At the cap, stop accepting: further clients wait in the listen backlog until a
-        // connection ends (each ends within its timeouts).
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            // Unreachable: the semaphore is never closed.
-            return;
-        };
-        let stream = loop {
-            match listener.accept().await {
-                Ok((stream, _peer)) => {
-                    failures.recovered();
-                    break stream;
-                }
-                Err(e) => tokio::time::sleep(failures.failed(&e)).await,
+        let stream = match listener.accept().await {
+            Ok((stream, _peer)) => {
+                failures.recovered();
+                stream
+            }
+            Err(e) => {
+                tokio::time::sleep(failures.failed(&e)).await;
+                continue;
             }
         };
+        let (id, closed) = open.admit();
         let app = Arc::clone(&app);
+        let open = Arc::clone(&open);
         tokio::spawn(async move {
-            connection(app, stream, limits).await;
-            drop(slot);
+            tokio::select! {
+                () = connection(app, stream, limits) => {}
+                () = closed.cancelled() => {
+                    tracing::debug!("probe connection closed: the oldest at the connection cap");
+                }
+            }
+            open.remove(id);
         });
+    }
+}
+
+/// The open connections, oldest first, each with the token that closes it.
+///
+/// At the cap a new connection closes the oldest instead of waiting for a slot: a probe
+/// opens a fresh connection and must be answered within the kubelet's timeout (1 s by
+/// default), while the connections that fill the cap are, in the cases that matter, idle or
+/// slow clients that would hold their slots until a timeout ends them. A keep-alive scraper
+/// that loses its connection opens another.
+#[derive(Debug)]
+struct Open {
+    cap: usize,
+    conns: Mutex<(u64, BTreeMap<u64, CancellationToken>)>,
+}
+
+impl Open {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap: cap.max(1),
+            conns: Mutex::new((0, BTreeMap::new())),
+        }
+    }
+
+    /// Registers a new connection, closing the oldest ones above the cap; its id and the
+    /// token that closes it.
+    fn admit(&self) -> (u64, CancellationToken) {
+        let mut guard = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        let (next, conns) = &mut *guard;
+        while conns.len() >= self.cap {
+            match conns.pop_first() {
+                Some((_, oldest)) => oldest.cancel(),
+                None => break,
+            }
+        }
+        let id = *next;
+        *next += 1;
+        let token = CancellationToken::new();
+        conns.insert(id, token.clone());
+        (id, token)
+    }
+
+    fn remove(&self, id: u64) {
+        let mut guard = self.conns.lock().unwrap_or_else(PoisonError::into_inner);
+        guard.1.remove(&id);
     }
 }
 
@@ -248,6 +294,31 @@ impl AsyncWrite for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cap_closes_the_oldest_connections_first() {
+        let open = Open::new(2);
+        let (a, ta) = open.admit();
+        let (_, tb) = open.admit();
+        assert!(!ta.is_cancelled() && !tb.is_cancelled());
+        let (_, tc) = open.admit();
+        assert!(ta.is_cancelled(), "the oldest is closed at the cap");
+        assert!(!tb.is_cancelled() && !tc.is_cancelled());
+        open.remove(a);
+        let (_, td) = open.admit();
+        assert!(tb.is_cancelled(), "then the next oldest");
+        assert!(!tc.is_cancelled() && !td.is_cancelled());
+    }
+
+    #[test]
+    fn a_closed_connection_frees_its_place() {
+        let open = Open::new(2);
+        let (a, ta) = open.admit();
+        let (_, tb) = open.admit();
+        open.remove(a);
+        let (_, tc) = open.admit();
+        assert!(!ta.is_cancelled() && !tb.is_cancelled() && !tc.is_cancelled());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn failures_back_off_from_10ms_to_1s_and_reset_on_success() {
