@@ -11,7 +11,7 @@ mod tempdir;
 use std::path::Path;
 use std::time::Duration;
 
-use cli_support::{Tenure, alive, events, now_ns, read_pid, wait_until, worker};
+use cli_support::{Tenure, alive, events, now_ns, read_pid, strings, wait_until, worker};
 use tempdir::TempDir;
 
 /// Every signal a shell can ignore (all but KILL, STOP, CONT, CHLD, and 32/33, which glibc
@@ -261,5 +261,108 @@ fn a_healthy_leaders_command_outlives_many_watchdog_deadlines() {
         ev.iter().any(|e| e.kind == "end"),
         "the command was killed before it ended: {ev:?}\n{}",
         a.log()
+    );
+}
+
+/// Busy processes at tenure's own priority, one per core and one more: the CPU load under
+/// which the watchdog once killed healthy commands at sub-second leases. Killed on drop.
+struct CpuLoad(Vec<std::process::Child>);
+
+impl CpuLoad {
+    fn start() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        Self(
+            (0..=cores)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("start a busy loop")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// From the shortest lease `tenure run` accepts up: under CPU load, a command is never killed
+/// while its term is valid. Each run's command sleeps 3 s and exits 7; a run passes when the
+/// command finished (exit 7), or when tenure reports that the lease was lost (renewals that
+/// miss their deadline on a loaded machine end the term, rightly). A SIGKILL without a lost
+/// lease is the watchdog killing a healthy command — what the watchdog process did when it
+/// held a deadline that renewals had already moved (it was fed the next one only as the old
+/// one passed, and a thread a millisecond late under load lost the race).
+#[test]
+fn under_cpu_load_the_watchdog_never_kills_a_command_whose_term_is_valid() {
+    // (lease, renew deadline, retry period), from the minimum lease (30 ms) up.
+    const TABLE: [[&str; 3]; 6] = [
+        ["30ms", "20ms", "8ms"],
+        ["50ms", "33ms", "10ms"],
+        ["100ms", "66ms", "20ms"],
+        ["150ms", "100ms", "30ms"],
+        ["300ms", "200ms", "60ms"],
+        ["1s", "660ms", "200ms"],
+    ];
+    const RUNS: usize = 3;
+    let dir = TempDir::new("cli-watchdog-load");
+    // Renewals on a disk-backed directory cost a rename each, which a loaded disk can stretch
+    // past a 20 ms renew deadline; tmpfs keeps the store out of what is measured here.
+    let shm = Path::new("/dev/shm");
+    let state = if shm.is_dir() {
+        shm.join(format!("tenure-cli-watchdog-load-{}", std::process::id()))
+    } else {
+        dir.path().join("state")
+    };
+    let _load = CpuLoad::start();
+    let mut running = Vec::new();
+    for (row, [lease, renew, retry]) in TABLE.iter().enumerate() {
+        for run in 0..RUNS {
+            let mut args = strings(&["run", "--lease", &format!("load-{row}-{run}")]);
+            args.extend(strings(&["--state-dir", &state.display().to_string()]));
+            args.extend(strings(&[
+                "--lease-duration",
+                lease,
+                "--renew-deadline",
+                renew,
+                "--retry-period",
+                retry,
+                "--",
+                "sh",
+                "-c",
+                "sleep 3; exit 7",
+            ]));
+            let err = dir.path().join(format!("e-{row}-{run}"));
+            running.push((row, Tenure::start(&args, &[], err)));
+        }
+    }
+    let mut table = vec![(0usize, 0usize); TABLE.len()];
+    let mut killed = Vec::new();
+    for (row, mut t) in running {
+        let status = t.wait(Duration::from_secs(60));
+        let log = t.log();
+        if status.code() == Some(7) {
+            table[row].0 += 1;
+        } else if log.contains("lease lost") {
+            table[row].1 += 1;
+        } else {
+            killed.push(format!("{:?}: {status:?}\n{log}", TABLE[row]));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&state);
+    for (row, (done, lost)) in table.iter().enumerate() {
+        eprintln!("{:?}: finished {done}, lease lost {lost}", TABLE[row]);
+    }
+    assert!(
+        killed.is_empty(),
+        "commands killed while their term was valid:\n{}",
+        killed.join("\n")
     );
 }

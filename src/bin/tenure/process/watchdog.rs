@@ -153,6 +153,8 @@ fn watch(shared: &Shared) {
     // Bound each sleep so that a re-arm, and each renewal's later deadline, reach the
     // watchdog process well before the deadline it holds.
     const MAX_SLEEP: Duration = Duration::from_millis(200);
+    // The shortest wait between two looks at an armed group's deadline.
+    const MIN_SLEEP: Duration = Duration::from_millis(1);
     loop {
         let mut armed = shared.armed.lock().unwrap_or_else(PoisonError::into_inner);
         while armed.is_empty() {
@@ -184,7 +186,14 @@ fn watch(shared: &Shared) {
                 let _ = arm.feed.write(line.as_bytes());
                 arm.fed = Some(deadline);
             }
-            wake = wake.min(deadline);
+            // Look again after a third of the time left, not at the deadline itself: a
+            // renewal moves the deadline later, and the watchdog process holds only what it
+            // was fed. Fed at the last instant, a thread a few ms late under CPU load lets
+            // the process kill a command whose term was renewed all along (it did, at leases
+            // under a second). Fed by a third of the way, the process has the new deadline
+            // with two thirds of the old wait to spare.
+            let left = deadline - now;
+            wake = wake.min(now + (left / 3).max(MIN_SLEEP).min(left));
             true
         });
         drop(armed);
@@ -354,6 +363,12 @@ pub fn process_main(args: &[String]) -> u8 {
     loop {
         let now = now_ns();
         if now >= deadline {
+            // A later deadline may be waiting in the pipe, unread because this process was
+            // not scheduled in time (a loaded machine): read what is there before judging.
+            if let Polled::Deadline(ns) = feed.poll(0) {
+                deadline = ns;
+                continue;
+            }
             // The kill comes first; the report can fail (a closed stderr) without a panic.
             signal_group(group, libc::SIGKILL);
             let _ = writeln!(
