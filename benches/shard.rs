@@ -1052,7 +1052,6 @@ fn moves_of(r: &Run, phase: &str) -> Vec<Duration> {
     m
 }
 
-
 fn ratio(t: f64, b: f64) -> String {
     if b <= 0.0 {
         return "—".into();
@@ -1222,7 +1221,10 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
     // One shard's hand-off: from the old term's end (its `E` line) to the next term's start.
     for (label, phase) in [
         ("shard hand-off in a join, p50 / p99 / max (n)", "join"),
-        ("shard hand-off in a graceful leave, p50 / p99 / max (n)", "leave"),
+        (
+            "shard hand-off in a graceful leave, p50 / p99 / max (n)",
+            "leave",
+        ),
     ] {
         let cell = |r: &Run| {
             let m = moves_of(r, phase);

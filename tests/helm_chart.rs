@@ -685,7 +685,7 @@ fn compound_durations_render_and_are_checked_by_value() {
         "ns",
         &[
             "--set",
-            "election.leaseDuration=0h1m0.000000001s,election.renewDeadline=59s999ms999us999ns,\
+            "election.leaseDuration=0h1m0.000000001s,election.renewDeadline=39s999ms999us999ns,\
              election.retryPeriod=015s",
             // As a string: `--set` would make 0 a number, which the schema refuses.
             "--set-string",
@@ -696,7 +696,7 @@ fn compound_durations_render_and_are_checked_by_value() {
         duration_args(&objs),
         [
             "--lease-duration=0h1m0.000000001s",
-            "--renew-deadline=59s999ms999us999ns",
+            "--renew-deadline=39s999ms999us999ns",
             "--retry-period=015s",
             "--grace=0"
         ]
@@ -725,6 +725,108 @@ fn compound_durations_render_and_are_checked_by_value() {
 
 /// Asserts that rendering with each case's arguments fails with a short error that contains
 /// every expected part.
+/// The chart refuses the same durations as `tenure run`, with the same message (`election.*`
+/// for the flags): a chart that rendered what tenure refuses put pods into CrashLoopBackOff.
+#[test]
+fn the_chart_refuses_the_durations_tenure_refuses_with_the_same_message() {
+    // (lease, renew deadline, retry): each edge of each rule, and accepted ones beside them.
+    let cases = [
+        ("15s", "14.9s", "1s"),
+        ("15s", "14848ms", "1s"),
+        ("15s", "14849ms", "1s"),
+        ("20ms", "15ms", "5ms"),
+        ("30ms", "20ms", "8ms"),
+        ("15s", "10s", "0s"),
+        ("15s", "15s", "2s"),
+        ("15s", "2.4s", "2s"),
+        ("15s", "5s", "2s"),
+        ("15s", "5001ms", "2s"),
+        ("1m", "59s", "10s"),
+        ("1m", "59.4s", "10s"),
+    ];
+    for (lease, deadline, retry) in cases {
+        let chart = template(
+            "d",
+            "ns",
+            &[
+                "--set",
+                &format!(
+                    "election.leaseDuration={lease},election.renewDeadline={deadline},election.retryPeriod={retry}"
+                ),
+            ],
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args([
+                "run",
+                "--lease",
+                "d",
+                "--backend",
+                "local",
+                "--state-dir",
+                "/nonexistent/tenure-chart-agreement",
+                "--lease-duration",
+                lease,
+                "--renew-deadline",
+                deadline,
+                "--retry-period",
+                retry,
+                "--",
+                "true",
+            ])
+            .output()
+            .expect("run tenure");
+        let cli = String::from_utf8_lossy(&out.stderr).into_owned();
+        let case = format!("lease {lease}, renew deadline {deadline}, retry {retry}");
+        match chart {
+            Ok(_) => assert!(
+                !cli.contains("invalid durations"),
+                "{case}: the chart renders what tenure refuses: {cli}"
+            ),
+            Err(err) => {
+                let line = cli
+                    .lines()
+                    .find_map(|l| l.strip_prefix("tenure: invalid durations: "))
+                    .unwrap_or_else(|| {
+                        panic!("{case}: the chart refuses, tenure does not:\n{err}\n{cli}")
+                    });
+                assert_eq!(out.status.code(), Some(2), "{case}: {cli}");
+                let as_chart = without_values(
+                    &line
+                        .replace("--lease-duration", "election.leaseDuration")
+                        .replace("--renew-deadline", "election.renewDeadline")
+                        .replace("--retry-period", "election.retryPeriod"),
+                );
+                assert!(
+                    without_values(&err).contains(&as_chart),
+                    "{case}: tenure says {line:?}, the chart:\n{err}"
+                );
+            }
+        }
+    }
+}
+
+/// `text` with each value in parentheses emptied: tenure shows the durations it parsed
+/// (`14.848s`), the chart the strings it was given (`14848ms`); the rest must be the same.
+fn without_values(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('(') {
+        out.push_str(&rest[..=open]);
+        let Some(close) = rest[open..].find(')') else {
+            rest = &rest[open + 1..];
+            break;
+        };
+        let inside = &rest[open + 1..open + close];
+        if inside == "1% + 2ms" {
+            out.push_str(inside);
+        }
+        out.push(')');
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn assert_refused(cases: &[(&[&str], &[&str])]) {
     for (args, expected) in cases {
         let err = match template("bad", "ns", args) {

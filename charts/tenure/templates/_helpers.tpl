@@ -162,13 +162,18 @@ the sums and products of the checks far from int64's limit.
 
 {{/*
 Cross-field rules the schema cannot express, checked at template/install time with a clear
-message. Renders nothing.
+message. Renders nothing. The duration rules are `tenure run`'s (src/bin/tenure/run/setup.rs,
+`duration_rule`), in the same order and words, with election.* for the flags: helm refuses
+what the pod would refuse with exit 2 (a CrashLoopBackOff).
 */}}
 {{- define "tenure.validate" -}}
 {{- $e := .Values.election -}}
 {{- $lease := include "tenure.durationNs" (list "election.leaseDuration" $e.leaseDuration) | int64 -}}
 {{- $deadline := include "tenure.durationNs" (list "election.renewDeadline" $e.renewDeadline) | int64 -}}
 {{- $retry := include "tenure.durationNs" (list "election.retryPeriod" $e.retryPeriod) | int64 -}}
+{{- if lt $lease 30000000 -}}
+{{- fail (printf "election.leaseDuration (%s) must be at least 30ms" $e.leaseDuration) -}}
+{{- end -}}
 {{- if le $retry 0 -}}
 {{- fail (printf "election.retryPeriod (%s) must be positive" $e.retryPeriod) -}}
 {{- end -}}
@@ -180,6 +185,10 @@ message. Renders nothing.
 {{- end -}}
 {{- if le (mul $deadline 3) $lease -}}
 {{- fail (printf "election.renewDeadline (%s) must be longer than a third of election.leaseDuration (%s): the leader's first renewal is a third of the lease in" $e.renewDeadline $e.leaseDuration) -}}
+{{- end -}}
+{{- $valid := sub $lease (add (div $lease 100) 2000000) -}}
+{{- if gt $deadline $valid -}}
+{{- fail (printf "election.renewDeadline (%s) must be at most election.leaseDuration (%s) minus its clock-drift allowance (1%% + 2ms): at most %dms here" $e.renewDeadline $e.leaseDuration (div $valid 1000000)) -}}
 {{- end -}}
 {{- $grace := include "tenure.durationNs" (list "election.grace" $e.grace) | int64 -}}
 {{- /* Whole seconds: T > grace + 2 s exactly when T > floor((grace + 2 s) / 1 s). */ -}}

@@ -18,6 +18,7 @@ use crate::error::CliError;
 
 /// Runs `tenure run`; the result is the process exit code.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    setup::check_durations(&args)?;
     match args.shards {
         Some(shards) => sharded::run(args, shards).await,
         None => single::run(args).await,
