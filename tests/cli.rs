@@ -438,7 +438,7 @@ fn bad_input_ends_with_one_clear_line_and_a_documented_code() {
                 "true",
             ],
             2,
-            "--lease-duration must be greater than --renew-deadline",
+            "--renew-deadline (5s) must be shorter than --lease-duration (3s)",
         ),
         (
             vec![
@@ -547,7 +547,8 @@ fn compound_durations_are_taken_and_compared_by_value() {
     let (c, _, err) = run("1m", "1m30s");
     assert_eq!(c, 2, "{err}");
     assert!(
-        error_line(&err).contains("--lease-duration must be greater than --renew-deadline"),
+        error_line(&err)
+            .contains("--renew-deadline (90s) must be shorter than --lease-duration (60s)"),
         "{err}"
     );
 }

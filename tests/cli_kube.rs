@@ -387,6 +387,66 @@ fn drain_waits_for_the_deployment_to_be_gone_and_bad_input_names_the_flag() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), format!("deployment {ns}/gone is already gone"));
 
+    // Recreated under the same name while it drains: the drain follows the UID, ends when
+    // the one it deleted is gone, and leaves the new one alone.
+    let mut again = deployment.clone();
+    again.metadata.name = Some("again".into());
+    rt.block_on(api.create(&Default::default(), &again))
+        .unwrap_or_else(|e| panic!("create: {e}"));
+    let drain = std::thread::spawn({
+        let (ns, kubeconfig) = (ns.clone(), kubeconfig.clone());
+        move || {
+            let env = [("KUBECONFIG", kubeconfig.as_str())];
+            run_to_end(
+                &[
+                    "drain",
+                    "--deployment",
+                    "again",
+                    "--namespace",
+                    &ns,
+                    "--timeout",
+                    "30s",
+                ],
+                &env,
+            )
+        }
+    });
+    // Once it is marked for deletion, let it go (what the garbage collector would do once
+    // its pods are gone) and create a new one at once.
+    let marked = std::time::Instant::now();
+    while rt
+        .block_on(api.get("again"))
+        .map_or(true, |d| d.metadata.deletion_timestamp.is_none())
+    {
+        assert!(marked.elapsed() < Duration::from_secs(20), "never deleted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let unfinalize = kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    rt.block_on(api.patch("again", &kube::api::PatchParams::default(), &unfinalize))
+        .unwrap_or_else(|e| panic!("patch: {e}"));
+    let recreated = std::time::Instant::now();
+    loop {
+        match rt.block_on(api.create(&Default::default(), &again)) {
+            Ok(_) => break,
+            Err(e) => assert!(
+                recreated.elapsed() < Duration::from_secs(10),
+                "recreate: {e}"
+            ),
+        }
+    }
+    let (code, out, err) = drain.join().expect("drain thread");
+    assert_eq!(
+        code, 0,
+        "the drain waited on the recreated Deployment: {out}{err}"
+    );
+    let new = rt
+        .block_on(api.get("again"))
+        .unwrap_or_else(|e| panic!("get: {e}"));
+    assert!(
+        new.metadata.deletion_timestamp.is_none(),
+        "the recreated Deployment was deleted too: {new:?}"
+    );
+
     // A user without the permission: the API server's refusal, exit 4, one line.
     let tester = server.tester_kubeconfig().display().to_string();
     let (code, _, err) = run_to_end(
@@ -396,7 +456,7 @@ fn drain_waits_for_the_deployment_to_be_gone_and_bad_input_names_the_flag() {
     assert_eq!(code, 4, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.starts_with(&format!("tenure: cannot delete deployment {ns}/worker: "))
+        err.starts_with(&format!("tenure: cannot read deployment {ns}/worker: "))
             && err.trim_end().ends_with("(403)")
             && !err.contains("Status"),
         "{err}"

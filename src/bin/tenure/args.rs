@@ -201,7 +201,7 @@ pub struct RunArgs {
     pub publish_status: bool,
 
     /// The Election resource to publish to [default: the lease name].
-    #[arg(long, value_name = "NAME", requires = "publish_status")]
+    #[arg(long, value_name = "NAME", requires = "publish_status", value_parser = parse_election)]
     pub election: Option<String>,
 
     /// Sharded workers: split the work into N shards (1 to 4096) spread evenly over the
@@ -236,6 +236,71 @@ pub fn parse_shards(s: &str) -> Result<u32, String> {
         Ok(n) if (1..=max).contains(&n) => Ok(n),
         _ => Err(format!("{s:?} is not a shard count from 1 to {max}")),
     }
+}
+
+/// clap's multi-line error text as one line: the message (its indented continuation lines
+/// joined with ", "), the tip, and the help to read (`tenure run --help`, from the usage
+/// line, else `subcommand`'s).
+pub fn one_line(rendered: &str, subcommand: Option<&str>) -> String {
+    let mut message = String::new();
+    let mut tips = Vec::new();
+    let mut help = subcommand.map_or("tenure --help".to_owned(), |s| format!("tenure {s} --help"));
+    for line in rendered.lines() {
+        let trimmed = line.trim();
+        if let Some(first) = trimmed.strip_prefix("error: ") {
+            message.push_str(first);
+        } else if let Some(tip) = trimmed.strip_prefix("tip: ") {
+            tips.push(tip.to_owned());
+        } else if let Some(usage) = trimmed.strip_prefix("Usage: ") {
+            let words: Vec<&str> = usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['-', '<', '[']))
+                .collect();
+            help = format!("{} --help", words.join(" "));
+        } else if line.starts_with(' ') && !trimmed.is_empty() && !message.is_empty() {
+            message.push_str(if message.ends_with(':') { " " } else { ", " });
+            message.push_str(trimmed);
+        }
+    }
+    if message.is_empty() {
+        message = rendered
+            .lines()
+            .next()
+            .unwrap_or("invalid arguments")
+            .to_owned();
+    }
+    tips.push(format!("see '{help}'"));
+    format!("{message} ({})", tips.join("; "))
+}
+
+/// `--election`: a Kubernetes object name (a DNS-1123 subdomain of at most 253 characters).
+pub fn parse_election(s: &str) -> Result<String, String> {
+    if is_dns1123(s, 253, true) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a Kubernetes object name: at most 253 lowercase alphanumeric characters, '-' or '.', each '.'-separated part starting and ending with an alphanumeric character"
+        ))
+    }
+}
+
+/// Kubernetes' rule for names: at most `max` characters, lowercase alphanumeric or '-' parts
+/// (separated by '.' where `dots`, as in object names; namespaces are single labels), each
+/// starting and ending with an alphanumeric character.
+pub fn is_dns1123(name: &str, max: usize, dots: bool) -> bool {
+    let label = |l: &str| {
+        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+        let b = l.as_bytes();
+        b.first().is_some_and(alnum)
+            && b.last().is_some_and(alnum)
+            && b.iter().all(|c| alnum(c) || *c == b'-')
+    };
+    name.len() <= max
+        && if dots {
+            name.split('.').all(label)
+        } else {
+            label(name)
+        }
 }
 
 impl RunArgs {
@@ -410,5 +475,77 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn names_follow_kubernetes_rules() {
+        assert!(is_dns1123("reports-tenure", 253, true));
+        assert!(is_dns1123("a.b-c", 253, true));
+        assert!(!is_dns1123("a.b", 63, false));
+        assert!(!is_dns1123("", 253, true));
+        assert!(!is_dns1123("Reports", 253, true));
+        assert!(!is_dns1123("-a", 253, true));
+        assert!(!is_dns1123("a..b", 253, true));
+        assert!(!is_dns1123(&"a".repeat(64), 63, false));
+        assert!(is_dns1123(&"a".repeat(63), 63, false));
+    }
+
+    #[test]
+    fn election_names_are_kubernetes_object_names() {
+        assert_eq!(parse_election("jobs.prod-1"), Ok("jobs.prod-1".into()));
+        for bad in ["", "Jobs", "a_b", "-a", "a..b", &"a".repeat(254)] {
+            let e = parse_election(bad).expect_err(bad);
+            assert!(e.contains("not a Kubernetes object name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn clap_errors_become_one_line_with_the_tip_and_the_help_to_read() {
+        let err = |argv: &[&str]| {
+            let e = Cli::try_parse_from(argv).expect_err("refused");
+            one_line(&e.render().to_string(), argv.get(1).copied())
+        };
+        let line = err(&["tenure", "run", "--lease", "x", "--bogus", "--", "true"]);
+        assert_eq!(
+            line,
+            "unexpected argument '--bogus' found (to pass '--bogus' as a value, use '-- --bogus'; see 'tenure run --help')"
+        );
+        let line = err(&["tenure", "run", "--", "true"]);
+        assert!(
+            line.starts_with("the following required arguments were not provided: --lease <NAME>"),
+            "{line}"
+        );
+        assert!(line.ends_with("(see 'tenure run --help')"), "{line}");
+        let line = err(&[
+            "tenure",
+            "run",
+            "--lease",
+            "x",
+            "--lease-duration",
+            "15",
+            "--",
+            "true",
+        ]);
+        assert!(line.contains("has no unit"), "{line}");
+        let line = err(&["tenure", "nonsense"]);
+        assert!(
+            line.starts_with("unrecognized subcommand 'nonsense'"),
+            "{line}"
+        );
+        for line in [line] {
+            assert!(!line.contains('\n'), "{line}");
+        }
+        let line = err(&[
+            "tenure",
+            "run",
+            "--lease",
+            "x",
+            "--publish-status",
+            "--election",
+            "Bad_Name",
+            "--",
+            "true",
+        ]);
+        assert!(line.contains("not a Kubernetes object name"), "{line}");
     }
 }

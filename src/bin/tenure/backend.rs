@@ -220,15 +220,25 @@ fn url_has_password(url: &str) -> bool {
         .is_some_and(|(userinfo, _)| userinfo.contains(':'))
 }
 
-/// A backend string with any user-info replaced, for error messages.
+/// A backend string with what may hold a secret replaced, for error messages: the user-info
+/// (`user:password@`) and the query (`?password=…`, which `redis+unix://` URLs use) and
+/// fragment.
 fn redact_url(s: &str) -> String {
-    match s.split_once("://") {
-        Some((scheme, rest)) => match rest.split_once('@') {
-            Some((_, host)) => format!("{scheme}://***@{host}"),
-            None => s.to_owned(),
-        },
-        None => s.to_owned(),
-    }
+    let (scheme, rest) = match s.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), s),
+    };
+    let (rest, query) = match rest.find(['?', '#']) {
+        Some(i) => (&rest[..i], "?***"),
+        None => (rest, ""),
+    };
+    // The user-info ends at the last '@' (a password may hold '@'); a path may hold '@' too,
+    // so everything up to it goes.
+    let rest = match rest.rsplit_once('@') {
+        Some((_, host)) => format!("***@{host}"),
+        None => rest.to_owned(),
+    };
+    format!("{scheme}{rest}{query}")
 }
 
 #[cfg(test)]
@@ -240,6 +250,22 @@ mod tests {
         assert!(url_has_password("redis://:hunter2@127.0.0.1:6379"));
         assert!(url_has_password("rediss://user:hunter2@h:6380/0"));
         assert!(!url_has_password("redis://127.0.0.1:6379/0"));
-        assert!(!redact_url("memcached://u:hunter2@h").contains("hunter2"));
+        for url in [
+            "memcached://u:hunter2@h",
+            "redis+unix:///tmp/x.sock?pass=hunter2",
+            "redis+unix:///tmp/x.sock?db=0&password=hunter2",
+            "redis+unix://:hunter2@/tmp/x.sock",
+            "unix:///tmp/x.sock#hunter2",
+            "redis://u:p@ss:hunter2@h/0",
+            "hunter2@h",
+        ] {
+            let shown = redact_url(url);
+            assert!(!shown.contains("hunter2"), "{url} → {shown}");
+        }
+        assert_eq!(
+            redact_url("redis+unix:///tmp/x.sock?pass=hunter2"),
+            "redis+unix:///tmp/x.sock?***"
+        );
+        assert_eq!(redact_url("etcd://h:2379"), "etcd://h:2379");
     }
 }

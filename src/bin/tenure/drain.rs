@@ -12,9 +12,10 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Preconditions};
 
 use crate::args::DrainArgs;
+use crate::args::is_dns1123;
 use crate::error::CliError;
 
 /// How often the Deployment is looked up while its pods stop.
@@ -59,12 +60,29 @@ pub async fn drain(args: DrainArgs) -> Result<u8, CliError> {
         },
     };
     let started = Instant::now();
-    match deployments
-        .delete(&args.deployment, &DeleteParams::foreground())
-        .await
-    {
+    // The Deployment is followed by its UID: one recreated under the same name while this one
+    // drains (a `helm install` right after an uninstall) is another object, and waiting for it
+    // would wait for pods that are not this release's.
+    let uid = match deployments.get_opt(&args.deployment).await {
+        Ok(None) => {
+            println!("{what} is already gone");
+            return Ok(0);
+        }
+        Ok(Some(d)) => d.metadata.uid.unwrap_or_default(),
+        Err(e) => return Err(api_error("cannot read", e)),
+    };
+    let mut delete = DeleteParams::foreground();
+    if !uid.is_empty() {
+        delete = delete.preconditions(Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        });
+    }
+    match deployments.delete(&args.deployment, &delete).await {
         Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {
+        // Gone meanwhile (404), or replaced by another object of the same name (409, the UID
+        // precondition): the one this drain was for is gone either way.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
             println!("{what} is already gone");
             return Ok(0);
         }
@@ -74,6 +92,10 @@ pub async fn drain(args: DrainArgs) -> Result<u8, CliError> {
     loop {
         match deployments.get_opt(&args.deployment).await {
             Ok(None) => break,
+            Ok(Some(d)) if d.metadata.uid.as_deref().unwrap_or_default() != uid => {
+                println!("{what} was recreated (another UID); the one drained is gone");
+                break;
+            }
             Ok(Some(_)) => {}
             Err(e) => return Err(api_error("cannot read", e)),
         }
@@ -89,41 +111,4 @@ pub async fn drain(args: DrainArgs) -> Result<u8, CliError> {
         started.elapsed().as_secs_f64()
     );
     Ok(0)
-}
-
-/// Kubernetes' rule for names: at most `max` characters, lowercase alphanumeric or '-' parts
-/// (separated by '.' where `dots`, as in object names; namespaces are single labels), each
-/// starting and ending with an alphanumeric character.
-fn is_dns1123(name: &str, max: usize, dots: bool) -> bool {
-    let label = |l: &str| {
-        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-        let b = l.as_bytes();
-        b.first().is_some_and(alnum)
-            && b.last().is_some_and(alnum)
-            && b.iter().all(|c| alnum(c) || *c == b'-')
-    };
-    name.len() <= max
-        && if dots {
-            name.split('.').all(label)
-        } else {
-            label(name)
-        }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_dns1123;
-
-    #[test]
-    fn names_follow_kubernetes_rules() {
-        assert!(is_dns1123("reports-tenure", 253, true));
-        assert!(is_dns1123("a.b-c", 253, true));
-        assert!(!is_dns1123("a.b", 63, false));
-        assert!(!is_dns1123("", 253, true));
-        assert!(!is_dns1123("Reports", 253, true));
-        assert!(!is_dns1123("-a", 253, true));
-        assert!(!is_dns1123("a..b", 253, true));
-        assert!(!is_dns1123(&"a".repeat(64), 63, false));
-        assert!(is_dns1123(&"a".repeat(63), 63, false));
-    }
 }

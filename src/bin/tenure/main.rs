@@ -75,8 +75,10 @@ fn main() -> ExitCode {
 /// The command line, as `Cli::parse` would return it, also noting where `--backend` came from
 /// (its password warning names the place).
 fn parse() -> Cli {
-    let matches = Cli::command().get_matches();
-    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = Cli::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| usage_error(&e));
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(&e));
     let (name, backend) = match &mut cli.command {
         Command::Run(args) => ("run", &mut args.backend),
         Command::Status(args) => ("status", &mut args.backend),
@@ -89,6 +91,29 @@ fn parse() -> Cli {
         .and_then(|m| m.value_source("backend"))
         == Some(clap::parser::ValueSource::EnvVariable);
     cli
+}
+
+/// Exits on a command-line error: help and version as clap prints them (exit 0), anything
+/// else as one `tenure: …` line with clap's tip and where to read more (exit 2), like every
+/// other error of tenure's, so a pod's log or a script's stderr holds one line per failure.
+fn usage_error(e: &clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let subcommand = std::env::args()
+        .nth(1)
+        .filter(|a| Cli::command().find_subcommand(a).is_some());
+    eprintln!(
+        "tenure: {}",
+        args::one_line(&e.render().to_string(), subcommand.as_deref())
+    );
+    std::process::exit(2);
 }
 
 /// With a Redis password in its environment, tenure makes itself non-dumpable, as ssh-agent
