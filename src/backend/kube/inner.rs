@@ -13,6 +13,7 @@ use kube::api::Api;
 use tokio::time::Instant;
 
 use super::error::{self, Op};
+use super::read::ReadLease;
 use super::record;
 use super::state::{Current, LockState, Own, Source};
 use crate::backend::{BackendError, BackendErrorKind, HolderToken, LeaseRecord};
@@ -20,6 +21,9 @@ use crate::backend::{BackendError, BackendErrorKind, HolderToken, LeaseRecord};
 /// The shared state of a backend and its watch tasks.
 pub(super) struct Inner {
     pub(super) api: Api<Lease>,
+    /// The same API for reads, parsed field by field ([`ReadLease`]): a Lease another
+    /// process wrote may hold what a typed `Lease` cannot parse.
+    pub(super) reads: Api<ReadLease>,
     pub(super) namespace: String,
     pub(super) request_timeout: Duration,
     locks: Mutex<HashMap<Arc<str>, LockState>>,
@@ -44,7 +48,8 @@ impl Inner {
     /// A backend's state before it has seen any Lease.
     pub(super) fn new(client: kube::Client, namespace: String, request_timeout: Duration) -> Self {
         Self {
-            api: Api::namespaced(client, &namespace),
+            api: Api::namespaced(client.clone(), &namespace),
+            reads: Api::namespaced(client, &namespace),
             namespace,
             request_timeout,
             locks: Mutex::new(HashMap::new()),
@@ -128,8 +133,8 @@ impl Inner {
         }
         let op = self.op("get", name);
         let sent = Instant::now();
-        let lease = match self.call(op, self.api.get(name)).await {
-            Ok(l) => Some(l),
+        let lease = match self.call(op, self.reads.get(name)).await {
+            Ok(l) => Some(l.into_lease()),
             Err(Fail::NotFound) => None,
             Err(Fail::Conflict) => {
                 return Err(BackendError::new(

@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
 
 use super::inner::{Fail, Inner};
+use super::read::ReadLease;
 use crate::backend::{BackendError, BackendErrorKind, Member};
 
 /// The label every member Lease of a group carries, with the group (or its hash) as value.
@@ -125,11 +126,14 @@ impl Inner {
                         .await
                     {
                         Err(Fail::Conflict) => {
-                            match self.call(self.op("get", &name), self.api.get(&name)).await {
+                            match self
+                                .call(self.op("get", &name), self.reads.get(&name))
+                                .await
+                            {
                                 Ok(found) => {
                                     self.member_version(
                                         &name,
-                                        Some(found.metadata.resource_version),
+                                        Some(found.lease.metadata.resource_version),
                                     );
                                     continue;
                                 }
@@ -239,12 +243,21 @@ impl View {
     fn apply(
         into: &mut HashMap<String, Seen>,
         prior: Option<&HashMap<String, Seen>>,
-        lease: &Lease,
+        read: &ReadLease,
     ) {
+        let lease = &read.lease;
         let (Some(name), Some(rv)) = (&lease.metadata.name, &lease.metadata.resource_version)
         else {
             return;
         };
+        // A member record is another replica's word on its liveness: one with a field that
+        // cannot be parsed (a planted `renewTime` of 9999-12-31) is left out of the group,
+        // never allowed to fail the group's view.
+        if let Some(dropped) = &read.damaged {
+            tracing::warn!(lease = %name, dropped = %dropped, "a member Lease with fields tenure cannot parse: ignored");
+            into.remove(name);
+            return;
+        }
         let member = lease
             .metadata
             .annotations
@@ -303,7 +316,7 @@ pub fn members(
     inner: &Arc<Inner>,
     group: &str,
 ) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
-    let api: Api<Lease> = inner.api.clone();
+    let api: Api<ReadLease> = inner.reads.clone();
     let config =
         watcher::Config::default().labels(&format!("{GROUP_LABEL}={}", label_value(group)));
     let namespace = inner.namespace.clone();
@@ -338,7 +351,7 @@ pub fn members(
                         event = events.next() => match event? {
                             Ok(Event::Apply(lease)) => View::apply(&mut view.seen, None, &lease),
                             Ok(Event::Delete(lease)) => {
-                                if let Some(name) = &lease.metadata.name {
+                                if let Some(name) = &lease.lease.metadata.name {
                                     view.seen.remove(name);
                                 }
                             }

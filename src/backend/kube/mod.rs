@@ -121,6 +121,7 @@ mod events;
 mod inner;
 mod members;
 mod options;
+mod read;
 pub(crate) mod record;
 mod state;
 mod watch;
@@ -138,6 +139,7 @@ use super::{
 };
 use inner::Inner;
 pub use options::{DEFAULT_REQUEST_TIMEOUT, KubeOptions};
+pub use read::damaged_records;
 pub use record::{
     ANNOTATION_PREFIX, FENCING as FENCING_ANNOTATION, FENCING_FLOOR as FENCING_FLOOR_ANNOTATION,
     HOLDER_IDENTITY as HOLDER_IDENTITY_ANNOTATION, HOLDER_TOKEN as HOLDER_TOKEN_ANNOTATION,

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::inner::{Fail, Inner};
+use super::read::ReadLease;
 use super::record::{self, View};
 use super::state::{Current, Notices, Source};
 use crate::backend::{BackendError, BackendErrorKind, HolderChange, HolderToken};
@@ -313,7 +314,7 @@ impl Inner {
     async fn list_one(&self, name: &str) -> Result<Listed, BackendError> {
         let op = self.op("list", name);
         let params = ListParams::default().fields(&format!("metadata.name={name}"));
-        let list = match self.call(op, self.api.list(&params)).await {
+        let list = match self.call(op, self.reads.list(&params)).await {
             Ok(l) => l,
             Err(Fail::Error(e)) => return Err(e),
             Err(Fail::NotFound | Fail::Conflict) => {
@@ -327,7 +328,8 @@ impl Inner {
         Ok((
             list.items
                 .into_iter()
-                .find(|l| l.metadata.name.as_deref() == Some(name)),
+                .find(|l| l.lease.metadata.name.as_deref() == Some(name))
+                .map(ReadLease::into_lease),
             rv,
         ))
     }
@@ -342,14 +344,25 @@ impl Inner {
         let params = WatchParams::default()
             .fields(&format!("metadata.name={name}"))
             .timeout(WATCH_TIMEOUT_SECS);
-        match self.call(op, self.api.watch(&params, rv)).await {
-            Ok(s) => Ok(boxed(s)),
+        match self.call(op, self.reads.watch(&params, rv)).await {
+            Ok(s) => Ok(boxed(s.map(|event| event.map(typed)))),
             Err(Fail::Error(e)) => Err(e),
             Err(Fail::NotFound | Fail::Conflict) => Err(BackendError::new(
                 BackendErrorKind::Unavailable,
                 format!("{op}: the watch could not start"),
             )),
         }
+    }
+}
+
+/// A watch event of a Lease read field by field, as the typed event the view takes.
+fn typed(event: WatchEvent<ReadLease>) -> WatchEvent<Lease> {
+    match event {
+        WatchEvent::Added(l) => WatchEvent::Added(l.into_lease()),
+        WatchEvent::Modified(l) => WatchEvent::Modified(l.into_lease()),
+        WatchEvent::Deleted(l) => WatchEvent::Deleted(l.into_lease()),
+        WatchEvent::Bookmark(b) => WatchEvent::Bookmark(b),
+        WatchEvent::Error(e) => WatchEvent::Error(e),
     }
 }
 
