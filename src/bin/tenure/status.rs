@@ -113,6 +113,38 @@ fn single(args: &StatusArgs, connected: &Connected, record: Option<&LeaseRecord>
     }
 }
 
+/// A warning when the group's live members run another shard count than `--shards`: the
+/// table then shows only part of the group (or leases nobody runs).
+fn count_warning(group: &str, shards: u32, members: &[tenure::backend::Member]) -> Option<String> {
+    let mut others: Vec<(u32, Vec<&str>)> = Vec::new();
+    for m in members.iter().filter(|m| m.shards != shards) {
+        match others.iter_mut().find(|(n, _)| *n == m.shards) {
+            Some((_, who)) => who.push(&m.identity),
+            None => others.push((m.shards, vec![&m.identity])),
+        }
+    }
+    if others.is_empty() {
+        return None;
+    }
+    let runs: Vec<String> = others
+        .iter()
+        .map(|(n, who)| {
+            format!(
+                "{n} shards ({})",
+                who.iter()
+                    .map(|w| printable(w).into_owned())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+        .collect();
+    Some(format!(
+        "members of {:?} run {}, not the {shards} given with --shards: the table shows the leases of {shards} shards",
+        printable(group),
+        runs.join(" and ")
+    ))
+}
+
 async fn sharded(
     args: &StatusArgs,
     connected: &Connected,
@@ -129,6 +161,11 @@ async fn sharded(
         .into_iter()
         .collect::<Result<_, _>>()?;
     let members = members(connected, &args.lease).await;
+    if let Ok(list) = &members
+        && let Some(warning) = count_warning(&args.lease, shards, list)
+    {
+        eprintln!("tenure: warning: {warning}");
+    }
     Ok(match args.output {
         Output::Json => {
             let leases: Vec<serde_json::Value> = names
@@ -256,4 +293,34 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure::backend::Member;
+
+    fn member(identity: &str, shards: u32) -> Member {
+        Member {
+            identity: identity.into(),
+            shards,
+            joined_ms: 0,
+            holds: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_count_other_than_the_groups_is_warned_about() {
+        assert_eq!(
+            count_warning("g", 4, &[member("a", 4), member("b", 4)]),
+            None
+        );
+        assert_eq!(count_warning("g", 4, &[]), None);
+        let w = count_warning("g", 2, &[member("a", 4), member("b", 4), member("c", 8)])
+            .expect("a warning");
+        assert_eq!(
+            w,
+            "members of \"g\" run 4 shards (a, b) and 8 shards (c), not the 2 given with --shards: the table shows the leases of 2 shards"
+        );
+    }
 }
