@@ -252,6 +252,13 @@ pub fn one_line(rendered: &str, subcommand: Option<&str>) -> String {
         } else if let Some(tip) = trimmed.strip_prefix("tip: ") {
             tips.push(tip.to_owned());
         } else if let Some(usage) = trimmed.strip_prefix("Usage: ") {
+            // A missing or conflicting argument is named without the flag that needs it or
+            // conflicts: clap's usage line shows that flag.
+            if message.starts_with("the following required arguments")
+                || message.contains("cannot be used with")
+            {
+                tips.push(format!("usage: {usage}"));
+            }
             let words: Vec<&str> = usage
                 .split_whitespace()
                 .take_while(|w| !w.starts_with(['-', '<', '[']))
@@ -515,7 +522,22 @@ mod tests {
             line.starts_with("the following required arguments were not provided: --lease <NAME>"),
             "{line}"
         );
-        assert!(line.ends_with("(see 'tenure run --help')"), "{line}");
+        assert!(line.ends_with("see 'tenure run --help')"), "{line}");
+        let line = err(&[
+            "tenure",
+            "run",
+            "--lease",
+            "x",
+            "--store-liveness",
+            "--",
+            "true",
+        ]);
+        assert!(
+            line.starts_with(
+                "the following required arguments were not provided: --listen <ADDR> (usage: tenure run "
+            ) && line.contains("--store-liveness"),
+            "the flag that needs it is named: {line}"
+        );
         let line = err(&[
             "tenure",
             "run",
