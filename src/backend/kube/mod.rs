@@ -140,6 +140,8 @@ use super::{
 use inner::Inner;
 pub use options::{DEFAULT_REQUEST_TIMEOUT, KubeOptions};
 pub use read::damaged_records;
+#[cfg(feature = "metrics")]
+pub use read::register_read_metrics;
 pub use record::{
     ANNOTATION_PREFIX, FENCING as FENCING_ANNOTATION, FENCING_FLOOR as FENCING_FLOOR_ANNOTATION,
     HOLDER_IDENTITY as HOLDER_IDENTITY_ANNOTATION, HOLDER_TOKEN as HOLDER_TOKEN_ANNOTATION,

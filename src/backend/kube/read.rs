@@ -33,6 +33,43 @@ pub fn damaged_records() -> u64 {
     DAMAGED.load(Ordering::Relaxed)
 }
 
+/// Registers `tenure_kube_unparseable_lease_records_total` in `registry`: the count of
+/// [`damaged_records`], read at each scrape.
+///
+/// ```
+/// let mut registry = prometheus_client::registry::Registry::default();
+/// tenure::backend::kube::register_read_metrics(&mut registry);
+/// let mut text = String::new();
+/// prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+/// assert!(text.contains("tenure_kube_unparseable_lease_records_total 0"));
+/// ```
+#[cfg(feature = "metrics")]
+pub fn register_read_metrics(registry: &mut prometheus_client::registry::Registry) {
+    registry.register_collector(Box::new(DamagedCollector));
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Debug)]
+struct DamagedCollector;
+
+#[cfg(feature = "metrics")]
+impl prometheus_client::collector::Collector for DamagedCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        let counter = prometheus_client::metrics::counter::ConstCounter::new(damaged_records());
+        let metric = encoder.encode_descriptor(
+            "tenure_kube_unparseable_lease_records",
+            "Lease records read with fields tenure could not parse (dropped; a member record is skipped)",
+            None,
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
+}
+
 /// A Lease as read from the API server, with what could not be parsed dropped.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ReadLease {

@@ -58,6 +58,15 @@ pub struct Connected {
     pub kube: Option<KubeBackend>,
 }
 
+impl Connected {
+    /// Registers the backend's own metrics (Kubernetes: Lease records it could not parse).
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        if self.kube.is_some() {
+            tenure::backend::kube::register_read_metrics(registry);
+        }
+    }
+}
+
 /// Connects to the configured backend; `warn_local` prints the single-host warning when the
 /// local backend was chosen by default.
 pub async fn connect(args: &BackendArgs, warn_local: bool) -> Result<Connected, CliError> {

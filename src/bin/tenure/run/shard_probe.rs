@@ -63,10 +63,10 @@ impl Gauges {
     }
 }
 
-/// Serves the endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, elector: ShardedElector) {
+/// Serves the endpoints on `listener`, with the gauges added to `registry`, until the task is
+/// dropped.
+pub async fn serve(listener: TcpListener, elector: ShardedElector, mut registry: Registry) {
     let gauges = Gauges::default();
-    let mut registry = Registry::default();
     gauges.register(&mut registry);
     gauges.update(&elector);
     let server =

@@ -28,7 +28,9 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
 
     if let Some(addr) = args.listen {
         let listener = setup::listen(addr).await?;
-        tokio::spawn(shard_probe::serve(listener, elector.clone()));
+        let mut registry = prometheus_client::registry::Registry::default();
+        connected.register_metrics(&mut registry);
+        tokio::spawn(shard_probe::serve(listener, elector.clone(), registry));
     }
 
     let (supervisor, signalled) =

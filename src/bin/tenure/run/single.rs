@@ -20,6 +20,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
 
     let mut registry = prometheus_client::registry::Registry::default();
     elector = elector.with_metrics(ElectionMetrics::register(&mut registry));
+    connected.register_metrics(&mut registry);
     if let Some(addr) = args.listen {
         let listener = setup::listen(addr).await?;
         let server = tenure::election::ProbeServer::new(elector.clone())
