@@ -83,3 +83,46 @@ async fn membership_works_with_exactly_the_documented_acl() {
         "{first:?}"
     );
 }
+
+/// A member record another process planted — 5 MiB, more than one read may carry — is skipped
+/// with a warning: the group's other members are still read (it failed every read before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_member_record_is_skipped_and_the_group_still_read() {
+    use futures::StreamExt;
+    use tenure::backend::{Backend, Member};
+    let server = RedisServer::start();
+    let backend = support::backend(&server).await;
+    let me = Member {
+        identity: "pod-a".into(),
+        shards: 4,
+        joined_ms: 1,
+        holds: vec![],
+    };
+    backend
+        .announce_member("g", &me, Duration::from_secs(30))
+        .await
+        .expect("announce");
+    let client = redis::Client::open(server.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let huge = format!("m1:4:1:{}", "9".repeat(5 << 20));
+    let expires = 4_000_000_000_000u64;
+    let _: () = redis::pipe()
+        .zadd("tenure:{g}:members", "ghost", expires)
+        .hset("tenure:{g}:member-records", "ghost", &huge)
+        .zadd("tenure:{g}:members", "x".repeat(10_000), expires)
+        .hset("tenure:{g}:member-records", "x".repeat(10_000), "m1:4:1:")
+        .query_async(&mut conn)
+        .await
+        .expect("plant");
+    let mut members = backend.members("g");
+    let first = tokio::time::timeout(Duration::from_secs(10), members.next())
+        .await
+        .expect("a read in time")
+        .expect("a read");
+    let list = first.expect("the read does not fail on the planted records");
+    let ids: Vec<&str> = list.iter().map(|m| m.identity.as_str()).collect();
+    assert_eq!(ids, ["pod-a"], "the planted records are skipped");
+}

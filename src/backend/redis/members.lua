@@ -6,6 +6,9 @@
 -- ARGV:
 --   ARGV[1]  the most a reply may carry: identities and records count their bytes, plus 160
 --            per member for the framing (kept well below the client's MAX_REPLY_BYTES)
+--   ARGV[2]  the longest identity, ARGV[3] the longest record, in bytes: an entry over either
+--            (a planted or broken one) is returned as its first 64 bytes and the integer -1,
+--            so that one record can neither fail the read nor fill its budget
 --
 -- Returns {now, earliest, complete, identity 1, record 1, identity 2, record 2, ...}:
 --   now       the server's time in milliseconds (TIME)
@@ -13,7 +16,7 @@
 --             the reader reads again then (earliest - now ms later)
 --   complete  1, or 0 when the budget ran out and the list stops short
 --   members   live ones (score > now) in the order of their expiry; a record is nil when a
---             live identity has none (the reader skips it)
+--             live identity has none, -1 when the entry is over a bound (the reader skips both)
 
 local z, h = KEYS[1], KEYS[2]
 local t = redis.call('TIME')
@@ -36,6 +39,7 @@ if #live == 0 then
 end
 out[2] = tonumber(live[2])
 local budget = tonumber(ARGV[1])
+local max_id, max_rec = tonumber(ARGV[2]), tonumber(ARGV[3])
 local used = 0
 local ids = {}
 for i = 1, #live, 2 do
@@ -45,8 +49,11 @@ for i = 1, #ids, CHUNK do
   local recs = redis.call('HMGET', h, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))
   for j = 1, #recs do
     local id, rec = ids[i + j - 1], recs[j]
+    if #id > max_id or (rec and #rec > max_rec) then
+      id, rec = string.sub(id, 1, 64), -1
+    end
     used = used + #id + 160
-    if rec then
+    if rec and rec ~= -1 then
       used = used + #rec
     end
     if used > budget then

@@ -210,13 +210,17 @@ pub(super) async fn withdraw_member(
 
 /// Reads the live members of `group` (and prunes the expired ones).
 async fn read_members(engine: &Engine, group: &str) -> Result<GroupRead, BackendError> {
-    let budget = READ_BUDGET.to_string();
+    let (budget, max_id, max_rec) = (
+        READ_BUDGET.to_string(),
+        MAX_IDENTITY.to_string(),
+        MAX_RECORD.to_string(),
+    );
     let reply = group_call(
         engine,
         &MEMBERS,
         "read members",
         group,
-        &[budget.as_bytes()],
+        &[budget.as_bytes(), max_id.as_bytes(), max_rec.as_bytes()],
     )
     .await?;
     parse_read(&reply).unwrap_or_else(|| Err(protocol("read members", &reply)))
@@ -267,6 +271,8 @@ fn parse_read(reply: &Value) -> Option<Result<GroupRead, BackendError>> {
         let decoded = match &pair[1] {
             Value::BulkString(record) => decode(record),
             Value::Nil => Err("no record"),
+            // members.lua's mark for an identity or record over its bound.
+            Value::Int(-1) => Err("identity or record too large (its first 64 bytes shown)"),
             _ => return None,
         };
         match decoded {
@@ -482,13 +488,15 @@ mod tests {
             Value::Nil,
             Value::BulkString(vec![0xff]),
             bulk("m1:8:4:"),
+            bulk("pod-huge"),
+            Value::Int(-1),
         ]);
         let read = parse_read(&reply).expect("shape").expect("complete");
         let ids: Vec<&str> = read.members.iter().map(|m| m.identity.as_str()).collect();
         assert_eq!(ids, ["pod-a", "pod-b"]);
         assert_eq!(read.members[0].holds, vec![1, 5]);
         assert_eq!(read.next_expiry, Some(Duration::from_millis(251)));
-        assert_eq!(read.skipped.len(), 3);
+        assert_eq!(read.skipped.len(), 4);
         let empty = Value::Array(vec![Value::Int(1_000), Value::Int(-1), Value::Int(1)]);
         let read = parse_read(&empty).expect("shape").expect("complete");
         assert!(read.members.is_empty());
