@@ -109,10 +109,9 @@ fn usage_error(e: &clap::Error) -> ! {
     let subcommand = std::env::args()
         .nth(1)
         .filter(|a| Cli::command().find_subcommand(a).is_some());
-    eprintln!(
-        "tenure: {}",
-        args::one_line(&e.render().to_string(), subcommand.as_deref())
-    );
+    let line = args::one_line(&e.render().to_string(), subcommand.as_deref());
+    // The line quotes the arguments as given: escape what a terminal would interpret.
+    eprintln!("tenure: {}", error::printable(&line));
     std::process::exit(2);
 }
 
