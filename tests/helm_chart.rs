@@ -723,8 +723,6 @@ fn compound_durations_render_and_are_checked_by_value() {
     )]);
 }
 
-/// Asserts that rendering with each case's arguments fails with a short error that contains
-/// every expected part.
 /// The chart refuses the same durations as `tenure run`, with the same message (`election.*`
 /// for the flags): a chart that rendered what tenure refuses put pods into CrashLoopBackOff.
 #[test]
@@ -827,6 +825,8 @@ fn without_values(text: &str) -> String {
     out
 }
 
+/// Asserts that rendering with each case's arguments fails with a short error that contains
+/// every expected part.
 fn assert_refused(cases: &[(&[&str], &[&str])]) {
     for (args, expected) in cases {
         let err = match template("bad", "ns", args) {

@@ -13,10 +13,7 @@ use crate::error::CliError;
 
 /// The election durations of `args`, and the stop margin among them.
 pub fn election_config(args: &RunArgs) -> (ElectionConfig, Duration) {
-    // The command is dropped this long before the lease could be granted to another
-    // candidate. client-go has no such margin; 1 s unless the durations leave less room.
-    let stop_margin =
-        Duration::from_secs(1).min(args.lease_duration.saturating_sub(args.renew_deadline) / 2);
+    let stop_margin = stop_margin(args.lease_duration, args.renew_deadline);
     let config = ElectionConfig::new()
         .lease_duration(args.lease_duration)
         .renew_deadline(args.renew_deadline)
@@ -27,6 +24,12 @@ pub fn election_config(args: &RunArgs) -> (ElectionConfig, Duration) {
         .grace(args.grace.saturating_add(Duration::from_secs(2)))
         .rejoin(args.rejoin);
     (config, stop_margin)
+}
+
+/// How long before the lease could be granted to another candidate the command is dropped.
+/// client-go has no such margin; 1 s unless the durations leave less room.
+fn stop_margin(lease: Duration, renew_deadline: Duration) -> Duration {
+    Duration::from_secs(1).min(lease.saturating_sub(renew_deadline) / 2)
 }
 
 /// Checks `--lease-duration`, `--renew-deadline` and `--retry-period` against the rules the
@@ -138,12 +141,11 @@ mod tests {
 
     /// Whether the election itself accepts the durations, as `tenure run` sets them.
     fn election_accepts(lease: Duration, deadline: Duration, retry: Duration) -> bool {
-        let stop_margin = Duration::from_secs(1).min(lease.saturating_sub(deadline) / 2);
         let config = ElectionConfig::new()
             .lease_duration(lease)
             .renew_deadline(deadline)
             .retry_period(retry)
-            .stop_margin(stop_margin);
+            .stop_margin(stop_margin(lease, deadline));
         let locker = Locker::with_identity(MemoryBackend::new(), "me").expect("identity");
         LeaderElector::new(locker, "l", config).is_ok()
     }
