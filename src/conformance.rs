@@ -52,7 +52,8 @@ macro_rules! conformance_tests {
             check_release_wakes_waiters,
             check_auto_renew_outlives_ttl,
             check_renew_deadline_ends_stalled_lease,
-            check_membership
+            check_membership,
+            check_group_record
         );
     };
     (@checks #[$test:meta] $setup:expr; $($check:ident),*) => {$(
@@ -198,6 +199,7 @@ impl Suite {
         self.check_auto_renew_outlives_ttl().await;
         self.check_renew_deadline_ends_stalled_lease().await;
         self.check_membership().await;
+        self.check_group_record().await;
     }
 
     /// Many tasks contend for one lock through `with_lock`; the fenced register must never
@@ -694,5 +696,74 @@ impl Suite {
             "pod-a expired after {:?}, before its ttl {ttl:?}",
             last.elapsed()
         );
+    }
+
+    /// The group record (sharded leadership): absent at first; created only where there is
+    /// none; changed only by a writer that read the current version, so of two writers that
+    /// read the same version exactly one wins; every read is fresh.
+    pub async fn check_group_record(&self) {
+        use crate::backend::{GroupRead, GroupRecord};
+        let group = unique("group");
+        let b = &self.backend;
+        let read = async || {
+            b.group_record(&group)
+                .await
+                .unwrap_or_else(|e| panic!("reading the group record failed: {e}"))
+        };
+        let swap = async |expected, record: &GroupRecord| {
+            b.swap_group_record(&group, expected, record)
+                .await
+                .unwrap_or_else(|e| panic!("swapping the group record failed: {e}"))
+        };
+        assert_eq!(read().await, GroupRead::Absent, "a new group has no record");
+        let first = GroupRecord::first(4);
+        assert!(swap(None, &first).await, "creating the first record");
+        assert!(
+            !swap(None, &GroupRecord::first(8)).await,
+            "a second creation must lose"
+        );
+        let GroupRead::Present { record, version } = read().await else {
+            panic!("the record just written must read back");
+        };
+        assert_eq!(record, first);
+        let draining = GroupRecord {
+            shards: 8,
+            generation: 2,
+            draining_from: Some(4),
+        };
+        let active = GroupRecord {
+            draining_from: None,
+            ..draining
+        };
+        assert!(
+            swap(Some(&version), &draining).await,
+            "a swap from the version read"
+        );
+        assert!(
+            !swap(
+                Some(&version),
+                &GroupRecord {
+                    shards: 2,
+                    generation: 2,
+                    draining_from: Some(4)
+                }
+            )
+            .await,
+            "a swap from a version that is no longer current must lose"
+        );
+        let GroupRead::Present {
+            record,
+            version: v2,
+        } = read().await
+        else {
+            panic!("the swapped record must read back");
+        };
+        assert_eq!(record, draining, "the losing swap changed nothing");
+        assert_ne!(v2, version, "a change gives a new version");
+        assert!(swap(Some(&v2), &active).await);
+        let GroupRead::Present { record, .. } = read().await else {
+            panic!("the record must read back");
+        };
+        assert_eq!(record, active);
     }
 }

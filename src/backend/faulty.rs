@@ -15,8 +15,9 @@ use futures::stream::BoxStream;
 use tokio::sync::watch;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
+    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
+    RenewRequest, Renewed,
 };
 
 /// The fault currently injected by a [`FaultyBackend`].
@@ -252,6 +253,22 @@ impl Backend for FaultyBackend {
         identity: &'a str,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(self.run(self.inner.withdraw_member(group, identity)))
+    }
+
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        Box::pin(self.run(self.inner.group_record(group)))
+    }
+
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.run(self.inner.swap_group_record(group, expected, record)))
     }
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {

@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, FencingToken, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Member, Released, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, FencingToken, GroupRead, GroupRecord,
+    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 
 /// Fencing tokens of the memory backend come from one process-wide counter, so they rise
@@ -61,6 +61,9 @@ pub struct MemoryBackend {
 struct Group {
     members: BTreeMap<String, (Member, Instant)>,
     changed: watch::Sender<()>,
+    /// The group record's stored text; its version is the text itself, since every change
+    /// of a record changes its text (the generation rises or draining ends).
+    record: Option<String>,
 }
 
 impl Default for Group {
@@ -68,6 +71,7 @@ impl Default for Group {
         Self {
             members: BTreeMap::new(),
             changed: watch::channel(()).0,
+            record: None,
         }
     }
 }
@@ -288,6 +292,7 @@ impl MemoryBackend {
     pub fn wipe(&self) {
         for group in self.groups().values_mut() {
             group.members.clear();
+            group.record = None;
             group.changed.send_replace(());
         }
         let mut locks = self.locked();
@@ -391,6 +396,31 @@ impl Backend for MemoryBackend {
             g.changed.send_replace(());
         }
         Box::pin(ready(Ok(())))
+    }
+
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        let text = self.groups().get(group).and_then(|g| g.record.clone());
+        Box::pin(ready(Ok(text.map_or(GroupRead::Absent, |t| {
+            GroupRead::parse(t.as_bytes(), GroupVersion(t.clone()))
+        }))))
+    }
+
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let mut groups = self.groups();
+        let g = groups.entry(Arc::from(group)).or_default();
+        let swapped = g.record.as_deref() == expected.map(|v| v.0.as_str());
+        if swapped {
+            g.record = Some(record.encode());
+        }
+        Box::pin(ready(Ok(swapped)))
     }
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {

@@ -25,6 +25,7 @@
 
 mod error;
 pub mod faulty;
+pub mod group;
 #[cfg(feature = "kube")]
 pub mod kube;
 #[cfg(feature = "local")]
@@ -42,6 +43,7 @@ use futures::stream::BoxStream;
 
 pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
+pub use group::{GroupRead, GroupRecord, GroupVersion};
 pub use types::{
     AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,
     LeaseRecord, Member, Released, RenewRequest, Renewed,
@@ -168,6 +170,34 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(futures::stream::iter([Err(no_membership())]))
     }
 
+    /// Reads `group`'s record: the parameters every member shares ([`GroupRecord`]).
+    /// Always a fresh read from the store (on Kubernetes a quorum read, not a cache): the
+    /// sharded elector's safety rests on it.
+    ///
+    /// The default answers that this backend keeps no membership.
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        let _ = group;
+        Box::pin(std::future::ready(Err(no_membership())))
+    }
+
+    /// Writes `record` as `group`'s record if the record is still the one read at
+    /// `expected` (`None`: only if there is none). Answers whether it was written; `false`
+    /// means another member changed it first (read again).
+    ///
+    /// The default answers that this backend keeps no membership.
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let _ = (group, expected, record);
+        Box::pin(std::future::ready(Err(no_membership())))
+    }
+
     /// A stream of holder changes of one lock: grants and releases.
     ///
     /// The first item describes the state when the stream started, so a subscriber cannot miss
@@ -234,6 +264,20 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
         (**self).members(group)
+    }
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        (**self).group_record(group)
+    }
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        (**self).swap_group_record(group, expected, record)
     }
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
         (**self).observe(name)
