@@ -152,17 +152,23 @@ impl FaultyBackend {
         }
     }
 
-    async fn run<T>(&self, req: BoxFuture<'_, Result<T, BackendError>>) -> Result<T, BackendError> {
+    /// Sends `req` through the fault. The request is made only once the gate lets it
+    /// through: a store that does its work when a call is made (the memory backend) must
+    /// not see a request a stall holds back or a failure drops.
+    async fn run<'a, T>(
+        &self,
+        req: impl FnOnce() -> BoxFuture<'a, Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
         match self.gate().await {
-            Gate::Pass => req.await,
+            Gate::Pass => req().await,
             Gate::PassThenWait(d) => {
-                let answer = req.await;
+                let answer = req().await;
                 tokio::time::sleep(d).await;
                 answer
             }
             Gate::Fail(e) => Err(e),
             Gate::LoseAnswer => {
-                let _ = req.await;
+                let _ = req().await;
                 std::future::pending().await
             }
         }
@@ -179,7 +185,7 @@ impl Backend for FaultyBackend {
         req: &'a AcquireRequest,
     ) -> BoxFuture<'a, Result<Acquired, BackendError>> {
         self.counts.acquire.fetch_add(1, Ordering::Relaxed);
-        Box::pin(self.run(self.inner.try_acquire(req)))
+        Box::pin(self.run(move || self.inner.try_acquire(req)))
     }
 
     fn renew<'a>(
@@ -192,7 +198,7 @@ impl Backend for FaultyBackend {
             .renew_round_trips
             .fetch_add(1, Ordering::Relaxed);
         self.counts.renewals.fetch_add(1, Ordering::Relaxed);
-        Box::pin(self.run(self.inner.renew(name, holder, ttl)))
+        Box::pin(self.run(move || self.inner.renew(name, holder, ttl)))
     }
 
     fn renew_many<'a>(
@@ -228,14 +234,14 @@ impl Backend for FaultyBackend {
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         self.counts.release.fetch_add(1, Ordering::Relaxed);
-        Box::pin(self.run(self.inner.release(name, holder)))
+        Box::pin(self.run(move || self.inner.release(name, holder)))
     }
 
     fn inspect<'a>(
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
-        Box::pin(self.run(self.inner.inspect(name)))
+        Box::pin(self.run(move || self.inner.inspect(name)))
     }
 
     fn announce_member<'a>(
@@ -244,7 +250,7 @@ impl Backend for FaultyBackend {
         member: &'a Member,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.run(self.inner.announce_member(group, member, ttl)))
+        Box::pin(self.run(move || self.inner.announce_member(group, member, ttl)))
     }
 
     fn withdraw_member<'a>(
@@ -252,14 +258,14 @@ impl Backend for FaultyBackend {
         group: &'a str,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.run(self.inner.withdraw_member(group, identity)))
+        Box::pin(self.run(move || self.inner.withdraw_member(group, identity)))
     }
 
     fn group_record<'a>(
         &'a self,
         group: &'a str,
     ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
-        Box::pin(self.run(self.inner.group_record(group)))
+        Box::pin(self.run(move || self.inner.group_record(group)))
     }
 
     fn swap_group_record<'a>(
@@ -268,7 +274,7 @@ impl Backend for FaultyBackend {
         expected: Option<&'a GroupVersion>,
         record: &'a GroupRecord,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        Box::pin(self.run(self.inner.swap_group_record(group, expected, record)))
+        Box::pin(self.run(move || self.inner.swap_group_record(group, expected, record)))
     }
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {

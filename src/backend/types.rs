@@ -248,10 +248,12 @@ impl HolderChange {
 pub struct Member {
     /// The replica's identity (its locker's).
     pub identity: String,
-    /// The shard count this replica runs with; every member of a group must agree.
+    /// The shard count this replica runs with. Only members whose count is the group
+    /// record's are assigned shards; the others wait.
     pub shards: u32,
-    /// When the replica joined, in milliseconds since the Unix epoch on its own clock: the
-    /// earliest member's shard count is the group's.
+    /// When the replica joined, in milliseconds since the Unix epoch on its own clock. For
+    /// people only: nothing is ordered by it (the group's shard count is in the group
+    /// record, [`GroupRecord`](super::GroupRecord)).
     pub joined_ms: u64,
     /// The shards whose term runs on the replica now, ascending: the assignment keeps them
     /// where they are when it can.

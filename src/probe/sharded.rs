@@ -6,10 +6,21 @@ use std::time::Duration;
 use hyper::StatusCode;
 
 use super::{Answer, TEXT};
-use crate::shard::ShardedElector;
+use crate::shard::{GroupStatus, ShardedElector};
 
-/// `/readyz` of a sharded replica: ready once it is a member of its group's assignment.
+/// `/readyz` of a sharded replica: ready once it is a member of its group's assignment,
+/// also while it waits for the group to change to its shard count (a rolling update that
+/// changes the count completes only if the new replicas are ready while the old ones run);
+/// not ready while the group record cannot be parsed.
 pub(super) fn readiness(sharded: &ShardedElector) -> Answer {
+    let status = sharded.group().borrow().clone();
+    if let GroupStatus::Damaged { reason } = status {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            format!("the group record cannot be parsed ({reason}): no shard runs\n"),
+        );
+    }
     let identity = sharded.identity();
     let member = sharded
         .assignment()
@@ -19,11 +30,17 @@ pub(super) fn readiness(sharded: &ShardedElector) -> Answer {
         .any(|m| m.identity == identity);
     if member {
         let held = sharded.owned().borrow().len();
+        let waiting = match status {
+            GroupStatus::Waiting { record } => {
+                format!("; waiting: the group record says {record}")
+            }
+            _ => String::new(),
+        };
         (
             StatusCode::OK,
             TEXT,
             format!(
-                "member of {}, holding {held} shards\n",
+                "member of {}, holding {held} shards{waiting}\n",
                 sharded.name().escape_debug()
             ),
         )

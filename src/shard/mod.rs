@@ -22,6 +22,7 @@
 //! Keys map to shards with [`shard_of`], a documented hash other languages can compute.
 
 mod assign;
+mod group;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -36,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 pub use assign::{Seat, assign, shard_of};
+pub use group::GroupStatus;
 
 use crate::Locker;
 use crate::backend::{BackendError, Member};
@@ -57,21 +59,6 @@ pub enum ShardError {
     /// The election durations or a shard's lease name were refused (see [`ElectionError`]).
     #[error(transparent)]
     Election(#[from] ElectionError),
-    /// The group's earliest member runs with another shard count: this replica takes no
-    /// shard rather than split the assignment.
-    #[error(
-        "the group {group:?} runs {theirs} shards (member {member:?} joined first) but this replica was started with {ours}"
-    )]
-    ShardCountMismatch {
-        /// The group's name.
-        group: String,
-        /// This replica's count.
-        ours: u32,
-        /// The group's count.
-        theirs: u32,
-        /// The earliest member, whose count is the group's.
-        member: String,
-    },
     /// The store refused the membership for good (no membership support, permissions).
     #[error("membership of group {group:?} failed: {source}")]
     Membership {
@@ -151,6 +138,9 @@ struct Inner {
     /// The term of each shard in `owned`.
     terms: std::sync::Mutex<HashMap<u32, Term>>,
     assignment: watch::Sender<Assignment>,
+    group: watch::Sender<GroupStatus>,
+    /// Woken when a shard's term found the record changed: the keeper reads it again.
+    recheck: tokio::sync::Notify,
     running: AtomicBool,
 }
 
@@ -195,6 +185,8 @@ impl ShardedElector {
                 owned: watch::channel(BTreeSet::new()).0,
                 terms: std::sync::Mutex::new(HashMap::new()),
                 assignment: watch::channel(Assignment::default()).0,
+                group: watch::channel(GroupStatus::Joining).0,
+                recheck: tokio::sync::Notify::new(),
                 running: AtomicBool::new(false),
             }),
         })
@@ -246,6 +238,13 @@ impl ShardedElector {
         self.inner.assignment.subscribe()
     }
 
+    /// Where this replica stands in its group: running the group's shard count, or waiting
+    /// while the group runs or drains another (see [`GroupStatus`]).
+    #[must_use]
+    pub fn group(&self) -> watch::Receiver<GroupStatus> {
+        self.inner.group.subscribe()
+    }
+
     /// Joins the group and runs `workload(shard, term)` for every term of every shard
     /// assigned here, until `shutdown` completes; then withdraws from the group, stops every
     /// shard's workload and releases its lease.
@@ -255,12 +254,18 @@ impl ShardedElector {
     /// its term; the shard is campaigned for again while it stays assigned here. A shard
     /// that moves elsewhere is stopped gracefully and released.
     ///
+    /// The group's shard count is the one its record in the store holds, not this
+    /// replica's: while they differ, this replica runs no shard and waits (see
+    /// [`group`](Self::group)); it changes the group to its count once no live member runs
+    /// the old one and every lease of the old count is free, so terms of two counts never
+    /// run at once.
+    ///
     /// # Errors
     ///
-    /// [`ShardError::ShardCountMismatch`], [`ShardError::Membership`],
-    /// [`ShardError::AlreadyRunning`]; [`ShardError::Election`] if a shard's campaign fails
-    /// for good (credentials, permissions). Every shard's workload has stopped and its lease
-    /// was released when it returns.
+    /// [`ShardError::Membership`], [`ShardError::AlreadyRunning`];
+    /// [`ShardError::Election`] if a shard's campaign fails for good (credentials,
+    /// permissions). Every shard's workload has stopped and its lease was released when it
+    /// returns.
     pub async fn run_until<S, F, Fut>(&self, shutdown: S, workload: F) -> Result<(), ShardError>
     where
         S: Future<Output = ()>,
@@ -279,17 +284,37 @@ impl ShardedElector {
             holds: Vec::new(),
         };
         let mut shards = Shards::default();
+        let (lease, retry) = self.inner.config.timings();
+        let keeper = group::Keeper {
+            backend: self.inner.locker.backend(),
+            group: &self.inner.name,
+            shards: self.inner.shards,
+            lease,
+            retry,
+            request_timeout: self.inner.config_request_timeout(),
+        };
+        // The latest membership: here for the assignment, in `seen` for the keeper.
+        let mut last = Vec::<Member>::new();
+        let (seen, latest) = watch::channel(None::<Vec<Member>>);
+        let mut status = self.inner.group.subscribe();
         let outcome = {
             let mut shutdown = pin!(shutdown);
             let mut heartbeat = pin!(self.heartbeat(&me));
+            let mut keeping = pin!(keeper.keep(&self.inner.group, latest, &self.inner.recheck));
             let mut members = self.inner.locker.backend().members(&self.inner.name);
             loop {
                 tokio::select! {
                     () = &mut shutdown => break Ok(()),
                     failed = &mut heartbeat => break Err(failed),
+                    failed = &mut keeping => break Err(ShardError::Membership {
+                        group: self.inner.name.to_string(),
+                        source: failed,
+                    }),
                     next = members.next() => match next {
                         Some(Ok(list)) => {
-                            if let Err(e) = self.rebalance(&me, list, &mut shards, &workload) {
+                            seen.send_replace(Some(list.clone()));
+                            last = list;
+                            if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
                                 break Err(e);
                             }
                         }
@@ -299,6 +324,12 @@ impl ShardedElector {
                             source: BackendError::new(crate::backend::BackendErrorKind::Unavailable, "the membership stream ended"),
                         }),
                     },
+                    Ok(()) = status.changed() => {
+                        status.mark_unchanged();
+                        if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
+                            break Err(e);
+                        }
+                    }
                     Some(ended) = shards.tasks.join_next_with_id(), if !shards.tasks.is_empty() => {
                         if let Err(e) = self.reap(ended, &mut shards, &workload) {
                             break Err(e);
@@ -364,29 +395,25 @@ impl ShardedElector {
     }
 
     /// Computes the assignment from `list` and starts or stops shard terms to match it.
+    /// Nothing is assigned here unless the group record runs this replica's count.
     fn rebalance(
         &self,
         me: &Member,
-        list: Vec<Member>,
+        list: &[Member],
         shards: &mut Shards,
         workload: &Workload,
     ) -> Result<(), ShardError> {
-        // The earliest member's count is the group's; members with another count are left
-        // out of the assignment, and if that is this replica, it refuses to run.
-        let first = list
+        let generation = match *self.inner.group.borrow() {
+            GroupStatus::Running { generation } => Some(generation),
+            _ => None,
+        };
+        // Members announcing another count wait, as this replica does when it is one of
+        // them: only the record's count is assigned.
+        let members: Vec<Member> = list
             .iter()
-            .min_by(|a, b| (a.joined_ms, &a.identity).cmp(&(b.joined_ms, &b.identity)));
-        if let Some(first) = first
-            && first.shards != me.shards
-        {
-            return Err(ShardError::ShardCountMismatch {
-                group: self.inner.name.to_string(),
-                ours: me.shards,
-                theirs: first.shards,
-                member: first.identity.clone(),
-            });
-        }
-        let members: Vec<Member> = list.into_iter().filter(|m| m.shards == me.shards).collect();
+            .filter(|m| m.shards == me.shards)
+            .cloned()
+            .collect();
         let ids: Vec<&str> = members.iter().map(|m| m.identity.as_str()).collect();
         let seats: Vec<Seat<'_>> = members
             .iter()
@@ -395,7 +422,11 @@ impl ShardedElector {
                 holds: &m.holds,
             })
             .collect();
-        let owners = assign(&self.inner.name, self.inner.shards, &seats);
+        let owners = if generation.is_some() {
+            assign(&self.inner.name, self.inner.shards, &seats)
+        } else {
+            vec![None; self.inner.shards as usize]
+        };
         let mine: BTreeSet<u32> = (0..self.inner.shards)
             .filter(|&s| owners[s as usize].is_some_and(|i| ids[i] == me.identity))
             .collect();
@@ -408,10 +439,14 @@ impl ShardedElector {
             .send_replace(Assignment { members, owners });
         shards.assigned.clone_from(&mine);
         for (shard, stop) in &shards.running {
-            if !mine.contains(shard) {
-                stop.cancel();
+            if !mine.contains(shard) || Some(stop.generation) != generation {
+                stop.stop.cancel();
             }
         }
+        let Some(generation) = generation else {
+            return Ok(());
+        };
+        shards.generation = generation;
         for shard in mine {
             if !shards.running.contains_key(&shard) {
                 self.start(shard, shards, workload, Duration::ZERO)?;
@@ -437,6 +472,7 @@ impl ShardedElector {
         let inner = self.inner.clone();
         let workload = workload.clone();
         let until = stop.clone();
+        let generation = shards.generation;
         let id = shards
             .tasks
             .spawn(async move {
@@ -449,18 +485,34 @@ impl ShardedElector {
                 }
                 elector
                     .run_until(until.cancelled(), |term| {
-                        let holding = Holding::begin(inner.clone(), shard, &term);
-                        let work = workload(shard, term);
+                        let (inner, workload, until) =
+                            (inner.clone(), workload.clone(), until.clone());
                         async move {
-                            let _holding = holding;
-                            work.await;
+                            // Step 4 of the group protocol (`group`): the lease is ours;
+                            // the workload starts only if the record still runs our count.
+                            if !group::admits(
+                                inner.locker.backend(),
+                                &inner.name,
+                                inner.shards,
+                                generation,
+                                inner.config_request_timeout(),
+                            )
+                            .await
+                            {
+                                tracing::warn!(group = %inner.name, shard, generation, "the group record no longer runs this generation: the shard's term ends before its workload starts");
+                                until.cancel();
+                                inner.recheck.notify_one();
+                                return;
+                            }
+                            let _holding = Holding::begin(inner, shard, &term);
+                            workload(shard, term).await;
                         }
                     })
                     .await
             })
             .id();
         shards.ids.insert(id, shard);
-        shards.running.insert(shard, stop);
+        shards.running.insert(shard, ShardRun { stop, generation });
         Ok(())
     }
 
@@ -517,8 +569,10 @@ type Workload = Arc<dyn Fn(u32, Term) -> futures::future::BoxFuture<'static, ()>
 struct Shards {
     /// The shards assigned here by the latest assignment.
     assigned: BTreeSet<u32>,
-    /// Each running shard's stop signal.
-    running: HashMap<u32, CancellationToken>,
+    /// Each running shard's elector.
+    running: HashMap<u32, ShardRun>,
+    /// The group record's generation the latest assignment was computed under.
+    generation: u64,
     ids: HashMap<tokio::task::Id, u32>,
     tasks: JoinSet<Result<Option<()>, ElectionError>>,
 }
@@ -526,13 +580,21 @@ struct Shards {
 impl Shards {
     /// Stops every shard gracefully and waits until each has released its lease.
     async fn stop_all(&mut self) {
-        for stop in self.running.values() {
-            stop.cancel();
+        for run in self.running.values() {
+            run.stop.cancel();
         }
         while self.tasks.join_next().await.is_some() {}
         self.running.clear();
         self.ids.clear();
     }
+}
+
+/// A shard's elector running here.
+struct ShardRun {
+    /// Stops it gracefully.
+    stop: CancellationToken,
+    /// The group record's generation it was started under: a change of generation stops it.
+    generation: u64,
 }
 
 /// A shard's term running here: in the owned set and the term table from when its workload

@@ -131,11 +131,9 @@ async fn probe_membership(
 fn shard_error(e: ShardError) -> CliError {
     let message = chain(&e);
     match e {
-        ShardError::InvalidShardCount { .. } | ShardError::ShardCountMismatch { .. } => {
-            CliError::Config {
-                message: format!("--shards: {message}"),
-            }
-        }
+        ShardError::InvalidShardCount { .. } => CliError::Config {
+            message: format!("--shards: {message}"),
+        },
         ShardError::Membership { source, .. } if source.kind() == BackendErrorKind::Config => {
             CliError::Config {
                 message: format!("--shards: {message}"),

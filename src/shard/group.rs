@@ -1,0 +1,299 @@
+//! Keeping the group's record: which shard count the group runs, agreed through the store's
+//! compare-and-swap, never by members' clocks or start order; and the change of that count
+//! (a resize) without two counts ever running terms at once.
+//!
+//! # The protocol
+//!
+//! The record ([`GroupRecord`]) moves `Active(N, g)` → `Draining(M, g+1, from N)` →
+//! `Active(M, g+1)`:
+//!
+//! 1. The first member creates `Active(its count, 1)` where there is none.
+//! 2. A member whose count differs from an active record's waits. It writes `Draining(its
+//!    count, g+1, from N)` only once no live member announces `N`: the old count's
+//!    replicas have left (a rolling update has replaced them), so a replica that restarts
+//!    with an old count never reverts a group that runs a newer one.
+//! 3. Under `Draining`, every lease `0..N` must be seen free, each seen *after* the draining
+//!    record was written; then the record becomes `Active(M, g+1)` (any member of count `M`
+//!    may do it, and another may finish what one started).
+//! 4. A shard term's workload starts only after a fresh read of the record, made after its
+//!    lease was granted, finds it active with the member's count ([`admits`]).
+//!
+//! Why no two counts run at once: a term of count `N` started after a read that found
+//! `Active(N, g)`, so its lease was granted before `Draining` was written; step 3 sees that
+//! lease free only after the term ended (released, or run out — the lease's own guarantee).
+//! A lease of the old count taken after the draining record was written fails step 4. So
+//! every term of `M` begins after every term of `N` ended.
+
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+
+use crate::backend::{Backend, BackendError, GroupRead, GroupRecord, Member};
+
+/// Where this replica stands in its group, as its last read of the group record says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GroupStatus {
+    /// The record has not been read yet.
+    #[default]
+    Joining,
+    /// The group runs this replica's shard count: its shards' terms may run.
+    Running {
+        /// The record's generation.
+        generation: u64,
+    },
+    /// The group runs another count, or is changing to this one and waits for the old
+    /// count's leases to be free. No shard term runs here meanwhile.
+    Waiting {
+        /// The record as read.
+        record: GroupRecord,
+    },
+    /// The store holds something tenure cannot parse where the record belongs. Nothing is
+    /// decided from it; no new term starts until it is repaired or deleted.
+    Damaged {
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// What the keeper needs to know about its replica and group.
+pub(super) struct Keeper<'a> {
+    pub backend: &'a dyn Backend,
+    pub group: &'a str,
+    pub shards: u32,
+    pub lease: Duration,
+    pub retry: Duration,
+    pub request_timeout: Duration,
+}
+
+impl Keeper<'_> {
+    /// Keeps `status` current until a permanent store failure, which it returns. `members`
+    /// is the latest live membership the replica has seen (`None` before the first read);
+    /// a change of it is a reason to read the record again (a resize waits for the old
+    /// count's members to leave).
+    pub async fn keep(
+        &self,
+        status: &watch::Sender<GroupStatus>,
+        mut members: watch::Receiver<Option<Vec<Member>>>,
+        recheck: &Notify,
+    ) -> BackendError {
+        // Leases of the old count found free under a draining record of this generation:
+        // the drain resumes past them (a lease found free after the draining record was
+        // written can only be taken by a term that step 4 refuses).
+        let mut drained: (u64, u32) = (0, 0);
+        loop {
+            let live = members.borrow_and_update().clone();
+            let pause = match self.step(status, live.as_deref(), &mut drained).await {
+                Ok(pause) => pause,
+                Err(e) if !e.is_transient() => return e,
+                Err(e) => {
+                    tracing::warn!(group = self.group, error = %e, "reading the group record failed; retrying");
+                    self.retry
+                }
+            };
+            if pause.is_zero() {
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                changed = members.changed() => if changed.is_err() {
+                    tokio::time::sleep(pause).await;
+                },
+                () = recheck.notified() => {}
+            }
+        }
+    }
+
+    /// One read of the record and what it calls for; answers how long to wait before the
+    /// next read (zero: at once, the record was just changed).
+    async fn step(
+        &self,
+        status: &watch::Sender<GroupStatus>,
+        members: Option<&[Member]>,
+        drained: &mut (u64, u32),
+    ) -> Result<Duration, BackendError> {
+        let (record, version) = match self.timed(self.backend.group_record(self.group)).await? {
+            GroupRead::Absent => {
+                let first = GroupRecord::first(self.shards);
+                self.timed(self.backend.swap_group_record(self.group, None, &first))
+                    .await?;
+                return Ok(Duration::ZERO);
+            }
+            GroupRead::Damaged { reason } => {
+                if !matches!(&*status.borrow(), GroupStatus::Damaged { reason: r } if *r == reason)
+                {
+                    tracing::error!(
+                        group = self.group,
+                        reason = %reason,
+                        "the group record cannot be parsed: no shard term starts until it is repaired or deleted"
+                    );
+                }
+                status.send_replace(GroupStatus::Damaged { reason });
+                return Ok(self.retry.max(self.lease / 4));
+            }
+            GroupRead::Present { record, version } => (record, version),
+        };
+        if record.shards == self.shards && record.is_active() {
+            status.send_if_modified(|s| {
+                let now = GroupStatus::Running {
+                    generation: record.generation,
+                };
+                let changed = *s != now;
+                *s = now;
+                changed
+            });
+            // A replica that missed a resize (frozen, partitioned) learns of it here.
+            return Ok(self.lease);
+        }
+        self.wait_on(status, record);
+        if record.shards == self.shards {
+            let from = record.draining_from.unwrap_or(record.shards);
+            // One generation has one draining record: a swap from a given version wins once.
+            if drained.0 != record.generation {
+                *drained = (record.generation, 0);
+            }
+            while drained.1 < from {
+                let lease = super::lease_name(self.group, drained.1);
+                if self.timed(self.backend.inspect(&lease)).await?.is_some() {
+                    return Ok(self.retry);
+                }
+                drained.1 += 1;
+            }
+            let active = GroupRecord {
+                draining_from: None,
+                ..record
+            };
+            if self
+                .timed(
+                    self.backend
+                        .swap_group_record(self.group, Some(&version), &active),
+                )
+                .await?
+            {
+                tracing::info!(
+                    group = self.group,
+                    from,
+                    to = self.shards,
+                    generation = record.generation,
+                    "the group now runs this replica's shard count"
+                );
+            }
+            return Ok(Duration::ZERO);
+        }
+        // Another count. Take the group over only once nobody runs it any more, as far as a
+        // membership read (not the empty view before the first) shows.
+        let Some(members) = members else {
+            return Ok(self.retry);
+        };
+        if members.iter().any(|m| m.shards == record.shards) {
+            return Ok(self.lease);
+        }
+        let draining = GroupRecord {
+            shards: self.shards,
+            generation: record.generation.saturating_add(1),
+            draining_from: Some(record.draining_from.unwrap_or(record.shards)),
+        };
+        if self
+            .timed(
+                self.backend
+                    .swap_group_record(self.group, Some(&version), &draining),
+            )
+            .await?
+        {
+            tracing::info!(
+                group = self.group,
+                from = record.shards,
+                to = self.shards,
+                generation = draining.generation,
+                "no live member runs the group's shard count: changing it to this replica's"
+            );
+        }
+        Ok(Duration::ZERO)
+    }
+
+    /// Publishes that this replica waits on `record`, saying why once per record.
+    fn wait_on(&self, status: &watch::Sender<GroupStatus>, record: GroupRecord) {
+        let now = GroupStatus::Waiting { record };
+        if *status.borrow() != now {
+            tracing::warn!(
+                group = self.group,
+                shards = self.shards,
+                record = %record,
+                "the group runs another shard count: this replica takes no shard until every member running it has left and its leases are free"
+            );
+            status.send_replace(now);
+        }
+    }
+
+    async fn timed<T>(
+        &self,
+        call: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        tokio::time::timeout(self.request_timeout, call)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::new(
+                    crate::backend::BackendErrorKind::Timeout,
+                    "the group record request timed out",
+                ))
+            })
+    }
+}
+
+/// Whether a term of `shards` may start its workload now: a fresh read, made after the
+/// term's lease was granted, finds the record active with this count and `generation`
+/// (step 4 of the protocol). Any doubt (an error, a timeout) answers no.
+pub(super) async fn admits(
+    backend: &dyn Backend,
+    group: &str,
+    shards: u32,
+    generation: u64,
+    timeout: Duration,
+) -> bool {
+    match tokio::time::timeout(timeout, backend.group_record(group)).await {
+        Ok(Ok(GroupRead::Present { record, .. })) => {
+            record.is_active() && record.shards == shards && record.generation == generation
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+
+    const T: Duration = Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn a_term_starts_only_under_an_active_record_of_its_count_and_generation() {
+        let store = MemoryBackend::new();
+        assert!(!admits(&store, "g", 4, 1, T).await, "no record");
+        let first = GroupRecord::first(4);
+        assert!(
+            store
+                .swap_group_record("g", None, &first)
+                .await
+                .expect("swap")
+        );
+        assert!(admits(&store, "g", 4, 1, T).await);
+        assert!(!admits(&store, "g", 5, 1, T).await, "another count");
+        assert!(!admits(&store, "g", 4, 2, T).await, "another generation");
+        let GroupRead::Present { version, .. } = store.group_record("g").await.expect("read")
+        else {
+            panic!("written");
+        };
+        let draining = GroupRecord {
+            shards: 4,
+            generation: 2,
+            draining_from: Some(8),
+        };
+        assert!(
+            store
+                .swap_group_record("g", Some(&version), &draining)
+                .await
+                .expect("swap")
+        );
+        assert!(!admits(&store, "g", 4, 2, T).await, "draining");
+    }
+}
