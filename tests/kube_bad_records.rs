@@ -176,3 +176,80 @@ async fn a_plain_lease_tenure_cannot_parse_is_held_until_it_runs_out_then_taken(
     );
     assert!(led.get() > 0);
 }
+
+/// What lies under a group record's name that is not a record tenure wrote — a plain
+/// election's Lease of that name, a record annotation with garbage in it — reads as damaged
+/// (nothing is decided from it), never as an error, and the record cannot be created over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_record_tenure_cannot_read_is_damaged_not_an_error() {
+    use tenure::Backend;
+    use tenure::backend::{GroupRead, GroupRecord};
+    let server = kube_support::shared();
+    let ns = kube_support::unique("bad-group");
+    server.namespace(&ns).await;
+    let api = leases(server.admin().await, &ns);
+    let backend = server.backend(&ns).await;
+    let damaged = async |group: &str| match backend.group_record(group).await {
+        Ok(GroupRead::Damaged { reason }) => reason,
+        other => panic!("group {group}: {other:?}, not damaged"),
+    };
+
+    // A plain election that happens to be named like a group record.
+    let plain: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "plain-group"},
+        "spec": {"holderIdentity": "someone", "leaseDurationSeconds": 15},
+    }))
+    .expect("object");
+    api.create(&PostParams::default(), &plain)
+        .await
+        .expect("the API server takes the Lease");
+    let reason = damaged("plain").await;
+    assert!(
+        reason.contains("plain-group") && reason.contains("not a group record"),
+        "{reason}"
+    );
+
+    // A record Lease whose annotation is garbage.
+    let garbage: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": "garbage-group",
+            "annotations": {"tenure.dev/group-record": "g1:four:1:-"},
+        },
+    }))
+    .expect("object");
+    api.create(&PostParams::default(), &garbage)
+        .await
+        .expect("the API server takes the Lease");
+    let reason = damaged("garbage").await;
+    assert!(
+        reason.contains("garbage-group") && reason.contains("bad shard count"),
+        "{reason}"
+    );
+    assert!(
+        !reason.contains("four"),
+        "the reason echoes the stored text: {reason}"
+    );
+
+    // Neither is overwritten by a member that creates the first record.
+    for group in ["plain", "garbage"] {
+        let created = backend
+            .swap_group_record(group, None, &GroupRecord::first(4))
+            .await
+            .unwrap_or_else(|e| panic!("group {group}: {e}"));
+        assert!(
+            !created,
+            "group {group}: a record was created over the Lease"
+        );
+        damaged(group).await;
+    }
+    // And a group whose record Lease would not be a valid name is a configuration error.
+    let e = backend
+        .group_record("Not_Valid")
+        .await
+        .expect_err("an invalid name");
+    assert_eq!(e.kind(), tenure::backend::BackendErrorKind::Config, "{e}");
+}

@@ -2,7 +2,8 @@
 //! suites: 32 shards over 3 → 5 → 2 → 3 replicas and a kill -9. Each shard's workload writes
 //! its token to its own fenced register (a file) every 50 ms without checking its term; the
 //! scenario counts accepted stale writes (goal 0), checks the balance once the group settles,
-//! and returns how long each rebalance took.
+//! and returns how long each rebalance took. A second scenario changes the shard count in a
+//! rolling update and checks from the log that workloads of two counts never overlapped.
 
 #![allow(dead_code)]
 
@@ -17,6 +18,8 @@ use tenure::shard::ShardedElector;
 use crate::safety;
 
 pub const SHARDS: u32 = 32;
+/// The environment variable a candidate reads its shard count from.
+pub const COUNT: &str = "TENURE_SHARD_COUNT";
 
 pub fn note(log: &Path, line: &str) {
     let mut f = std::fs::OpenOptions::new()
@@ -64,12 +67,23 @@ pub fn running(dir: &Path, dead: &[String]) -> BTreeMap<u32, Vec<(String, u64)>>
 /// Waits until every shard runs exactly one term, spread within ±1 over exactly `live`;
 /// returns how long that took.
 pub fn wait_balanced(dir: &Path, live: &[String], dead: &[String], what: &str) -> Duration {
+    wait_balanced_over(dir, live, dead, what, SHARDS)
+}
+
+/// [`wait_balanced`] for a group of `shards`.
+pub fn wait_balanced_over(
+    dir: &Path,
+    live: &[String],
+    dead: &[String],
+    what: &str,
+    shards: u32,
+) -> Duration {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(60);
     loop {
         let r = running(dir, dead);
         let mut loads: BTreeMap<&str, usize> = live.iter().map(|l| (l.as_str(), 0)).collect();
-        let mut ok = r.len() == SHARDS as usize;
+        let mut ok = r.len() == shards as usize;
         for terms in r.values() {
             ok &= terms.len() == 1;
             for (who, _) in terms {
@@ -135,11 +149,16 @@ pub fn stale_accepted(dir: &Path) -> usize {
 /// The candidate process's work: a sharded elector on `backend` whose workload writes each
 /// shard's token to the shard's register until its term ends. SIGTERM leaves the group
 /// gracefully.
+/// The shard count comes from `TENURE_SHARD_COUNT` (default [`SHARDS`]).
 pub async fn candidate(backend: impl tenure::Backend, identity: &str, dir: &Path) {
     let dir = dir.to_owned();
+    let shards: u32 = std::env::var(COUNT)
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(SHARDS);
     let locker = Locker::with_identity(backend, identity).expect("identity");
     let elector =
-        ShardedElector::new(locker, "workers", SHARDS, safety::config()).expect("elector");
+        ShardedElector::new(locker, "workers", shards, safety::config()).expect("elector");
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm");
     let log = dir.join("events.log");
@@ -157,7 +176,11 @@ pub async fn candidate(backend: impl tenure::Backend, identity: &str, dir: &Path
                     let register = safety::Register::at(&dir.join(format!("shard-{shard}")));
                     note(
                         &log,
-                        &format!("START {shard} {} {who} {}", token.get(), safety::mono_ns()),
+                        &format!(
+                            "START {shard} {} {who} {} {shards}",
+                            token.get(),
+                            safety::mono_ns()
+                        ),
                     );
                     loop {
                         register.write(token, &who);
@@ -168,7 +191,11 @@ pub async fn candidate(backend: impl tenure::Backend, identity: &str, dir: &Path
                     }
                     note(
                         &log,
-                        &format!("STOP {shard} {} {who} {}", token.get(), safety::mono_ns()),
+                        &format!(
+                            "STOP {shard} {} {who} {} {shards}",
+                            token.get(),
+                            safety::mono_ns()
+                        ),
                     );
                 }
             },
@@ -244,4 +271,107 @@ pub fn scenario(test: &str, env: &[(&str, String)], dir: &Path) -> Vec<(&'static
     let stale = stale_accepted(dir);
     assert_eq!(stale, 0, "stale writes were accepted");
     times
+}
+
+/// Workload STARTs of one count while a workload of another count had started and not
+/// stopped, by the log's monotonic times (one clock for all processes on this machine).
+/// `dead` processes' terms never STOP; they are left out.
+pub fn overlaps_across_counts(dir: &Path, dead: &[String]) -> Vec<String> {
+    let text = std::fs::read_to_string(dir.join("events.log")).unwrap_or_default();
+    let mut events: Vec<(u64, bool, u32, u32, u64, String)> = Vec::new();
+    for line in text.lines() {
+        let p: Vec<&str> = line.split(' ').collect();
+        if p.len() < 6 || dead.iter().any(|d| d == p[3]) {
+            continue;
+        }
+        let (Ok(shard), Ok(token), Ok(at), Ok(count)) = (
+            p[1].parse::<u32>(),
+            p[2].parse::<u64>(),
+            p[4].parse::<u64>(),
+            p[5].parse::<u32>(),
+        ) else {
+            continue;
+        };
+        match p[0] {
+            "START" => events.push((at, true, count, shard, token, p[3].to_owned())),
+            "STOP" => events.push((at, false, count, shard, token, p[3].to_owned())),
+            _ => {}
+        }
+    }
+    // At one instant, STOPs go first: a term that ended as another began is no overlap.
+    events.sort_by_key(|e| (e.0, e.1));
+    let mut open: BTreeMap<(u32, u32, u64), String> = BTreeMap::new();
+    let mut overlaps = Vec::new();
+    for (at, start, count, shard, token, who) in events {
+        if start {
+            if let Some(((c, s, t), w)) = open.iter().find(|((c, ..), _)| *c != count) {
+                overlaps.push(format!(
+                    "{who} started shard {shard} of {count} (token {token}) at {at} while {w} ran shard {s} of {c} (token {t})"
+                ));
+            }
+            open.insert((count, shard, token), who);
+        } else {
+            open.remove(&(count, shard, token));
+        }
+    }
+    overlaps
+}
+
+/// A rolling update from `from` to `to` shards with separate processes: two replicas run
+/// `from`; two replicas of `to` join and wait; the old ones leave by SIGTERM, one after the
+/// other; the group then runs `to` over the new ones; a replica restarted with `from` waits.
+/// No workloads of two counts overlap, no stale write is accepted. Returns how long the
+/// change took from the last old replica's SIGTERM to the new count balanced.
+pub fn resize_scenario(
+    test: &str,
+    env: &[(&str, String)],
+    dir: &Path,
+    from: u32,
+    to: u32,
+) -> Duration {
+    let spawn = |id: &str, count: u32| {
+        let mut env = env.to_vec();
+        env.push((COUNT, count.to_string()));
+        safety::Candidate::spawn(test, &env, id)
+    };
+    let old: Vec<String> = vec!["a0".into(), "a1".into()];
+    let new: Vec<String> = vec!["b0".into(), "b1".into()];
+    let mut procs: BTreeMap<String, safety::Candidate> = BTreeMap::new();
+    for id in &old {
+        procs.insert(id.clone(), spawn(id, from));
+    }
+    wait_balanced_over(dir, &old, &[], "the old count", from);
+    for id in &new {
+        procs.insert(id.clone(), spawn(id, to));
+    }
+    // The new replicas wait while the old count runs.
+    std::thread::sleep(Duration::from_secs(3));
+    let r = running(dir, &[]);
+    assert!(
+        r.values().flatten().all(|(who, _)| old.contains(who)),
+        "a replica of the new count ran a shard while the old count runs: {r:?}"
+    );
+    let mut changed = Duration::ZERO;
+    for id in &old {
+        let mut p = procs.remove(id).expect("spawned");
+        let signalled = Instant::now();
+        p.signal("TERM");
+        assert!(
+            p.exited_within(Duration::from_secs(30)),
+            "{id} did not exit"
+        );
+        changed = signalled.elapsed();
+    }
+    changed += wait_balanced_over(dir, &new, &[], "the new count", to);
+    procs.insert("a2".into(), spawn("a2", from));
+    std::thread::sleep(Duration::from_secs(3));
+    let r = running(dir, &[]);
+    assert!(
+        r.values().flatten().all(|(who, _)| new.contains(who)),
+        "a replica restarted with the old count ran a shard: {r:?}"
+    );
+    drop(procs);
+    assert_eq!(overlaps_across_counts(dir, &[]), Vec::<String>::new());
+    assert_eq!(stale_accepted(dir), 0, "stale writes were accepted");
+    changed
 }

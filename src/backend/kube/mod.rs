@@ -95,6 +95,16 @@
 //! tenure reports its term by the record's `resourceVersion`. Two electors must never share
 //! an identity: client-go cannot tell them apart (tenure can, by the holder token).
 //!
+//! # Group record (sharded leadership)
+//!
+//! A sharded group's shared parameters ([`GroupRecord`]) live in a Lease named
+//! `{group}-group`, as [`GroupRecord::encode`]'s text in the annotation
+//! `tenure.dev/group-record` (no `tenure.dev/group` label, so it is not taken for a member).
+//! It is read with a direct `GET` (a quorum read; version: its `resourceVersion`) and written
+//! by a `POST` when there is none, else a `PUT` carrying the version read: a `409` means
+//! another member wrote first. A Lease of that name without the annotation, or with one
+//! tenure cannot parse, reads as [`GroupRead::Damaged`].
+//!
 //! # Example
 //!
 //! ```no_run
@@ -118,6 +128,7 @@ mod access;
 mod client;
 mod error;
 mod events;
+mod group;
 mod inner;
 mod members;
 mod options;
@@ -134,8 +145,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, HolderChange, HolderToken, InvalidName,
-    LeadershipEvent, LeaseRecord, Member, Released, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, GroupRead, GroupRecord, GroupVersion,
+    HolderChange, HolderToken, InvalidName, LeadershipEvent, LeaseRecord, Member, Released,
+    Renewed,
 };
 use inner::Inner;
 pub use options::{DEFAULT_REQUEST_TIMEOUT, KubeOptions};
@@ -229,6 +241,22 @@ impl Backend for KubeBackend {
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
         members::members(&self.inner, group)
+    }
+
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        Box::pin(self.inner.group_record(group))
+    }
+
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.inner.swap_group_record(group, expected, record))
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
