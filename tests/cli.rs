@@ -1049,6 +1049,10 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
             .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b", "4", "0,1,2,3"]),
         "{out}"
     );
+    assert!(
+        out.contains("GROUP RECORD: 4 shards (generation 1)"),
+        "{out}"
+    );
 
     b.signal(libc::SIGINT);
     let status = b.wait(Duration::from_secs(20));
@@ -1175,6 +1179,8 @@ while :; do sleep 0.1; done"#
         "tenure_shards 2",
         "tenure_shards_owned 2",
         "tenure_shard_group_members 1",
+        "tenure_shard_group_waiting 0",
+        "tenure_shard_group_generation 1",
     ] {
         assert!(body.lines().any(|l| l == metric), "{metric}: {body}");
     }

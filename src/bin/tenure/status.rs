@@ -5,11 +5,11 @@ use std::io::Write;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tenure::backend::{LeaseRecord, Member};
+use tenure::backend::{GroupRead, LeaseRecord, Member};
 
 use crate::args::{Output, StatusArgs};
 use crate::backend::{self, Connected};
-use crate::error::{CliError, printable};
+use crate::error::{CliError, chain, printable};
 
 /// How many shard leases are read at once.
 const CONCURRENT_READS: usize = 16;
@@ -166,6 +166,25 @@ async fn sharded(
     {
         eprintln!("tenure: warning: {warning}");
     }
+    let record = connected
+        .backend
+        .group_record(&args.lease)
+        .await
+        .map_err(|e| chain(&e));
+    if let Ok(GroupRead::Present { record, .. }) = &record
+        && record.shards != shards
+    {
+        eprintln!(
+            "tenure: warning: the group record of {:?} says {record}, not the {shards} given with --shards",
+            args.lease
+        );
+    }
+    let record_text = match &record {
+        Ok(GroupRead::Present { record, .. }) => record.to_string(),
+        Ok(GroupRead::Damaged { reason }) => format!("damaged ({reason})"),
+        Ok(_) => "none".to_owned(),
+        Err(e) => format!("unknown ({e})"),
+    };
     Ok(match args.output {
         Output::Json => {
             let leases: Vec<serde_json::Value> = names
@@ -203,6 +222,15 @@ async fn sharded(
                 "shardLeases": leases,
                 "members": members,
                 "membersError": members_error,
+                "groupRecord": match &record {
+                    Ok(GroupRead::Present { record, .. }) => serde_json::json!({
+                        "shards": record.shards,
+                        "generation": record.generation,
+                        "drainingFrom": record.draining_from,
+                    }),
+                    _ => serde_json::Value::Null,
+                },
+                "groupRecordState": printable(&record_text),
             });
             format!("{value}\n")
         }
@@ -227,6 +255,7 @@ async fn sharded(
             ];
             let mut out = table(&header, &rows);
             out.push('\n');
+            out.push_str(&format!("GROUP RECORD: {}\n", printable(&record_text)));
             match members {
                 Ok(list) => {
                     let rows: Vec<Vec<String>> = list

@@ -1,14 +1,16 @@
 //! `--listen` with `--shards`: the library's probe server for a [`ShardedElector`]
 //! (`/healthz`, `/readyz` once a member of the group), with the sharded replica's gauges on
 //! `/metrics`: `tenure_shards`, `tenure_shards_assigned`, `tenure_shards_owned` and
-//! `tenure_shard_group_members`, updated whenever the assignment or the held shards change.
+//! `tenure_shard_group_members`, `tenure_shard_group_waiting` and
+//! `tenure_shard_group_generation`, updated whenever the assignment, the held shards or the
+//! group record change.
 
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tenure::election::ProbeServer;
-use tenure::shard::ShardedElector;
+use tenure::shard::{GroupStatus, ShardedElector};
 use tokio::net::TcpListener;
 
 /// The replica's gauges.
@@ -18,6 +20,8 @@ struct Gauges {
     assigned: Gauge,
     owned: Gauge,
     members: Gauge,
+    waiting: Gauge,
+    generation: Gauge,
 }
 
 impl Gauges {
@@ -42,6 +46,16 @@ impl Gauges {
             "Live members of the group in the latest assignment",
             self.members.clone(),
         );
+        registry.register(
+            "tenure_shard_group_waiting",
+            "1 while this replica runs no shard because the group record holds another shard count, is changing count, or cannot be parsed",
+            self.waiting.clone(),
+        );
+        registry.register(
+            "tenure_shard_group_generation",
+            "The group record's generation this replica runs under (0 while it waits)",
+            self.generation.clone(),
+        );
     }
 
     fn update(&self, elector: &ShardedElector) {
@@ -60,6 +74,13 @@ impl Gauges {
         self.assigned.set(count(mine));
         self.members.set(count(members));
         self.owned.set(count(elector.owned().borrow().len()));
+        let generation = match *elector.group().borrow() {
+            GroupStatus::Running { generation } => Some(generation),
+            _ => None,
+        };
+        self.waiting.set(i64::from(generation.is_none()));
+        self.generation
+            .set(generation.map_or(0, |g| i64::try_from(g).unwrap_or(i64::MAX)));
     }
 }
 
@@ -71,12 +92,14 @@ pub async fn serve(listener: TcpListener, elector: ShardedElector, mut registry:
     gauges.update(&elector);
     let server =
         ProbeServer::sharded(elector.clone()).shared_metrics(Arc::new(Mutex::new(registry)));
-    let (mut assignment, mut owned) = (elector.assignment(), elector.owned());
+    let (mut assignment, mut owned, mut group) =
+        (elector.assignment(), elector.owned(), elector.group());
     let gauges_follow = async {
         loop {
             tokio::select! {
                 changed = assignment.changed() => if changed.is_err() { break },
                 changed = owned.changed() => if changed.is_err() { break },
+                changed = group.changed() => if changed.is_err() { break },
             }
             gauges.update(&elector);
         }
