@@ -49,7 +49,8 @@ pub enum GroupStatus {
         record: GroupRecord,
     },
     /// The store holds something tenure cannot parse where the record belongs. Nothing is
-    /// decided from it; no new term starts until it is repaired or deleted.
+    /// decided from it: the shards running here stop and none starts until it is repaired or
+    /// deleted (a record nobody can read must not let two counts run).
     Damaged {
         /// What is wrong with it.
         reason: String,
@@ -125,7 +126,7 @@ impl Keeper<'_> {
                     tracing::error!(
                         group = self.group,
                         reason = %reason,
-                        "the group record cannot be parsed: no shard term starts until it is repaired or deleted"
+                        "the group record cannot be parsed: this replica runs no shard until it is repaired or deleted"
                     );
                 }
                 status.send_replace(GroupStatus::Damaged { reason });
