@@ -1029,3 +1029,82 @@ async fn an_identity_too_long_for_a_record_is_refused_and_never_written() {
     }
     granted(&backend, &request("short", Duration::from_secs(5))).await;
 }
+
+/// The group record (sharded leadership) is `groups/G/record`: a planted file too long to be a
+/// record, one that does not parse, or a FIFO is reported as damaged (never an error, never a
+/// blocked or unbounded read) and is never swapped; the record is not a member and survives
+/// the pruning of expired members.
+#[tokio::test]
+async fn a_group_record_tenure_cannot_read_is_damaged_and_never_a_member() {
+    use tenure::backend::{GroupRead, GroupRecord, Member};
+    let dir = TempDir::new("local-group-record");
+    let backend = open(dir.path());
+    let record = dir.path().join("groups/g/record");
+    let member = Member {
+        identity: "a".to_owned(),
+        shards: 4,
+        joined_ms: 0,
+        holds: Vec::new(),
+    };
+    backend
+        .announce_member("g", &member, Duration::from_millis(50))
+        .await
+        .expect("announce");
+    assert!(
+        backend
+            .swap_group_record("g", None, &GroupRecord::first(4))
+            .await
+            .expect("create")
+    );
+    // The member expires and is pruned by the next announcement; the record stays.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let other = Member {
+        identity: "b".to_owned(),
+        ..member
+    };
+    backend
+        .announce_member("g", &other, Duration::from_secs(30))
+        .await
+        .expect("announce");
+    let listed = backend
+        .members("g")
+        .next()
+        .await
+        .expect("a set")
+        .expect("read");
+    assert_eq!(listed, vec![other]);
+    assert!(matches!(
+        backend.group_record("g").await.expect("read"),
+        GroupRead::Present { record, .. } if record == GroupRecord::first(4)
+    ));
+    for (what, plant) in [
+        ("5 MiB", vec![b'g'; 5 << 20]),
+        ("garbage", b"g1:four:1:-".to_vec()),
+    ] {
+        std::fs::write(&record, plant).expect("plant");
+        let read = timeout(Duration::from_secs(5), backend.group_record("g"))
+            .await
+            .expect("bounded")
+            .expect("a damaged record is no error");
+        assert!(
+            matches!(read, GroupRead::Damaged { .. }),
+            "{what}: {read:?}"
+        );
+        assert!(
+            !backend
+                .swap_group_record("g", None, &GroupRecord::first(4))
+                .await
+                .expect("swap"),
+            "{what}: a damaged record is never replaced"
+        );
+    }
+    std::fs::remove_file(&record).expect("remove");
+    let fifo = std::ffi::CString::new(record.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: `fifo` is a valid NUL-terminated path; mkfifo reads it and nothing else.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    let read = timeout(Duration::from_secs(5), backend.group_record("g"))
+        .await
+        .expect("a FIFO never blocks the read")
+        .expect("no error");
+    assert!(matches!(read, GroupRead::Damaged { .. }), "{read:?}");
+}

@@ -183,7 +183,7 @@ fn check_group_dir(dir: &Path) -> Result<(), BackendError> {
 
 /// Takes the group's file lock (`wait`: up to [`LOCK_WAIT`], unless the caller gave up;
 /// otherwise only if it is free at once: `None` when it is not).
-fn lock_group(
+pub(super) fn lock_group(
     dir: &Path,
     wait: bool,
     abandoned: &AtomicBool,

@@ -108,6 +108,7 @@
 #[cfg(not(target_os = "linux"))]
 compile_error!("the `local` backend needs Linux (flock, inotify, CLOCK_MONOTONIC, boot_id)");
 
+mod group;
 mod members;
 mod record;
 mod store;
@@ -123,8 +124,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Member, Released, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
+    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 use store::Store;
 use watch::{Hub, Watcher};
@@ -451,6 +452,34 @@ impl Backend for LocalBackend {
             let (group, identity) = (group.to_owned(), identity.to_owned());
             self.blocking(move |store, abandoned| {
                 members::withdraw(store, &group, &identity, abandoned)
+            })
+            .await
+        })
+    }
+
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        Box::pin(async move {
+            validate(group).map_err(name_error)?;
+            let group = group.to_owned();
+            self.blocking(move |store, _| group::read(store, &group))
+                .await
+        })
+    }
+
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            validate(group).map_err(name_error)?;
+            let (group, expected, record) = (group.to_owned(), expected.cloned(), *record);
+            self.blocking(move |store, abandoned| {
+                group::swap(store, &group, expected.as_ref(), &record, abandoned)
             })
             .await
         })
