@@ -204,11 +204,11 @@ async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
             Some(Released::Released)
         );
     }
-    // Group membership too: a group's keys share its slot, its channel crosses the nodes.
-    Suite::new(b.clone())
-        .ttl(Duration::from_secs(1))
-        .check_membership()
-        .await;
+    // Group membership and the group record too: a group's keys share its slot, its channel
+    // crosses the nodes.
+    let suite = Suite::new(b.clone()).ttl(Duration::from_secs(1));
+    suite.check_membership().await;
+    suite.check_group_record().await;
     let e = RedisBackend::connect(as_user("noslots"))
         .await
         .expect_err("no topology without CLUSTER SLOTS");

@@ -60,10 +60,9 @@ async fn membership_works_with_exactly_the_documented_acl() {
             .await
             .unwrap_or_else(|e| panic!("connect as {user}: {e}"))
     };
-    Suite::new(connect("tenure").await)
-        .ttl(TTL)
-        .check_membership()
-        .await;
+    let suite = Suite::new(connect("tenure").await).ttl(TTL);
+    suite.check_membership().await;
+    suite.check_group_record().await;
     let refused = connect("locksonly").await;
     let me = Member {
         identity: "pod-a".into(),
@@ -125,4 +124,38 @@ async fn an_oversized_member_record_is_skipped_and_the_group_still_read() {
     let list = first.expect("the read does not fail on the planted records");
     let ids: Vec<&str> = list.iter().map(|m| m.identity.as_str()).collect();
     assert_eq!(ids, ["pod-a"], "the planted records are skipped");
+}
+
+/// A group record key holding what tenure never writes (a 5 MiB string, a hash) reads as
+/// damaged, quickly and without an error, and a first record is never written over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_group_record_is_damaged_not_an_error() {
+    use tenure::backend::{Backend, GroupRead, GroupRecord};
+    let server = RedisServer::start();
+    let backend = support::backend(&server).await;
+    let mut admin = server.admin();
+    let big = "g".repeat(5 << 20);
+    let plants: [(&str, Vec<&str>); 2] = [
+        ("SET", vec!["tenure:{big}:group-record", &big]),
+        ("HSET", vec!["tenure:{hash}:group-record", "f", "v"]),
+    ];
+    for (cmd, args) in plants {
+        let _: () = redis::cmd(cmd).arg(&args).query(&mut admin).expect("plant");
+        let group = if cmd == "SET" { "big" } else { "hash" };
+        let read = tokio::time::timeout(Duration::from_secs(2), backend.group_record(group))
+            .await
+            .expect("a bounded read")
+            .expect("a damaged record is no error");
+        assert!(
+            matches!(read, GroupRead::Damaged { .. }),
+            "{group}: {read:?}"
+        );
+        assert!(
+            !backend
+                .swap_group_record(group, None, &GroupRecord::first(4))
+                .await
+                .expect("no error"),
+            "{group}: a first record is never written over what is there"
+        );
+    }
 }

@@ -23,7 +23,7 @@ pub const ADMIN_PASSWORD: &str = "node-admin-pw-5d1e";
 /// The ACL rules the README documents for tenure's user (README "Redis": "An ACL user").
 pub const DOCUMENTED_ACL_RULES: &str = "resetkeys ~tenure:* resetchannels &tenure:* -@all \
      +evalsha +script|load +subscribe +unsubscribe +ping \
-     +get +set +setrange +incr +pexpire +pttl +publish +time \
+     +get +set +setrange +incr +pexpire +pttl +publish +time +strlen \
      +zadd +zrem +zscore +zrangebyscore +zremrangebyscore +hset +hdel +hmget";
 
 /// Runs `f` on a thread that has entered the network namespace of `pid` (a network

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// `z…` and `h…` ones for group membership).
 pub const DOCUMENTED_ACL_RULES: &str = "resetkeys ~tenure:* resetchannels &tenure:* -@all \
      +evalsha +script|load +subscribe +unsubscribe +ping \
-     +get +set +setrange +incr +pexpire +pttl +publish +time \
+     +get +set +setrange +incr +pexpire +pttl +publish +time +strlen \
      +zadd +zrem +zscore +zrangebyscore +zremrangebyscore +hset +hdel +hmget";
 
 /// An ACL `user` line (for [`Options::acl_user`]): `name` with `password` and the documented

@@ -12,7 +12,7 @@ use super::conn::{Conn, Connector, Managed};
 use super::engine::{self, Engine};
 use super::error::{config_error, from_redis};
 use super::observe::Hub;
-use super::{Inner, RedisBackend, expiry, keys, members};
+use super::{Inner, RedisBackend, expiry, group, keys, members};
 use crate::backend::BackendError;
 #[cfg(doc)]
 use crate::backend::BackendErrorKind;
@@ -68,7 +68,12 @@ impl RedisBackend {
             max_entries: config.max_batch,
             ack_ttl: config.release_ack_ttl,
         });
-        let scripts = [&engine::lock_scripts()[..], &members::scripts()[..]].concat();
+        let scripts = [
+            &engine::lock_scripts()[..],
+            &members::scripts()[..],
+            &group::scripts()[..],
+        ]
+        .concat();
         tokio::time::timeout(config.request_timeout, engine.load_scripts(&scripts))
             .await
             .map_err(|_| BackendError::timeout("redis script load", config.request_timeout))??;

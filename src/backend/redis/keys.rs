@@ -63,6 +63,11 @@ impl Keys {
     pub(crate) fn member_records(&self, group: &str) -> String {
         self.lock(group) + ":member-records"
     }
+
+    /// `<prefix>{<group>}:group-record`: a group's record (see `group.rs`).
+    pub(crate) fn group_record(&self, group: &str) -> String {
+        self.lock(group) + ":group-record"
+    }
 }
 
 /// Checks a lock name: non-empty, at most [`MAX_NAME_LEN`] bytes, no braces (they would change

@@ -80,6 +80,7 @@
 //! |---|---|---|
 //! | `tenure:{web}:members` | a sorted set: each member's identity, scored by the server time (ms, from `TIME`) at which its announcement runs out | the longest announcement's |
 //! | `tenure:{web}:member-records` | a hash: identity → `m1:<shards>:<joined_ms>:<held shards, comma-separated>` | the same |
+//! | `tenure:{web}:group-record` | a string: the group's record `g1:<shards>:<generation>:<draining from or ->` (`group.rs`), changed only by compare-and-swap | none |
 //!
 //! [`announce_member`](crate::Backend::announce_member) and
 //! [`withdraw_member`](crate::Backend::withdraw_member) are scripts that also PUBLISH `a` or
@@ -131,12 +132,13 @@
 //! ```text
 //! ACL SETUSER tenure on >password resetkeys ~tenure:* resetchannels &tenure:* -@all
 //!     +evalsha +script|load +subscribe +unsubscribe +ping
-//!     +get +set +setrange +incr +pexpire +pttl +publish +time
+//!     +get +set +setrange +incr +pexpire +pttl +publish +time +strlen
 //!     +zadd +zrem +zscore +zrangebyscore +zremrangebyscore +hset +hdel +hmget
 //! ```
 //!
 //! (`+get … +hmget` are the commands the scripts call: Redis checks them against the caller's
-//! permissions too; the `z…` and `h…` commands only group membership uses.) A denied command surfaces as [`BackendErrorKind::PermissionDenied`], a
+//! permissions too; the `z…` and `h…` commands only group membership uses, `+strlen` only
+//! the group record.) A denied command surfaces as [`BackendErrorKind::PermissionDenied`], a
 //! refused password as [`BackendErrorKind::Unauthenticated`]. In a cluster the client also
 //! discovers the topology with `CLUSTER SLOTS` (`+cluster|slots`).
 //!
@@ -167,6 +169,7 @@ mod connect;
 mod engine;
 mod error;
 mod expiry;
+mod group;
 mod keys;
 mod limit;
 mod members;

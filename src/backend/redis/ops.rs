@@ -11,10 +11,11 @@ use futures::stream::BoxStream;
 use super::RedisBackend;
 use super::engine::{self, AcquireEntry, ReleaseEntry, RenewEntry, hex, millis};
 use super::error::name_error;
-use super::{keys, members};
+use super::{group, keys, members};
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderChange, HolderToken,
-    InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
+    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
+    RenewRequest, Renewed,
 };
 
 impl RedisBackend {
@@ -209,6 +210,36 @@ impl Backend for RedisBackend {
             self.bounded("redis announce member", announce)
                 .await
                 .map(|_| ())
+        })
+    }
+
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(group).map_err(name_error)?;
+            self.bounded(
+                "redis read group record",
+                group::read(&self.inner.engine, group),
+            )
+            .await
+        })
+    }
+
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(group).map_err(name_error)?;
+            self.bounded(
+                "redis swap group record",
+                group::swap(&self.inner.engine, group, expected, record),
+            )
+            .await
         })
     }
 
