@@ -1204,7 +1204,7 @@ while :; do sleep 0.1; done"#
 }
 
 #[test]
-fn bad_shard_counts_exit_2_naming_the_flag() {
+fn bad_shard_counts_exit_2_and_a_replica_with_another_count_waits() {
     let s = Scratch::new("shard-bad");
     let state = s.state();
     for bad in ["0", "4097", "-1", "many", ""] {
@@ -1249,7 +1249,8 @@ fn bad_shard_counts_exit_2_naming_the_flag() {
         "{err}"
     );
 
-    // A replica started with another count than the group's refuses to join.
+    // A replica started with another count than the group's waits, runs nothing, and says
+    // why; once the group's replica has left, it changes the group to its count.
     let log = s.path("log");
     let mut first = Tenure::start(
         &shard_args(&s, "counted", "4", "first", shard_worker(&log, 0.0)),
@@ -1261,15 +1262,17 @@ fn bad_shard_counts_exit_2_naming_the_flag() {
         "the first replica's copies",
         || running(&events(&log)).len() == 4,
     );
-    let args = shard_args(&s, "counted", "3", "second", shard_worker(&log, 0.0));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (c, _, err) = run_bounded(&refs, &[], b"", Duration::from_secs(20));
-    assert_eq!(c, 2, "{err}");
-    let line = error_line(&err);
-    assert!(
-        line.contains("--shards") && line.contains("runs 4 shards") && line.contains("with 3"),
-        "{line}"
+    let mut second = Tenure::start(
+        &shard_args(&s, "counted", "3", "second", shard_worker(&log, 0.0)),
+        &[],
+        s.path("err-second"),
     );
+    wait_until(
+        Duration::from_secs(15),
+        "the second replica's warning",
+        || second.log().contains("the group runs another shard count"),
+    );
+    std::thread::sleep(Duration::from_secs(2));
     let r = running(&events(&log));
     assert_eq!(
         per_identity(&r),
@@ -1282,5 +1285,17 @@ fn bad_shard_counts_exit_2_naming_the_flag() {
         Some(0),
         "{}",
         first.log()
+    );
+    wait_until(
+        Duration::from_secs(15),
+        "the second replica's copies of 3 shards",
+        || per_identity(&running(&events(&log))) == [("second".into(), 3)].into(),
+    );
+    second.signal(libc::SIGTERM);
+    assert_eq!(
+        second.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        second.log()
     );
 }
