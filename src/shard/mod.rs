@@ -19,6 +19,13 @@
 //! that has not yet): two replicas may then both campaign for one shard, and its lease lets
 //! only one hold it. The assignment decides who *tries*; the lease decides who *holds*.
 //!
+//! The shard count is the group's, kept by the store in one group record that changes only by
+//! compare-and-swap (the `group` module documents the protocol): a replica started with
+//! another count runs no shard and waits ([`GroupStatus::Waiting`]); it changes the group to
+//! its count once no live member runs the old one and every lease of the old count is free.
+//! So a rolling update that changes the count completes, and workloads of two counts (which
+//! map keys to shards differently) never run at once.
+//!
 //! Keys map to shards with [`shard_of`], a documented hash other languages can compute.
 
 mod assign;
