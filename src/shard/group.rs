@@ -297,4 +297,155 @@ mod tests {
         );
         assert!(!admits(&store, "g", 4, 2, T).await, "draining");
     }
+
+    fn keeper(store: &dyn Backend, shards: u32) -> Keeper<'_> {
+        Keeper {
+            backend: store,
+            group: "g",
+            shards,
+            lease: Duration::from_secs(15),
+            retry: Duration::from_secs(2),
+            request_timeout: T,
+        }
+    }
+
+    async fn write(store: &MemoryBackend, record: GroupRecord) {
+        let expected = match store.group_record("g").await.expect("read") {
+            GroupRead::Present { version, .. } => Some(version),
+            _ => None,
+        };
+        assert!(
+            store
+                .swap_group_record("g", expected.as_ref(), &record)
+                .await
+                .expect("swap")
+        );
+    }
+
+    async fn record(store: &MemoryBackend) -> GroupRecord {
+        match store.group_record("g").await.expect("read") {
+            GroupRead::Present { record, .. } => record,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A drain of a new generation starts again from lease 0, whatever an earlier drain by
+    /// this keeper got through: the old count's leases are other leases.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_of_a_new_generation_checks_every_old_lease_again() {
+        use crate::backend::{AcquireRequest, HolderToken};
+        let store = MemoryBackend::new();
+        write(&store, GroupRecord::first(8)).await;
+        let draining = GroupRecord {
+            shards: 6,
+            generation: 4,
+            draining_from: Some(8),
+        };
+        write(&store, draining).await;
+        let held = AcquireRequest {
+            name: "g-1".into(),
+            holder: HolderToken::random(),
+            identity: "old".into(),
+            ttl: Duration::from_secs(60),
+        };
+        store.try_acquire(&held).await.expect("acquire");
+        let (status, _) = watch::channel(GroupStatus::Joining);
+        // An earlier drain (generation 2, from 4) got through leases 0..4.
+        let mut drained = (2, 4);
+        let k = keeper(&store, 6);
+        let pause = k
+            .step(&status, Some(&[]), &mut drained)
+            .await
+            .expect("step");
+        assert_eq!(pause, k.retry, "lease 1 is held: wait and look again");
+        assert_eq!(
+            record(&store).await,
+            draining,
+            "not active while g-1 is held"
+        );
+        assert_eq!(drained, (4, 1));
+    }
+
+    /// Once the record runs this replica's count, the run loop is told at once (it stops
+    /// waiting and assigns shards); reading the same record again tells it nothing.
+    #[tokio::test(start_paused = true)]
+    async fn running_is_announced_once_per_change() {
+        let store = MemoryBackend::new();
+        write(&store, GroupRecord::first(4)).await;
+        let (status, mut seen) = watch::channel(GroupStatus::Joining);
+        let k = keeper(&store, 4);
+        k.step(&status, Some(&[]), &mut (0, 0)).await.expect("step");
+        assert!(seen.has_changed().expect("open"));
+        assert_eq!(
+            *seen.borrow_and_update(),
+            GroupStatus::Running { generation: 1 }
+        );
+        k.step(&status, Some(&[]), &mut (0, 0)).await.expect("step");
+        assert!(!seen.has_changed().expect("open"));
+    }
+
+    /// A store that keeps no group record: the keeper gives up at once with the store's
+    /// error instead of retrying forever.
+    #[tokio::test(start_paused = true)]
+    async fn a_permanent_store_error_ends_the_keeper() {
+        struct NoRecords(MemoryBackend);
+        impl Backend for NoRecords {
+            fn validate_name(&self, name: &str) -> Result<(), crate::backend::InvalidName> {
+                self.0.validate_name(name)
+            }
+            fn try_acquire<'a>(
+                &'a self,
+                req: &'a crate::backend::AcquireRequest,
+            ) -> futures::future::BoxFuture<'a, Result<crate::backend::Acquired, BackendError>>
+            {
+                self.0.try_acquire(req)
+            }
+            fn renew<'a>(
+                &'a self,
+                name: &'a str,
+                holder: &'a crate::backend::HolderToken,
+                ttl: Duration,
+            ) -> futures::future::BoxFuture<'a, Result<crate::backend::Renewed, BackendError>>
+            {
+                self.0.renew(name, holder, ttl)
+            }
+            fn release<'a>(
+                &'a self,
+                name: &'a str,
+                holder: &'a crate::backend::HolderToken,
+            ) -> futures::future::BoxFuture<'a, Result<crate::backend::Released, BackendError>>
+            {
+                self.0.release(name, holder)
+            }
+            fn inspect<'a>(
+                &'a self,
+                name: &'a str,
+            ) -> futures::future::BoxFuture<
+                'a,
+                Result<Option<crate::backend::LeaseRecord>, BackendError>,
+            > {
+                self.0.inspect(name)
+            }
+            fn observe(
+                &self,
+                name: &str,
+            ) -> futures::stream::BoxStream<
+                'static,
+                Result<crate::backend::HolderChange, BackendError>,
+            > {
+                self.0.observe(name)
+            }
+        }
+        let store = NoRecords(MemoryBackend::new());
+        let (status, _) = watch::channel(GroupStatus::Joining);
+        let (_members, latest) = watch::channel(None);
+        let recheck = Notify::new();
+        let e = tokio::time::timeout(
+            Duration::from_secs(600),
+            keeper(&store, 4).keep(&status, latest, &recheck),
+        )
+        .await
+        .expect("a permanent error ends the keeper");
+        assert_eq!(e.kind(), crate::backend::BackendErrorKind::Config);
+    }
 }

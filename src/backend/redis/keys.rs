@@ -112,6 +112,7 @@ mod tests {
         assert_eq!(k.channel("jobs"), "tenure:{jobs}");
         assert_eq!(k.members("jobs"), "tenure:{jobs}:members");
         assert_eq!(k.member_records("jobs"), "tenure:{jobs}:member-records");
+        assert_eq!(k.group_record("jobs"), "tenure:{jobs}:group-record");
     }
 
     #[test]
