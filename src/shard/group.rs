@@ -216,12 +216,21 @@ impl Keeper<'_> {
     fn wait_on(&self, status: &watch::Sender<GroupStatus>, record: GroupRecord) {
         let now = GroupStatus::Waiting { record };
         if *status.borrow() != now {
-            tracing::warn!(
-                group = self.group,
-                shards = self.shards,
-                record = %record,
-                "the group runs another shard count: this replica takes no shard until every member running it has left and its leases are free"
-            );
+            if record.shards == self.shards {
+                tracing::info!(
+                    group = self.group,
+                    shards = self.shards,
+                    record = %record,
+                    "the group is changing to this replica's shard count: no shard runs until every lease of the old count is free"
+                );
+            } else {
+                tracing::warn!(
+                    group = self.group,
+                    shards = self.shards,
+                    record = %record,
+                    "the group runs another shard count: this replica takes no shard until every member running it has left and its leases are free"
+                );
+            }
             status.send_replace(now);
         }
     }
