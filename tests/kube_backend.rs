@@ -681,3 +681,159 @@ async fn fields_tenure_does_not_own_survive_every_write() {
     assert_coordinated(&raw, "an acquire of a released Lease");
     next.release().await.expect("release");
 }
+
+/// The shard Leases of group `group`, as the sharded elector names them.
+fn shard_leases(group: &str, shards: u32) -> Vec<String> {
+    (0..shards).map(|s| format!("{group}-{s}")).collect()
+}
+
+/// Issue #26: a replica follows every shard Lease of its group with one watch, however many
+/// shards it observes, and hears grants through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_follows_all_its_shard_leases_with_one_watch() {
+    let server = shared();
+    let group = unique("joint");
+    let leases = shard_leases(&group, 24);
+    let requests = Requests::default();
+    let follower = counting_backend(&requests).await;
+    let joint = follower.follow_shard_leases(&group, &leases);
+    assert!(joint.is_joint());
+    let mut streams = Vec::new();
+    for name in &leases {
+        let mut changes = follower.observe(name);
+        let first = tokio::time::timeout(Duration::from_secs(5), changes.next())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: no state at subscription"));
+        assert_eq!(first.and_then(Result::ok), Some(HolderChange::free()));
+        streams.push(changes);
+    }
+
+    // Another replica of the group takes shard 3: its Lease carries the group's label, and
+    // the follower hears the grant through the joint watch.
+    let other = Arc::new(server.backend(NS).await);
+    let _other_joint = other.follow_shard_leases(&group, &leases);
+    let locker = Locker::with_identity(other.clone(), "other").expect("identity");
+    let held = locker
+        .try_acquire(&leases[3], &LockOptions::new().ttl(Duration::from_secs(5)))
+        .await
+        .expect("free lock");
+    let raw = server.lease(NS, &leases[3]).await.expect("created");
+    assert_eq!(
+        raw.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(tenure::backend::kube::SHARD_GROUP_LABEL))
+            .map(String::as_str),
+        Some(group.as_str()),
+        "a shard Lease written under a joint watch carries the group's label"
+    );
+    let granted = tokio::time::timeout(Duration::from_secs(5), streams[3].next())
+        .await
+        .expect("grant reported")
+        .and_then(Result::ok)
+        .expect("grant");
+    assert_eq!(granted.holder.as_deref(), Some("other"));
+    assert_eq!(granted.fencing, Some(held.fencing_token()));
+    held.release().await.expect("release");
+    let freed = tokio::time::timeout(Duration::from_secs(5), streams[3].next())
+        .await
+        .expect("release reported")
+        .and_then(Result::ok);
+    assert_eq!(freed, Some(HolderChange::free()));
+
+    let sent = requests.list();
+    let watches = sent.iter().filter(|r| r.ends_with("(watch)")).count();
+    assert_eq!(
+        watches, 1,
+        "24 observed shard Leases must share one watch: {sent:#?}"
+    );
+    assert!(
+        sent.len() <= 3,
+        "one list and one watch, no reads per Lease: {sent:#?}"
+    );
+}
+
+/// Issue #26 finding 7: a shard whose holder died is free one lease after the holder's last
+/// renewal, for a replica that followed the group before it was assigned the shard — not
+/// one lease after that replica first looked at it. And not a moment before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_shard_is_free_one_lease_after_its_last_renewal() {
+    let server = shared();
+    let group = unique("failover");
+    let leases = shard_leases(&group, 4);
+    let opts = LockOptions::new().ttl(Duration::from_secs(2));
+
+    let next = Arc::new(server.backend(NS).await);
+    let _joint = next.follow_shard_leases(&group, &leases);
+    // Synced once any shard Lease's state is known (the joint watch lists them all); shard
+    // 0 itself is never looked at before its holder dies.
+    let mut changes = next.observe(&leases[1]);
+    tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("synced");
+
+    let dead_backend = Arc::new(server.backend(NS).await);
+    let _dead_joint = dead_backend.follow_shard_leases(&group, &leases);
+    let dead = Locker::with_identity(dead_backend, "dead").expect("identity");
+    let held = dead
+        .try_acquire(&leases[0], &opts)
+        .await
+        .expect("free lock");
+    let last_renewal = Instant::now();
+    let dead_token = held.fencing_token();
+    held.orphan();
+
+    let locker = Locker::with_identity(next, "next").expect("identity");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let early = locker.try_acquire(&leases[0], &opts).await;
+    assert!(
+        matches!(early, Err(LockError::NotAcquired { ref holder, .. }) if holder.as_deref() == Some("dead")),
+        "taken while the dead holder's lease still ran: {early:?}"
+    );
+    tokio::time::sleep_until(last_renewal + Duration::from_millis(2500)).await;
+    let taken = locker
+        .try_acquire(&leases[0], &opts)
+        .await
+        .expect("the dead holder's lease ran out 0.5 s ago by the follower's clock");
+    assert!(taken.fencing_token() > dead_token);
+    taken.release().await.expect("release");
+}
+
+/// A shard Lease written without the group's label (by an older tenure, or a plain election
+/// of the same name) is not in the joint watch: it is noticed late, never taken early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlabelled_shard_lease_held_by_a_live_holder_is_never_taken() {
+    let server = shared();
+    let group = unique("unlabelled");
+    let leases = shard_leases(&group, 2);
+    let holder = Locker::with_identity(server.backend(NS).await, "plain").expect("identity");
+    let held = holder
+        .try_acquire(
+            &leases[1],
+            &LockOptions::new()
+                .ttl(Duration::from_secs(1))
+                .auto_renew(true),
+        )
+        .await
+        .expect("free lock");
+
+    let next = Arc::new(server.backend(NS).await);
+    let _joint = next.follow_shard_leases(&group, &leases);
+    let locker = Locker::with_identity(next, "next").expect("identity");
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut attempts = 0;
+    while Instant::now() < until {
+        let tried = locker
+            .try_acquire(&leases[1], &LockOptions::new().ttl(Duration::from_secs(1)))
+            .await;
+        assert!(
+            matches!(tried, Err(LockError::NotAcquired { .. })),
+            "a live holder's lease was taken: {tried:?}"
+        );
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(attempts > 20);
+    assert!(holder.stats().renewals >= 8, "{:?}", holder.stats());
+    held.release().await.expect("release");
+}

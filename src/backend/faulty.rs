@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
     GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
-    RenewRequest, Renewed,
+    RenewRequest, Renewed, ShardLeaseWatch,
 };
 
 /// The fault currently injected by a [`FaultyBackend`].
@@ -279,6 +279,10 @@ impl Backend for FaultyBackend {
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
         self.inner.members(group)
+    }
+
+    fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {
+        self.inner.follow_shard_leases(group, leases)
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

@@ -157,6 +157,37 @@ impl GroupRead {
     }
 }
 
+/// Kept by a sharded group's member while it follows the group's shard leases together
+/// ([`Backend::follow_shard_leases`](super::Backend::follow_shard_leases)); dropping it ends
+/// that, and the backend goes back to following each lease on its own.
+#[must_use = "the shard leases are followed together only while this lives"]
+pub struct ShardLeaseWatch(Option<Box<dyn Send + Sync>>);
+
+impl ShardLeaseWatch {
+    /// Nothing to keep: the backend follows each lease on its own.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// Keeps `guard` (whose drop ends the joint watch) for as long as this lives.
+    pub fn keeping(guard: impl Send + Sync + 'static) -> Self {
+        Self(Some(Box::new(guard)))
+    }
+
+    /// Whether the backend follows the leases together (rather than each on its own).
+    pub fn is_joint(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl fmt::Debug for ShardLeaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShardLeaseWatch")
+            .field("joint", &self.is_joint())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

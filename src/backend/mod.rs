@@ -43,7 +43,7 @@ use futures::stream::BoxStream;
 
 pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
-pub use group::{GroupRead, GroupRecord, GroupVersion};
+pub use group::{GroupRead, GroupRecord, GroupVersion, ShardLeaseWatch};
 pub use types::{
     AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,
     LeaseRecord, Member, Released, RenewRequest, Renewed,
@@ -198,6 +198,23 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(no_membership())))
     }
 
+    /// Follows `leases` — the shard leases of sharded group `group` that this process may
+    /// hold — together, for as long as the returned guard lives.
+    ///
+    /// A backend whose expiry judgement runs on the observer's clock (Kubernetes) starts
+    /// that clock for every one of them now, not when this process first asks for one: a
+    /// shard whose holder died is then taken over one lease after the holder's last
+    /// renewal, not one lease after a new owner first looked. It may also serve
+    /// [`observe`](Self::observe) of these leases from one watch for the whole group rather
+    /// than one per lease, and mark the leases it writes as the group's.
+    ///
+    /// The default follows each lease on its own (the store judges expiry, or a
+    /// notification per lease costs nothing).
+    fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {
+        let _ = (group, leases);
+        ShardLeaseWatch::none()
+    }
+
     /// A stream of holder changes of one lock: grants and releases.
     ///
     /// The first item describes the state when the stream started, so a subscriber cannot miss
@@ -278,6 +295,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         record: &'a GroupRecord,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         (**self).swap_group_record(group, expected, record)
+    }
+    fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {
+        (**self).follow_shard_leases(group, leases)
     }
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
         (**self).observe(name)

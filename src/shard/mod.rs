@@ -291,6 +291,17 @@ impl ShardedElector {
             holds: Vec::new(),
         };
         let mut shards = Shards::default();
+        // Every shard lease followed from now until the last is released (the end of this
+        // function): a dead member's shards are then free one lease after its last renewal,
+        // not one lease after their new owner first looks (on Kubernetes, with one watch).
+        let leases: Vec<String> = (0..self.inner.shards)
+            .map(|shard| lease_name(&self.inner.name, shard))
+            .collect();
+        let _following = self
+            .inner
+            .locker
+            .backend()
+            .follow_shard_leases(&self.inner.name, &leases);
         let (lease, retry) = self.inner.config.timings();
         let keeper = group::Keeper {
             backend: self.inner.locker.backend(),

@@ -125,7 +125,7 @@ impl Inner {
         if cached {
             let locks = self.locks();
             if let Some(st) = locks.get(name)
-                && st.live
+                && st.synced()
                 && let Some(known) = &st.known
             {
                 return Ok(known.clone());

@@ -134,6 +134,7 @@ mod members;
 mod options;
 mod read;
 pub(crate) mod record;
+mod shard_watch;
 mod state;
 mod watch;
 mod write;
@@ -147,7 +148,7 @@ use futures::stream::BoxStream;
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, GroupRead, GroupRecord, GroupVersion,
     HolderChange, HolderToken, InvalidName, LeadershipEvent, LeaseRecord, Member, Released,
-    Renewed,
+    Renewed, ShardLeaseWatch,
 };
 use inner::Inner;
 pub use options::{DEFAULT_REQUEST_TIMEOUT, KubeOptions};
@@ -159,6 +160,7 @@ pub use record::{
     HOLDER_IDENTITY as HOLDER_IDENTITY_ANNOTATION, HOLDER_TOKEN as HOLDER_TOKEN_ANNOTATION,
     MAX_NAME_LEN, RELEASED_TOKEN as RELEASED_TOKEN_ANNOTATION,
 };
+pub use shard_watch::SHARD_GROUP_LABEL;
 
 /// A lease store on Kubernetes `coordination.k8s.io/v1` Leases. See the [module
 /// docs](self) for the record layout, the fencing token, time and permissions.
@@ -257,6 +259,10 @@ impl Backend for KubeBackend {
         record: &'a GroupRecord,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(self.inner.swap_group_record(group, expected, record))
+    }
+
+    fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {
+        self.inner.follow_shard_leases(group, leases)
     }
 
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {

@@ -79,6 +79,23 @@ pub struct LockState {
     pub watch: Option<Notices>,
     /// The watch is synced: `known` follows the server without reads.
     pub live: bool,
+    /// The sharded group whose joint watch follows this Lease, if any.
+    pub joint: Option<Joint>,
+}
+
+/// A sharded group's joint watch of this Lease ([`super::shard_watch`]).
+#[derive(Debug)]
+pub struct Joint {
+    /// The group's label value, which the Lease carries when this process writes it.
+    pub label: Arc<str>,
+    /// How many joint watches of this process follow the Lease (one per running sharded
+    /// elector of the group).
+    pub followers: u32,
+    /// A joint watch is synced: `known` follows the server without reads.
+    pub live: bool,
+    /// `watch` was opened for the joint watch to feed: no watch of this Lease alone is
+    /// behind it.
+    pub feeds: bool,
 }
 
 /// Where an observation of a Lease came from.
@@ -154,9 +171,14 @@ impl LockState {
         }
     }
 
+    /// Whether a synced watch keeps `known` current, so reads need not ask the server.
+    pub fn synced(&self) -> bool {
+        self.live || self.joint.as_ref().is_some_and(|j| j.live)
+    }
+
     /// Whether nothing here is worth keeping.
     pub fn is_idle(&self) -> bool {
-        self.own.is_none() && self.watch.is_none()
+        self.own.is_none() && self.watch.is_none() && self.joint.is_none()
     }
 }
 

@@ -1,5 +1,7 @@
-//! One watch per observed Lease, shared by every observer: keeps the local view current and
-//! tells observers about holder changes (grants and releases), never about renewals.
+//! The Lease watches: one per observed Lease, shared by every observer (or one per sharded
+//! group, [`super::shard_watch`]), on one list-then-watch task. A watch keeps the local view
+//! current and tells observers about holder changes (grants and releases), never about
+//! renewals.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +32,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Identifies a term: a change of any of these is a change of holder.
 #[derive(Clone, Debug, PartialEq)]
-enum TermKey {
+pub(super) enum TermKey {
     Free,
     Held {
         holder: String,
@@ -40,7 +42,7 @@ enum TermKey {
     },
 }
 
-fn term_of(current: &Current) -> (TermKey, HolderChange) {
+pub(super) fn term_of(current: &Current) -> (TermKey, HolderChange) {
     let Current::Present(seen) = current else {
         return (TermKey::Free, HolderChange::free());
     };
@@ -66,6 +68,9 @@ fn term_of(current: &Current) -> (TermKey, HolderChange) {
 }
 
 /// A stream of holder changes of `name`, starting with the state once the watch is synced.
+///
+/// A Lease that a sharded group's joint watch follows ([`super::shard_watch`]) is fed by
+/// that watch; any other gets a watch of its own, shared by every observer of the name.
 pub fn observe(
     inner: &Arc<Inner>,
     name: &str,
@@ -81,13 +86,29 @@ pub fn observe(
     let mut rx = {
         let mut locks = inner.locks();
         let st = locks.entry(name.clone()).or_default();
-        match &st.watch {
-            Some(tx) => tx.subscribe(),
-            None => {
+        match (&st.watch, &mut st.joint) {
+            (Some(tx), _) => tx.subscribe(),
+            (None, Some(joint)) => {
+                // The joint watch announces the next change; until then, what it has seen.
+                let now = joint
+                    .live
+                    .then(|| st.known.as_ref().map(|k| Ok(term_of(k).1)))
+                    .flatten();
+                joint.feeds = true;
+                let (tx, rx) = watch::channel(now);
+                st.watch = Some(Arc::new(tx));
+                rx
+            }
+            (None, None) => {
                 let (tx, rx) = watch::channel(None);
                 let tx = Arc::new(tx);
                 st.watch = Some(tx.clone());
-                rt.spawn(run(inner.clone(), name.clone(), tx));
+                let scope = OneLease {
+                    name: name.clone(),
+                    tx,
+                    term: None,
+                };
+                rt.spawn(run(inner.clone(), scope));
                 rx
             }
         }
@@ -104,162 +125,108 @@ pub fn observe(
     }))
 }
 
-/// The task behind one Lease's notices; ends when the last observer is gone.
-struct Task {
-    inner: Arc<Inner>,
+/// What one watch task follows, and what it does with what it sees: one Lease by name
+/// ([`OneLease`]), or every shard Lease of a sharded group by label
+/// ([`super::shard_watch`]). The task itself — list, watch from the list's version, resume,
+/// list again on 410, back off on failure — is the same for both.
+pub(super) trait Scope: Send + 'static {
+    /// Names what is watched, in messages.
+    fn what(&self) -> &str;
+    /// The list that starts a session.
+    fn list_params(&self) -> ListParams;
+    /// The watch that continues it.
+    fn watch_params(&self) -> WatchParams;
+    /// Applies a list of every Lease in scope, sent at `sent`.
+    fn listed(
+        &mut self,
+        inner: &Inner,
+        leases: Vec<Lease>,
+        sent: Instant,
+    ) -> Result<(), BackendError>;
+    /// Applies one watch event: `lease` changed (`Some`), or was deleted at `deleted_rv`.
+    fn changed(
+        &mut self,
+        inner: &Inner,
+        name: &str,
+        lease: Option<Lease>,
+        deleted_rv: Option<u64>,
+    ) -> Result<(), BackendError>;
+    /// The watch broke: reads go to the server again until the next list.
+    fn failed(&mut self, inner: &Inner, e: BackendError);
+    /// Resolves when nobody may need the watch any more (then [`finished`](Self::finished)
+    /// decides).
+    fn closed(&self) -> impl Future<Output = ()> + Send + '_;
+    /// Whether nobody needs the watch; if so, unregisters it.
+    fn finished(&self, inner: &Inner) -> bool;
+}
+
+/// The watch of one Lease, by name: its observers' notices.
+struct OneLease {
     name: Arc<str>,
     tx: Notices,
     /// The term last announced; `None` after a failure, so the next sync is announced.
     term: Option<TermKey>,
-    backoff: Duration,
 }
 
-async fn run(inner: Arc<Inner>, name: Arc<str>, tx: Notices) {
-    let mut task = Task {
-        inner,
-        name,
-        tx,
-        term: None,
-        backoff: BACKOFF_FIRST,
-    };
-    task.run().await;
-    tracing::debug!(lock = %task.name, "lease watch stopped: no observers left");
-}
+impl Scope for OneLease {
+    fn what(&self) -> &str {
+        &self.name
+    }
 
-enum Next {
-    /// Start over with a fresh list.
-    Relist,
-    /// Pause, then start over.
-    Backoff(BackendError),
-    /// No observers left.
-    Stop,
-}
+    fn list_params(&self) -> ListParams {
+        ListParams::default().fields(&format!("metadata.name={}", self.name))
+    }
 
-impl Task {
-    async fn run(&mut self) {
-        loop {
-            match self.session().await {
-                Next::Relist => {}
-                Next::Stop => return,
-                Next::Backoff(e) => {
-                    self.failed(e);
-                    let pause = self.backoff;
-                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = self.tx.closed() => {}
-                    }
-                }
-            }
-            if self.finished() {
-                return;
-            }
+    fn watch_params(&self) -> WatchParams {
+        WatchParams::default().fields(&format!("metadata.name={}", self.name))
+    }
+
+    fn listed(
+        &mut self,
+        inner: &Inner,
+        leases: Vec<Lease>,
+        sent: Instant,
+    ) -> Result<(), BackendError> {
+        let lease = leases
+            .into_iter()
+            .find(|l| l.metadata.name.as_deref() == Some(&*self.name));
+        let current = inner.note(&self.name, lease, None, Source::Answer(sent))?;
+        if let Some(st) = inner.locks().get_mut(&self.name) {
+            st.live = true;
         }
+        announce(&self.tx, &mut self.term, &current);
+        Ok(())
     }
 
-    /// One list, then watches from its resourceVersion until something breaks.
-    async fn session(&mut self) -> Next {
-        let sent = Instant::now();
-        let listed = tokio::select! {
-            r = self.inner.list_one(&self.name) => r,
-            () = self.tx.closed() => return self.stop_or(Next::Relist),
-        };
-        let (lease, mut rv) = match listed {
-            Ok(l) => l,
-            Err(e) => return Next::Backoff(e),
-        };
-        let current = match self
-            .inner
-            .note(&self.name, lease, None, Source::Answer(sent))
-        {
-            Ok(c) => c,
-            Err(e) => return Next::Backoff(e),
-        };
-        self.set_live(true);
-        self.announce(&current);
-        loop {
-            let opened = tokio::select! {
-                r = self.inner.watch_from(&self.name, &rv) => r,
-                () = self.tx.closed() => return self.stop_or(Next::Relist),
-            };
-            let mut events = match opened {
-                Ok(s) => s,
-                Err(e) => return Next::Backoff(e),
-            };
-            loop {
-                let event = tokio::select! {
-                    e = tokio::time::timeout(IDLE_LIMIT, events.next()) => e,
-                    () = self.tx.closed() => {
-                        if self.finished() {
-                            return Next::Stop;
-                        }
-                        continue;
-                    }
-                };
-                let event = match event {
-                    Err(_) => {
-                        tracing::debug!(lock = %self.name, "lease watch idle too long; restarting it");
-                        return Next::Relist;
-                    }
-                    // The server closed the watch (its timeout): resume where it ended.
-                    Ok(None) => break,
-                    Ok(Some(Ok(event))) => event,
-                    Ok(Some(Err(e))) => {
-                        return Next::Backoff(super::error::map(
-                            e,
-                            self.inner.op("watch", &self.name),
-                        ));
-                    }
-                };
-                match event {
-                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
-                        if let Some(v) = lease.metadata.resource_version.clone() {
-                            rv = v;
-                        }
-                        match self
-                            .inner
-                            .note(&self.name, Some(lease), None, Source::Watch)
-                        {
-                            Ok(current) => self.announce(&current),
-                            Err(e) => return Next::Backoff(e),
-                        }
-                        self.backoff = BACKOFF_FIRST;
-                    }
-                    WatchEvent::Deleted(lease) => {
-                        let deleted = record::parse_resource_version(&lease).ok();
-                        if let Some(v) = lease.metadata.resource_version.clone() {
-                            rv = v;
-                        }
-                        match self.inner.note(&self.name, None, deleted, Source::Watch) {
-                            Ok(current) => self.announce(&current),
-                            Err(e) => return Next::Backoff(e),
-                        }
-                    }
-                    WatchEvent::Bookmark(b) => rv = b.metadata.resource_version,
-                    WatchEvent::Error(status) if status.code == 410 => {
-                        // Our resourceVersion is too old to resume from: list again.
-                        return Next::Relist;
-                    }
-                    WatchEvent::Error(status) => {
-                        let e = kube::Error::Api(status);
-                        return Next::Backoff(super::error::map(
-                            e,
-                            self.inner.op("watch", &self.name),
-                        ));
-                    }
-                }
-            }
+    fn changed(
+        &mut self,
+        inner: &Inner,
+        _name: &str,
+        lease: Option<Lease>,
+        deleted_rv: Option<u64>,
+    ) -> Result<(), BackendError> {
+        let current = inner.note(&self.name, lease, deleted_rv, Source::Watch)?;
+        announce(&self.tx, &mut self.term, &current);
+        Ok(())
+    }
+
+    fn failed(&mut self, inner: &Inner, e: BackendError) {
+        tracing::debug!(lock = %self.name, error = %e, "lease watch failed; retrying");
+        if let Some(st) = inner.locks().get_mut(&self.name) {
+            st.live = false;
         }
+        self.term = None;
+        fail(&self.tx, e);
     }
 
-    fn stop_or(&self, next: Next) -> Next {
-        if self.finished() { Next::Stop } else { next }
+    fn closed(&self) -> impl Future<Output = ()> + Send + '_ {
+        self.tx.closed()
     }
 
-    /// Whether no observer is left; if so, unregisters the watch (under the state lock, so
-    /// that no observer can subscribe to a task that is ending).
-    fn finished(&self) -> bool {
-        let mut locks = self.inner.locks();
+    /// Unregisters the watch under the state lock, so that no observer can subscribe to a
+    /// task that is ending.
+    fn finished(&self, inner: &Inner) -> bool {
+        let mut locks = inner.locks();
         if self.tx.receiver_count() > 0 {
             return false;
         }
@@ -274,47 +241,185 @@ impl Task {
         }
         true
     }
+}
 
-    fn set_live(&self, live: bool) {
-        if let Some(st) = self.inner.locks().get_mut(&self.name) {
-            st.live = live;
-        }
-    }
-
-    /// Tells observers about `current` if its term differs from the last one announced.
-    fn announce(&mut self, current: &Current) {
-        let (key, change) = term_of(current);
-        if self.term.as_ref() != Some(&key) {
-            self.term = Some(key);
-            self.tx.send_replace(Some(Ok(change)));
-        }
-    }
-
-    /// The watch broke: reads go to the server again, and observers hear of it once.
-    fn failed(&mut self, e: BackendError) {
-        tracing::debug!(lock = %self.name, error = %e, "lease watch failed; retrying");
-        self.set_live(false);
-        self.term = None;
-        self.tx.send_if_modified(|v| {
-            if matches!(v, Some(Err(_))) {
-                false
-            } else {
-                *v = Some(Err(e));
-                true
-            }
-        });
+/// Tells observers about `current` if its term differs from `last` announced.
+pub(super) fn announce(tx: &Notices, last: &mut Option<TermKey>, current: &Current) {
+    let (key, change) = term_of(current);
+    if last.as_ref() != Some(&key) {
+        *last = Some(key);
+        tx.send_replace(Some(Ok(change)));
     }
 }
 
-/// The (at most one) Lease a field-selected list returned, with the list's resourceVersion.
-pub type Listed = (Option<Lease>, String);
+/// Tells observers of a broken watch once.
+pub(super) fn fail(tx: &Notices, e: BackendError) {
+    tx.send_if_modified(|v| {
+        if matches!(v, Some(Err(_))) {
+            false
+        } else {
+            *v = Some(Err(e));
+            true
+        }
+    });
+}
+
+/// The task behind one watch; ends when nobody needs it any more.
+struct Task<S> {
+    inner: Arc<Inner>,
+    scope: S,
+    backoff: Duration,
+}
+
+pub(super) async fn run<S: Scope>(inner: Arc<Inner>, scope: S) {
+    let mut task = Task {
+        inner,
+        scope,
+        backoff: BACKOFF_FIRST,
+    };
+    task.run().await;
+    tracing::debug!(watch = %task.scope.what(), "lease watch stopped: nobody needs it");
+}
+
+enum Next {
+    /// Start over with a fresh list.
+    Relist,
+    /// Pause, then start over.
+    Backoff(BackendError),
+    /// Nobody needs the watch any more.
+    Stop,
+}
+
+impl<S: Scope> Task<S> {
+    async fn run(&mut self) {
+        loop {
+            match self.session().await {
+                Next::Relist => {}
+                Next::Stop => return,
+                Next::Backoff(e) => {
+                    self.scope.failed(&self.inner, e);
+                    let pause = self.backoff;
+                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = self.scope.closed() => {}
+                    }
+                }
+            }
+            if self.scope.finished(&self.inner) {
+                return;
+            }
+        }
+    }
+
+    /// One list, then watches from its resourceVersion until something breaks.
+    async fn session(&mut self) -> Next {
+        let sent = Instant::now();
+        let params = self.scope.list_params();
+        let listed = tokio::select! {
+            r = self.inner.list_leases(self.scope.what(), &params) => r,
+            () = self.scope.closed() => return self.stop_or(Next::Relist),
+        };
+        let (leases, mut rv) = match listed {
+            Ok(l) => l,
+            Err(e) => return Next::Backoff(e),
+        };
+        if let Err(e) = self.scope.listed(&self.inner, leases, sent) {
+            return Next::Backoff(e);
+        }
+        let params = self.scope.watch_params();
+        loop {
+            let opened = tokio::select! {
+                r = self.inner.watch_from(self.scope.what(), &params, &rv) => r,
+                () = self.scope.closed() => return self.stop_or(Next::Relist),
+            };
+            let mut events = match opened {
+                Ok(s) => s,
+                Err(e) => return Next::Backoff(e),
+            };
+            loop {
+                let event = tokio::select! {
+                    e = tokio::time::timeout(IDLE_LIMIT, events.next()) => e,
+                    () = self.scope.closed() => {
+                        if self.scope.finished(&self.inner) {
+                            return Next::Stop;
+                        }
+                        continue;
+                    }
+                };
+                let event = match event {
+                    Err(_) => {
+                        tracing::debug!(watch = %self.scope.what(), "lease watch idle too long; restarting it");
+                        return Next::Relist;
+                    }
+                    // The server closed the watch (its timeout): resume where it ended.
+                    Ok(None) => break,
+                    Ok(Some(Ok(event))) => event,
+                    Ok(Some(Err(e))) => {
+                        return Next::Backoff(super::error::map(
+                            e,
+                            self.inner.op("watch", self.scope.what()),
+                        ));
+                    }
+                };
+                let applied = match event {
+                    WatchEvent::Added(lease) | WatchEvent::Modified(lease) => {
+                        if let Some(v) = lease.metadata.resource_version.clone() {
+                            rv = v;
+                        }
+                        let name = lease.metadata.name.clone().unwrap_or_default();
+                        self.backoff = BACKOFF_FIRST;
+                        self.scope.changed(&self.inner, &name, Some(lease), None)
+                    }
+                    WatchEvent::Deleted(lease) => {
+                        let deleted = record::parse_resource_version(&lease).ok();
+                        if let Some(v) = lease.metadata.resource_version.clone() {
+                            rv = v;
+                        }
+                        let name = lease.metadata.name.clone().unwrap_or_default();
+                        self.scope.changed(&self.inner, &name, None, deleted)
+                    }
+                    WatchEvent::Bookmark(b) => {
+                        rv = b.metadata.resource_version;
+                        Ok(())
+                    }
+                    WatchEvent::Error(status) if status.code == 410 => {
+                        // Our resourceVersion is too old to resume from: list again.
+                        return Next::Relist;
+                    }
+                    WatchEvent::Error(status) => {
+                        let e = kube::Error::Api(status);
+                        return Next::Backoff(super::error::map(
+                            e,
+                            self.inner.op("watch", self.scope.what()),
+                        ));
+                    }
+                };
+                if let Err(e) = applied {
+                    return Next::Backoff(e);
+                }
+            }
+        }
+    }
+
+    fn stop_or(&self, next: Next) -> Next {
+        if self.scope.finished(&self.inner) {
+            Next::Stop
+        } else {
+            next
+        }
+    }
+}
 
 impl Inner {
-    /// The Lease `name` (if any) and a resourceVersion to watch from.
-    async fn list_one(&self, name: &str) -> Result<Listed, BackendError> {
-        let op = self.op("list", name);
-        let params = ListParams::default().fields(&format!("metadata.name={name}"));
-        let list = match self.call(op, self.reads.list(&params)).await {
+    /// The Leases `params` select, and a resourceVersion to watch from.
+    async fn list_leases(
+        &self,
+        what: &str,
+        params: &ListParams,
+    ) -> Result<(Vec<Lease>, String), BackendError> {
+        let op = self.op("list", what);
+        let list = match self.call(op, self.reads.list(params)).await {
             Ok(l) => l,
             Err(Fail::Error(e)) => return Err(e),
             Err(Fail::NotFound | Fail::Conflict) => {
@@ -326,24 +431,20 @@ impl Inner {
         };
         let rv = list.metadata.resource_version.clone().unwrap_or_default();
         Ok((
-            list.items
-                .into_iter()
-                .find(|l| l.lease.metadata.name.as_deref() == Some(name))
-                .map(ReadLease::into_lease),
+            list.items.into_iter().map(ReadLease::into_lease).collect(),
             rv,
         ))
     }
 
-    /// Opens a watch of the Lease `name` from resourceVersion `rv`.
+    /// Opens a watch of the Leases `params` select, from resourceVersion `rv`.
     async fn watch_from(
         &self,
-        name: &str,
+        what: &str,
+        params: &WatchParams,
         rv: &str,
     ) -> Result<BoxStream<'static, kube::Result<WatchEvent<Lease>>>, BackendError> {
-        let op = self.op("watch", name);
-        let params = WatchParams::default()
-            .fields(&format!("metadata.name={name}"))
-            .timeout(WATCH_TIMEOUT_SECS);
+        let op = self.op("watch", what);
+        let params = params.clone().timeout(WATCH_TIMEOUT_SECS);
         match self.call(op, self.reads.watch(&params, rv)).await {
             Ok(s) => Ok(boxed(s.map(|event| event.map(typed)))),
             Err(Fail::Error(e)) => Err(e),

@@ -125,6 +125,8 @@ impl Inner {
                         req.ttl,
                         floor.saturating_add(1),
                     );
+                    let mut lease = lease;
+                    self.label_if_joint(name, &mut lease);
                     let op = self.op("create", name);
                     match self
                         .call(op, self.api.create(&PostParams::default(), &lease))
@@ -169,6 +171,7 @@ impl Inner {
                 // Every token issued before this term is at most the version we read.
                 let term_floor = seen.rv.saturating_add(1);
                 record::take_over(&mut lease, &req.holder, &req.identity, req.ttl, term_floor);
+                self.label_if_joint(name, &mut lease);
                 None
             };
             match self.replace(name, &lease).await {
