@@ -83,3 +83,126 @@ async fn a_rolling_update_from_8_to_12_shards_never_runs_two_counts_at_once() {
         "8 → 12 shards on kube (lease 2 s): the new count ran {took:?} after the last old replica's SIGTERM"
     );
 }
+
+/// Set in the child of [`a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit`].
+const THOUSAND: &str = "TENURE_SHARD_THOUSAND";
+const THOUSAND_SHARDS: u32 = 1000;
+
+/// Issue #26: a replica's load does not grow with its shards. One process holds 1,000 shard
+/// Leases under the default limit of 1,024 open files, with one watch for all of them and
+/// requests in flight bounded: its open files stay a small constant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit() {
+    if std::env::var_os(THOUSAND).is_some() {
+        thousand_shards().await;
+        return;
+    }
+    let (_dir, env) = setting("thousand").await;
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit",
+            "--exact",
+            "--nocapture",
+        ])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env(THOUSAND, "1")
+        .output()
+        .expect("child ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("THOUSAND "))
+        .unwrap_or_else(|| panic!("no result line: {stdout}"));
+    println!("{line}");
+    let field = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {line}"))
+    };
+    assert_eq!(field("owned="), u64::from(THOUSAND_SHARDS), "{line}");
+    assert!(
+        field("peak_fds=") <= 96,
+        "open files must not grow with the shards held: {line}"
+    );
+}
+
+/// The child: 1,000 shards, all held by this one replica, under RLIMIT_NOFILE 1,024; prints
+/// `THOUSAND owned=N peak_fds=F took_ms=T`.
+async fn thousand_shards() {
+    let limit = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
+    // SAFETY: setrlimit reads a valid rlimit; lowering our own limit has no other effect.
+    assert_eq!(
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit) },
+        0
+    );
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k}"));
+    let kc = kube::config::Kubeconfig::read_from(var(CHILD_KUBECONFIG)).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let backend = KubeBackend::from_config(config, KubeOptions::new().namespace(var(CHILD_NS)))
+        .expect("backend");
+    let locker = tenure::Locker::with_identity(backend, "solo").expect("identity");
+    let elector = tenure::shard::ShardedElector::new(
+        locker,
+        "thousand",
+        THOUSAND_SHARDS,
+        tenure::ElectionConfig::new(),
+    )
+    .expect("elector");
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let peak = peak.clone();
+        tokio::spawn(async move {
+            loop {
+                let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
+                peak.fetch_max(open, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let started = std::time::Instant::now();
+    let mut owned = elector.owned();
+    let shutdown = async {
+        let all = owned
+            .wait_for(|o| o.len() == THOUSAND_SHARDS as usize)
+            .await
+            .is_ok();
+        assert!(all, "the elector stopped before holding every shard");
+        // Two renewals of every lease at the default timings.
+        tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+    };
+    let took = std::cell::Cell::new(None);
+    let run = elector.run_until(shutdown, |_shard, _term| std::future::pending::<()>());
+    let watcher = async {
+        let mut owned = elector.owned();
+        let _ = owned
+            .wait_for(|o| o.len() == THOUSAND_SHARDS as usize)
+            .await;
+        took.set(Some(started.elapsed()));
+        std::future::pending::<()>().await;
+    };
+    let result = tokio::select! {
+        r = run => r,
+        () = watcher => unreachable!(),
+    };
+    sampler.abort();
+    result.expect("the group ran");
+    println!(
+        "THOUSAND owned={} peak_fds={} took_ms={}",
+        took.get().map_or(0, |_| THOUSAND_SHARDS),
+        peak.load(std::sync::atomic::Ordering::Relaxed),
+        took.get().map_or(0, |t| t.as_millis()),
+    );
+}

@@ -34,7 +34,17 @@ pub(super) struct Inner {
     /// The resourceVersion of each member Lease this backend wrote last (sharded
     /// leadership): the next announcement replaces it with one request.
     pub(super) member_versions: Mutex<HashMap<String, String>>,
+    /// Bounds the requests in flight. The Kubernetes client speaks HTTP/1.1, one connection
+    /// (one file descriptor) per request in flight: unbounded, a replica renewing a
+    /// thousand shard leases at once would open a thousand.
+    in_flight: tokio::sync::Semaphore,
 }
+
+/// How many requests one backend has in flight at most (watches count while they open).
+/// A plain election never has more than a few; a burst of shard renewals queues here, its
+/// wait counted in the request's timeout and, being before the send, in the lease's
+/// validity (which starts when the renewal was decided).
+pub(super) const MAX_IN_FLIGHT: usize = 32;
 
 /// Why a write or read did not succeed, for the caller to decide.
 pub(super) enum Fail {
@@ -55,6 +65,7 @@ impl Inner {
             locks: Mutex::new(HashMap::new()),
             max_rv: AtomicU64::new(0),
             member_versions: Mutex::new(HashMap::new()),
+            in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
         }
     }
 
@@ -74,13 +85,18 @@ impl Inner {
         }
     }
 
-    /// Runs one request under the request timeout.
+    /// Runs one request under the request timeout, the wait for a free slot included.
     pub(super) async fn call<T>(
         &self,
         op: Op<'_>,
         request: impl Future<Output = kube::Result<T>>,
     ) -> Result<T, Fail> {
-        match tokio::time::timeout(self.request_timeout, request).await {
+        let sent = async {
+            // The semaphore is never closed; were it, the request would go out unbounded.
+            let _slot = self.in_flight.acquire().await.ok();
+            request.await
+        };
+        match tokio::time::timeout(self.request_timeout, sent).await {
             Err(_) => Err(Fail::Error(BackendError::timeout(
                 &op.to_string(),
                 self.request_timeout,
