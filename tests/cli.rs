@@ -1228,26 +1228,6 @@ fn bad_shard_counts_exit_2_and_a_replica_with_another_count_waits() {
             assert!(!err.contains("panicked"), "{err}");
         }
     }
-    let (c, _, err) = run_to_end(
-        &[
-            "run",
-            "--lease",
-            "x",
-            "--state-dir",
-            &state,
-            "--shards",
-            "2",
-            "--publish-status",
-            "--",
-            "true",
-        ],
-        &[],
-    );
-    assert_eq!(c, 2, "{err}");
-    assert!(
-        err.contains("--shards") && err.contains("--publish-status"),
-        "{err}"
-    );
 
     // A replica started with another count than the group's waits, runs nothing, and says
     // why; once the group's replica has left, it changes the group to its count.

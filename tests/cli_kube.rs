@@ -7,7 +7,8 @@ mod kube_support;
 use std::time::Duration;
 
 use cli_support::{
-    Tenure, alive, assert_one_at_a_time, events, now_ns, read_pid, run_to_end, wait_until, worker,
+    Tenure, alive, assert_one_at_a_time, events, identity_of, now_ns, read_pid, run_to_end,
+    shard_of, shard_worker, wait_until, worker,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -182,6 +183,119 @@ fn publish_status_shows_who_leads_in_the_election() {
     );
     b.signal(libc::SIGTERM);
     b.wait(Duration::from_secs(20));
+}
+
+/// Issue #26: `kubectl get elections` shows a sharded group: its count, each shard's holder
+/// and token (the token the shard's copy got), and each member's count; a member that
+/// leaves takes its entries along.
+#[test]
+fn publish_status_shows_each_shard_of_a_group_with_its_holder_and_token() {
+    let server = kube_support::shared();
+    let rt = runtime();
+    let client = rt.block_on(server.admin());
+    rt.block_on(kube_support::install_crd(&client));
+    let ns = kube_support::unique("cli-shel");
+    rt.block_on(server.namespace(&ns));
+    let kubeconfig = server.admin_kubeconfig().display().to_string();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let dir = kube_support::fresh_dir("cli-shel");
+    let log = dir.join("log");
+    // The shard leases live on the local backend; the Election in Kubernetes shows them.
+    let state = dir.join("state").display().to_string();
+    let start = |id: &str| {
+        let backend = [
+            "--backend",
+            "local",
+            "--state-dir",
+            &state,
+            "--namespace",
+            &ns,
+        ];
+        let args = cli_support::run_args(
+            "crawl",
+            &backend,
+            &["--shards", "4", "--publish-status", "--identity", id],
+            shard_worker(&log, 0.0),
+        );
+        Tenure::start(&args, &env, dir.join(format!("err-{id}")))
+    };
+    let mut a = start("a");
+    let mut b = start("b");
+    // The token each shard's running copy got, by shard: (holder, token).
+    let running = || {
+        let ev = events(&log);
+        let mut out = std::collections::BTreeMap::new();
+        for e in ev.iter().filter(|e| e.kind == "start") {
+            if !ev.iter().any(|x| x.kind == "end" && x.pid == e.pid) {
+                out.insert(shard_of(e), (identity_of(e).to_owned(), e.token));
+            }
+        }
+        out
+    };
+    let published = |s: &tenure::crd::ElectionStatus| {
+        s.shards
+            .iter()
+            .map(|e| (e.shard, (e.holder.clone(), e.fencing_token)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    let mut seen = None;
+    wait_until(
+        Duration::from_secs(30),
+        "the Election to show 4 shards split 2/2, as the copies run them",
+        || {
+            seen = rt.block_on(election_status(&client, &ns, "crawl"));
+            let now = running();
+            seen.as_ref().is_some_and(|s| {
+                let by = |id: &str| now.values().filter(|(h, _)| h == id).count();
+                now.len() == 4 && by("a") == 2 && by("b") == 2 && published(s) == now
+            })
+        },
+    );
+    let status = seen.take().unwrap_or_default();
+    assert_eq!(
+        (status.shard_count, status.held_shards),
+        (Some(4), Some(4)),
+        "{status:?}"
+    );
+    let members: Vec<(&str, Option<u32>)> = status
+        .candidates
+        .iter()
+        .map(|c| (c.identity.as_str(), c.shards))
+        .collect();
+    assert_eq!(members, vec![("a", Some(4)), ("b", Some(4))]);
+    let election: kube::Api<tenure::crd::Election> = kube::Api::namespaced(client.clone(), &ns);
+    let spec = rt
+        .block_on(election.get("crawl"))
+        .expect("the Election")
+        .spec;
+    assert_eq!((spec.lease.as_str(), spec.shards), ("crawl", Some(4)));
+
+    // b leaves: a takes its shards with new tokens, and the Election follows.
+    b.signal(libc::SIGTERM);
+    assert!(b.wait(Duration::from_secs(20)).success(), "{}", b.log());
+    wait_until(
+        Duration::from_secs(30),
+        "the Election to show every shard held by a, with the copies' tokens",
+        || {
+            seen = rt.block_on(election_status(&client, &ns, "crawl"));
+            let now = running();
+            seen.as_ref().is_some_and(|s| {
+                now.len() == 4
+                    && now.values().all(|(h, _)| h == "a")
+                    && published(s) == now
+                    && s.candidates.iter().all(|c| c.identity != "b")
+            })
+        },
+    );
+    a.signal(libc::SIGTERM);
+    assert!(a.wait(Duration::from_secs(20)).success(), "{}", a.log());
+    let left = rt
+        .block_on(election_status(&client, &ns, "crawl"))
+        .unwrap_or_default();
+    assert!(
+        left.shards.is_empty() && left.candidates.is_empty(),
+        "the last member left its entries: {left:?}"
+    );
 }
 
 /// Creates every object of a `tenure policy` YAML stream as admin; the first refusal's

@@ -3062,6 +3062,17 @@ fn sharding_renders_the_shard_count_and_its_role() {
     );
     assert!(!kinds(&redis).contains("Role"), "{:?}", kinds(&redis));
     assert!(worker_args(&redis).contains(&"--shards=4".to_owned()));
+    // A sharded group publishes to its Election: each shard's holder and token.
+    let published = worker_args(&render(
+        "sh",
+        "ns",
+        &["--set", "sharding.shards=4,election.publishStatus=true"],
+    ));
+    assert!(
+        published.contains(&"--shards=4".to_owned())
+            && published.contains(&"--publish-status".to_owned()),
+        "{published:?}"
+    );
 
     let schema = "values don't meet the specifications of the schema(s)";
     let long = "l".repeat(230);
@@ -3089,10 +3100,6 @@ fn sharding_renders_the_shard_count_and_its_role() {
         (
             &["--set", "sharding.shard=4"],
             &[schema, "additional properties 'shard' not allowed"],
-        ),
-        (
-            &["--set", "sharding.shards=4,election.publishStatus=true"],
-            &["sharding.shards and election.publishStatus cannot be combined"],
         ),
         (
             &["--set", "sharding.shards=4,fencing.policy.enabled=true"],

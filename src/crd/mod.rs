@@ -151,7 +151,8 @@ pub use publisher::{
     PublisherStats, StatusPublisher,
 };
 pub use types::{
-    BackendKind, Candidate, Election, ElectionBackend, ElectionSpec, ElectionStatus, LEADER_ELECTED,
+    BackendKind, Candidate, Election, ElectionBackend, ElectionSpec, ElectionStatus,
+    LEADER_ELECTED, ShardHolder,
 };
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -5,6 +5,7 @@
 //! `stats.rs`.
 
 mod schedule;
+mod sharded;
 mod stats;
 mod status;
 mod task;
@@ -18,6 +19,7 @@ pub use stats::PublisherStats;
 
 use super::types::{Election, ElectionSpec};
 use crate::election::LeaderElector;
+use crate::shard::ShardedElector;
 
 /// The default [`min_interval`](StatusPublisher::min_interval).
 pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -172,5 +174,41 @@ impl StatusPublisher {
             identity = %elector.identity(),
         );
         self.follow(&elector, shutdown).instrument(span).await;
+    }
+
+    /// Follows a member of a sharded group and publishes, until `shutdown` completes, the
+    /// shards it holds (`status.shards[]`: shard, holder, fencing token), its shard count
+    /// (its `status.candidates[]` entry, and `status.shardCount` while it holds shards) and
+    /// `status.heldShards`. Each member replaces only its own entries; a newer term's entry
+    /// (a higher token) is never overwritten, and the entries of members pruned from the
+    /// candidates go with them. Run one per member, on the group's `Election`
+    /// ([`ElectionSpec::for_sharded`]), beside [`ShardedElector::run_until`]; errors are
+    /// handled as in [`run`](Self::run).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use tenure::crd::{ElectionBackend, ElectionSpec, StatusPublisher};
+    /// # async fn run(client: kube::Client, group: tenure::shard::ShardedElector) {
+    /// let spec = ElectionSpec::for_sharded(&group, ElectionBackend::kubernetes());
+    /// let publisher = StatusPublisher::new(client, "my-namespace", group.name())
+    ///     .create_if_missing(spec);
+    /// let shutdown = tokio_util::sync::CancellationToken::new();
+    /// tokio::spawn(publisher.run_sharded(group.clone(), shutdown.clone().cancelled_owned()));
+    /// // ... group.run_until(shutdown.cancelled(), workload).await ...
+    /// # }
+    /// ```
+    pub async fn run_sharded<S>(self, elector: ShardedElector, shutdown: S)
+    where
+        S: Future<Output = ()>,
+    {
+        let span = tracing::info_span!(
+            "election_status",
+            election = %self.election(),
+            identity = %elector.identity(),
+        );
+        self.follow_sharded(&elector, shutdown)
+            .instrument(span)
+            .await;
     }
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::DURATION_PATTERN;
 use super::duration::deserialize_optional;
 use crate::election::LeaderElector;
+use crate::shard::ShardedElector;
 
 /// The condition type the publisher maintains: `True` while a leader is published.
 pub const LEADER_ELECTED: &str = "LeaderElected";
@@ -43,6 +44,18 @@ pub const LEADER_ELECTED: &str = "LeaderElected";
         type_ = "integer",
         json_path = ".status.fencingToken",
         description = "The fencing token of the current leader's term"
+    ),
+    printcolumn(
+        name = "Shards",
+        type_ = "integer",
+        json_path = ".status.shardCount",
+        description = "A sharded group: its shard count, as its members last published it"
+    ),
+    printcolumn(
+        name = "Held",
+        type_ = "integer",
+        json_path = ".status.heldShards",
+        description = "A sharded group: how many of its shards have a published holder"
     ),
     printcolumn(
         name = "Transitions",
@@ -102,6 +115,11 @@ pub struct ElectionSpec {
     )]
     #[schemars(pattern(DURATION_PATTERN))]
     pub retry_period: Option<Duration>,
+    /// A sharded group: its shard count. `lease` is then the group's
+    /// name, and its shard leases are named `<lease>-<shard>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub shards: Option<u32>,
 }
 
 impl ElectionSpec {
@@ -114,6 +132,7 @@ impl ElectionSpec {
             lease_duration: None,
             renew_deadline: None,
             retry_period: None,
+            shards: None,
         }
     }
 
@@ -127,6 +146,22 @@ impl ElectionSpec {
             lease_duration: Some(lease_duration.into()),
             renew_deadline: Some(renew_deadline.into()),
             retry_period: Some(retry_period.into()),
+            shards: None,
+        }
+    }
+
+    /// A spec describing the sharded group `elector` runs: the group's name, its shard
+    /// count and the three durations of every shard's election.
+    #[must_use]
+    pub fn for_sharded(elector: &ShardedElector, backend: ElectionBackend) -> Self {
+        let (lease_duration, renew_deadline, retry_period) = elector.timings();
+        Self {
+            lease: elector.name().to_owned(),
+            backend,
+            lease_duration: Some(lease_duration.into()),
+            renew_deadline: Some(renew_deadline.into()),
+            retry_period: Some(retry_period.into()),
+            shards: Some(elector.shards()),
         }
     }
 }
@@ -231,6 +266,16 @@ pub struct ElectionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["identity"]))]
     pub candidates: Vec<Candidate>,
+    /// A sharded group: its shard count, as last published by a member holding shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_count: Option<u32>,
+    /// A sharded group: how many entries `shards` has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_shards: Option<u32>,
+    /// A sharded group: each shard's holder and term, as its holder published it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["shard"]))]
+    pub shards: Vec<ShardHolder>,
     /// `LeaderElected`: `True` while a leader is published.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -253,4 +298,21 @@ pub struct Candidate {
     pub identity: String,
     /// When it last published (its own wall clock, whole seconds).
     pub last_seen: Time,
+    /// A member of a sharded group: the shard count it runs with (during a change of the
+    /// count, members differ).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<u32>,
+}
+
+/// One shard of a sharded group and the term that holds it, as its holder published it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardHolder {
+    /// The shard's number, `0..shardCount`.
+    pub shard: u32,
+    /// The identity of the member holding it.
+    pub holder: String,
+    /// The fencing token of the holder's term of this shard.
+    #[schemars(extend("format" = "int64"))]
+    pub fencing_token: u64,
 }

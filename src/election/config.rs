@@ -132,6 +132,12 @@ impl ElectionConfig {
         (self.lease_duration, self.retry_period)
     }
 
+    /// The lease duration, renew deadline and retry period.
+    #[cfg(feature = "crd")]
+    pub(crate) fn durations(&self) -> (Duration, Duration, Duration) {
+        (self.lease_duration, self.renew_deadline, self.retry_period)
+    }
+
     /// How long the store may stay silent before it counts as unreachable.
     pub(super) fn silence_limit(&self) -> Duration {
         self.store_unreachable_after

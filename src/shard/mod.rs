@@ -217,6 +217,13 @@ impl ShardedElector {
         self.inner.shards
     }
 
+    /// The three durations of every shard's election, for the `Election` resource's spec and
+    /// the status publisher's default heartbeat ([`crate::crd`]).
+    #[cfg(feature = "crd")]
+    pub(crate) fn timings(&self) -> (Duration, Duration, Duration) {
+        self.inner.config.durations()
+    }
+
     /// The shards whose term runs on this replica now, updated as terms begin and end.
     #[must_use]
     pub fn owned(&self) -> watch::Receiver<BTreeSet<u32>> {

@@ -207,9 +207,6 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- $f := .Values.fencing -}}
 {{- $impersonation := ternary $f.policy.enabled $f.impersonation (kindIs "invalid" $f.impersonation) -}}
 {{- if .Values.sharding.shards -}}
-{{- if .Values.election.publishStatus -}}
-{{- fail "sharding.shards and election.publishStatus cannot be combined: the Election resource follows one lease (tenure run refuses --shards with --publish-status)" -}}
-{{- end -}}
 {{- if or $f.policy.enabled $impersonation -}}
 {{- fail "sharding.shards and fencing.policy / fencing.impersonation cannot be combined: the policy follows the election's one Lease, and each shard has its own" -}}
 {{- end -}}

@@ -216,12 +216,14 @@ pub struct RunArgs {
     /// handed over: its copy gets SIGTERM and --grace, then its lease is released. SIGTERM or
     /// SIGINT to tenure leaves the group: every copy gets the signal and --grace, every
     /// lease is released, the other replicas take the shards over, and tenure exits 0.
-    /// Every replica of one --lease must run with the same N; a replica started with another
-    /// exits 2. Escaped descendants of a copy (setsid daemons) may live while the term named
+    /// The group's N is kept by the store: a replica started with another N waits, and
+    /// changes the group to its N once no live replica runs the old one and every old lease
+    /// is free (a rolling update that changes N completes). With --publish-status, the
+    /// Election shows each shard's holder and token. Escaped descendants of a copy (setsid daemons) may live while the term named
     /// by their TENURE_LEASE and TENURE_FENCING_TOKEN runs. --rejoin is implied. Needs a
     /// backend with group membership (local, kube, Redis); on Kubernetes each replica also
     /// writes a member Lease NAME-member-HASH, deleted when it leaves.
-    #[arg(long, value_name = "N", value_parser = parse_shards, conflicts_with = "publish_status")]
+    #[arg(long, value_name = "N", value_parser = parse_shards)]
     pub shards: Option<u32>,
 
     /// The command and its arguments.

@@ -10,16 +10,21 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
 use crate::FencingToken;
-use crate::crd::{Candidate, ElectionStatus, LEADER_ELECTED};
+use std::collections::BTreeMap;
+
+use crate::crd::{Candidate, ElectionStatus, LEADER_ELECTED, ShardHolder};
 
 /// The fields of `.status` this publisher owns; others (from a newer version) are kept.
-const OWNED_FIELDS: [&str; 6] = [
+const OWNED_FIELDS: [&str; 9] = [
     "leader",
     "fencingToken",
     "transitions",
     "lastTransitionTime",
     "candidates",
     "conditions",
+    "shardCount",
+    "heldShards",
+    "shards",
 ];
 
 /// Now, truncated to whole seconds as `metav1.Time` serializes it, so that comparing a
@@ -43,6 +48,16 @@ pub(super) struct Intent<'a> {
     pub(super) leave: bool,
     /// Remove other candidates not seen for this long.
     pub(super) prune_older_than: Duration,
+    /// A member of a sharded group: its count and the shards it holds now.
+    pub(super) shards: Option<ShardIntent<'a>>,
+}
+
+/// What a member of a sharded group publishes: its shard count, and the shards it holds
+/// with their terms' tokens (replacing the entries it published before).
+#[derive(Debug)]
+pub(super) struct ShardIntent<'a> {
+    pub(super) count: u32,
+    pub(super) held: &'a BTreeMap<u32, FencingToken>,
 }
 
 impl Intent<'_> {
@@ -116,8 +131,9 @@ pub(super) fn apply(
     status
         .candidates
         .retain(|c| c.identity != me && c.last_seen.0 >= cutoff);
+    let count = intent.shards.as_ref().map(|s| s.count);
     if !intent.leave {
-        let refresh = intent.heartbeat || mine.is_none() || {
+        let refresh = intent.heartbeat || mine.as_ref().is_none_or(|m| m.shards != count) || {
             let mut unchanged = status.clone();
             unchanged.candidates.extend(mine.clone());
             sort_candidates(&mut unchanged.candidates);
@@ -130,11 +146,54 @@ pub(super) fn apply(
             _ => Candidate {
                 identity: me.to_owned(),
                 last_seen: Time(now),
+                shards: count,
             },
         });
     }
     sort_candidates(&mut status.candidates);
+    if let Some(shards) = &intent.shards {
+        apply_shards(status, me, shards, intent.leave);
+    }
     *status != before
+}
+
+/// Replaces `me`'s shard entries with what it holds now. An entry with a higher token than
+/// ours is a newer term of another member, published before our view caught up: kept. The
+/// entries of members no longer among the candidates (pruned: gone without leaving) go.
+fn apply_shards(status: &mut ElectionStatus, me: &str, intent: &ShardIntent<'_>, leave: bool) {
+    let live: std::collections::HashSet<&str> = status
+        .candidates
+        .iter()
+        .map(|c| c.identity.as_str())
+        .collect();
+    let mut by_shard: BTreeMap<u32, ShardHolder> = std::mem::take(&mut status.shards)
+        .into_iter()
+        .filter(|e| e.holder != me && live.contains(e.holder.as_str()))
+        .map(|e| (e.shard, e))
+        .collect();
+    if !leave {
+        for (&shard, token) in intent.held {
+            let newer_elsewhere = by_shard
+                .get(&shard)
+                .is_some_and(|e| e.fencing_token > token.get());
+            if !newer_elsewhere {
+                by_shard.insert(
+                    shard,
+                    ShardHolder {
+                        shard,
+                        holder: me.to_owned(),
+                        fencing_token: token.get(),
+                    },
+                );
+            }
+        }
+        // Only a member running the group's count holds shards: its count is the group's.
+        if !intent.held.is_empty() {
+            status.shard_count = Some(intent.count);
+        }
+    }
+    status.shards = by_shard.into_values().collect();
+    status.held_shards = Some(u32::try_from(status.shards.len()).unwrap_or(u32::MAX));
 }
 
 fn sort_candidates(candidates: &mut [Candidate]) {
@@ -215,7 +274,111 @@ mod tests {
             heartbeat: false,
             leave: false,
             prune_older_than: Duration::from_secs(180),
+            shards: None,
         }
+    }
+
+    fn holds(pairs: &[(u32, u64)]) -> BTreeMap<u32, FencingToken> {
+        pairs
+            .iter()
+            .map(|&(s, t)| (s, FencingToken::new(t)))
+            .collect()
+    }
+
+    fn sharded<'a>(
+        identity: &'a str,
+        count: u32,
+        held: &'a BTreeMap<u32, FencingToken>,
+    ) -> Intent<'a> {
+        Intent {
+            shards: Some(ShardIntent { count, held }),
+            ..intent(identity)
+        }
+    }
+
+    fn table(s: &ElectionStatus) -> Vec<(u32, &str, u64)> {
+        s.shards
+            .iter()
+            .map(|e| (e.shard, e.holder.as_str(), e.fencing_token))
+            .collect()
+    }
+
+    #[test]
+    fn sharded_members_publish_their_own_shards_side_by_side() {
+        let mut s = ElectionStatus::default();
+        let a = holds(&[(0, 10), (2, 12)]);
+        let b = holds(&[(1, 11), (3, 13)]);
+        assert!(apply(&mut s, &sharded("a", 4, &a), None, at(0)));
+        assert!(apply(&mut s, &sharded("b", 4, &b), None, at(1)));
+        assert_eq!(
+            table(&s),
+            vec![(0, "a", 10), (1, "b", 11), (2, "a", 12), (3, "b", 13)]
+        );
+        assert_eq!((s.shard_count, s.held_shards), (Some(4), Some(4)));
+        assert_eq!(
+            s.candidates
+                .iter()
+                .map(|c| (c.identity.as_str(), c.shards))
+                .collect::<Vec<_>>(),
+            vec![("a", Some(4)), ("b", Some(4))]
+        );
+        assert!(s.leader.is_none(), "a sharded group has no single leader");
+        // The same view again writes nothing.
+        assert!(!apply(&mut s, &sharded("a", 4, &a), None, at(2)));
+
+        // b hands shard 3 to a: a publishes it with a's newer token, b drops it.
+        let a2 = holds(&[(0, 10), (2, 12), (3, 20)]);
+        assert!(apply(&mut s, &sharded("a", 4, &a2), None, at(3)));
+        assert_eq!(s.shards[3].holder, "a");
+        // (a's newer term already replaced b's entry: b's own view changes nothing more.)
+        let b2 = holds(&[(1, 11)]);
+        assert!(!apply(&mut s, &sharded("b", 4, &b2), None, at(4)));
+        assert_eq!(
+            table(&s),
+            vec![(0, "a", 10), (1, "b", 11), (2, "a", 12), (3, "a", 20)]
+        );
+        // A late write of b's old view cannot take shard 3 back over a's newer term.
+        assert!(!apply(&mut s, &sharded("b", 4, &b), None, at(5)));
+        assert_eq!(s.shards[3].holder, "a", "{:?}", table(&s));
+        assert_eq!(s.held_shards, Some(4));
+
+        // b leaves: its entries and its candidate go.
+        let none = BTreeMap::new();
+        let leave = Intent {
+            leave: true,
+            ..sharded("b", 4, &none)
+        };
+        assert!(apply(&mut s, &leave, None, at(6)));
+        assert_eq!(table(&s), vec![(0, "a", 10), (2, "a", 12), (3, "a", 20)]);
+        assert_eq!(s.held_shards, Some(3));
+        assert!(s.candidates.iter().all(|c| c.identity != "b"));
+    }
+
+    #[test]
+    fn a_member_gone_without_leaving_loses_its_shards_with_its_candidate_entry() {
+        let mut s = ElectionStatus::default();
+        let dead = holds(&[(0, 5), (1, 6)]);
+        assert!(apply(&mut s, &sharded("dead", 2, &dead), None, at(0)));
+        let live = holds(&[]);
+        // Before the prune age the dead member's entries stay; after it, they go.
+        apply(&mut s, &sharded("live", 2, &live), None, at(100));
+        assert_eq!(s.held_shards, Some(2));
+        let heartbeat = Intent {
+            heartbeat: true,
+            ..sharded("live", 2, &live)
+        };
+        assert!(apply(&mut s, &heartbeat, None, at(200)));
+        assert!(s.shards.is_empty(), "{:?}", table(&s));
+        assert_eq!(s.held_shards, Some(0));
+        // A member waiting with another count holds nothing and does not change the count.
+        let waiting = sharded("new", 3, &live);
+        apply(&mut s, &waiting, None, at(201));
+        assert_eq!(s.shard_count, Some(2));
+        assert!(
+            s.candidates
+                .iter()
+                .any(|c| c.identity == "new" && c.shards == Some(3))
+        );
     }
 
     fn token(t: u64) -> Option<FencingToken> {

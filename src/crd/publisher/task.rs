@@ -78,6 +78,7 @@ impl StatusPublisher {
                         heartbeat: st.heartbeat_at <= now,
                         leave: false,
                         prune_older_than,
+                        shards: None,
                     };
                     if intent.is_empty() {
                         continue;
@@ -103,6 +104,7 @@ impl StatusPublisher {
                 heartbeat: false,
                 leave: true,
                 prune_older_than,
+                shards: None,
             };
             let bound = self.request_timeout.saturating_mul(2);
             // Never create the Election just to leave it.
@@ -124,7 +126,7 @@ impl StatusPublisher {
     /// One read-modify-write of the status (compare-and-swap on `resourceVersion`, re-read
     /// and retried on conflict). Returns whether it wrote. Creates a missing Election when
     /// `may_create` and [`create_if_missing`](Self::create_if_missing) allow it.
-    async fn sync(
+    pub(super) async fn sync(
         &self,
         intent: &Intent<'_>,
         lease: &str,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tenure::crd::{ElectionSpec, StatusPublisher};
 use tenure::election::LeaderElector;
+use tenure::shard::ShardedElector;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::RunArgs;
@@ -28,13 +29,38 @@ impl Publishing {
     }
 }
 
-/// Starts the status publisher in the background. Its failures are logged and never affect
-/// the lease; only a missing Kubernetes configuration stops tenure here.
+/// Starts the status publisher of a single election in the background. Its failures are
+/// logged and never affect the lease; only a missing Kubernetes configuration stops tenure
+/// here.
 pub async fn spawn(
     args: &RunArgs,
     connected: &Connected,
     elector: &LeaderElector,
 ) -> Result<Publishing, CliError> {
+    let spec = ElectionSpec::for_elector(elector, connected.election_backend.clone());
+    let publisher = publisher(args, spec).await?;
+    let elector = elector.clone();
+    Ok(Publishing::start(|stop| publisher.run(elector, stop)))
+}
+
+/// Starts the status publisher of a sharded group's member in the background (the shards
+/// it holds, with their tokens); as [`spawn`] otherwise.
+pub async fn spawn_sharded(
+    args: &RunArgs,
+    connected: &Connected,
+    elector: &ShardedElector,
+) -> Result<Publishing, CliError> {
+    let spec = ElectionSpec::for_sharded(elector, connected.election_backend.clone());
+    let publisher = publisher(args, spec).await?;
+    let elector = elector.clone();
+    Ok(Publishing::start(|stop| {
+        publisher.run_sharded(elector, stop)
+    }))
+}
+
+/// The publisher into `--election` (default: the lease or group name) in the backend's
+/// namespace or the kubeconfig's.
+async fn publisher(args: &RunArgs, spec: ElectionSpec) -> Result<StatusPublisher, CliError> {
     let client = crate::backend::kube_client("--publish-status").await?;
     let namespace = args
         .backend
@@ -42,9 +68,17 @@ pub async fn spawn(
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let name = args.election.as_deref().unwrap_or(&args.lease);
-    let spec = ElectionSpec::for_elector(elector, connected.election_backend.clone());
-    let publisher = StatusPublisher::new(client, &namespace, name).create_if_missing(spec);
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(publisher.run(elector.clone(), stop.clone().cancelled_owned()));
-    Ok(Publishing { stop, task })
+    Ok(StatusPublisher::new(client, &namespace, name).create_if_missing(spec))
+}
+
+impl Publishing {
+    fn start<F, Fut>(run: F) -> Self
+    where
+        F: FnOnce(tokio_util::sync::WaitForCancellationFutureOwned) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(stop.clone().cancelled_owned()));
+        Self { stop, task }
+    }
 }

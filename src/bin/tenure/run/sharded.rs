@@ -14,6 +14,7 @@ use crate::args::RunArgs;
 use crate::backend::Connected;
 use crate::error::{CliError, chain};
 use crate::process::term_env::{ENV_SHARD, ENV_SHARDS};
+use crate::run::publish;
 use crate::run::setup;
 use crate::run::shard_probe;
 use crate::run::supervisor::{Supervisor, Terms};
@@ -32,6 +33,12 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
         connected.register_metrics(&mut registry);
         tokio::spawn(shard_probe::serve(listener, elector.clone(), registry));
     }
+
+    let publishing = if args.publish_status {
+        Some(publish::spawn_sharded(&args, &connected, &elector).await?)
+    } else {
+        None
+    };
 
     let (supervisor, signalled) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::Several)?;
@@ -87,6 +94,9 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
         }
     };
     let outcome = elector.run_until(shutdown, workload).await;
+    if let Some(publishing) = publishing {
+        publishing.finish().await;
+    }
     let fatal = fatal.lock().unwrap_or_else(PoisonError::into_inner).take();
     match (outcome, fatal) {
         (_, Some(e)) => Err(e),
