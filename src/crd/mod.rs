@@ -11,6 +11,14 @@
 //! $ kubectl get el -o wide        # also TRANSITIONS, LEASE, BACKEND
 //! ```
 //!
+//! A sharded group ([`StatusPublisher::run_sharded`]) shows its count and how many shards
+//! have a published holder; `-o yaml` lists each shard's holder and token:
+//!
+//! ```text
+//! NAME    LEADER   TOKEN   SHARDS   HELD   AGE
+//! crawl                    4        4      2m
+//! ```
+//!
 //! # Installing the CRD
 //!
 //! [`crd()`] and [`crd_yaml()`] generate it; the same YAML is committed as
@@ -31,7 +39,9 @@
 //! | `status.fencingToken` | the fencing token of the last published term (`int64`) |
 //! | `status.transitions` | how many times a new term was published after the first |
 //! | `status.lastTransitionTime` | when the published leader last changed |
-//! | `status.candidates[]` | `identity` and `lastSeen` of each candidate that published recently |
+//! | `status.candidates[]` | `identity` and `lastSeen` of each candidate that published recently; `shards`: a sharded group's member's count |
+//! | `spec.shards`, `status.shardCount`, `status.heldShards` | a sharded group: its count (`spec.lease` is then the group's name), as its members run it, and how many shards have a published holder |
+//! | `status.shards[]` | a sharded group: `shard`, `holder` and `fencingToken` of each held shard, each published by its holder |
 //! | `status.conditions[]` | `LeaderElected`: `True` (reason `Elected`) while a leader is published, `False` (reason `SteppedDown`) after it stepped down and nobody took over |
 //!
 //! Durations are strings rather than integer seconds because leases shorter than a second
