@@ -837,3 +837,42 @@ async fn an_unlabelled_shard_lease_held_by_a_live_holder_is_never_taken() {
     assert!(holder.stats().renewals >= 8, "{:?}", holder.stats());
     held.release().await.expect("release");
 }
+
+/// Issue #26 finding 4: a plain election named like a group's shard Lease (`<group>-<n>`) is
+/// refused by name once the group has labelled the Lease, instead of silently sharing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_election_cannot_take_a_groups_shard_lease() {
+    let server = shared();
+    let group = unique("collide");
+    let leases = shard_leases(&group, 2);
+    let member = Arc::new(server.backend(NS).await);
+    let _joint = member.follow_shard_leases(&group, &leases);
+    let opts = LockOptions::new().ttl(Duration::from_secs(2));
+    let shard = Locker::with_identity(member.clone(), "member")
+        .expect("identity")
+        .try_acquire(&leases[1], &opts)
+        .await
+        .expect("free lock");
+    shard.release().await.expect("release");
+
+    let plain = Locker::with_identity(server.backend(NS).await, "plain").expect("identity");
+    let refused = plain.try_acquire(&leases[1], &opts).await;
+    match refused {
+        Err(LockError::Backend(e)) => {
+            assert_eq!(e.kind(), BackendErrorKind::Config, "{e}");
+            let message = e.to_string();
+            assert!(
+                message.contains(&leases[1]) && message.contains("shard lease"),
+                "{message}"
+            );
+        }
+        other => panic!("a plain election took a shard lease: {other:?}"),
+    }
+    // The group's own members still take it.
+    let again = Locker::with_identity(member, "member")
+        .expect("identity")
+        .try_acquire(&leases[1], &opts)
+        .await
+        .expect("the group's member");
+    again.release().await.expect("release");
+}

@@ -13,6 +13,10 @@
 //! not seen by the watch; the view then holds what the last read said, and a
 //! compare-and-swap on a stale version fails and reads again, so such a Lease is never
 //! taken early, only noticed late. Its next acquisition by this version labels it.
+//!
+//! The label also keeps plain elections out: a plain election named `<group>-<n>` (shard
+//! `n`'s Lease) is refused with a configuration error once the group has labelled the Lease
+//! ([`Inner::check_not_a_shard`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -82,6 +86,37 @@ impl Inner {
                 .get_or_insert_with(Default::default)
                 .insert(SHARD_GROUP_LABEL.to_owned(), label.to_string());
         }
+    }
+
+    /// Refuses to acquire `lease` outside its group: a Lease labelled as a shard of a group
+    /// is taken only by that group's members (which follow it jointly), so that a plain
+    /// election whose name happens to be `<group>-<n>` fails loudly instead of sharing the
+    /// Lease with shard `n`'s terms.
+    pub(super) fn check_not_a_shard(&self, name: &str, lease: &Lease) -> Result<(), BackendError> {
+        let Some(group) = lease
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SHARD_GROUP_LABEL))
+        else {
+            return Ok(());
+        };
+        let ours = self
+            .locks()
+            .get(name)
+            .and_then(|st| st.joint.as_ref().map(|j| j.label.clone()));
+        if ours.as_deref() == Some(group.as_str()) {
+            return Ok(());
+        }
+        Err(BackendError::new(
+            BackendErrorKind::Config,
+            format!(
+                "lease {}/{name} is a shard lease of the sharded group labelled \
+                 {SHARD_GROUP_LABEL}={group}; only that group's members take it: give this \
+                 election another name",
+                self.namespace
+            ),
+        ))
     }
 }
 

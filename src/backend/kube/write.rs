@@ -151,6 +151,7 @@ impl Inner {
                 }
                 Current::Present(seen) => seen,
             };
+            self.check_not_a_shard(name, &seen.lease)?;
             let view = record::View::of(&seen.lease);
             let mut lease = seen.lease.clone();
             let replay = if view.token == Some(req.holder) {
