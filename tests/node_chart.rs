@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use node_support::chart::{
     Diagnose, LEASE, RENEW, RETRY, SLACK, assert_one_leader, delete_leader, freeze_tenure, install,
-    pods, ready_pods, restricted_namespace, through_port_forward, values,
+    pods, ready_pods, restricted_namespace, shard_writer_command, through_port_forward, values,
 };
 use node_support::{
     LeaseWatch, Node, Register, Report, accepted_stale, command_pids, freezer_dir, lease, nft,
@@ -324,9 +324,118 @@ fn chart_pods_on_a_real_node() {
         "refused (stale) write attempts, all scenarios",
         register.refused().to_string(),
     );
+    sharded_release_resized_by_helm_upgrade(&node, &mut report);
     drop(watch);
     report.print();
     let _ = pod_processes;
+}
+
+/// Issue #26: a sharded release whose `sharding.shards` changes with `helm upgrade`
+/// completes the rolling update, and the commands of the two counts never run at once: every
+/// write of a count-2 copy reaches the register before the first write of a count-3 copy.
+/// The group's Election follows.
+fn sharded_release_resized_by_helm_upgrade(node: &Node, report: &mut Report) {
+    let ns = "shards";
+    let release = "crawl";
+    restricted_namespace(node, ns);
+    let _diagnose = Diagnose::chart(node, ns);
+    let register = Register::start(node);
+    let helm = |verb: &str, shards: &str| {
+        let mut args = vec![
+            verb.to_owned(),
+            release.to_owned(),
+            node_support::chart().display().to_string(),
+            "-n".into(),
+            ns.into(),
+        ];
+        args.extend(values(
+            &register,
+            &[
+                ("sharding.shards", shards.into()),
+                ("election.publishStatus", "true".into()),
+            ],
+        ));
+        // The last --set-json of `command` wins: the writer that names its shard.
+        args.extend([
+            "--set-json".into(),
+            format!("command={}", shard_writer_command(&register)),
+        ]);
+        run(node.helm().args(&args), None).expect_ok();
+    };
+    // Every shard of `count` has written in the last 2 s. (The register's one highest token
+    // does not apply across shards, whose tokens rise each on its own: any attempt counts.)
+    let all_write = |count: u32| {
+        let recent = register.since(Instant::now() - Duration::from_secs(2));
+        (0..count).all(|shard| {
+            let prefix = format!("{count}x{shard}-");
+            recent.iter().any(|w| w.pod.starts_with(&prefix))
+        })
+    };
+    let t0 = Instant::now();
+    helm("install", "2");
+    wait_for(Duration::from_secs(120), "both shards of 2 writing", || {
+        all_write(2).then_some(())
+    });
+    report.add(
+        "sharded install (2 shards) -> every shard writing",
+        secs(t0.elapsed()),
+    );
+
+    let t0 = Instant::now();
+    helm("upgrade", "3");
+    wait_for(
+        Duration::from_secs(180),
+        "all three shards of 3 writing after helm upgrade",
+        || all_write(3).then_some(()),
+    );
+    let took = t0.elapsed();
+    let writes = register.since(t0);
+    let last_old = writes
+        .iter()
+        .filter(|w| w.pod.starts_with("2x"))
+        .map(|w| w.at)
+        .max();
+    let first_new = writes
+        .iter()
+        .filter(|w| w.pod.starts_with("3x"))
+        .map(|w| w.at)
+        .min()
+        .expect("count-3 writes");
+    if let Some(last_old) = last_old {
+        assert!(
+            last_old < first_new,
+            "a count-2 copy wrote {:?} after the first count-3 write: two counts ran at once",
+            last_old - first_new
+        );
+        report.add(
+            "helm upgrade 2 -> 3 shards: last old write -> first new write",
+            secs(first_new - last_old),
+        );
+    }
+    report.add(
+        "helm upgrade 2 -> 3 shards -> every shard of 3 writing",
+        secs(took),
+    );
+    let election = wait_for(
+        Duration::from_secs(30),
+        "the Election to show 3 shards held",
+        || {
+            let e = run(
+                node.kubectl()
+                    .args(["get", "election", release, "-n", ns, "-o", "json"]),
+                None,
+            )
+            .json();
+            (e["status"]["shardCount"] == 3 && e["status"]["heldShards"] == 3).then_some(e)
+        },
+    );
+    let holders: Vec<&str> = election["status"]["shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["holder"].as_str())
+        .collect();
+    assert_eq!(holders.len(), 3, "{election}");
 }
 
 /// What the host looks like where a node could leave something behind.

@@ -73,6 +73,20 @@ pub fn writer_command(register: &Register) -> String {
     .to_string()
 }
 
+/// The workload of a sharded release: as [`writer_command`], the writer named
+/// `<shard count>x<shard>-<pod>` so the register tells shard counts apart.
+pub fn shard_writer_command(register: &Register) -> String {
+    json!([
+        "sh",
+        "-c",
+        format!(
+            "while true; do printf 'GET /w?pod=%sx%s-%s&token=%s HTTP/1.0\\r\\n\\r\\n' \"$TENURE_SHARDS\" \"$TENURE_SHARD\" \"$TENURE_IDENTITY\" \"$TENURE_FENCING_TOKEN\" | nc -w 2 {} {} >/dev/null; sleep 0.1; done",
+            NODE_IP, register.port
+        )
+    ])
+    .to_string()
+}
+
 /// `--set` pairs as helm arguments.
 pub fn sets(pairs: &[(&str, String)]) -> Vec<String> {
     pairs
