@@ -33,6 +33,8 @@
 //!
 //! Prints a table with the ratios tenure / baseline and writes `target/bench/shard.json`.
 //! Run with `cargo bench --all-features --bench shard` (about 8 minutes).
+//! `TENURE_BENCH_SHARDS=N` changes the group's shard count (256 by default), for the
+//! scale table in the README.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -54,7 +56,10 @@ use support::redis_harness::RedisServer;
 use support::role::emit;
 use support::stats::{percentile, round2};
 
-const SHARDS: u32 = 256;
+/// The group's shard count: `TENURE_BENCH_SHARDS` (the replicas inherit it), default 256.
+fn shards() -> u32 {
+    knob("TENURE_BENCH_SHARDS", 256)
+}
 const REPLICAS: usize = 10;
 const NS: &str = "default";
 /// Redis: lease duration, renew deadline, retry period.
@@ -222,9 +227,13 @@ async fn replica(
     emit(format_args!("R"));
     match imp {
         "tenure" => {
-            let elector =
-                tenure::shard::ShardedElector::new(locker, group, SHARDS, election_config(timings))
-                    .map_err(|e| e.to_string())?;
+            let elector = tenure::shard::ShardedElector::new(
+                locker,
+                group,
+                shards(),
+                election_config(timings),
+            )
+            .map_err(|e| e.to_string())?;
             elector
                 .run_until(stop.cancelled_owned(), |shard, term| async move {
                     emit(format_args!("S {shard}"));
@@ -237,7 +246,7 @@ async fn replica(
         "baseline" => {
             use tenure::election::LeaderElector;
             let mut tasks = tokio::task::JoinSet::new();
-            for shard in 0..SHARDS {
+            for shard in 0..shards() {
                 let elector = LeaderElector::new(
                     locker.clone(),
                     &tenure::shard::lease_name(group, shard),
@@ -545,8 +554,8 @@ impl Fleet {
 
     /// (every shard runs exactly once, on a live replica; and the spread is ≤ 1).
     fn state(&self) -> (bool, bool) {
-        let mut count = vec![0u32; SHARDS as usize];
-        let mut on_live = vec![false; SHARDS as usize];
+        let mut count = vec![0u32; shards() as usize];
+        let mut on_live = vec![false; shards() as usize];
         for (who, shards) in &self.held {
             for &s in shards {
                 count[s as usize] += 1;
@@ -1139,14 +1148,16 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
     );
     println!();
     println!(
-        "Sharded leadership: N = {SHARDS} shards, M = {REPLICAS} replicas (separate processes), {durations}; \
+        "Sharded leadership: N = {} shards, M = {REPLICAS} replicas (separate processes), {durations}; \
          steady window {window:?}; Redis 7 and kube-apiserver v1.36 on 127.0.0.1; bench took {:.0} s",
+        shards(),
         elapsed.as_secs_f64()
     );
     println!(
-        "tenure: ShardedElector; baseline: {SHARDS} LeaderElectors per replica on one Locker, all started at once. \
+        "tenure: ShardedElector; baseline: {} LeaderElectors per replica on one Locker, all started at once. \
          Times: p50 from the event to every shard held once on a live replica and (tenure) spread ≤ 1; \
-         baseline: to every shard held (it never rebalances)."
+         baseline: to every shard held (it never rebalances).",
+        shards()
     );
     println!();
     let columns = [
@@ -1387,7 +1398,7 @@ fn print_results(runs: &[Run], window: Duration, elapsed: Duration) {
         })
         .to_vec();
     let json = json!({
-        "shards": SHARDS,
+        "shards": shards(),
         "replicas": REPLICAS,
         "processes": true,
         "durations": durations_json,

@@ -420,12 +420,14 @@ fn sharded_release_resized_by_helm_upgrade(node: &Node, report: &mut Report) {
         Duration::from_secs(30),
         "the Election to show 3 shards held",
         || {
-            let e = run(
+            // The release's one Election (named after the chart's full name).
+            let list = run(
                 node.kubectl()
-                    .args(["get", "election", release, "-n", ns, "-o", "json"]),
+                    .args(["get", "elections", "-n", ns, "-o", "json"]),
                 None,
             )
             .json();
+            let e = list["items"][0].clone();
             (e["status"]["shardCount"] == 3 && e["status"]["heldShards"] == 3).then_some(e)
         },
     );
