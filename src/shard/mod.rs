@@ -13,7 +13,11 @@
 //! stopped, then its lease released, so the new owner takes it on the release notification. A
 //! replica that leaves on shutdown withdraws from the membership first. A replica that dies
 //! stops announcing; its shards move when its membership expires and their leases run out
-//! (lease duration + retry period).
+//! (lease duration + retry period). A replica follows every shard lease of its count from
+//! the moment it joins ([`Backend::follow_shard_leases`](crate::Backend::follow_shard_leases)):
+//! where expiry is judged on the observer's clock (Kubernetes) that clock has then run since
+//! the dead holder's last renewal, so its shards are free one lease after it, and the
+//! replica watches them all with one watch.
 //!
 //! Views of the membership can differ for a moment (a replica that has seen a join and one
 //! that has not yet): two replicas may then both campaign for one shard, and its lease lets
