@@ -360,9 +360,13 @@ async fn counting_backend(requests: &Requests) -> KubeBackend {
     let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
         let watch = req.uri().query().is_some_and(|q| q.contains("watch=true"));
         let what = format!(
-            "{} {}{}",
+            "{} {}{}{}",
             req.method(),
             req.uri().path(),
+            req.uri()
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default(),
             if watch { " (watch)" } else { "" }
         );
         log.lock().expect("requests").push(what);
@@ -747,6 +751,11 @@ async fn a_group_follows_all_its_shard_leases_with_one_watch() {
         watches, 1,
         "24 observed shard Leases must share one watch: {sent:#?}"
     );
+    let selector = format!("labelSelector=tenure.dev%2Fshard-group%3D{group}");
+    assert!(
+        sent.iter().all(|r| r.contains(&selector)),
+        "the list and the watch select the group's label: {sent:#?}"
+    );
     assert!(
         sent.len() <= 3,
         "one list and one watch, no reads per Lease: {sent:#?}"
@@ -875,4 +884,72 @@ async fn a_plain_election_cannot_take_a_groups_shard_lease() {
         .await
         .expect("the group's member");
     again.release().await.expect("release");
+}
+
+/// Two sharded electors of one group in one process share the shard Leases: when one stops
+/// following them, the other still takes them; when the last stops, each Lease is followed
+/// on its own again and its observers hear of changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_joint_watch_to_stop_hands_the_leases_back() {
+    let server = shared();
+    let group = unique("handback");
+    let leases = shard_leases(&group, 2);
+    let backend = Arc::new(server.backend(NS).await);
+    let first = backend.follow_shard_leases(&group, &leases);
+    let second = backend.follow_shard_leases(&group, &leases);
+    let opts = LockOptions::new().ttl(Duration::from_secs(2));
+    let locker = Locker::with_identity(backend.clone(), "member").expect("identity");
+    locker
+        .try_acquire(&leases[0], &opts)
+        .await
+        .expect("free lock")
+        .release()
+        .await
+        .expect("release");
+    let mut joint_fed = backend.observe(&leases[0]);
+    tokio::time::timeout(Duration::from_secs(5), joint_fed.next())
+        .await
+        .expect("synced");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Still a member through `second`: the labelled Lease is ours to take.
+    locker
+        .try_acquire(&leases[0], &opts)
+        .await
+        .expect("a member of the group while one joint watch remains")
+        .release()
+        .await
+        .expect("release");
+    drop(second);
+    // The joint watch's observers are told it ended.
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match joint_fed.next().await {
+                Some(Err(_)) | None => return,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the joint watch's observers were not told");
+    // A new observer gets a watch of the Lease alone, which hears another's grant.
+    let mut alone = backend.observe(&leases[1]);
+    let first_item = tokio::time::timeout(Duration::from_secs(5), alone.next())
+        .await
+        .expect("state at subscription");
+    assert_eq!(first_item.and_then(Result::ok), Some(HolderChange::free()));
+    let other = Arc::new(server.backend(NS).await);
+    let _other_joint = other.follow_shard_leases(&group, &leases);
+    let held = Locker::with_identity(other, "other")
+        .expect("identity")
+        .try_acquire(&leases[1], &opts)
+        .await
+        .expect("free lock");
+    let granted = tokio::time::timeout(Duration::from_secs(5), alone.next())
+        .await
+        .expect("grant reported")
+        .and_then(Result::ok)
+        .expect("grant");
+    assert_eq!(granted.holder.as_deref(), Some("other"));
+    held.release().await.expect("release");
 }
