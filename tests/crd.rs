@@ -688,7 +688,11 @@ async fn printer_columns_show_leader_and_token() {
         .filter(|(_, p)| *p == 0)
         .map(|(n, _)| n.as_str())
         .collect();
-    assert_eq!(shown, ["NAME", "LEADER", "TOKEN", "AGE"], "{text}");
+    assert_eq!(
+        shown,
+        ["NAME", "LEADER", "TOKEN", "SHARDS", "HELD", "AGE"],
+        "{text}"
+    );
     let wide: Vec<&str> = columns
         .iter()
         .filter(|(_, p)| *p > 0)
@@ -715,6 +719,8 @@ async fn printer_columns_show_leader_and_token() {
     assert_eq!(cell("TRANSITIONS").as_u64(), Some(0));
     assert_eq!(cell("LEASE"), "table-lease");
     assert_eq!(cell("BACKEND"), "Redis");
+    // A plain election has no shard columns' values.
+    assert!(cell("SHARDS").is_null() && cell("HELD").is_null(), "{text}");
     replica.shutdown().await;
     let s = status(&client, &ns, "shown").await.unwrap_or_default();
     assert_eq!(s.leader, None);
