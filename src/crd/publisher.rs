@@ -156,6 +156,11 @@ impl StatusPublisher {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    /// The span every log line of this publisher's task carries.
+    fn span(&self, identity: &str) -> tracing::Span {
+        tracing::info_span!("election_status", election = %self.election(), identity = %identity)
+    }
+
     /// Follows `elector` and publishes its view until `shutdown` completes. Never fails:
     /// errors are logged (rate-limited), counted in [`stats`](Self::stats) and retried with
     /// a backoff. Run it beside [`LeaderElector::run_until`] with the same shutdown signal.
@@ -168,11 +173,7 @@ impl StatusPublisher {
     where
         S: Future<Output = ()>,
     {
-        let span = tracing::info_span!(
-            "election_status",
-            election = %self.election(),
-            identity = %elector.identity(),
-        );
+        let span = self.span(elector.identity());
         self.follow(&elector, shutdown).instrument(span).await;
     }
 
@@ -202,11 +203,7 @@ impl StatusPublisher {
     where
         S: Future<Output = ()>,
     {
-        let span = tracing::info_span!(
-            "election_status",
-            election = %self.election(),
-            identity = %elector.identity(),
-        );
+        let span = self.span(elector.identity());
         self.follow_sharded(&elector, shutdown)
             .instrument(span)
             .await;

@@ -72,14 +72,17 @@ impl Inner {
         ShardLeaseWatch::keeping(stop.drop_guard())
     }
 
+    /// The group label of `name`, if a joint watch of this process follows it.
+    fn joint_label(&self, name: &str) -> Option<Arc<str>> {
+        self.locks()
+            .get(name)
+            .and_then(|st| st.joint.as_ref().map(|j| j.label.clone()))
+    }
+
     /// Marks `lease` as a shard Lease of its group, if a joint watch follows `name`: the
     /// label is what the joint watch selects on.
     pub(super) fn label_if_joint(&self, name: &str, lease: &mut Lease) {
-        let label = self
-            .locks()
-            .get(name)
-            .and_then(|st| st.joint.as_ref().map(|j| j.label.clone()));
-        if let Some(label) = label {
+        if let Some(label) = self.joint_label(name) {
             lease
                 .metadata
                 .labels
@@ -101,11 +104,7 @@ impl Inner {
         else {
             return Ok(());
         };
-        let ours = self
-            .locks()
-            .get(name)
-            .and_then(|st| st.joint.as_ref().map(|j| j.label.clone()));
-        if ours.as_deref() == Some(group.as_str()) {
+        if self.joint_label(name).as_deref() == Some(group.as_str()) {
             return Ok(());
         }
         Err(BackendError::new(

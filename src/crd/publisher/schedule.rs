@@ -38,6 +38,21 @@ pub(super) struct State {
 }
 
 impl State {
+    /// Nothing published yet; a write (the first heartbeat) is due now.
+    pub(super) fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            published: None,
+            want: None,
+            step_down: None,
+            heartbeat_at: now,
+            not_before: now,
+            backoff: None,
+            logged: LogGate::default(),
+            spec_checked: false,
+        }
+    }
+
     /// Takes in whether (and in which term) this candidate leads now.
     pub(super) fn observe(&mut self, leading: Option<FencingToken>, step_down_at: Instant) {
         match leading {

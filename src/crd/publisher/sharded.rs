@@ -4,13 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::pin::pin;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::schedule::{LogGate, Settings, State};
+use super::StatusPublisher;
+use super::schedule::{Settings, State};
 use super::status::{Intent, ShardIntent};
-use super::{MIN_DEFAULT_HEARTBEAT, StatusPublisher};
 use crate::FencingToken;
 use crate::shard::ShardedElector;
 
@@ -22,34 +21,17 @@ impl StatusPublisher {
         shutdown: S,
     ) {
         let (lease_duration, _, _) = elector.timings();
-        let heartbeat = self
-            .heartbeat
-            .unwrap_or_else(|| lease_duration.saturating_mul(4).max(MIN_DEFAULT_HEARTBEAT))
-            .max(Duration::from_millis(10));
-        let prune_older_than = heartbeat.saturating_mul(self.prune_after);
+        let (heartbeat, prune_older_than) = self.cadence(lease_duration);
         let settings = || Settings {
             min_interval: self.min_interval,
             heartbeat,
         };
         // A shard taken again keeps the owned set as it was but changes its token: the set
         // is compared with the tokens, polled as well as watched.
-        let poll_every = self
-            .min_interval
-            .clamp(Duration::from_millis(50), Duration::from_secs(1));
-        let mut poll = tokio::time::interval(poll_every);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut poll = self.poll();
         let mut owned = elector.owned();
         let mut shutdown = pin!(shutdown);
-        let mut st = State {
-            published: None,
-            want: None,
-            step_down: None,
-            heartbeat_at: Instant::now(),
-            not_before: Instant::now(),
-            backoff: None,
-            logged: LogGate::default(),
-            spec_checked: false,
-        };
+        let mut st = State::new();
         let mut published: Option<BTreeMap<u32, FencingToken>> = None;
         loop {
             let held = held(elector);
@@ -102,19 +84,7 @@ impl StatusPublisher {
                     held: &none,
                 }),
             };
-            let bound = self.request_timeout.saturating_mul(2);
-            let mut spec_checked = true;
-            let leave = self.sync(&intent, elector.name(), &mut spec_checked, false);
-            match tokio::time::timeout(bound, leave).await {
-                Ok(Ok(wrote)) => {
-                    if wrote {
-                        self.stats.count_write();
-                    }
-                    tracing::debug!(wrote, "left the election's status");
-                }
-                Ok(Err(e)) => tracing::debug!(error = %e, "could not leave the election's status"),
-                Err(_) => tracing::debug!("leaving the election's status timed out"),
-            }
+            self.leave(&intent, elector.name()).await;
         }
     }
 }

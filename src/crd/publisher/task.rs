@@ -9,7 +9,7 @@ use kube::api::PostParams;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::schedule::{LogGate, Settings, State, after};
+use super::schedule::{Settings, State, after};
 use super::status::{Intent, apply, merge_status, now_seconds, salvage};
 use super::{MIN_DEFAULT_HEARTBEAT, StatusPublisher};
 use crate::FencingToken;
@@ -28,31 +28,13 @@ impl StatusPublisher {
         shutdown: S,
     ) {
         let (lease_duration, _, _) = elector.timings();
-        // Saturating arithmetic throughout: durations come from the caller unbounded, and an
-        // overflow must not panic the publisher (a `Duration::MAX` heartbeat means "never").
-        let heartbeat = self
-            .heartbeat
-            .unwrap_or_else(|| lease_duration.saturating_mul(4).max(MIN_DEFAULT_HEARTBEAT))
-            .max(Duration::from_millis(10));
-        let prune_older_than = heartbeat.saturating_mul(self.prune_after);
+        let (heartbeat, prune_older_than) = self.cadence(lease_duration);
+        // Saturating: durations come from the caller unbounded.
         let step_down_grace = lease_duration.saturating_mul(2);
-        let poll_every = self
-            .min_interval
-            .clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut leader_rx = elector.leader();
         let mut shutdown = pin!(shutdown);
-        let mut poll = tokio::time::interval(poll_every);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut st = State {
-            published: None,
-            want: None,
-            step_down: None,
-            heartbeat_at: Instant::now(),
-            not_before: Instant::now(),
-            backoff: None,
-            logged: LogGate::default(),
-            spec_checked: false,
-        };
+        let mut poll = self.poll();
+        let mut st = State::new();
         loop {
             let term = leading(elector, &leader_rx.borrow_and_update());
             st.observe(term, after(Instant::now(), step_down_grace));
@@ -106,20 +88,47 @@ impl StatusPublisher {
                 prune_older_than,
                 shards: None,
             };
-            let bound = self.request_timeout.saturating_mul(2);
-            // Never create the Election just to leave it.
-            let mut spec_checked = true;
-            let leave = self.sync(&intent, elector.lease_name(), &mut spec_checked, false);
-            match tokio::time::timeout(bound, leave).await {
-                Ok(Ok(wrote)) => {
-                    if wrote {
-                        self.stats.count_write();
-                    }
-                    tracing::debug!(wrote, "left the election's status");
+            self.leave(&intent, elector.lease_name()).await;
+        }
+    }
+
+    /// The heartbeat and the age after which other candidates are pruned, for an elector
+    /// whose lease lasts `lease_duration`. Saturating arithmetic throughout: durations come
+    /// from the caller unbounded, and an overflow must not panic the publisher (a
+    /// `Duration::MAX` heartbeat means "never").
+    pub(super) fn cadence(&self, lease_duration: Duration) -> (Duration, Duration) {
+        let heartbeat = self
+            .heartbeat
+            .unwrap_or_else(|| lease_duration.saturating_mul(4).max(MIN_DEFAULT_HEARTBEAT))
+            .max(Duration::from_millis(10));
+        (heartbeat, heartbeat.saturating_mul(self.prune_after))
+    }
+
+    /// The timer on which the publisher looks at its elector again besides its watches.
+    pub(super) fn poll(&self) -> tokio::time::Interval {
+        let every = self
+            .min_interval
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut poll = tokio::time::interval(every);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll
+    }
+
+    /// The last write on shutdown (`intent` leaves), bounded; its failure is only logged.
+    pub(super) async fn leave(&self, intent: &Intent<'_>, lease: &str) {
+        let bound = self.request_timeout.saturating_mul(2);
+        // Never create the Election just to leave it.
+        let mut spec_checked = true;
+        let leave = self.sync(intent, lease, &mut spec_checked, false);
+        match tokio::time::timeout(bound, leave).await {
+            Ok(Ok(wrote)) => {
+                if wrote {
+                    self.stats.count_write();
                 }
-                Ok(Err(e)) => tracing::debug!(error = %e, "could not leave the election's status"),
-                Err(_) => tracing::debug!("leaving the election's status timed out"),
+                tracing::debug!(wrote, "left the election's status");
             }
+            Ok(Err(e)) => tracing::debug!(error = %e, "could not leave the election's status"),
+            Err(_) => tracing::debug!("leaving the election's status timed out"),
         }
     }
 
