@@ -1271,6 +1271,16 @@ fn bad_shard_counts_exit_2_and_a_replica_with_another_count_waits() {
         "the second replica's copies of 3 shards",
         || per_identity(&running(&events(&log))) == [("second".into(), 3)].into(),
     );
+
+    // A plain election named like one of the group's shards is refused before it campaigns.
+    let plain = run_args(&s, "counted-1", &[], vec!["true".into()]);
+    let plain: Vec<&str> = plain.iter().map(String::as_str).collect();
+    let (c, _, err) = run_to_end(&plain, &[]);
+    assert_eq!(c, 2, "{err}");
+    assert!(
+        error_line(&err).contains("shard 1 of the sharded group \"counted\""),
+        "{err}"
+    );
     second.signal(libc::SIGTERM);
     assert_eq!(
         second.wait(Duration::from_secs(10)).code(),

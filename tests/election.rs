@@ -872,3 +872,39 @@ async fn a_store_failing_for_a_while_delays_the_campaign_and_it_then_leads() {
         led_at - started
     );
 }
+
+/// A plain election named like shard N of a sharded group that exists is refused before it
+/// campaigns (the group's lease stays free); names off the scheme, and shards of a group
+/// that does not exist, run.
+#[tokio::test(start_paused = true)]
+async fn a_plain_election_named_like_a_groups_shard_is_refused() {
+    use tenure::backend::GroupRecord;
+    let store = MemoryBackend::new();
+    let locker = Locker::with_identity(store.clone(), "plain").expect("valid identity");
+    assert!(
+        store
+            .swap_group_record("web", None, &GroupRecord::first(4))
+            .await
+            .expect("memory answers")
+    );
+    let refused = LeaderElector::new(locker.clone(), "web-2", ElectionConfig::default())
+        .expect("valid config")
+        .run(|_| async {})
+        .await;
+    match refused {
+        Err(ElectionError::ShardLease { name, group, shard }) => {
+            assert_eq!((name.as_str(), group.as_str(), shard), ("web-2", "web", 2));
+        }
+        other => panic!("expected ShardLease, got {other:?}"),
+    }
+    assert_eq!(store.inspect("web-2").await.expect("memory answers"), None);
+
+    for runs in ["web-02", "web-x", "api-2"] {
+        let elector =
+            LeaderElector::new(locker.clone(), runs, ElectionConfig::default()).expect("valid");
+        let token = elector
+            .run(|term| async move { term.fencing_token() })
+            .await;
+        assert!(token.is_ok(), "{runs}: {token:?}");
+    }
+}

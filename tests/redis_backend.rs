@@ -844,3 +844,35 @@ async fn foreign_values_are_never_taken_changed_or_reported_as_tenures() {
         );
     }
 }
+
+/// On Redis, a plain election named like a sharded group's shard is refused once the group's
+/// record exists: the name is checked against the store, not against this process's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_election_named_like_a_groups_shard_is_refused() {
+    use tenure::backend::GroupRecord;
+    use tenure::election::{ElectionConfig, ElectionError, LeaderElector};
+    let server = RedisServer::start();
+    let group_owner = support::backend(&server).await;
+    assert!(
+        group_owner
+            .swap_group_record("jobs", None, &GroupRecord::first(3))
+            .await
+            .expect("redis answers")
+    );
+    let other = support::backend(&server).await;
+    let locker = tenure::Locker::with_identity(other.clone(), "plain").expect("valid identity");
+    let refused = LeaderElector::new(locker.clone(), "jobs-1", ElectionConfig::default())
+        .expect("valid config")
+        .run(|_| async {})
+        .await;
+    assert!(
+        matches!(&refused, Err(ElectionError::ShardLease { group, shard: 1, .. }) if group == "jobs"),
+        "{refused:?}"
+    );
+    assert_eq!(other.inspect("jobs-1").await.expect("redis answers"), None);
+    let free = LeaderElector::new(locker, "jobs-one", ElectionConfig::default())
+        .expect("valid config")
+        .run(|term| async move { term.fencing_token() })
+        .await;
+    assert!(free.is_ok(), "{free:?}");
+}

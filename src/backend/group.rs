@@ -8,6 +8,30 @@
 
 use std::fmt;
 
+/// The lease of shard `shard` of the sharded group `group`: `GROUP-SHARD`.
+///
+/// The one naming scheme of shard leases, here beside the group record so the election layer
+/// can tell a plain election's name from a group's shard without knowing the sharding layer.
+#[must_use]
+pub fn shard_lease_name(group: &str, shard: u32) -> String {
+    format!("{group}-{shard}")
+}
+
+/// The group and shard a lease name would be under [`shard_lease_name`]'s scheme, if it has
+/// that shape (`GROUP-DIGITS`, the digits a `u32` without a leading zero).
+#[must_use]
+pub fn parse_shard_lease_name(name: &str) -> Option<(&str, u32)> {
+    let (group, shard) = name.rsplit_once('-')?;
+    if group.is_empty()
+        || shard.is_empty()
+        || !shard.bytes().all(|b| b.is_ascii_digit())
+        || (shard.len() > 1 && shard.starts_with('0'))
+    {
+        return None;
+    }
+    Some((group, shard.parse().ok()?))
+}
+
 /// The longest record text tenure writes is far below this; anything longer is damaged.
 pub const MAX_GROUP_RECORD: usize = 64;
 
@@ -190,6 +214,28 @@ impl fmt::Debug for ShardLeaseWatch {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn shard_lease_names_parse_back_and_others_do_not() {
+        assert_eq!(shard_lease_name("web", 7), "web-7");
+        assert_eq!(parse_shard_lease_name("web-7"), Some(("web", 7)));
+        assert_eq!(parse_shard_lease_name("a-b-0"), Some(("a-b", 0)));
+        assert_eq!(
+            parse_shard_lease_name("g-4294967295"),
+            Some(("g", u32::MAX))
+        );
+        for other in [
+            "web",
+            "web-",
+            "-7",
+            "web-07",
+            "web-x",
+            "web-4294967296",
+            "web-+7",
+        ] {
+            assert_eq!(parse_shard_lease_name(other), None, "{other}");
+        }
+    }
+
     use super::*;
 
     #[test]

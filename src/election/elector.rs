@@ -68,6 +68,9 @@ pub(super) struct Inner {
     pub(super) running: AtomicBool,
     /// What tells whether the store answers this candidate, for [`Health`].
     pub(super) contact: StoreContact,
+    /// Whether this elector runs a shard of a sharded group (made by [`crate::shard`]); a
+    /// plain election never takes a lease named like a group's shard.
+    pub(super) shard: bool,
     #[cfg(feature = "metrics")]
     metrics: Mutex<Option<ElectionMetrics>>,
 }
@@ -93,6 +96,24 @@ impl LeaderElector {
     /// [`ElectionError::Lock`] with [`LockError::InvalidName`](crate::LockError::InvalidName)
     /// if the backend rejects the name.
     pub fn new(locker: Locker, name: &str, config: ElectionConfig) -> Result<Self, ElectionError> {
+        Self::build(locker, name, config, false)
+    }
+
+    /// The elector of one shard's lease, which may be named like `GROUP-N`.
+    pub(crate) fn for_shard(
+        locker: Locker,
+        name: &str,
+        config: ElectionConfig,
+    ) -> Result<Self, ElectionError> {
+        Self::build(locker, name, config, true)
+    }
+
+    fn build(
+        locker: Locker,
+        name: &str,
+        config: ElectionConfig,
+        shard: bool,
+    ) -> Result<Self, ElectionError> {
         let lease_opts = config.lease_options()?;
         locker
             .backend()
@@ -108,6 +129,7 @@ impl LeaderElector {
                 term: Mutex::new(None),
                 running: AtomicBool::new(false),
                 contact: StoreContact::default(),
+                shard,
                 #[cfg(feature = "metrics")]
                 metrics: Mutex::new(None),
             }),

@@ -35,6 +35,21 @@ pub enum ElectionError {
     /// running: one run at a time, so that `is_leader` and `health` describe one term.
     #[error("this elector is already running; clone it to observe it")]
     AlreadyRunning,
+    /// The election's lease is named like shard `shard` of the sharded group `group`
+    /// (`GROUP-SHARD`), and that group exists in the store: a plain election would contend
+    /// with the group's members for the same lease. Choose another election name.
+    #[error(
+        "the lease {name:?} is shard {shard} of the sharded group {group:?} (its group record \
+         exists in the store); a plain election cannot share it: choose another name"
+    )]
+    ShardLease {
+        /// The election's lease name.
+        name: String,
+        /// The sharded group whose shard the name is.
+        group: String,
+        /// The shard number in the name.
+        shard: u32,
+    },
     /// A state tenure believes impossible; please report it.
     #[error("internal error: {message}")]
     Internal {

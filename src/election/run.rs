@@ -107,6 +107,12 @@ impl LeaderElector {
         // same watch, so a won campaign does not close it and open another (two requests per
         // term on Kubernetes, where the last observer's leaving stops the shared watch).
         let mut changes = self.inner.locker.backend().observe(&self.inner.name);
+        if !self.inner.shard {
+            tokio::select! {
+                checked = self.refuse_shard_lease() => checked?,
+                () = &mut shutdown => return Ok(None),
+            }
+        }
         loop {
             let lease = tokio::select! {
                 lease = self.campaign(&mut changes) => lease?,
@@ -132,6 +138,40 @@ impl LeaderElector {
                     if shutdown.is_terminated() {
                         return Ok(None);
                     }
+                }
+            }
+        }
+    }
+
+    /// Refuses a plain election whose lease is named `GROUP-N` when the sharded group `GROUP`
+    /// exists (its record is in the store, readable or not), so it never contends with the
+    /// group's members for shard N. A store that keeps no groups, or credentials that may not
+    /// read the record (a Role scoped to this election's Lease), cannot tell: the run goes on
+    /// (on Kubernetes the shard Lease's label still refuses the take-over). A group created
+    /// after this check is not seen: the lease stays exclusive, the two contend for it.
+    async fn refuse_shard_lease(&self) -> Result<(), ElectionError> {
+        use crate::backend::group::{GroupRead, parse_shard_lease_name};
+        let name = &*self.inner.name;
+        let Some((group, shard)) = parse_shard_lease_name(name) else {
+            return Ok(());
+        };
+        loop {
+            match self.inner.locker.backend().group_record(group).await {
+                Ok(GroupRead::Absent) => return Ok(()),
+                Ok(GroupRead::Present { .. } | GroupRead::Damaged { .. }) => {
+                    return Err(ElectionError::ShardLease {
+                        name: name.to_owned(),
+                        group: group.to_owned(),
+                        shard,
+                    });
+                }
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(lease = %name, error = %e, "could not read whether the lease is a sharded group's shard; retrying");
+                    tokio::time::sleep(self.inner.config.retry_period).await;
+                }
+                Err(e) => {
+                    tracing::debug!(lease = %name, error = %e, "cannot tell whether the lease is a sharded group's shard");
+                    return Ok(());
                 }
             }
         }

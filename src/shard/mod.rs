@@ -185,7 +185,7 @@ impl ShardedElector {
         }
         // The first and the longest shard names pass the same checks a run would make.
         for shard in [0, shards - 1] {
-            LeaderElector::new(locker.clone(), &lease_name(name, shard), config.clone())?;
+            LeaderElector::for_shard(locker.clone(), &lease_name(name, shard), config.clone())?;
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -492,7 +492,7 @@ impl ShardedElector {
         workload: &Workload,
         delay: Duration,
     ) -> Result<(), ShardError> {
-        let elector = LeaderElector::new(
+        let elector = LeaderElector::for_shard(
             self.inner.locker.clone(),
             &lease_name(&self.inner.name, shard),
             self.inner.config.clone(),
@@ -676,10 +676,10 @@ impl Inner {
     }
 }
 
-/// The lease of one shard.
+/// The lease of one shard: `GROUP-SHARD` ([`crate::backend::group::shard_lease_name`]).
 #[must_use]
 pub fn lease_name(group: &str, shard: u32) -> String {
-    format!("{group}-{shard}")
+    crate::backend::group::shard_lease_name(group, shard)
 }
 
 fn unix_ms() -> u64 {

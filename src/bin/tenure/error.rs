@@ -153,6 +153,9 @@ impl From<ElectionError> for CliError {
                 message: format!("invalid durations: {}", flag_names(&rule)),
             },
             ElectionError::Lost { .. } => Self::Lost { message: chain(&e) },
+            ElectionError::ShardLease { .. } => Self::Config {
+                message: format!("--lease: {e}"),
+            },
             ElectionError::Lock(LockError::InvalidName(_)) => Self::Config {
                 message: format!("--lease: {}", chain(&e)),
             },
