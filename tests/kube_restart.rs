@@ -9,13 +9,15 @@
 
 mod kube_support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use kube_support::{Launch, Server, free_port, fresh_dir, unique};
 use tenure::backend::kube::KubeOptions;
-use tenure::backend::{Backend, BackendErrorKind};
+use tenure::backend::{Backend, BackendErrorKind, HolderChange};
 use tenure::conformance::FencedRegister;
-use tenure::{LeaseEnd, LockOptions, Locker, LostReason};
+use tenure::{LeaseEnd, LockError, LockOptions, Locker, LostReason};
 use tokio::time::Instant;
 
 const NS: &str = "default";
@@ -143,4 +145,121 @@ async fn api_server_stopped_while_a_lease_is_held() {
     // The old holder's release cannot touch the successor.
     assert!(lease.release().await.is_err());
     drop(server);
+}
+
+/// Issue #26: a sharded group's joint watch (one label-selected watch over every shard Lease)
+/// breaks when the API server stops and comes back by itself: after the restart the follower
+/// hears a member's grant through it, and its view of a dead holder's shard still frees the
+/// shard one lease after the last renewal — not before, and not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_joint_watch_comes_back_after_the_api_server_restarts() {
+    let server = Server::start(Launch {
+        port: Some(free_port()),
+        etcd_dir: Some(fresh_dir("etcd")),
+        reuse_credentials: true,
+        extra: vec!["--shutdown-send-retry-after=true".into()],
+    });
+    let group = unique("joint-restart");
+    let leases: Vec<String> = (0..4).map(|s| format!("{group}-{s}")).collect();
+    let options = KubeOptions::new().request_timeout(Duration::from_millis(400));
+    let opts = LockOptions::new().ttl(Duration::from_secs(3));
+
+    let follower = Arc::new(server.backend_with(NS, options.clone()).await);
+    let _joint = follower.follow_shard_leases(&group, &leases);
+    let mut changes = follower.observe(&leases[2]);
+    let first = tokio::time::timeout(Duration::from_secs(5), changes.next())
+        .await
+        .expect("state at subscription");
+    assert_eq!(first.and_then(Result::ok), Some(HolderChange::free()));
+
+    let member_backend = Arc::new(server.backend_with(NS, options.clone()).await);
+    let _member_joint = member_backend.follow_shard_leases(&group, &leases);
+    let member = Locker::with_identity(member_backend, "member").expect("identity");
+    let held = member
+        .try_acquire(&leases[2], &opts)
+        .await
+        .expect("free lock");
+    let heard = next_holder(&mut changes, Duration::from_secs(5)).await;
+    assert_eq!(heard.holder.as_deref(), Some("member"));
+    held.release().await.expect("release");
+    assert_eq!(
+        next_holder(&mut changes, Duration::from_secs(5)).await,
+        HolderChange::free()
+    );
+
+    tokio::task::block_in_place(|| server.stop());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::task::block_in_place(|| server.restart());
+
+    // The member takes the shard again once the server answers; the follower must hear it
+    // through the joint watch, which re-listed and watches again.
+    let again = loop {
+        match member.try_acquire(&leases[2], &opts).await {
+            Ok(lease) => break lease,
+            Err(e) => {
+                eprintln!("acquire after the restart: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let token = again.fencing_token();
+    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let change = next_holder(&mut changes, Duration::from_secs(30)).await;
+            if change.fencing == Some(token) {
+                break change;
+            }
+        }
+    })
+    .await
+    .expect("the grant after the restart must reach the follower through the joint watch");
+    assert_eq!(heard.holder.as_deref(), Some("member"));
+
+    // The member dies holding the shard: the follower's own clock, fed by the watch, frees it
+    // one lease after that last renewal.
+    again.orphan();
+    let died = Instant::now();
+    let taker = Locker::with_identity(follower, "follower").expect("identity");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let early = taker.try_acquire(&leases[2], &opts).await;
+    assert!(
+        matches!(early, Err(LockError::NotAcquired { ref holder, .. }) if holder.as_deref() == Some("member")),
+        "taken while the dead member's lease still ran: {early:?}"
+    );
+    let taken = loop {
+        match taker.try_acquire(&leases[2], &opts).await {
+            Ok(lease) => break lease,
+            Err(e) => {
+                assert!(
+                    died.elapsed() < Duration::from_secs(10),
+                    "the dead member's shard is never freed for the follower: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    eprintln!("shard taken {:?} after its holder died", died.elapsed());
+    assert!(taken.fencing_token() > token);
+    taken.release().await.expect("release");
+    drop(server);
+}
+
+/// The next holder change on `changes`, skipping the errors a stopped server gives.
+async fn next_holder(
+    changes: &mut (
+             impl futures::Stream<Item = Result<HolderChange, tenure::backend::BackendError>> + Unpin
+         ),
+    within: Duration,
+) -> HolderChange {
+    tokio::time::timeout(within, async {
+        loop {
+            match changes.next().await {
+                Some(Ok(change)) => break change,
+                Some(Err(e)) => eprintln!("observe: {e}"),
+                None => panic!("the observe stream ended"),
+            }
+        }
+    })
+    .await
+    .expect("a holder change in time")
 }
