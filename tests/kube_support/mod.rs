@@ -30,7 +30,12 @@ fn repo() -> PathBuf {
 
 /// Runs `kube-testenv.sh <what>` and returns the binary path it prints.
 fn build(what: &str) -> PathBuf {
-    let script = repo().join("e2e/scripts/kube-testenv.sh");
+    build_with("e2e/scripts/kube-testenv.sh", what)
+}
+
+/// Runs `<script> <what>` (a builder under `e2e/scripts`) and returns the binary path it prints.
+fn build_with(script: &str, what: &str) -> PathBuf {
+    let script = repo().join(script);
     let out = Command::new("bash")
         .arg(&script)
         .arg(what)
@@ -54,6 +59,18 @@ fn build(what: &str) -> PathBuf {
 pub fn launcher() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| build("build"))
+}
+
+/// kubectl of the apiserver's release, built from `k8s.io/kubernetes/cmd/kubectl`.
+pub fn kubectl() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("build-kubectl"))
+}
+
+/// helm, built by `e2e/scripts/helm.sh`.
+pub fn helm() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build_with("e2e/scripts/helm.sh", "build"))
 }
 
 /// The client-go leader-election candidate binary.

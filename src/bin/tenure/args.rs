@@ -195,6 +195,18 @@ pub struct RunArgs {
     #[arg(long, requires = "listen", conflicts_with = "shards")]
     pub store_liveness: bool,
 
+    /// On Kubernetes (--backend kube): fence the command's Kubernetes writes by its term's
+    /// token with no code change. Each term's command gets KUBECONFIG (read by kubectl, Helm,
+    /// client-go and the Python client) and TENURE_KUBE_SERVER (for any HTTP client: the
+    /// API's paths go after it), both reaching a loopback endpoint of tenure's, at a URL
+    /// holding a per-term secret, that adds the term's token to every request (impersonating
+    /// this replica's own identity, which needs RBAC: `tenure policy` prints it), holds writes
+    /// until the fence is proven and refuses everything once the term has ended. The
+    /// kubeconfig is private to this user, under $TMPDIR, and gone with the term. Pair it
+    /// with the fencing policy (`tenure policy`, the chart's fencing.policy.enabled).
+    #[arg(long)]
+    pub fence: bool,
+
     /// Publish this replica's view into the status of the Election custom resource (needs
     /// Kubernetes access, whatever the backend).
     #[arg(long)]

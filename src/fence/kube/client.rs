@@ -167,6 +167,11 @@ impl Fencer {
         self
     }
 
+    /// The namespace of the elections' Leases.
+    pub(super) fn lease_ns(&self) -> &str {
+        &self.lease_namespace
+    }
+
     /// How often a term re-proves its fence after the first proof (default
     /// [`DEFAULT_RECHECK`], 10 s): one pair of dry-run requests per period and term.
     #[must_use]

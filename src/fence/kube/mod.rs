@@ -106,6 +106,7 @@ mod client;
 mod error;
 mod policy;
 mod proof;
+mod proxy;
 mod service;
 
 pub use api::FencedApi;
@@ -114,6 +115,7 @@ pub use client::Fencer;
 pub use error::{Current, FenceError, FenceState};
 pub use policy::{ANCHOR_NAME, FencingPolicy, PolicyError};
 pub use proof::{DEFAULT_RECHECK, PROOF_WINDOW};
+pub use proxy::{FenceProxy, MAX_REQUEST_BODY};
 
 /// The user extra that carries a request's fencing token (sent as
 /// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.

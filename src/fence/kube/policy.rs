@@ -721,7 +721,8 @@ fn validations() -> Vec<Validation> {
     let message = format!(
         "variables.token == '' ? {head}missing token: a write from a participant of this \
          election must carry its term\\'s fencing token (the user extra {REQUEST_TOKEN_EXTRA}, \
-         sent by tenure::fence::kube::Fencer or the headers Impersonate-User and \
+         sent for a command by tenure run --fence (write through its KUBECONFIG), by \
+         tenure::fence::kube::Fencer, or as the headers Impersonate-User and \
          Impersonate-Extra-tenure.dev%2Ffencing-token)' \
          : !variables.tokenOk ? {head}malformed token: ' + {token} + ' (a fencing token is a \
          decimal number without sign or leading zeros)' \

@@ -13,6 +13,13 @@ pub const ENV_SHARD: &str = "TENURE_SHARD";
 /// With `--shards`: the group's shard count N.
 pub const ENV_SHARDS: &str = "TENURE_SHARDS";
 
+/// With `--fence`: the term's kubeconfig, reaching the Kubernetes API through its fenced
+/// endpoint (kubectl, Helm, client-go and the Python client read it).
+pub const ENV_KUBECONFIG: &str = "KUBECONFIG";
+/// With `--fence`: the term's fenced endpoint for any HTTP client,
+/// `http://127.0.0.1:PORT/term/<secret>` (the API's paths go after it).
+pub const ENV_KUBE_SERVER: &str = "TENURE_KUBE_SERVER";
+
 /// A running term, as its command's environment names it: (lease, fencing token).
 pub type Marker = (String, String);
 

@@ -4,8 +4,9 @@
 //! The files import downwards only: `single` and `sharded` (the two ways to run, with
 //! `publish` and `shard_probe` beside them) use `setup` (what both do before campaigning) and
 //! `supervisor` (the command of one term, and tenure's own signals, for both); `supervisor`
-//! drives `crate::process`. Nothing here imports this file.
+//! drives `crate::process` and, with `--fence`, `fence` (the term's fenced Kubernetes endpoint). Nothing here imports this file.
 
+mod fence;
 mod publish;
 mod setup;
 mod shard_probe;

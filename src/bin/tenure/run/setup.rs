@@ -10,6 +10,7 @@ use tenure::election::ElectionConfig;
 use crate::args::RunArgs;
 use crate::backend;
 use crate::error::CliError;
+use crate::run::fence::CommandFence;
 
 /// The election durations of `args`, and the stop margin among them.
 pub fn election_config(args: &RunArgs) -> (ElectionConfig, Duration) {
@@ -121,6 +122,28 @@ pub async fn probe(
             ),
         }),
     }
+}
+
+/// `--fence`: the fenced Kubernetes endpoint of every term's command. Only with the
+/// Kubernetes backend: the API server's policy judges writes by the election's Lease.
+pub async fn fence(
+    args: &RunArgs,
+    connected: &backend::Connected,
+) -> Result<Option<CommandFence>, CliError> {
+    if !args.fence {
+        return Ok(None);
+    }
+    let Some(kube) = &connected.kube else {
+        return Err(CliError::Config {
+            message: format!(
+                "--fence needs --backend kube (this run uses {}): the API server fences writes by the election's Lease",
+                connected.description
+            ),
+        });
+    };
+    CommandFence::new(kube.namespace(), &std::env::temp_dir())
+        .await
+        .map(Some)
 }
 
 /// The socket of `--listen` (the /metrics and probe endpoint).

@@ -40,8 +40,12 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
         None
     };
 
-    let (supervisor, signalled) =
+    let fence = setup::fence(&args, &connected).await?;
+    let (mut supervisor, signalled) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::Several)?;
+    if let Some(fence) = fence {
+        supervisor = supervisor.with_fence(fence);
+    }
     // A copy that cannot be started (command not found, no watchdog process) stops tenure:
     // every shard would fail the same way.
     let failed = CancellationToken::new();

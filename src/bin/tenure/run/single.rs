@@ -39,8 +39,12 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         None
     };
 
-    let (supervisor, shutdown) =
+    let fence = setup::fence(&args, &connected).await?;
+    let (mut supervisor, shutdown) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::One)?;
+    if let Some(fence) = fence {
+        supervisor = supervisor.with_fence(fence.follow_leader(elector.leader()));
+    }
     tracing::info!(
         lease = %args.lease,
         identity = %identity,

@@ -18,6 +18,7 @@ use crate::process::child::{Child, exit_code};
 use crate::process::reaper;
 use crate::process::term_env::{ENV_FENCING_TOKEN, ENV_IDENTITY, ENV_LEASE};
 use crate::process::watchdog::Watchdog;
+use crate::run::fence::CommandFence;
 
 /// Runs the command for one term and stops it when the term ends. With `--shards`, the
 /// workload of every shard's term: any number of terms may run at once.
@@ -30,6 +31,8 @@ pub struct Supervisor {
     received: Arc<AtomicI32>,
     /// Cancelled by a second signal: skip the rest of the grace period.
     hurry: CancellationToken,
+    /// `--fence`: each term's command gets a fenced Kubernetes endpoint.
+    fence: Option<Arc<CommandFence>>,
 }
 
 /// How many terms a supervisor runs at once.
@@ -69,8 +72,16 @@ impl Supervisor {
             watchdog,
             received,
             hurry,
+            fence: None,
         };
         Ok((supervisor, shutdown))
+    }
+
+    /// Gives every term's command a fenced Kubernetes endpoint (`--fence`), started after the
+    /// term's fence proof.
+    pub fn with_fence(mut self, fence: CommandFence) -> Self {
+        self.fence = Some(Arc::new(fence));
+        self
     }
 
     /// The signal tenure received (SIGTERM or SIGINT), 0 while none has come.
@@ -92,6 +103,7 @@ impl Supervisor {
         let watchdog = self.watchdog.clone();
         let received = Arc::clone(&self.received);
         let hurry = self.hurry.clone();
+        let fence = self.fence.clone();
         async move {
             let token = term.fencing_token().to_string();
             let mut env = vec![
@@ -100,6 +112,15 @@ impl Supervisor {
                 (ENV_IDENTITY, term.identity().to_owned()),
             ];
             env.extend(extra);
+            // Held until the command is gone: the endpoint stops and its files go with it.
+            let _fenced = match &fence {
+                Some(fence) => {
+                    let (guard, vars) = fence.begin(&term).await?;
+                    env.extend(vars);
+                    Some(guard)
+                }
+                None => None,
+            };
             // tenure's own credentials are not the command's business.
             let mut child = Child::spawn(&command, &env, &backend::secret_env_vars())?;
             let deadline_term = term.clone();

@@ -1,0 +1,149 @@
+//! `--fence`: each term's command writes to Kubernetes fenced by the term's token with no code
+//! change. Per term: the fence is proven first, then a [`FenceProxy`] is started and its
+//! kubeconfig written — 0600 files in a 0700 directory of tenure's own, replaced by
+//! rename — and named in the command's environment; when the term's command is gone, the
+//! proxy stops and the files are removed.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use tenure::Term;
+use tenure::election::Leader;
+use tenure::fence::kube::{FenceProxy, FenceState, Fencer};
+use tokio::sync::watch;
+
+use crate::error::CliError;
+use crate::process::term_env::{ENV_KUBE_SERVER, ENV_KUBECONFIG};
+
+/// What every term's fence shares: the fencer (who we are, the proofs) and the directory.
+pub struct CommandFence {
+    fencer: Fencer,
+    namespace: String,
+    dir: PathBuf,
+    leader: Option<watch::Receiver<Option<Leader>>>,
+}
+
+impl CommandFence {
+    /// Learns who this process is on the API server (the identity its fenced requests
+    /// impersonate) and makes the private directory for the terms' files under `parent`.
+    pub async fn new(namespace: &str, parent: &Path) -> Result<Self, CliError> {
+        let client = crate::backend::kube_client("--fence").await?;
+        let fencer = Fencer::new(client)
+            .await
+            .map_err(|e| CliError::Backend {
+                message: format!("--fence: {}", crate::error::chain(&e)),
+            })?
+            .lease_namespace(namespace);
+        let dir = private_dir(parent).map_err(|e| CliError::Config {
+            message: format!(
+                "--fence: cannot make a private directory under {} (set TMPDIR to a writable directory): {e}",
+                parent.display()
+            ),
+        })?;
+        Ok(Self {
+            fencer,
+            namespace: namespace.to_owned(),
+            dir,
+            leader: None,
+        })
+    }
+
+    /// Lets a refusal after a term name the holder that followed (one lease: the elector's).
+    pub fn follow_leader(mut self, leader: watch::Receiver<Option<Leader>>) -> Self {
+        self.leader = Some(leader);
+        self
+    }
+
+    /// Proves `term`'s fence, starts its endpoint and writes its files; the environment the
+    /// command gets, and the guard that ends all of it.
+    pub async fn begin(
+        &self,
+        term: &Term,
+    ) -> Result<(TermFence, Vec<(&'static str, String)>), CliError> {
+        let lease = format!("{}/{}", self.namespace, term.lease_name());
+        match self.fencer.prove(term).await {
+            FenceState::Enforced => {
+                tracing::info!(%lease, fencing_token = %term.fencing_token(), "fence proven: the command's writes are fenced");
+            }
+            FenceState::Unenforced { cause } => {
+                tracing::error!(%lease, "the fence is NOT enforced: the command's writes are refused until a recheck proves it: {cause}");
+            }
+            other => {
+                tracing::warn!(%lease, state = ?other, "the term's fence is not proven");
+            }
+        }
+        let proxy = FenceProxy::start(&self.fencer, term, self.leader.clone())
+            .await
+            .map_err(|e| CliError::Internal {
+                message: format!("--fence: cannot start the fenced endpoint on loopback: {e}"),
+            })?;
+        let kubeconfig = self.dir.join(format!("{}.kubeconfig", term.lease_name()));
+        let written = write_private(&kubeconfig, &proxy.kubeconfig(&self.namespace));
+        let guard = TermFence {
+            _proxy: proxy,
+            files: vec![kubeconfig.clone()],
+        };
+        written.map_err(|e| CliError::Internal {
+            message: format!("--fence: cannot write the term's kubeconfig: {e}"),
+        })?;
+        let env = vec![
+            (ENV_KUBECONFIG, kubeconfig.display().to_string()),
+            (ENV_KUBE_SERVER, guard._proxy.url()),
+        ];
+        Ok((guard, env))
+    }
+}
+
+impl Drop for CommandFence {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One term's endpoint and files: dropping it stops the endpoint and removes the files.
+pub struct TermFence {
+    _proxy: FenceProxy,
+    files: Vec<PathBuf>,
+}
+
+impl Drop for TermFence {
+    fn drop(&mut self) {
+        for file in &self.files {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+/// A new directory only this user can enter; never one that existed (a planted one in a
+/// shared /tmp could be read by its owner).
+fn private_dir(parent: &Path) -> std::io::Result<PathBuf> {
+    let pid = std::process::id();
+    let mut last = None;
+    for attempt in 0..8u32 {
+        let dir = parent.join(format!("tenure-fence-{pid}-{attempt}"));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free directory name")))
+}
+
+/// Writes `text` to `path` through a new 0600 file renamed over it: a reader sees the old
+/// file or the new one, never a part.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    drop(file);
+    std::fs::rename(&tmp, path)
+}

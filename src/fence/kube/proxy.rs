@@ -1,0 +1,471 @@
+//! `FenceProxy`: one term's fenced Kubernetes API on loopback, for writers that are not Rust
+//! (kubectl, Helm, client-go, the Python client, curl). Every request it forwards goes through
+//! [`Fencer::client`] — the term's token as a user extra, writes held until the term's fence
+//! is proven, refused once the term has ended — so a command gets the fence by pointing its
+//! kubeconfig here, with no code change. Only a client that shows the term's secret is served.
+//!
+//! Why a proxy rather than a kubeconfig with `as`/`as-user-extra`: the Python client ignores
+//! impersonation in a kubeconfig and kubectl before 1.35 cannot send a user extra, while every
+//! client can talk to a URL. The proxy also refuses locally what the API
+//! server would refuse anyway (writes of an ended term) and holds the first write until the
+//! proof, which a kubeconfig cannot do.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::REFUSAL_PREFIX;
+use super::client::Fencer;
+use super::error::{Ended, FenceState, Gated};
+use crate::election::{Leader, Term};
+
+/// The largest request body the proxy forwards (the API server's own limit for an object is
+/// 3 MiB; a bigger body is refused with 413 before anything is sent).
+pub const MAX_REQUEST_BODY: usize = 16 * 1024 * 1024;
+
+/// Where a term's secret goes in the URL: `http://127.0.0.1:PORT/term/<secret>`.
+const PATH_PREFIX: &str = "/term/";
+
+/// How long a client may take to send a request's headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A loopback endpoint of the Kubernetes API for one term: requests under its
+/// [`url`](Self::url) — which holds a per-term secret, `http://127.0.0.1:PORT/term/<secret>` —
+/// are forwarded as the term's fenced requests (see [`Fencer::client`]); any other is refused
+/// with 401. It serves until dropped or
+/// [`stop`](Self::stop)ped; once the term has ended it answers every request with a refusal
+/// that names tenure, the term's token and, when known, the current term's.
+///
+/// [`kubeconfig`](Self::kubeconfig) gives the file kubectl, Helm, client-go and the Python
+/// client read; any other HTTP client sends its requests under [`url`](Self::url) (e.g.
+/// `GET {url}/api/v1/namespaces/default/configmaps`). The secret is in the path, not in a
+/// bearer token, because client-go (kubectl, Helm) never sends a token over plain HTTP.
+/// Upgraded connections (exec, attach, port-forward) are refused.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn demo(fencer: tenure::fence::kube::Fencer, term: tenure::election::Term) -> std::io::Result<()> {
+/// use tenure::fence::kube::FenceProxy;
+///
+/// let proxy = FenceProxy::start(&fencer, &term, None).await?;
+/// std::fs::write("/run/me/kubeconfig", proxy.kubeconfig("default"))?;
+/// // KUBECONFIG=/run/me/kubeconfig kubectl apply -f job.yaml   (fenced by the term's token)
+/// # Ok(()) }
+/// ```
+pub struct FenceProxy {
+    addr: SocketAddr,
+    secret: Secret,
+    stop: CancellationToken,
+}
+
+impl fmt::Debug for FenceProxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FenceProxy")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The per-term secret a client must show; never printed.
+#[derive(Clone)]
+struct Secret(Arc<str>);
+
+impl Secret {
+    fn new() -> std::io::Result<Self> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Self(text.into()))
+    }
+
+    /// The rest of `path` after `/term/<this secret>`, if it begins so (the secret compared
+    /// in constant time); `/` when nothing follows.
+    fn strip<'p>(&self, path: &'p str) -> Option<&'p str> {
+        let rest = path.strip_prefix(PATH_PREFIX)?;
+        let want = self.0.as_bytes();
+        let shown = rest.as_bytes().get(..want.len())?;
+        let same = shown
+            .iter()
+            .zip(want)
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0;
+        let after = &rest[want.len()..];
+        match after {
+            _ if !same => None,
+            "" => Some("/"),
+            _ if after.starts_with('/') => Some(after),
+            _ => None,
+        }
+    }
+}
+
+/// What every connection of one proxy shares.
+struct Shared {
+    client: kube::Client,
+    term: Term,
+    lease: String,
+    secret: Secret,
+    leader: Option<watch::Receiver<Option<Leader>>>,
+}
+
+impl FenceProxy {
+    /// Starts the endpoint for `term` on `127.0.0.1` (a port the system chooses), forwarding
+    /// through `fencer`'s client for the term. `leader` (an elector's
+    /// [`leader`](crate::election::LeaderElector::leader) watch) lets a refusal after the
+    /// term name the current holder and token.
+    ///
+    /// # Errors
+    ///
+    /// The loopback listener could not be bound, or no randomness for the secret.
+    pub async fn start(
+        fencer: &Fencer,
+        term: &Term,
+        leader: Option<watch::Receiver<Option<Leader>>>,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let secret = Secret::new()?;
+        let stop = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            client: fencer.client(term),
+            term: term.clone(),
+            lease: format!("{}/{}", fencer.lease_ns(), term.lease_name()),
+            secret: secret.clone(),
+            leader,
+        });
+        tokio::spawn(serve(listener, shared, stop.clone()));
+        Ok(Self { addr, secret, stop })
+    }
+
+    /// The endpoint's URL with the term's secret, `http://127.0.0.1:PORT/term/<secret>`: the
+    /// API's paths go after it. Keep it from other users: whoever has it writes as this term.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("http://{}{PATH_PREFIX}{}", self.addr, self.secret.0)
+    }
+
+    /// The address the endpoint listens on.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kubeconfig (YAML) whose only context reaches this endpoint's [`url`](Self::url), with
+    /// `namespace` as the default namespace: for kubectl, Helm, client-go and the Python
+    /// client.
+    #[must_use]
+    pub fn kubeconfig(&self, namespace: &str) -> String {
+        // The URL is plain (digits, dots, a hex secret); the namespace is quoted as a JSON
+        // string, which YAML reads as the same string. No credentials: the URL is the secret.
+        let namespace = serde_json::to_string(namespace).unwrap_or_else(|_| "\"\"".into());
+        format!(
+            "# tenure: the Kubernetes API for one term, fenced by its token; replaced each term.\n\
+             apiVersion: v1\n\
+             kind: Config\n\
+             clusters:\n\
+             - name: tenure\n  cluster:\n    server: {url}\n\
+             users:\n\
+             - name: tenure\n  user: {{}}\n\
+             contexts:\n\
+             - name: tenure\n  context:\n    cluster: tenure\n    user: tenure\n    namespace: {namespace}\n\
+             current-context: tenure\n",
+            url = self.url(),
+        )
+    }
+
+    /// Stops serving: the listener closes and every open connection (watches too) ends.
+    pub fn stop(self) {}
+}
+
+impl Drop for FenceProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, mostly: pause rather than spin.
+                    tracing::warn!(error = %e, "fence proxy: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(forward(&shared, request).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// Headers that belong to one connection, or that the proxy sets itself: never forwarded.
+fn forwarded(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "host"
+            | "authorization"
+            | "connection"
+            | "keep-alive"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+    ) && !name.as_str().starts_with("impersonate-")
+}
+
+async fn forward(shared: &Shared, request: Request<Incoming>) -> Response<ProxyBody> {
+    let Some(path) = shared.secret.strip(request.uri().path()) else {
+        return status(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            format!(
+                "tenure: this endpoint serves one term of lease {} under its secret URL ($TENURE_KUBE_SERVER, the server in $KUBECONFIG); a past term's URL is refused",
+                shared.lease
+            ),
+        );
+    };
+    let path = path.to_owned();
+    if !shared.term.is_valid() {
+        return ended(shared);
+    }
+    if request.headers().contains_key(header::UPGRADE) {
+        return status(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            "tenure: the fenced endpoint does not carry upgraded connections (exec, attach, port-forward)".into(),
+        );
+    }
+    let (parts, body) = request.into_parts();
+    let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let too_large = e.is::<http_body_util::LengthLimitError>();
+            return if too_large {
+                status(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "RequestEntityTooLarge",
+                    format!("tenure: request body over {MAX_REQUEST_BODY} bytes"),
+                )
+            } else {
+                status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("tenure: cannot read the request body: {e}"),
+                )
+            };
+        }
+    };
+    let uri = match parts.uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    let mut upstream = Request::builder().method(parts.method).uri(uri);
+    if let Some(headers) = upstream.headers_mut() {
+        copy_headers(&parts.headers, headers);
+    }
+    let Ok(upstream) = upstream.body(kube::client::Body::from(body)) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "tenure: the request's target is not a valid URI path".into(),
+        );
+    };
+    match shared.client.send(upstream).await {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            let mut out = Response::new(body.map_err(|e| Box::new(e) as BoxError).boxed_unsync());
+            *out.status_mut() = parts.status;
+            copy_headers(&parts.headers, out.headers_mut());
+            out
+        }
+        Err(kube::Error::Service(e)) if e.is::<Ended>() => ended(shared),
+        Err(kube::Error::Service(e)) if e.is::<Gated>() => match e.downcast::<Gated>() {
+            Ok(gated) => gated_status(shared, &gated),
+            Err(e) => bad_gateway(&e.to_string()),
+        },
+        Err(e) => bad_gateway(&e.to_string()),
+    }
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if forwarded(name) {
+            to.append(name, value.clone());
+        }
+    }
+}
+
+/// The refusal after the term: names tenure, the term's token and the current one if known.
+fn ended(shared: &Shared) -> Response<ProxyBody> {
+    let ours = shared.term.fencing_token();
+    let current = shared
+        .leader
+        .as_ref()
+        .and_then(|l| l.borrow().clone())
+        .filter(|l| l.fencing.is_some_and(|f| f > ours))
+        .map_or_else(
+            || "a newer term may hold the lease".to_owned(),
+            |l| {
+                format!(
+                    "current token {} held by {}",
+                    l.fencing.map_or(0, |f| f.get()),
+                    l.identity
+                )
+            },
+        );
+    status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        format!(
+            "{REFUSAL_PREFIX} lease {}: stale: token {ours}, term ended ({current}); this command's term is over, so its requests are refused",
+            shared.lease
+        ),
+    )
+}
+
+fn gated_status(shared: &Shared, gated: &Gated) -> Response<ProxyBody> {
+    let ours = shared.term.fencing_token();
+    match &gated.state {
+        FenceState::Superseded { current } => status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{REFUSAL_PREFIX} lease {}: stale: token {ours} < current {current}",
+                gated.lease
+            ),
+        ),
+        FenceState::Unenforced { cause } => status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            format!(
+                "tenure: the fence on lease {} is not enforced, so this write was not sent (it would not be fenced): {cause}",
+                gated.lease
+            ),
+        ),
+        FenceState::Proving | FenceState::Enforced => status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            format!(
+                "tenure: the fence proof of lease {} did not finish; write not sent",
+                gated.lease
+            ),
+        ),
+    }
+}
+
+fn bad_gateway(error: &str) -> Response<ProxyBody> {
+    status(
+        StatusCode::BAD_GATEWAY,
+        "ServiceUnavailable",
+        format!("tenure: the API server could not be reached: {error}"),
+    )
+}
+
+/// A Kubernetes `Status` answer, which kubectl and the client libraries print as the error.
+fn status(code: StatusCode, reason: &str, message: String) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    let mut response = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = code;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_paths_under_the_exact_secret_are_served() {
+        let secret = Secret("abc123".into());
+        assert_eq!(
+            secret.strip("/term/abc123/api/v1/pods"),
+            Some("/api/v1/pods")
+        );
+        assert_eq!(secret.strip("/term/abc123"), Some("/"));
+        assert_eq!(secret.strip("/term/abc123/"), Some("/"));
+        for wrong in [
+            "/term/abc12/api",
+            "/term/abc1234/api",
+            "/term/abd123/api",
+            "/term/ABC123/api",
+            "/api/v1/pods",
+            "/term/",
+            "/x/term/abc123/api",
+        ] {
+            assert_eq!(secret.strip(wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn connection_and_identity_headers_are_not_forwarded() {
+        for dropped in [
+            "host",
+            "authorization",
+            "impersonate-user",
+            "impersonate-extra-x",
+            "connection",
+            "upgrade",
+            "content-length",
+        ] {
+            assert!(!forwarded(&HeaderName::from_static(dropped)), "{dropped}");
+        }
+        for kept in ["content-type", "accept", "user-agent", "accept-encoding"] {
+            assert!(forwarded(&HeaderName::from_static(kept)), "{kept}");
+        }
+    }
+}

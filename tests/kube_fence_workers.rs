@@ -1,0 +1,519 @@
+//! Writers that are not Rust, fenced on the real API server with no code change: kubectl, Helm
+//! and a Python HTTP client run as `tenure run --fence` commands (issue #24). In a live term
+//! their writes go through the term's endpoint and are admitted; a participant's write that
+//! bypasses it is refused by the policy; after a freeze and a takeover the old command's
+//! writes never land after the new term's (a watch of the object is the judge); an ended
+//! term's kubeconfig no longer works; the endpoint refuses a wrong secret and, after its
+//! term, answers with a message that names tenure and the tokens.
+
+mod cli_support;
+mod kube_support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cli_support::{Tenure, wait_until};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, PostParams};
+use kube_support::fencing::{self, apply, obj};
+use kube_support::{kubectl, shared, unique};
+use tenure::fence::kube::FencingPolicy;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A namespace with the ServiceAccount `worker` (fenced-client RBAC, plus secrets for Helm's
+/// release records) and the fencing policy of `lease` enforced; the worker's kubeconfig.
+async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
+    let server = shared();
+    let ns = unique("workers");
+    server.namespace(&ns).await;
+    let (client, kubeconfig) = fencing::participant(&ns, "worker").await;
+    let admin = server.admin().await;
+    apply(
+        &Api::<Role>::namespaced(admin.clone(), &ns),
+        "helm-records",
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "helm-records"},
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}]
+        })),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(admin, &ns),
+        "helm-records",
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "helm-records"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "helm-records"},
+            "subjects": [{"kind": "ServiceAccount", "name": "worker", "namespace": ns}]
+        })),
+    )
+    .await;
+    let policy = FencingPolicy::new(&ns, lease)
+        .and_then(|p| p.service_account(&ns, "worker"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The Lease before its policy, as `tenure policy` and the chart make it: the binding
+    // admits everything while its parameter does not exist.
+    let admin = server.admin().await;
+    apply(
+        &Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin, &ns),
+        lease,
+        &policy.lease(),
+    )
+    .await;
+    fencing::install(&policy, &Api::namespaced(client, &ns)).await;
+    (ns, kubeconfig)
+}
+
+/// A chart with one ConfigMap, for `helm install`.
+fn tiny_chart(dir: &Path) -> std::path::PathBuf {
+    let chart = dir.join("chart");
+    std::fs::create_dir_all(chart.join("templates")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        chart.join("Chart.yaml"),
+        "apiVersion: v2\nname: fenced\nversion: 0.1.0\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        chart.join("templates/cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-helm\ndata:\n  token: {{ .Values.token | quote }}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    chart
+}
+
+/// Creates a ConfigMap through the term's endpoint with nothing but Python's standard
+/// library: the URL from the environment, as any HTTP client would.
+const PYTHON_WRITER: &str = r#"
+import json, os, sys, urllib.request, urllib.error
+server = os.environ["TENURE_KUBE_SERVER"]
+name, ns = sys.argv[1], sys.argv[2]
+body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                   "data": {"token": os.environ["TENURE_FENCING_TOKEN"]}}).encode()
+req = urllib.request.Request(server + "/api/v1/namespaces/" + ns + "/configmaps", data=body,
+                             method="POST", headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=20) as r:
+        print("python", r.status)
+except urllib.error.HTTPError as e:
+    print("python refused", e.code, e.read().decode())
+    sys.exit(1)
+"#;
+
+fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl: {e}"));
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn kubectl_helm_and_python_write_fenced_in_a_live_term() {
+    let rt = runtime();
+    let lease = "fenced-job";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-workers");
+    let chart = tiny_chart(&dir);
+    let python = dir.join("writer.py");
+    std::fs::write(&python, PYTHON_WRITER).unwrap_or_else(|e| panic!("{e}"));
+    let out = dir.join("out");
+    let script = format!(
+        r#"set -e
+cp "$KUBECONFIG" {dir}/seen.kubeconfig
+stat -c %a "$KUBECONFIG" > {dir}/file-mode
+stat -c %a "$(dirname "$KUBECONFIG")" > {dir}/dir-mode
+export HOME={dir}
+{kubectl} create configmap from-kubectl --from-literal=token=$TENURE_FENCING_TOKEN
+{helm} install fenced {chart} --set token=$TENURE_FENCING_TOKEN --wait=false
+python3 {python} from-python {ns}
+echo done"#,
+        dir = dir.display(),
+        kubectl = kubectl().display(),
+        helm = kube_support::helm().display(),
+        chart = chart.display(),
+        python = python.display(),
+    );
+    let kubeconfig = worker_kubeconfig.display().to_string();
+    let args = cli_support::run_args(
+        lease,
+        &["--backend", "kube", "--namespace", &ns],
+        &["--identity", "w1", "--fence"],
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("{script} > {} 2>&1", out.display()),
+        ],
+    );
+    let mut tenure = Tenure::start(&args, &[("KUBECONFIG", &kubeconfig)], dir.join("err"));
+    let status = tenure.wait(Duration::from_secs(120));
+    let said = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "command: {said}\ntenure: {}",
+        tenure.log()
+    );
+    assert!(tenure.log().contains("fence proven"), "{}", tenure.log());
+
+    // Every client's object exists, with the term's token.
+    let admin = rt.block_on(shared().admin());
+    let cms: Api<ConfigMap> = Api::namespaced(admin, &ns);
+    let mut tokens = Vec::new();
+    for name in ["from-kubectl", "from-helm", "from-python"] {
+        let cm = rt
+            .block_on(cms.get(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}; command said: {said}"));
+        tokens.push(
+            cm.data
+                .unwrap_or_default()
+                .remove("token")
+                .unwrap_or_default(),
+        );
+    }
+    assert!(
+        tokens.iter().all(|t| !t.is_empty() && *t == tokens[0]),
+        "{tokens:?}"
+    );
+
+    // The files were private to this user.
+    let mode = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    assert_eq!(mode("file-mode").trim(), "600");
+    assert_eq!(mode("dir-mode").trim(), "700");
+
+    // The policy is on: the same ServiceAccount writing around the endpoint is refused, with a
+    // message that names tenure and how a client sends its token.
+    let (ok, text) = kubectl_as(
+        &worker_kubeconfig,
+        &[
+            "-n",
+            &ns,
+            "create",
+            "configmap",
+            "around",
+            "--from-literal=v=1",
+        ],
+    );
+    assert!(
+        !ok,
+        "a participant's write without a token must be refused: {text}"
+    );
+    assert!(
+        text.contains("tenure fencing") && text.contains("missing token"),
+        "{text}"
+    );
+    assert!(text.contains("tenure run --fence"), "{text}");
+
+    // The ended term's kubeconfig no longer reaches anything.
+    let (ok, text) = kubectl_as(&dir.join("seen.kubeconfig"), &["get", "configmaps"]);
+    assert!(!ok, "an ended term's kubeconfig must not work: {text}");
+}
+
+/// The endpoint itself: a URL with a wrong secret gets 401; after its term has ended (the lease lost
+/// while the command could still call), every request gets 403 naming tenure and the term's
+/// token — and the current term's once the elector has seen it.
+#[test]
+fn the_endpoint_refuses_strangers_and_everything_after_its_term() {
+    use tenure::backend::faulty::{Fault, FaultyBackend};
+    use tenure::election::{ElectionConfig, LeaderElector};
+    use tenure::fence::kube::{FenceProxy, Fencer};
+
+    let rt = runtime();
+    let lease = "fenced-proxy";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let config = ElectionConfig::default()
+        .lease_duration(Duration::from_secs(3))
+        .renew_deadline(Duration::from_secs(2))
+        .retry_period(Duration::from_millis(500))
+        .stop_margin(Duration::from_millis(200))
+        .request_timeout(Duration::from_millis(400));
+    rt.block_on(async {
+        let server = shared();
+        let client = server.client_from(&worker_kubeconfig).await;
+        let fencer = Fencer::new(client.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .lease_namespace(&ns);
+        let backend = |client: kube::Client| {
+            tenure::backend::kube::KubeBackend::with_options(
+                client,
+                tenure::backend::kube::KubeOptions::new().namespace(ns.clone()),
+            )
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let faulty = FaultyBackend::new(backend(client.clone()));
+        let a = LeaderElector::new(
+            tenure::Locker::with_identity(faulty.clone(), "a").unwrap_or_else(|e| panic!("{e}")),
+            lease,
+            config.clone().rejoin(true),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let kept: Arc<Mutex<Option<(FenceProxy, u64)>>> = Arc::default();
+        let (kept_in, fencer_in, leader) = (kept.clone(), fencer.clone(), a.leader());
+        let run_a = tokio::spawn(async move {
+            a.run(|term| {
+                let (kept, fencer, leader) = (kept_in.clone(), fencer_in.clone(), leader.clone());
+                async move {
+                    let proxy = FenceProxy::start(&fencer, &term, Some(leader))
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                    *kept.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some((proxy, term.fencing_token().get()));
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await
+        });
+        let started = tokio::time::Instant::now();
+        let (url, ours) = loop {
+            if let Some((proxy, token)) = &*kept.lock().unwrap_or_else(|e| e.into_inner()) {
+                break (proxy.url(), *token);
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "a never led");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let get = |base: String| {
+            let url = format!("{base}/api/v1/namespaces/{ns}/configmaps");
+            async move {
+                let out = tokio::process::Command::new("python3")
+                    .arg("-c")
+                    .arg(
+                        "import sys, urllib.request, urllib.error\n\
+                         req = urllib.request.Request(sys.argv[1])\n\
+                         try:\n    print(urllib.request.urlopen(req, timeout=10).status)\n\
+                         except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode())\n",
+                    )
+                    .arg(url)
+                    .output()
+                    .await
+                    .unwrap_or_else(|e| panic!("python3: {e}"));
+                String::from_utf8_lossy(&out.stdout).into_owned()
+            }
+        };
+        assert!(get(url.clone()).await.starts_with("200"), "the term's own URL is served");
+        let stranger = get(format!("{}x", &url[..url.len() - 1])).await;
+        assert!(stranger.starts_with("401") && stranger.contains("tenure"), "{stranger}");
+
+        // a's store goes silent: its term ends by the renew deadline; b takes over.
+        faulty.set(Fault::Fail);
+        let b = LeaderElector::new(
+            tenure::Locker::with_identity(backend(client.clone()), "b")
+                .unwrap_or_else(|e| panic!("{e}")),
+            lease,
+            config,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (told, b_token) = tokio::sync::oneshot::channel();
+        let told = Mutex::new(Some(told));
+        let run_b = tokio::spawn(async move {
+            b.run(|term| {
+                if let Some(told) = told.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    let _ = told.send(term.fencing_token().get());
+                }
+                std::future::pending::<()>()
+            })
+            .await
+        });
+        let b_token = tokio::time::timeout(Duration::from_secs(30), b_token)
+            .await
+            .unwrap_or_else(|_| panic!("b never led"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(b_token > ours);
+        let after = get(url.clone()).await;
+        assert!(
+            after.starts_with("403")
+                && after.contains("tenure fencing")
+                && after.contains(&format!("token {ours}")),
+            "{after}"
+        );
+        // Once a sees the store again, the refusal names the term that followed.
+        faulty.heal();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = get(url.clone()).await;
+            if text.contains(&format!("current token {b_token} held by b")) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{text}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        run_a.abort();
+        run_b.abort();
+    });
+}
+
+/// Freeze-and-thaw takeovers with kubectl writing in a loop on both replicas: no write of an
+/// old term lands after the next term's first write (judged by a watch of the object, in
+/// the API server's order), and what the old command hears names tenure and its token.
+#[test]
+fn a_frozen_commands_writes_never_land_after_the_next_terms() {
+    let rt = runtime();
+    let lease = "fenced-loop";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-loop");
+    let admin = rt.block_on(shared().admin());
+    let cms: Api<ConfigMap> = Api::namespaced(admin, &ns);
+    rt.block_on(cms.create(&PostParams::default(), &fencing::cm("target", "0")))
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // Every version of the object, in the API server's order: (token, i) of its writer.
+    let history: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let seen = history.clone();
+    let watch = rt.spawn(async move {
+        let mut stream = kube::runtime::watcher(
+            cms,
+            kube::runtime::watcher::Config::default().fields("metadata.name=target"),
+        )
+        .boxed();
+        while let Some(event) = stream.next().await {
+            if let Ok(kube::runtime::watcher::Event::Apply(cm)) = event
+                && let Some(w) = cm.metadata.annotations.and_then(|mut a| a.remove("w"))
+                && let Some((t, i)) = w.split_once('-')
+                && let (Ok(t), Ok(i)) = (t.parse(), i.parse())
+            {
+                seen.lock().unwrap_or_else(|e| e.into_inner()).push((t, i));
+            }
+        }
+    });
+
+    let writer = |id: &str| {
+        let log = dir.join(format!("{id}.log"));
+        let script = format!(
+            r#"export HOME={dir}/{id}-home
+i=0
+while :; do
+  i=$((i+1))
+  if out=$({kubectl} annotate configmap target --overwrite "w=$TENURE_FENCING_TOKEN-$i" 2>&1); then
+    echo "ok $TENURE_FENCING_TOKEN $i" >> {log}
+  else
+    echo "refused $TENURE_FENCING_TOKEN $i $out" >> {log}
+  fi
+done"#,
+            dir = dir.display(),
+            kubectl = kubectl().display(),
+            log = log.display(),
+        );
+        (log, vec!["sh".to_owned(), "-c".to_owned(), script])
+    };
+    let kubeconfig = worker_kubeconfig.display().to_string();
+    let start = |id: &str, command: Vec<String>| {
+        Tenure::start(
+            &cli_support::run_args(
+                lease,
+                &["--backend", "kube", "--namespace", &ns],
+                &["--identity", id, "--fence", "--rejoin"],
+                command,
+            ),
+            &[("KUBECONFIG", &kubeconfig)],
+            dir.join(format!("{id}.err")),
+        )
+    };
+    let read = |log: &Path| std::fs::read_to_string(log).unwrap_or_default();
+    let (log_a, cmd_a) = writer("a");
+    let (log_b, cmd_b) = writer("b");
+    let a = start("a", cmd_a);
+    wait_until(Duration::from_secs(30), "a's first fenced write", || {
+        read(&log_a).contains("ok ")
+    });
+    let b = start("b", cmd_b);
+    let mut frozen_rounds = 0;
+    for round in 0..3 {
+        // Freeze whoever leads (tenure and its command's process group, as a paused pod),
+        // until the other has written; then thaw it.
+        std::thread::sleep(Duration::from_millis(700));
+        let (leader, other_log) = if round % 2 == 0 {
+            (&a, &log_b)
+        } else {
+            (&b, &log_a)
+        };
+        let written_before = read(other_log).matches("ok ").count();
+        let group = children_groups(leader.pid());
+        leader.signal(libc::SIGSTOP);
+        for g in &group {
+            // SAFETY: signalling a process group our child created.
+            unsafe { libc::kill(-g, libc::SIGSTOP) };
+        }
+        wait_until(Duration::from_secs(30), "the other replica's write", || {
+            read(other_log).matches("ok ").count() > written_before
+        });
+        for g in &group {
+            // SAFETY: as above.
+            unsafe { libc::kill(-g, libc::SIGCONT) };
+        }
+        leader.signal(libc::SIGCONT);
+        frozen_rounds += 1;
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    drop(a);
+    drop(b);
+    watch.abort();
+
+    let history = history.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut newest = 0;
+    let mut stale = Vec::new();
+    for &(token, i) in &history {
+        if token < newest {
+            stale.push((token, i, newest));
+        }
+        newest = newest.max(token);
+    }
+    let tokens: std::collections::BTreeSet<u64> = history.iter().map(|h| h.0).collect();
+    let refused =
+        read(&log_a).matches("refused ").count() + read(&log_b).matches("refused ").count();
+    eprintln!(
+        "{frozen_rounds} freezes, {} versions, terms {tokens:?}, stale accepted {}, refusals heard by old commands {refused}",
+        history.len(),
+        stale.len()
+    );
+    assert!(tokens.len() >= 3, "takeovers happened: {tokens:?}");
+    assert!(
+        stale.is_empty(),
+        "stale writes accepted after a newer term's: {stale:?}"
+    );
+    for line in read(&log_a).lines().chain(read(&log_b).lines()) {
+        if let Some(rest) = line.strip_prefix("refused ") {
+            let token = rest.split(' ').next().unwrap_or_default();
+            assert!(
+                rest.contains("tenure") && rest.contains(token),
+                "a refusal names tenure and the token: {line}"
+            );
+        }
+    }
+}
+
+/// The process groups of `pid`'s children (each term's command leads its own group).
+fn children_groups(pid: u32) -> Vec<i32> {
+    let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
+        return Vec::new();
+    };
+    children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+        .filter_map(|c| {
+            let stat = std::fs::read_to_string(format!("/proc/{c}/stat")).ok()?;
+            // Fields after the command name (which may hold spaces): state ppid pgrp …
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().nth(2)?.parse().ok()
+        })
+        .collect()
+}
