@@ -1,5 +1,7 @@
 //! Writers that are not Rust, fenced on the real API server with no code change: kubectl, Helm
-//! and a Python HTTP client run as `tenure run --fence` commands (issue #24). In a live term
+//! and a Python HTTP client run as `tenure run --fence` commands (issue #24), as a
+//! ServiceAccount whose lease and impersonation RBAC is exactly what `tenure policy` prints
+//! (applied with kubectl, with the policy from the same output). In a live term
 //! their writes go through the term's endpoint and are admitted; a participant's write that
 //! bypasses it is refused by the policy; after a freeze and a takeover the old command's
 //! writes never land after the new term's (a watch of the object is the judge); an ended
@@ -21,7 +23,6 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use kube_support::fencing::{self, apply, obj};
 use kube_support::{kubectl, shared, unique};
-use tenure::fence::kube::FencingPolicy;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -31,48 +32,89 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A namespace with the ServiceAccount `worker` (fenced-client RBAC, plus secrets for Helm's
-/// release records) and the fencing policy of `lease` enforced; the worker's kubeconfig.
+/// A namespace with the ServiceAccount `worker` whose lease and impersonation RBAC is exactly
+/// what `tenure policy` prints (applied with kubectl, as a user would), plus the workload's
+/// own (configmaps, and secrets for Helm's release records); the fencing policy of `lease`
+/// from the same output, enforced. The worker's kubeconfig.
 async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
     let server = shared();
     let ns = unique("workers");
     server.namespace(&ns).await;
-    let (client, kubeconfig) = fencing::participant(&ns, "worker").await;
+    let (client, kubeconfig) = fencing::service_account(&ns, "worker").await;
+    let printed = Command::new(cli_support::TENURE)
+        .args([
+            "policy",
+            "--lease",
+            lease,
+            "--namespace",
+            &ns,
+            "--service-account",
+            "worker",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("tenure policy: {e}"));
+    assert!(printed.status.success(), "{printed:?}");
+    let mut apply_printed = Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(server.admin_kubeconfig())
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("kubectl: {e}"));
+    if let Some(mut stdin) = apply_printed.stdin.take() {
+        use std::io::Write;
+        stdin
+            .write_all(&printed.stdout)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let applied = apply_printed
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
+    assert!(applied.status.success(), "kubectl apply: {applied:?}");
     let admin = server.admin().await;
     apply(
         &Api::<Role>::namespaced(admin.clone(), &ns),
-        "helm-records",
+        "workload",
         &obj(serde_json::json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "helm-records"},
-            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}]
+            "metadata": {"name": "workload"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["*"]}]
         })),
     )
     .await;
     apply(
         &Api::<RoleBinding>::namespaced(admin, &ns),
-        "helm-records",
+        "workload",
         &obj(serde_json::json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "helm-records"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "helm-records"},
+            "metadata": {"name": "workload"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workload"},
             "subjects": [{"kind": "ServiceAccount", "name": "worker", "namespace": ns}]
         })),
     )
     .await;
-    let policy = FencingPolicy::new(&ns, lease)
-        .and_then(|p| p.service_account(&ns, "worker"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    // The Lease before its policy, as `tenure policy` and the chart make it: the binding
-    // admits everything while its parameter does not exist.
-    let admin = server.admin().await;
-    apply(
-        &Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin, &ns),
-        lease,
-        &policy.lease(),
-    )
-    .await;
-    fencing::install(&policy, &Api::namespaced(client, &ns)).await;
+    // Enforced once the worker's own write without a token is refused by this policy.
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match cms
+            .create(&PostParams::default(), &fencing::cm("policy-probe", "x"))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("tenure fencing:") => break,
+            Ok(_) => {
+                let _ = cms.delete("policy-probe", &Default::default()).await;
+            }
+            Err(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the policy was not enforced within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     (ns, kubeconfig)
 }
 

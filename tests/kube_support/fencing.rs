@@ -94,6 +94,20 @@ pub async fn participant(ns: &str, sa: &str) -> (kube::Client, PathBuf) {
         })),
     )
     .await;
+    service_account(ns, sa).await
+}
+
+/// The ServiceAccount `sa` in `ns` (created if missing), a client authenticated as it (a
+/// TokenRequest token) and its kubeconfig; RBAC is the caller's.
+pub async fn service_account(ns: &str, sa: &str) -> (kube::Client, PathBuf) {
+    let server = shared();
+    let admin = server.admin().await;
+    apply(
+        &Api::<ServiceAccount>::namespaced(admin.clone(), ns),
+        sa,
+        &obj(serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})),
+    )
+    .await;
     // A token for the ServiceAccount, then a kubeconfig like the tester's with it.
     let sas: Api<ServiceAccount> = Api::namespaced(admin, ns);
     let request = serde_json::json!({

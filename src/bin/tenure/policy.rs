@@ -4,7 +4,8 @@
 use crate::args::PolicyArgs;
 use crate::error::CliError;
 
-/// `tenure policy`: prints the anchor, the election's Lease, fencing policy and binding; with
+/// `tenure policy`: prints the anchor, the election's Lease, fencing policy and binding, and the
+/// participants' RBAC (their Lease, impersonating themselves with the token's extra); with
 /// `--check`, proves the API server enforces them.
 pub async fn policy(args: &PolicyArgs) -> Result<u8, CliError> {
     use tenure::fence::kube::{FencingPolicy, PolicyError};
@@ -40,7 +41,7 @@ pub async fn policy(args: &PolicyArgs) -> Result<u8, CliError> {
         spec = spec.resource(resource).map_err(|e| flag("--resource", e))?;
     }
     if !args.check {
-        print!("{}", spec.to_yaml());
+        print!("{}---\n{}", spec.to_yaml(), spec.worker_rbac_yaml());
         return Ok(0);
     }
     // The first participant speaks for all: the policy matches them alike.

@@ -299,6 +299,13 @@ impl FencingPolicy {
         &self.namespace
     }
 
+    /// The participants, as the API server authenticates them
+    /// (`system:serviceaccount:NS:NAME` for a ServiceAccount).
+    #[must_use]
+    pub fn participants(&self) -> &[String] {
+        &self.users
+    }
+
     /// The election Lease's name.
     #[must_use]
     pub fn lease_name(&self) -> &str {
@@ -405,18 +412,6 @@ impl FencingPolicy {
     #[cfg(feature = "crd")]
     #[must_use]
     pub fn to_yaml(&self) -> String {
-        fn one<T: serde::Serialize>(object: &T, api_version: &str, kind: &str) -> String {
-            let mut value = serde_json::to_value(object).unwrap_or_default();
-            // k8s-openapi's types serialize without apiVersion/kind; kubectl needs them.
-            if let Some(map) = value.as_object_mut() {
-                map.insert("apiVersion".into(), api_version.into());
-                map.insert("kind".into(), kind.into());
-            }
-            // Unreachable in practice (plain data); JSON is valid YAML.
-            serde_saphyr::to_string(&value)
-                .or_else(|_| serde_json::to_string_pretty(&value))
-                .unwrap_or_default()
-        }
         const ADMISSION: &str = "admissionregistration.k8s.io/v1";
         let (anchor, anchor_binding) = Self::anchor();
         format!(
@@ -427,15 +422,15 @@ impl FencingPolicy {
              # The Lease before its policy: the policy reads it as its parameter.\n{}---\n{}---\n{}",
             self.namespace,
             self.lease,
-            one(&anchor, ADMISSION, "ValidatingAdmissionPolicy"),
-            one(
+            to_yaml_doc(&anchor, ADMISSION, "ValidatingAdmissionPolicy"),
+            to_yaml_doc(
                 &anchor_binding,
                 ADMISSION,
                 "ValidatingAdmissionPolicyBinding"
             ),
-            one(&self.lease(), "coordination.k8s.io/v1", "Lease"),
-            one(&self.policy(), ADMISSION, "ValidatingAdmissionPolicy"),
-            one(
+            to_yaml_doc(&self.lease(), "coordination.k8s.io/v1", "Lease"),
+            to_yaml_doc(&self.policy(), ADMISSION, "ValidatingAdmissionPolicy"),
+            to_yaml_doc(
                 &self.binding(),
                 ADMISSION,
                 "ValidatingAdmissionPolicyBinding"
@@ -751,6 +746,24 @@ fn validations() -> Vec<Validation> {
         message: None,
         reason: Some("Forbidden".to_owned()),
     }]
+}
+
+/// One object as a YAML document for kubectl: k8s-openapi's types serialize without
+/// `apiVersion` and `kind`, so they are added.
+pub(super) fn to_yaml_doc<T: serde::Serialize>(
+    object: &T,
+    api_version: &str,
+    kind: &str,
+) -> String {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("apiVersion".into(), api_version.into());
+        map.insert("kind".into(), kind.into());
+    }
+    // Unreachable in practice (plain data); JSON is valid YAML.
+    serde_saphyr::to_string(&value)
+        .or_else(|_| serde_json::to_string_pretty(&value))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -1,0 +1,258 @@
+//! The RBAC a participant of a fenced election needs to run as a worker (`tenure run`, with
+//! `--fence` or a [`Fencer`](super::Fencer)): its election Lease, Events, and impersonating
+//! itself with the token's user extra — generated from the same [`FencingPolicy`] that
+//! names the participants, so `tenure policy` prints one consistent set.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::REQUEST_TOKEN_EXTRA;
+use super::policy::FencingPolicy;
+
+/// The cluster-scoped role every fenced participant shares: impersonating the token's user
+/// extra, which grants nothing else.
+pub const TOKEN_EXTRA_ROLE: &str = "tenure-fence-token";
+
+/// What [`FencingPolicy::worker_rbac`] gives: Roles (with their bindings) in the Lease's
+/// namespace and in each participant ServiceAccount's, and the token-extra ClusterRole with
+/// one binding per election.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct WorkerRbac {
+    /// Per namespace: the Lease rules (in the Lease's namespace) and `impersonate` on the
+    /// participant ServiceAccounts of that namespace, by name.
+    pub roles: Vec<(Role, RoleBinding)>,
+    /// [`TOKEN_EXTRA_ROLE`] and its binding to every participant ServiceAccount.
+    pub token_extra: Option<(ClusterRole, ClusterRoleBinding)>,
+    /// Participants that are users, not ServiceAccounts: their RBAC depends on how they
+    /// authenticate (a user also impersonates its groups), so it is not generated.
+    pub users_left_out: Vec<String>,
+}
+
+fn rule(group: &str, resource: &str, names: &[String], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        resource_names: (!names.is_empty()).then(|| names.to_vec()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    }
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(BTreeMap::from([(
+            "app.kubernetes.io/managed-by".to_owned(),
+            "tenure".to_owned(),
+        )])),
+        ..ObjectMeta::default()
+    }
+}
+
+impl FencingPolicy {
+    /// The RBAC each participant ServiceAccount needs to lead this election and carry its
+    /// token: get, list, watch and update on the Lease by name, create on leases, create on
+    /// events (the Role `tenure-worker.<lease>` in the Lease's namespace); `impersonate` on
+    /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
+    /// `impersonate` on `userextras/tenure.dev/fencing-token` ([`TOKEN_EXTRA_ROLE`]).
+    /// Impersonating yourself grants nothing you did not have. The workload's own access
+    /// (what its command writes) is not included.
+    #[must_use]
+    pub fn worker_rbac(&self) -> WorkerRbac {
+        let lease_ns = self.namespace();
+        let name = format!("tenure-worker.{}", self.lease_name());
+        let mut by_namespace: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut users_left_out = Vec::new();
+        for participant in self.participants() {
+            match participant
+                .strip_prefix("system:serviceaccount:")
+                .and_then(|rest| rest.split_once(':'))
+            {
+                Some((ns, sa)) => by_namespace
+                    .entry(ns.to_owned())
+                    .or_default()
+                    .push(sa.to_owned()),
+                None => users_left_out.push(participant.clone()),
+            }
+        }
+        let subjects = |only: Option<&str>| -> Vec<Subject> {
+            by_namespace
+                .iter()
+                .filter(|(ns, _)| only.is_none_or(|o| o == ns.as_str()))
+                .flat_map(|(ns, sas)| {
+                    sas.iter().map(move |sa| Subject {
+                        kind: "ServiceAccount".into(),
+                        name: sa.clone(),
+                        namespace: Some(ns.clone()),
+                        api_group: None,
+                    })
+                })
+                .collect()
+        };
+        let mut namespaces: Vec<&str> = by_namespace.keys().map(String::as_str).collect();
+        if !by_namespace.is_empty() && !by_namespace.contains_key(lease_ns) {
+            namespaces.insert(0, lease_ns);
+        }
+        let mut roles = Vec::new();
+        for ns in namespaces {
+            let mut rules = Vec::new();
+            if ns == lease_ns {
+                let lease = [self.lease_name().to_owned()];
+                rules.push(rule(
+                    "coordination.k8s.io",
+                    "leases",
+                    &lease,
+                    &["get", "list", "watch", "update"],
+                ));
+                rules.push(rule("coordination.k8s.io", "leases", &[], &["create"]));
+                rules.push(rule("", "events", &[], &["create"]));
+            }
+            if let Some(sas) = by_namespace.get(ns) {
+                rules.push(rule("", "serviceaccounts", sas, &["impersonate"]));
+            }
+            let role = Role {
+                metadata: meta(&name, Some(ns)),
+                rules: Some(rules),
+            };
+            // The Lease's namespace binds every participant; another namespace its own.
+            let bound = subjects((ns != lease_ns).then_some(ns));
+            let binding = RoleBinding {
+                metadata: meta(&name, Some(ns)),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name: name.clone(),
+                },
+                subjects: Some(bound),
+            };
+            roles.push((role, binding));
+        }
+        let token_extra = (!by_namespace.is_empty()).then(|| {
+            let role = ClusterRole {
+                metadata: meta(TOKEN_EXTRA_ROLE, None),
+                rules: Some(vec![rule(
+                    "authentication.k8s.io",
+                    &format!("userextras/{REQUEST_TOKEN_EXTRA}"),
+                    &[],
+                    &["impersonate"],
+                )]),
+                ..ClusterRole::default()
+            };
+            let binding = ClusterRoleBinding {
+                metadata: meta(
+                    &format!("{TOKEN_EXTRA_ROLE}.{lease_ns}.{}", self.lease_name()),
+                    None,
+                ),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: TOKEN_EXTRA_ROLE.into(),
+                },
+                subjects: Some(subjects(None)),
+            };
+            (role, binding)
+        });
+        WorkerRbac {
+            roles,
+            token_extra,
+            users_left_out,
+        }
+    }
+
+    /// [`worker_rbac`](Self::worker_rbac) as YAML documents for `kubectl apply -f -`, after a
+    /// comment that says what they grant.
+    #[must_use]
+    pub fn worker_rbac_yaml(&self) -> String {
+        const RBAC: &str = "rbac.authorization.k8s.io/v1";
+        let rbac = self.worker_rbac();
+        let mut docs = Vec::new();
+        for (role, binding) in &rbac.roles {
+            docs.push(super::policy::to_yaml_doc(role, RBAC, "Role"));
+            docs.push(super::policy::to_yaml_doc(binding, RBAC, "RoleBinding"));
+        }
+        if let Some((role, binding)) = &rbac.token_extra {
+            docs.push(super::policy::to_yaml_doc(role, RBAC, "ClusterRole"));
+            docs.push(super::policy::to_yaml_doc(
+                binding,
+                RBAC,
+                "ClusterRoleBinding",
+            ));
+        }
+        let mut out = format!(
+            "# What each participant of lease {}/{} needs to lead and carry its fencing token\n\
+             # (tenure run, with --fence or a Fencer): its Lease and Events, impersonating itself,\n\
+             # and the token's user extra ({TOKEN_EXTRA_ROLE} is shared by every election).\n\
+             # Its command's own access is yours to add.\n",
+            self.namespace(),
+            self.lease_name()
+        );
+        out.push_str(&docs.join("---\n"));
+        for user in &rbac.users_left_out {
+            out.push_str(&format!(
+                "# participant {user:?} is a user: grant it impersonate on users/{user:?} (and on each of its groups) and on userextras/{REQUEST_TOKEN_EXTRA} yourself\n"
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_accounts_get_their_lease_self_impersonation_and_the_token_extra() {
+        let policy = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .and_then(|p| p.service_account("other", "helper"))
+            .and_then(|p| p.user("alice"))
+            .expect("valid policy");
+        let rbac = policy.worker_rbac();
+        assert_eq!(rbac.roles.len(), 2);
+        let (lease_role, lease_binding) = &rbac.roles[0];
+        assert_eq!(lease_role.metadata.namespace.as_deref(), Some("jobs"));
+        let rules = lease_role.rules.clone().unwrap_or_default();
+        assert!(rules.iter().any(
+            |r| r.resources.as_deref() == Some(&["leases".to_owned()][..])
+                && r.resource_names.as_deref() == Some(&["nightly".to_owned()][..])
+                && r.verbs.contains(&"update".to_owned())
+        ));
+        assert!(rules.iter().any(|r| r.resources.as_deref()
+            == Some(&["serviceaccounts".to_owned()][..])
+            && r.resource_names.as_deref() == Some(&["worker".to_owned()][..])
+            && r.verbs == ["impersonate"]));
+        let bound: Vec<_> = lease_binding
+            .subjects
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| format!("{}/{}", s.namespace.unwrap_or_default(), s.name))
+            .collect();
+        assert_eq!(bound, ["jobs/worker", "other/helper"]);
+        let (other_role, other_binding) = &rbac.roles[1];
+        assert_eq!(other_role.metadata.namespace.as_deref(), Some("other"));
+        assert_eq!(
+            other_role.rules.as_ref().map(Vec::len),
+            Some(1),
+            "no lease rules outside the lease's namespace"
+        );
+        assert_eq!(other_binding.subjects.as_ref().map(Vec::len), Some(1));
+        let (extra, extra_binding) = rbac.token_extra.expect("service accounts need the extra");
+        assert_eq!(
+            extra.rules.unwrap_or_default()[0].resources,
+            Some(vec!["userextras/tenure.dev/fencing-token".to_owned()])
+        );
+        assert_eq!(extra_binding.subjects.map(|s| s.len()), Some(2));
+        assert_eq!(rbac.users_left_out, ["alice"]);
+        let yaml = policy.worker_rbac_yaml();
+        assert_eq!(yaml.matches("\nkind: Role\n").count(), 2, "{yaml}");
+        assert!(yaml.contains("kind: ClusterRoleBinding"), "{yaml}");
+        assert!(yaml.contains("participant \"alice\" is a user"), "{yaml}");
+    }
+}
