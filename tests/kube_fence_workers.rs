@@ -1,5 +1,5 @@
-//! Writers that are not Rust, fenced on the real API server with no code change: kubectl, Helm
-//! and a Python HTTP client run as `tenure run --fence` commands (issue #24), as a
+//! Writers that are not Rust, fenced on the real API server with no code change: kubectl, Helm,
+//! a Python HTTP client and a client-go program run as `tenure run --fence` commands (issue #24), as a
 //! ServiceAccount whose lease and impersonation RBAC is exactly what `tenure policy` prints
 //! (applied with kubectl, with the policy from the same output). In a live term
 //! their writes go through the term's endpoint and are admitted; a participant's write that
@@ -171,7 +171,7 @@ fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
 }
 
 #[test]
-fn kubectl_helm_and_python_write_fenced_in_a_live_term() {
+fn kubectl_helm_python_and_go_write_fenced_in_a_live_term() {
     let rt = runtime();
     let lease = "fenced-job";
     let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
@@ -189,12 +189,14 @@ export HOME={dir}
 {kubectl} create configmap from-kubectl --from-literal=token=$TENURE_FENCING_TOKEN
 {helm} install fenced {chart} --set token=$TENURE_FENCING_TOKEN --wait=false
 python3 {python} from-python {ns}
+{go} {ns} from-go
 echo done"#,
         dir = dir.display(),
         kubectl = kubectl().display(),
         helm = kube_support::helm().display(),
         chart = chart.display(),
         python = python.display(),
+        go = kube_support::fenced_writer().display(),
     );
     let kubeconfig = worker_kubeconfig.display().to_string();
     let args = cli_support::run_args(
@@ -222,7 +224,7 @@ echo done"#,
     let admin = rt.block_on(shared().admin());
     let cms: Api<ConfigMap> = Api::namespaced(admin, &ns);
     let mut tokens = Vec::new();
-    for name in ["from-kubectl", "from-helm", "from-python"] {
+    for name in ["from-kubectl", "from-helm", "from-python", "from-go"] {
         let cm = rt
             .block_on(cms.get(name))
             .unwrap_or_else(|e| panic!("{name}: {e}; command said: {said}"));

@@ -5,6 +5,7 @@
 #   kube-testenv.sh build              build (or reuse) the launcher; prints its path
 #   kube-testenv.sh build-candidate    same for the client-go leader-election candidate
 #   kube-testenv.sh build-kubectl      same for kubectl (k8s.io/kubernetes/cmd/kubectl, same release)
+#   kube-testenv.sh build-fenced-writer same for the Go example of `tenure run --fence` (cmd/fenced-writer)
 #   kube-testenv.sh build-cr-peer      build (or reuse) the controller-runtime peer of the
 #                                      controller bench (its own module, e2e/controller-runtime-peer)
 #   kube-testenv.sh start DIR [-- ARGS] start it with --dir DIR, wait for DIR/ready
@@ -107,6 +108,8 @@ cmd_build_candidate() { build_one clientgo-candidate ./cmd/clientgo-candidate; }
 # --dry-run=server`, `kubectl auth can-i`), at the apiserver's release. go.mod lists it
 # as a `tool`, so its dependencies are in go.mod/go.sum (-mod=readonly works).
 cmd_build_kubectl() { build_one kubectl k8s.io/kubernetes/cmd/kubectl; }
+# The Go example of docs/fencing-kubernetes.md: a plain client-go writer.
+cmd_build_fenced_writer() { build_one fenced-writer ./cmd/fenced-writer; }
 
 # The controller-runtime peer: a module of its own, so that controller-runtime's
 # dependencies never change the launcher's. Built like build_one, without the
@@ -231,8 +234,9 @@ case ${1:-} in
   build) shift; cmd_build "$@" ;;
   build-candidate) shift; cmd_build_candidate "$@" ;;
   build-kubectl) shift; cmd_build_kubectl "$@" ;;
+  build-fenced-writer) shift; cmd_build_fenced_writer "$@" ;;
   build-cr-peer) shift; cmd_build_cr_peer "$@" ;;
   start) shift; cmd_start "$@" ;;
   stop) shift; cmd_stop "$@" ;;
-  *) sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
+  *) sed -n '2,27s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2; exit 2 ;;
 esac

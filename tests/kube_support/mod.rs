@@ -67,6 +67,13 @@ pub fn kubectl() -> &'static Path {
     BIN.get_or_init(|| build("build-kubectl"))
 }
 
+/// The Go example of `tenure run --fence` (`e2e/kube-testenv/cmd/fenced-writer`): a plain
+/// client-go program that creates a ConfigMap through `$KUBECONFIG`.
+pub fn fenced_writer() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("build-fenced-writer"))
+}
+
 /// helm, built by `e2e/scripts/helm.sh`.
 pub fn helm() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
