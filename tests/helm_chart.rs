@@ -2572,6 +2572,177 @@ fn bad_fencing_values_fail_with_a_clear_message() {
     assert_generators_policy(&objs, &policy, "names alike the election's own");
 }
 
+/// The worker's `tenure run` flags (before the `--`), and whether `/tmp` is mounted.
+fn worker_flags(objs: &[Value]) -> (Vec<String>, bool) {
+    let worker = container(&pod_spec(objs)["containers"], "worker");
+    let args = strings(&worker["args"]);
+    let dashdash = args.iter().position(|a| a == "--").expect("-- in args");
+    let tmp = worker["volumeMounts"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|v| v["mountPath"] == "/tmp"));
+    (args[..dashdash].to_vec(), tmp)
+}
+
+#[test]
+fn fencing_command_renders_fence_before_the_command() {
+    // (values, whether the worker runs `tenure run --fence`)
+    let cases: &[(&[&str], bool)] = &[
+        // Off by default, and with every ci values file but the fencing one.
+        (&[], false),
+        (&["-f", &ci("kube-publish-values.yaml")], false),
+        (&["-f", &ci("redis-values.yaml")], false),
+        (&["--set", "fencing.policy.enabled=false"], false),
+        (&["--set", "fencing.impersonation=true"], false),
+        // null follows the policy (Kubernetes backend)...
+        (&["--set", "fencing.policy.enabled=true"], true),
+        (&["-f", &ci("kube-fencing-values.yaml")], true),
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true,fencing.impersonation=true",
+            ],
+            true,
+        ),
+        (
+            &["--set", "fencing.policy.enabled=true,rbac.create=false"],
+            true,
+        ),
+        // ...but not when the chart grants no self-impersonation (RBAC granted elsewhere):
+        // that release renders as it did before fencing.command.
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true,fencing.impersonation=false",
+            ],
+            false,
+        ),
+        // Forced either way.
+        (
+            &["--set", "fencing.policy.enabled=true,fencing.command=false"],
+            false,
+        ),
+        (&["--set", "fencing.command=false"], false),
+        (&["--set", "fencing.command=true"], true),
+        (
+            &["--set", "fencing.command=true,fencing.impersonation=true"],
+            true,
+        ),
+        // A writable root filesystem, or a /tmp of the user's, instead of the chart's /tmp.
+        (
+            &[
+                "--set",
+                "fencing.command=true,tmpVolume.enabled=false,securityContext.readOnlyRootFilesystem=false",
+            ],
+            true,
+        ),
+        (
+            &[
+                "--set",
+                "fencing.command=true,tmpVolume.enabled=false",
+                "--set-json",
+                r#"extraVolumes=[{"name":"scratch","emptyDir":{}}]"#,
+                "--set-json",
+                r#"extraVolumeMounts=[{"name":"scratch","mountPath":"/tmp"}]"#,
+            ],
+            true,
+        ),
+    ];
+    for (args, fenced) in cases {
+        let objs = render("cmd", "apps", args);
+        let (flags, tmp) = worker_flags(&objs);
+        let fences = flags.iter().filter(|a| *a == "--fence").count();
+        assert_eq!(
+            fences,
+            usize::from(*fenced),
+            "{args:?}: --fence before the -- in {flags:?}"
+        );
+        // Where the fenced kubeconfig goes: /tmp, writable (unless the root filesystem is).
+        let writable_root = args
+            .iter()
+            .any(|a| a.contains("readOnlyRootFilesystem=false"));
+        if *fenced && !writable_root {
+            assert!(tmp, "{args:?}: the fenced kubeconfig's /tmp is not mounted");
+        }
+    }
+    // Nowhere but among tenure's flags: not in the command, not in the init container.
+    let objs = render("cmd", "apps", &["--set", "fencing.policy.enabled=true"]);
+    let spec = pod_spec(&objs);
+    let args = strings(&container(&spec["containers"], "worker")["args"]);
+    assert_eq!(
+        args.iter().filter(|a| *a == "--fence").count(),
+        1,
+        "{args:?}"
+    );
+    let fence = args.iter().position(|a| a == "--fence").expect("--fence");
+    let dashdash = args.iter().position(|a| a == "--").expect("--");
+    assert!(fence < dashdash, "{args:?}");
+    assert_eq!(args[0], "run", "{args:?}");
+    assert!(
+        !strings(&container(&spec["initContainers"], "tenure-install")["command"])
+            .contains(&"--fence".to_owned())
+    );
+    assert_restricted(spec);
+
+    let redis = "backend.type=redis,backend.redis.url=redis://r:6379";
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--set", "fencing.command=maybe"],
+            &[
+                "values don't meet the specifications of the schema(s)",
+                "at '/fencing/command'",
+            ],
+        ),
+        (
+            &["--set", &format!("fencing.command=true,{redis}")],
+            &["fencing.command needs backend.type=kube"],
+        ),
+        (
+            &[
+                "-f",
+                &ci("redis-values.yaml"),
+                "--set",
+                "fencing.command=true",
+            ],
+            &["fencing.command needs backend.type=kube"],
+        ),
+        (
+            &["--set", "fencing.command=true,tmpVolume.enabled=false"],
+            &["fencing.command needs tmpVolume.enabled=true", "under /tmp"],
+        ),
+        (
+            &[
+                "--set",
+                "fencing.policy.enabled=true,tmpVolume.enabled=false",
+            ],
+            &["fencing.command needs tmpVolume.enabled=true", "under /tmp"],
+        ),
+        (
+            &["--set", "fencing.command=true,sharding.shards=3"],
+            &["sharding.shards and fencing.command cannot be combined"],
+        ),
+    ];
+    assert_refused(cases);
+    // Off, the same values render: nothing else stands in the way.
+    for args in [
+        format!("fencing.command=false,{redis}"),
+        "fencing.command=false,tmpVolume.enabled=false".to_owned(),
+        "fencing.command=false,sharding.shards=3".to_owned(),
+    ] {
+        let (flags, _) = worker_flags(&render("cmd", "apps", &["--set", &args]));
+        assert!(!flags.contains(&"--fence".to_owned()), "{args}: {flags:?}");
+    }
+    // Impersonation RBAC granted outside the chart: forced on, it renders.
+    let (flags, _) = worker_flags(&render(
+        "cmd",
+        "apps",
+        &[
+            "--set",
+            "fencing.policy.enabled=true,fencing.impersonation=false,fencing.command=true",
+        ],
+    ));
+    assert!(flags.contains(&"--fence".to_owned()), "{flags:?}");
+}
+
 /// `kubectl create` of a SubjectAccessReview as admin: may `user` impersonate the user extra
 /// `key`? (`kubectl auth can-i` cannot ask: it does not know `userextras` and drops its group.)
 fn may_impersonate_extra(user: &str, key: &str) -> bool {

@@ -108,6 +108,20 @@ fencing.impersonation, or when it is null, fencing.policy.enabled; never without
 {{- if and .Values.rbac.create $on -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+Whether the command's Kubernetes writes are fenced (`tenure run --fence`): fencing.command, or
+when it is null, fencing.policy.enabled with the Kubernetes backend, unless
+fencing.impersonation is false (RBAC granted outside the chart: the release then renders as it
+did before fencing.command existed).
+*/}}
+{{- define "tenure.fencingCommand" -}}
+{{- $f := .Values.fencing -}}
+{{- if kindIs "invalid" $f.command -}}
+{{- $noImpersonation := and (kindIs "bool" $f.impersonation) (not $f.impersonation) -}}
+{{- if and $f.policy.enabled (eq .Values.backend.type "kube") (not $noImpersonation) -}}true{{- end -}}
+{{- else if $f.command -}}true{{- end -}}
+{{- end -}}
+
 {{/* An image reference from {repository, tag, digest} and a default tag. */}}
 {{- define "tenure.imageRef" -}}
 {{- $img := index . 0 -}}
@@ -217,6 +231,21 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- end -}}
 {{- if and (or $f.policy.enabled $impersonation) (ne .Values.backend.type "kube") -}}
 {{- fail "fencing.policy / fencing.impersonation need backend.type kube: the policy reads the election's Lease" -}}
+{{- end -}}
+{{- if include "tenure.fencingCommand" . -}}
+{{- if .Values.sharding.shards -}}
+{{- fail "sharding.shards and fencing.command cannot be combined: the chart's fencing follows the election's one Lease, and each shard has its own" -}}
+{{- end -}}
+{{- if ne .Values.backend.type "kube" -}}
+{{- fail (printf "fencing.command needs backend.type=kube (it is %s): the command's writes carry the token of the term of a Lease, which the API server's policy reads" .Values.backend.type) -}}
+{{- end -}}
+{{- $ownTmp := false -}}
+{{- range .Values.extraVolumeMounts -}}
+{{- if eq (trimSuffix "/" (toString .mountPath)) "/tmp" -}}{{- $ownTmp = true -}}{{- end -}}
+{{- end -}}
+{{- if and (not .Values.tmpVolume.enabled) (not $ownTmp) .Values.securityContext.readOnlyRootFilesystem -}}
+{{- fail "fencing.command needs tmpVolume.enabled=true: tenure writes each term's fenced kubeconfig under /tmp ($TMPDIR), and the root filesystem is read-only (securityContext.readOnlyRootFilesystem)" -}}
+{{- end -}}
 {{- end -}}
 {{- if $f.policy.enabled -}}
 {{- if not (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) -}}
