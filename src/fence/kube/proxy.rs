@@ -451,6 +451,109 @@ mod tests {
         }
     }
 
+    /// One HTTP/1.1 request on a fresh connection: (status code, body).
+    async fn call(addr: SocketAddr, request: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.expect("read");
+        let code = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (code, body.to_owned())
+    }
+
+    fn get(path: &str, extra: &str) -> String {
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n")
+    }
+
+    #[tokio::test]
+    async fn strangers_upgrades_big_bodies_and_an_ended_term_get_a_status_naming_tenure() {
+        let held = crate::election::TestTerm::begin("jobs", "me")
+            .await
+            .expect("a term");
+        let term = held.term();
+        // Nothing listens on port 9: a forwarded request fails as unreachable.
+        let client = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("a URI"),
+        ))
+        .expect("a client");
+        let fencer = Fencer::without_policy(client).lease_namespace("ops");
+        let next = Leader {
+            identity: "next".into(),
+            fencing: Some(crate::FencingToken::new(term.fencing_token().get() + 1)),
+        };
+        let (_tell, leader) = watch::channel(Some(next));
+        let proxy = FenceProxy::start(&fencer, &term, Some(leader))
+            .await
+            .expect("bound");
+        let addr = proxy.local_addr();
+        let base = proxy.url();
+        let prefix = &base[base.find("/term/").expect("secret path")..];
+        assert!(
+            proxy
+                .kubeconfig("ops")
+                .contains(&format!("server: {base}\n"))
+        );
+        assert!(proxy.kubeconfig("ops").contains("namespace: \"ops\""));
+        assert!(
+            !format!("{proxy:?}").contains(&prefix[6..]),
+            "the secret is not in Debug"
+        );
+
+        let (code, body) = call(addr, &get("/term/not-the-secret/api", "")).await;
+        assert_eq!(code, 401, "{body}");
+        assert!(
+            body.contains("\"kind\":\"Status\"") && body.contains("tenure"),
+            "{body}"
+        );
+
+        let (code, body) = call(
+            addr,
+            &get(
+                &format!("{prefix}/api/v1/namespaces/ops/pods/p/exec"),
+                "Upgrade: SPDY/3.1\r\n",
+            ),
+        )
+        .await;
+        assert_eq!(code, 501, "{body}");
+
+        let big = format!(
+            "POST {prefix}/api/v1/namespaces/ops/configmaps HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{}",
+            MAX_REQUEST_BODY + 1,
+            "x".repeat(MAX_REQUEST_BODY + 1)
+        );
+        let (code, body) = call(addr, &big).await;
+        assert_eq!(code, 413, "{body}");
+
+        let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
+        assert_eq!(code, 502, "the term's own URL is forwarded: {body}");
+        assert!(body.contains("could not be reached"), "{body}");
+
+        let ours = term.fencing_token().get();
+        held.end().await.expect("ended");
+        let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
+        assert_eq!(code, 403, "{body}");
+        assert!(
+            body.contains(&format!(
+                "tenure fencing: lease ops/jobs: stale: token {ours}, term ended (current token {} held by next)",
+                ours + 1
+            )),
+            "{body}"
+        );
+
+        proxy.stop();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "a stopped endpoint accepts nothing"
+        );
+    }
+
     #[test]
     fn connection_and_identity_headers_are_not_forwarded() {
         for dropped in [
