@@ -447,3 +447,52 @@ async fn a_rolling_resize_up_completes_and_never_runs_two_counts_at_once() {
 async fn a_rolling_resize_down_completes_and_never_runs_two_counts_at_once() {
     rolling_resize(3).await;
 }
+
+/// Terms lost to the store are counted (and, three within two leases, warned about); terms
+/// given up — shards handed to a joiner, a graceful leave — are not.
+#[tokio::test(start_paused = true)]
+async fn only_terms_lost_to_the_store_count_as_lost() {
+    let store = MemoryBackend::new();
+    let world = Arc::new(World::default());
+    let a = start(&store, &world, "a");
+    settle(&world, LEASE).await;
+    assert_eq!(a.elector.owned().borrow().len(), SHARDS as usize);
+    let b = start(&store, &world, "b");
+    settle(&world, LEASE * 2).await;
+    assert_eq!(
+        a.elector.owned().borrow().len(),
+        SHARDS as usize / 2,
+        "half handed to the joiner"
+    );
+    assert_eq!(
+        a.elector.lost_terms(),
+        0,
+        "handing shards over loses nothing"
+    );
+
+    // b is cut off from the store past its renew deadline: every term it ran is lost.
+    let held_by_b = b.elector.owned().borrow().len() as u64;
+    b.faulty.set(Fault::Fail);
+    settle(&world, LEASE * 2).await;
+    assert!(b.elector.owned().borrow().is_empty());
+    assert_eq!(b.elector.lost_terms(), held_by_b);
+    assert_eq!(a.elector.lost_terms(), 0);
+    b.faulty.heal();
+    settle(&world, LEASE * 3).await;
+
+    let lost_before = b.elector.lost_terms();
+    let _ = b.stop.send(());
+    b.run.await.expect("joined").expect("ran");
+    let _ = a.stop.send(());
+    a.run.await.expect("joined").expect("ran");
+    assert_eq!(
+        b.elector.lost_terms(),
+        lost_before,
+        "a graceful leave loses nothing"
+    );
+    assert_eq!(a.elector.lost_terms(), 0);
+    assert_eq!(
+        world.violations.lock().expect("not poisoned").clone(),
+        Vec::<String>::new()
+    );
+}

@@ -104,6 +104,11 @@ impl Term {
         !self.cancel.is_cancelled() && self.lease.is_valid()
     }
 
+    /// How the term's lease ended, once it has (lost, released, orphaned).
+    pub(crate) fn end_cause(&self) -> Option<crate::LeaseEnd> {
+        self.lease.end_cause()
+    }
+
     /// Until when the lease is surely ours, on this process's monotonic clock.
     #[must_use]
     pub fn valid_until(&self) -> Instant {

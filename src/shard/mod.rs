@@ -34,6 +34,7 @@
 
 mod assign;
 mod group;
+mod losses;
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -153,6 +154,8 @@ struct Inner {
     /// Woken when a shard's term found the record changed: the keeper reads it again.
     recheck: tokio::sync::Notify,
     running: AtomicBool,
+    /// Shard terms lost to the store, and the warning when they pile up.
+    losses: losses::Losses,
 }
 
 impl std::fmt::Debug for ShardedElector {
@@ -198,6 +201,7 @@ impl ShardedElector {
                 assignment: watch::channel(Assignment::default()).0,
                 group: watch::channel(GroupStatus::Joining).0,
                 recheck: tokio::sync::Notify::new(),
+                losses: losses::Losses::default(),
                 running: AtomicBool::new(false),
             }),
         })
@@ -232,6 +236,16 @@ impl ShardedElector {
     #[must_use]
     pub fn owned(&self) -> watch::Receiver<BTreeSet<u32>> {
         self.inner.owned.subscribe()
+    }
+
+    /// How many shard terms this replica has lost to the store since it was made (renewals
+    /// that missed their deadline, a lease taken), not counting terms given up (a shard
+    /// moved, a shutdown). A few are ordinary (a partition, a pause); when three are lost
+    /// within two lease durations the elector warns that the store may be past what it can
+    /// write for the group. For a metric (`tenure_shard_terms_lost_total` in `tenure run`).
+    #[must_use]
+    pub fn lost_terms(&self) -> u64 {
+        self.inner.losses.total()
     }
 
     /// Whether the shard of `key` ([`shard_of`]) has a term running on this replica now.
@@ -631,6 +645,7 @@ struct ShardRun {
 struct Holding {
     inner: Arc<Inner>,
     shard: u32,
+    term: Term,
 }
 
 impl Holding {
@@ -639,13 +654,23 @@ impl Holding {
         inner.owned.send_modify(|o| {
             o.insert(shard);
         });
-        Self { inner, shard }
+        Self {
+            inner,
+            shard,
+            term: term.clone(),
+        }
     }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
         let shard = self.shard;
+        if self.term.end_cause().is_some_and(|end| end.is_lost()) {
+            let (lease, _) = self.inner.config.timings();
+            self.inner
+                .losses
+                .lost(&self.inner.name, self.inner.shards, shard, lease * 2);
+        }
         self.inner.terms().remove(&shard);
         self.inner.owned.send_modify(|o| {
             o.remove(&shard);

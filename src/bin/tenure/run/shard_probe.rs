@@ -2,11 +2,12 @@
 //! (`/healthz`, `/readyz` once a member of the group), with the sharded replica's gauges on
 //! `/metrics`: `tenure_shards`, `tenure_shards_assigned`, `tenure_shards_owned` and
 //! `tenure_shard_group_members`, `tenure_shard_group_waiting` and
-//! `tenure_shard_group_generation`, updated whenever the assignment, the held shards or the
-//! group record change.
+//! `tenure_shard_group_generation`, and the counter `tenure_shard_terms_lost_total`, updated
+//! whenever the assignment, the held shards or the group record change.
 
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tenure::election::ProbeServer;
@@ -22,6 +23,7 @@ struct Gauges {
     members: Gauge,
     waiting: Gauge,
     generation: Gauge,
+    lost: Counter,
 }
 
 impl Gauges {
@@ -56,6 +58,11 @@ impl Gauges {
             "The group record's generation this replica runs under (0 while it waits)",
             self.generation.clone(),
         );
+        registry.register(
+            "tenure_shard_terms_lost",
+            "Shard terms this replica lost to the store (missed renewals, a lease taken), not counting terms given up; a steady rise means the group may be past what the store can write",
+            self.lost.clone(),
+        );
     }
 
     fn update(&self, elector: &ShardedElector) {
@@ -79,6 +86,10 @@ impl Gauges {
             _ => None,
         };
         self.waiting.set(i64::from(generation.is_none()));
+        let (lost, counted) = (elector.lost_terms(), self.lost.get());
+        if lost > counted {
+            self.lost.inc_by(lost - counted);
+        }
         self.generation
             .set(generation.map_or(0, |g| i64::try_from(g).unwrap_or(i64::MAX)));
     }
