@@ -208,6 +208,7 @@ mod tests {
 
     #[test]
     fn service_accounts_get_their_lease_self_impersonation_and_the_token_extra() {
+        let one = |v: &str| Some(vec![v.to_owned()]);
         let policy = FencingPolicy::new("jobs", "nightly")
             .and_then(|p| p.service_account("jobs", "worker"))
             .and_then(|p| p.service_account("other", "helper"))
@@ -217,42 +218,111 @@ mod tests {
         assert_eq!(rbac.roles.len(), 2);
         let (lease_role, lease_binding) = &rbac.roles[0];
         assert_eq!(lease_role.metadata.namespace.as_deref(), Some("jobs"));
+        assert_eq!(
+            lease_role.metadata.name.as_deref(),
+            Some("tenure-worker.nightly")
+        );
+        assert_eq!(
+            lease_role
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+                .map(String::as_str),
+            Some("tenure")
+        );
         let rules = lease_role.rules.clone().unwrap_or_default();
-        assert!(rules.iter().any(
-            |r| r.resources.as_deref() == Some(&["leases".to_owned()][..])
-                && r.resource_names.as_deref() == Some(&["nightly".to_owned()][..])
-                && r.verbs.contains(&"update".to_owned())
+        let has = |group: &str, resource: &str, names: Option<Vec<String>>, verbs: &[&str]| {
+            rules.iter().any(|r| {
+                r.api_groups == one(group)
+                    && r.resources == one(resource)
+                    && r.resource_names == names
+                    && r.verbs == verbs
+            })
+        };
+        assert!(has(
+            "coordination.k8s.io",
+            "leases",
+            one("nightly"),
+            &["get", "list", "watch", "update"]
         ));
-        assert!(rules.iter().any(|r| r.resources.as_deref()
-            == Some(&["serviceaccounts".to_owned()][..])
-            && r.resource_names.as_deref() == Some(&["worker".to_owned()][..])
-            && r.verbs == ["impersonate"]));
+        assert!(has("coordination.k8s.io", "leases", None, &["create"]));
+        assert!(has("", "events", None, &["create"]));
+        assert!(has("", "serviceaccounts", one("worker"), &["impersonate"]));
+        assert_eq!(rules.len(), 4);
+        assert_eq!(lease_binding.role_ref.kind, "Role");
+        assert_eq!(lease_binding.role_ref.name, "tenure-worker.nightly");
         let bound: Vec<_> = lease_binding
             .subjects
             .clone()
             .unwrap_or_default()
             .into_iter()
-            .map(|s| format!("{}/{}", s.namespace.unwrap_or_default(), s.name))
+            .map(|s| format!("{}:{}/{}", s.kind, s.namespace.unwrap_or_default(), s.name))
             .collect();
-        assert_eq!(bound, ["jobs/worker", "other/helper"]);
+        assert_eq!(
+            bound,
+            ["ServiceAccount:jobs/worker", "ServiceAccount:other/helper"]
+        );
         let (other_role, other_binding) = &rbac.roles[1];
         assert_eq!(other_role.metadata.namespace.as_deref(), Some("other"));
         assert_eq!(
-            other_role.rules.as_ref().map(Vec::len),
-            Some(1),
-            "no lease rules outside the lease's namespace"
+            other_role.metadata.name.as_deref(),
+            Some("tenure-worker.nightly")
         );
+        assert_eq!(
+            other_role.rules.clone().unwrap_or_default()[0].resource_names,
+            one("helper"),
+            "only the lease's namespace gets lease rules"
+        );
+        assert_eq!(other_role.rules.as_ref().map(Vec::len), Some(1));
         assert_eq!(other_binding.subjects.as_ref().map(Vec::len), Some(1));
         let (extra, extra_binding) = rbac.token_extra.expect("service accounts need the extra");
+        assert_eq!(extra.metadata.name.as_deref(), Some(TOKEN_EXTRA_ROLE));
+        assert_eq!(extra.metadata.namespace, None);
+        let extra_rule = &extra.rules.unwrap_or_default()[0];
+        assert_eq!(extra_rule.api_groups, one("authentication.k8s.io"));
         assert_eq!(
-            extra.rules.unwrap_or_default()[0].resources,
-            Some(vec!["userextras/tenure.dev/fencing-token".to_owned()])
+            extra_rule.resources,
+            one("userextras/tenure.dev/fencing-token")
         );
+        assert_eq!(extra_rule.verbs, ["impersonate"]);
+        assert_eq!(
+            extra_binding.metadata.name.as_deref(),
+            Some("tenure-fence-token.jobs.nightly")
+        );
+        assert_eq!(extra_binding.role_ref.kind, "ClusterRole");
         assert_eq!(extra_binding.subjects.map(|s| s.len()), Some(2));
         assert_eq!(rbac.users_left_out, ["alice"]);
         let yaml = policy.worker_rbac_yaml();
         assert_eq!(yaml.matches("\nkind: Role\n").count(), 2, "{yaml}");
         assert!(yaml.contains("kind: ClusterRoleBinding"), "{yaml}");
         assert!(yaml.contains("participant \"alice\" is a user"), "{yaml}");
+
+        // Only users: nothing to bind, so no ClusterRole either.
+        let users = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.user("bob"))
+            .expect("valid policy")
+            .worker_rbac();
+        assert!(users.roles.is_empty() && users.token_extra.is_none());
+        // A ServiceAccount elsewhere: the Lease's namespace still gets the lease rules.
+        let elsewhere = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("other", "helper"))
+            .expect("valid policy")
+            .worker_rbac();
+        let namespaces: Vec<_> = elsewhere
+            .roles
+            .iter()
+            .map(|(r, b)| {
+                (
+                    r.metadata.namespace.clone().unwrap_or_default(),
+                    r.rules.as_ref().map_or(0, Vec::len),
+                    b.subjects.as_ref().map_or(0, Vec::len),
+                )
+            })
+            .collect();
+        assert_eq!(
+            namespaces,
+            [("jobs".to_owned(), 3, 1), ("other".to_owned(), 1, 1)]
+        );
     }
 }
