@@ -55,6 +55,7 @@ use serde_json::{Value, json};
 
 use support::kube_harness;
 use support::out::{Say, save_json};
+use support::proc::{FAST, tenure_bin};
 use support::redis_harness::RedisServer;
 use support::scratch::Scratch;
 use support::stats::Stats;
@@ -63,14 +64,6 @@ use support::table;
 /// The elector settings of every run: lease 3 s, renew deadline 2 s, retry period 500 ms.
 const LEASE: Duration = Duration::from_secs(3);
 const RETRY: Duration = Duration::from_millis(500);
-const FAST: [&str; 6] = [
-    "--lease-duration",
-    "3s",
-    "--renew-deadline",
-    "2s",
-    "--retry-period",
-    "500ms",
-];
 /// A leader renews every lease / 3.
 const RENEW_EVERY: Duration = Duration::from_secs(1);
 
@@ -210,49 +203,6 @@ enum Wrapper {
     Flock { lockfile: PathBuf, close: bool },
     /// `bash -c SCRIPT`.
     Bare,
-}
-
-/// The `tenure` binary to measure, found once (see the module docs).
-fn tenure_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("TENURE_BIN") {
-            return PathBuf::from(p);
-        }
-        if let Some(p) = option_env!("CARGO_BIN_EXE_tenure").map(PathBuf::from)
-            && p.is_file()
-        {
-            return p;
-        }
-        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
-        // target/<profile>/deps/cli-HASH
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or_else(|| panic!("{} is not under target/<profile>/deps", exe.display()));
-        let next_to_us = profile_dir.join("tenure");
-        if next_to_us.is_file() {
-            return next_to_us;
-        }
-        let target_dir = profile_dir
-            .parent()
-            .unwrap_or_else(|| panic!("no target dir above {}", profile_dir.display()));
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cmd.args(["build", "--features", "cli", "--bin", "tenure"])
-            .env("CARGO_TARGET_DIR", target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run cargo build: {e}"));
-        assert!(
-            status.success() && next_to_us.is_file(),
-            "cargo build failed"
-        );
-        next_to_us
-    })
 }
 
 /// One wrapped command (or a bare one), with its stamp log, stderr and FIFO; everything it

@@ -49,14 +49,14 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use support::env::knob;
-use support::kube_harness::fencing::{apply, cm, install, participant, uninstall};
+use support::kube_harness::fencing::{apply, cm, elect, install, participant, uninstall};
 use support::kube_harness::{shared, unique};
 use support::out::{Say, save};
 use support::stats::{ms, p50_p99};
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::fence::kube::{DEFAULT_RECHECK, FenceError, FencedApi, Fencer, FencingPolicy};
 use tenure::lock::LockOptions;
-use tenure::{ElectionConfig, FencingToken, LeaderElector, Locker, Term};
+use tenure::{FencingToken, Locker};
 
 /// Writes before the measured ones, per mode: connections, caches, the first proofs.
 const WARMUP: usize = 20;
@@ -176,47 +176,6 @@ async fn trivial_policy(ns: &str, sa: &str) -> String {
 fn backend(client: &kube::Client, ns: &str) -> KubeBackend {
     KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
         .unwrap_or_else(|e| panic!("backend: {e}"))
-}
-
-/// A term of the election `name` in `ns`, won by `client`'s elector, which serves it in the
-/// background until the returned sender fires (or is dropped); the handle ends with the run.
-async fn elect(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-) -> (
-    Term,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<()>,
-) {
-    let locker = Locker::with_identity(backend(client, ns), "bench").expect("identity");
-    let elector = LeaderElector::new(locker, name, ElectionConfig::new()).expect("elector");
-    let (begun, term) = tokio::sync::oneshot::channel();
-    let (end, ended) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(async move {
-        let mut begun = Some(begun);
-        let result = elector
-            .run_until(
-                async {
-                    let _ = ended.await;
-                },
-                move |term: Term| {
-                    if let Some(begun) = begun.take() {
-                        let _ = begun.send(term.clone());
-                    }
-                    async move { term.cancellation().cancelled().await }
-                },
-            )
-            .await;
-        if let Err(e) = result {
-            eprintln!("the bench's election ended: {e}");
-        }
-    });
-    let term = tokio::time::timeout(Duration::from_secs(60), term)
-        .await
-        .unwrap_or_else(|_| panic!("no term of {name} within 60 s"))
-        .unwrap_or_else(|_| panic!("the election of {name} ended without a term"));
-    (term, end, run)
 }
 
 /// A fencer whose fence no policy proves (nothing refuses its lower token): its writes go

@@ -491,7 +491,7 @@ done"#,
             (&b, &log_a)
         };
         let written_before = read(other_log).matches("ok ").count();
-        let group = children_groups(leader.pid());
+        let group = kube_support::child_process_groups(leader.pid());
         leader.signal(libc::SIGSTOP);
         for g in &group {
             // SAFETY: signalling a process group our child created.
@@ -513,14 +513,7 @@ done"#,
     watch.abort();
 
     let history = history.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut newest = 0;
-    let mut stale = Vec::new();
-    for &(token, i) in &history {
-        if token < newest {
-            stale.push((token, i, newest));
-        }
-        newest = newest.max(token);
-    }
+    let stale = kube_support::landed_after_newer(&history);
     let tokens: std::collections::BTreeSet<u64> = history.iter().map(|h| h.0).collect();
     let refused =
         read(&log_a).matches("refused ").count() + read(&log_b).matches("refused ").count();
@@ -543,21 +536,4 @@ done"#,
             );
         }
     }
-}
-
-/// The process groups of `pid`'s children (each term's command leads its own group).
-fn children_groups(pid: u32) -> Vec<i32> {
-    let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
-        return Vec::new();
-    };
-    children
-        .split_whitespace()
-        .filter_map(|c| c.parse::<i32>().ok())
-        .filter_map(|c| {
-            let stat = std::fs::read_to_string(format!("/proc/{c}/stat")).ok()?;
-            // Fields after the command name (which may hold spaces): state ppid pgrp …
-            let after = stat.rsplit_once(')')?.1;
-            after.split_whitespace().nth(2)?.parse().ok()
-        })
-        .collect()
 }

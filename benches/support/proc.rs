@@ -2,9 +2,21 @@
 //! and what `/proc` says of a process.
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime};
+
+/// The elector flags of `tenure run` in the benches: lease 3 s, renew deadline 2 s, retry
+/// period 500 ms (the CLI tests' `FAST`).
+pub const FAST: [&str; 6] = [
+    "--lease-duration",
+    "3s",
+    "--renew-deadline",
+    "2s",
+    "--retry-period",
+    "500ms",
+];
 
 /// A child process with a name for messages; killed and reaped on drop.
 pub struct Process {
@@ -157,4 +169,49 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = u64::try_from(hz).ok().filter(|&h| h > 0)?;
     Some(Duration::from_nanos(ticks * 1_000_000_000 / hz))
+}
+
+/// The `tenure` binary to measure, found once: `$TENURE_BIN`, cargo's `CARGO_BIN_EXE_tenure`
+/// (benches with the `cli` feature), the binary next to the bench's own, or built by cargo
+/// into the bench's target directory.
+pub fn tenure_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("TENURE_BIN") {
+            return PathBuf::from(p);
+        }
+        if let Some(p) = option_env!("CARGO_BIN_EXE_tenure").map(PathBuf::from)
+            && p.is_file()
+        {
+            return p;
+        }
+        let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+        // target/<profile>/deps/<bench>-HASH
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or_else(|| panic!("{} is not under target/<profile>/deps", exe.display()));
+        let next_to_us = profile_dir.join("tenure");
+        if next_to_us.is_file() {
+            return next_to_us;
+        }
+        let target_dir = profile_dir
+            .parent()
+            .unwrap_or_else(|| panic!("no target dir above {}", profile_dir.display()));
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.args(["build", "--features", "cli", "--bin", "tenure"])
+            .env("CARGO_TARGET_DIR", target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo build: {e}"));
+        assert!(
+            status.success() && next_to_us.is_file(),
+            "cargo build failed"
+        );
+        next_to_us
+    })
 }

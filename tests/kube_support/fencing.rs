@@ -219,3 +219,52 @@ pub async fn uninstall(name: &str) {
         .delete(name, &DeleteParams::default())
         .await;
 }
+
+/// A term of the election `name` in `ns`, won by an elector of `client` (default durations),
+/// which serves it in the background until the returned sender fires (or is dropped); the
+/// handle ends with the run.
+pub async fn elect(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> (
+    tenure::election::Term,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let backend = tenure::backend::kube::KubeBackend::with_options(
+        client.clone(),
+        tenure::backend::kube::KubeOptions::new().namespace(ns),
+    )
+    .unwrap_or_else(|e| panic!("backend: {e}"));
+    let locker = tenure::Locker::with_identity(backend, "bench").expect("identity");
+    let elector =
+        tenure::election::LeaderElector::new(locker, name, tenure::election::ElectionConfig::new())
+            .expect("elector");
+    let (begun, term) = tokio::sync::oneshot::channel();
+    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        let mut begun = Some(begun);
+        let result = elector
+            .run_until(
+                async {
+                    let _ = ended.await;
+                },
+                move |term: tenure::election::Term| {
+                    if let Some(begun) = begun.take() {
+                        let _ = begun.send(term.clone());
+                    }
+                    async move { term.cancellation().cancelled().await }
+                },
+            )
+            .await;
+        if let Err(e) = result {
+            eprintln!("the bench's election ended: {e}");
+        }
+    });
+    let term = tokio::time::timeout(Duration::from_secs(60), term)
+        .await
+        .unwrap_or_else(|_| panic!("no term of {name} within 60 s"))
+        .unwrap_or_else(|_| panic!("the election of {name} ended without a term"));
+    (term, end, run)
+}

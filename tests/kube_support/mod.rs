@@ -421,3 +421,36 @@ pub async fn install_crd(client: &kube::Client) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The process groups of `pid`'s children: a `tenure run` leads none, each term's command
+/// leads its own. Freezing `pid` and these (SIGSTOP) pauses a replica as a frozen pod would.
+pub fn child_process_groups(pid: u32) -> Vec<i32> {
+    let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")) else {
+        return Vec::new();
+    };
+    children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+        .filter_map(|c| {
+            let stat = std::fs::read_to_string(format!("/proc/{c}/stat")).ok()?;
+            // Fields after the command name (which may hold spaces): state ppid pgrp …
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().nth(2)?.parse().ok()
+        })
+        .collect()
+}
+
+/// The writes in `history` (each version of an object as (writer's token, its counter), in
+/// the API server's order) that landed after a write of a newer term: (token, counter, the
+/// newer token). A fence lets none through.
+pub fn landed_after_newer(history: &[(u64, u64)]) -> Vec<(u64, u64, u64)> {
+    let mut newest = 0;
+    let mut stale = Vec::new();
+    for &(token, i) in history {
+        if token < newest {
+            stale.push((token, i, newest));
+        }
+        newest = newest.max(token);
+    }
+    stale
+}
