@@ -38,7 +38,7 @@ impl Losses {
     /// Records a lost term; warns when `WARN_AT` terms were lost within `window` (two lease
     /// durations: one round of renewals and the retakes it caused).
     pub(super) fn lost(&self, group: &str, shards: u32, shard: u32, window: Duration) {
-        let total = self.total.fetch_add(1, Ordering::Relaxed) + 1;
+        self.total.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         // Nothing panics while this lock is held.
         let mut recent = self
@@ -54,7 +54,7 @@ impl Losses {
             recent.at.pop_front();
         }
         let in_window = recent.at.len();
-        tracing::debug!(group, shard, total, "a shard's term was lost");
+        tracing::debug!(group, shard, "a shard's term was lost");
         if in_window >= WARN_AT
             && recent
                 .warned
@@ -66,7 +66,7 @@ impl Losses {
                 shards,
                 lost = in_window,
                 ?window,
-                total,
+                total = self.total(),
                 "shard terms are being lost to missed renewals: the store may be past what it can \
                  write for this group (about shards × replicas renewals per lease duration; see \
                  the scale table of tenure's README). Raise the lease duration, lower the shard \
@@ -96,5 +96,16 @@ mod tests {
         losses.lost("g", 4, 3, window);
         losses.lost("g", 4, 0, window);
         assert!(losses.recent.lock().expect("not poisoned").warned.is_some());
+        assert_eq!(losses.total(), 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_exactly_one_window_old_is_still_recent() {
+        let losses = Losses::default();
+        let window = Duration::from_secs(10);
+        losses.lost("g", 4, 0, window);
+        tokio::time::advance(window).await;
+        losses.lost("g", 4, 1, window);
+        assert_eq!(losses.recent.lock().expect("not poisoned").at.len(), 2);
     }
 }
