@@ -325,6 +325,7 @@ fn chart_pods_on_a_real_node() {
         register.refused().to_string(),
     );
     sharded_release_resized_by_helm_upgrade(&node, &mut report);
+    fenced_command_writes_through_the_chart(&node, &mut report);
     drop(watch);
     report.print();
     let _ = pod_processes;
@@ -438,6 +439,120 @@ fn sharded_release_resized_by_helm_upgrade(node: &Node, report: &mut Report) {
         .filter_map(|e| e["holder"].as_str())
         .collect();
     assert_eq!(holders.len(), 3, "{election}");
+}
+
+/// Issue #24: with `fencing.policy.enabled` the chart runs `tenure run --fence`; the pod's
+/// command — busybox, no Kubernetes client at all — creates a ConfigMap with a raw HTTP POST
+/// to `$TENURE_KUBE_SERVER`, and the API server admits it, while the same ServiceAccount
+/// writing without a token is refused by the chart's policy. Everything — the policy, the
+/// RBAC (`rbac.extraRules` for the command's own ConfigMaps), `/tmp` for the kubeconfig —
+/// comes from the chart under Pod Security "restricted".
+fn fenced_command_writes_through_the_chart(node: &Node, report: &mut Report) {
+    let ns = "fenced";
+    let release = "fenced";
+    restricted_namespace(node, ns);
+    let _diagnose = Diagnose::chart(node, ns);
+    let register = Register::start(node);
+    // POST a ConfigMap named after the term's token to the term's endpoint, then idle.
+    let script = r#"u=${TENURE_KUBE_SERVER#http://}; hp=${u%%/*}; prefix=/${u#*/}
+body='{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"fenced-'$TENURE_FENCING_TOKEN'"},"data":{"by":"'$TENURE_IDENTITY'"}}'
+printf 'POST %s/api/v1/namespaces/%s/configmaps HTTP/1.0
+Host: x
+Content-Type: application/json
+Content-Length: %s
+
+%s' "$prefix" "$POD_NAMESPACE" "${#body}" "$body" | nc -w 10 127.0.0.1 "${hp#*:}" | head -1
+exec sleep 3600"#;
+    let mut args = vec![
+        "install".to_owned(),
+        release.to_owned(),
+        node_support::chart().display().to_string(),
+        "-n".into(),
+        ns.into(),
+    ];
+    args.extend(values(
+        &register,
+        &[
+            ("replicaCount", "1".into()),
+            ("fencing.policy.enabled", "true".into()),
+        ],
+    ));
+    args.extend([
+        "--set-json".into(),
+        "fencing.policy.resources=[\"configmaps\"]".into(),
+        "--set-json".into(),
+        r#"rbac.extraRules=[{"apiGroups":[""],"resources":["configmaps"],"verbs":["create","get"]}]"#.into(),
+        "--set-json".into(),
+        format!("command={}", serde_json::json!(["sh", "-c", script])),
+    ]);
+    let t0 = Instant::now();
+    run(node.helm().args(&args), None).expect_ok();
+    let created = wait_for(
+        Duration::from_secs(120),
+        "the command's ConfigMap, written through --fence",
+        || {
+            let list = run(
+                node.kubectl()
+                    .args(["get", "configmaps", "-n", ns, "-o", "json"]),
+                None,
+            )
+            .json();
+            list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|cm| {
+                    cm["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("fenced-"))
+                })
+                .cloned()
+        },
+    );
+    report.add(
+        "fenced chart: helm install -> the command's raw HTTP write admitted",
+        secs(t0.elapsed()),
+    );
+    let pods = pods(node, ns, "");
+    assert_eq!(created["data"]["by"], pods[0].name.as_str(), "{created}");
+    // The release's ServiceAccount writing around tenure's endpoint: refused by the policy.
+    let sa = run(
+        node.kubectl().args([
+            "get",
+            "serviceaccounts",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]),
+        None,
+    )
+    .expect_ok();
+    let sa = sa
+        .split_whitespace()
+        .find(|n| n.contains(release))
+        .unwrap_or_else(|| panic!("no release ServiceAccount in {sa:?}"))
+        .to_owned();
+    let around = run(
+        node.kubectl().args([
+            "create",
+            "configmap",
+            "around",
+            "-n",
+            ns,
+            "--from-literal=v=1",
+            &format!("--as=system:serviceaccount:{ns}:{sa}"),
+        ]),
+        None,
+    );
+    assert!(
+        !around.ok
+            && around.stderr.contains("tenure fencing")
+            && around.stderr.contains("missing token"),
+        "a write without the token must be refused: {}",
+        around.stderr
+    );
+    run(node.helm().args(["uninstall", release, "-n", ns]), None).expect_ok();
 }
 
 /// What the host looks like where a node could leave something behind.

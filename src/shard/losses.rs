@@ -100,6 +100,25 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_warning_comes_at_most_once_a_minute() {
+        let losses = Losses::default();
+        let window = Duration::from_secs(10);
+        let warned = || losses.recent.lock().expect("not poisoned").warned;
+        for shard in 0..3 {
+            losses.lost("g", 4, shard, window);
+        }
+        let first = warned().expect("three losses in the window warn");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        losses.lost("g", 4, 3, window);
+        assert_eq!(warned(), Some(first), "not again within a minute");
+        tokio::time::advance(WARN_EVERY).await;
+        for shard in 0..3 {
+            losses.lost("g", 4, shard, window);
+        }
+        assert!(warned().is_some_and(|w| w > first), "again after a minute");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_loss_exactly_one_window_old_is_still_recent() {
         let losses = Losses::default();
         let window = Duration::from_secs(10);

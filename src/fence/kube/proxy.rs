@@ -500,10 +500,12 @@ mod tests {
                 .contains(&format!("server: {base}\n"))
         );
         assert!(proxy.kubeconfig("ops").contains("namespace: \"ops\""));
+        let shown = format!("{proxy:?}");
         assert!(
-            !format!("{proxy:?}").contains(&prefix[6..]),
-            "the secret is not in Debug"
+            shown.contains("FenceProxy") && shown.contains(&addr.to_string()),
+            "{shown}"
         );
+        assert!(!shown.contains(&prefix[6..]), "the secret is not in Debug");
 
         let (code, body) = call(addr, &get("/term/not-the-secret/api", "")).await;
         assert_eq!(code, 401, "{body}");
@@ -529,6 +531,17 @@ mod tests {
         );
         let (code, body) = call(addr, &big).await;
         assert_eq!(code, 413, "{body}");
+        // Bigger than any object the API server takes (3 MiB), under the bound: forwarded.
+        let fits = 4 * 1024 * 1024;
+        let (code, body) = call(
+            addr,
+            &format!(
+                "POST {prefix}/api/v1/namespaces/ops/configmaps HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {fits}\r\n\r\n{}",
+                "x".repeat(fits)
+            ),
+        )
+        .await;
+        assert_eq!(code, 502, "{body}");
 
         let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
         assert_eq!(code, 502, "the term's own URL is forwarded: {body}");
