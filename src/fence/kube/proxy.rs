@@ -443,6 +443,8 @@ mod tests {
             "/term/abc1234/api",
             "/term/abd123/api",
             "/term/ABC123/api",
+            // Two wrong bytes whose differences would cancel out under XOR.
+            "/term/bac123/api",
             "/api/v1/pods",
             "/term/",
             "/x/term/abc123/api",
@@ -487,7 +489,7 @@ mod tests {
             identity: "next".into(),
             fencing: Some(crate::FencingToken::new(term.fencing_token().get() + 1)),
         };
-        let (_tell, leader) = watch::channel(Some(next));
+        let (tell, leader) = watch::channel(Some(next.clone()));
         let proxy = FenceProxy::start(&fencer, &term, Some(leader))
             .await
             .expect("bound");
@@ -549,6 +551,15 @@ mod tests {
 
         let ours = term.fencing_token().get();
         held.end().await.expect("ended");
+        // The holder last seen is this very term: no newer one to name.
+        tell.send_replace(Some(Leader {
+            identity: "me".into(),
+            fencing: Some(term.fencing_token()),
+        }));
+        let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
+        assert_eq!(code, 403, "{body}");
+        assert!(body.contains("a newer term may hold the lease"), "{body}");
+        tell.send_replace(Some(next));
         let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
         assert_eq!(code, 403, "{body}");
         assert!(
@@ -565,6 +576,39 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "a stopped endpoint accepts nothing"
         );
+    }
+
+    /// A fencer that carries a token (impersonating) cannot prove its fence on a server that
+    /// does not answer: writes are not sent and get 503 with the cause; reads go.
+    #[tokio::test]
+    async fn a_write_whose_fence_is_not_proven_gets_503_and_reads_still_go() {
+        let held = crate::election::TestTerm::begin("jobs", "me")
+            .await
+            .expect("a term");
+        let client = kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("a URI"),
+        ))
+        .expect("a client");
+        let fencer = Fencer::impersonating(client, "system:serviceaccount:ops:w")
+            .expect("valid user")
+            .lease_namespace("ops");
+        let proxy = FenceProxy::start(&fencer, &held.term(), None)
+            .await
+            .expect("bound");
+        let base = proxy.url();
+        let prefix = &base[base.find("/term/").expect("secret path")..];
+        let post = format!(
+            "POST {prefix}/api/v1/namespaces/ops/configmaps HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let (code, body) = call(proxy.local_addr(), &post).await;
+        assert_eq!(code, 503, "{body}");
+        assert!(
+            body.contains("tenure: the fence on lease ops/jobs is not enforced"),
+            "{body}"
+        );
+        let (code, body) = call(proxy.local_addr(), &get(&format!("{prefix}/api"), "")).await;
+        assert_eq!(code, 502, "a read is not held: {body}");
+        held.end().await.expect("ended");
     }
 
     #[test]
