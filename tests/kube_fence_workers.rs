@@ -190,6 +190,9 @@ export HOME={dir}
 {helm} install fenced {chart} --set token=$TENURE_FENCING_TOKEN --wait=false
 python3 {python} from-python {ns}
 {go} {ns} from-go
+u=${{TENURE_KUBE_SERVER#http://}}; hp=${{u%%/*}}; prefix=/${{u#*/}}
+body='{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"from-nc"}},"data":{{"token":"'$TENURE_FENCING_TOKEN'"}}}}'
+printf 'POST %s/api/v1/namespaces/{ns}/configmaps HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' "$prefix" "${{#body}}" "$body" | busybox nc -w 10 127.0.0.1 "${{hp#*:}}" | head -1
 echo done"#,
         dir = dir.display(),
         kubectl = kubectl().display(),
@@ -224,7 +227,13 @@ echo done"#,
     let admin = rt.block_on(shared().admin());
     let cms: Api<ConfigMap> = Api::namespaced(admin, &ns);
     let mut tokens = Vec::new();
-    for name in ["from-kubectl", "from-helm", "from-python", "from-go"] {
+    for name in [
+        "from-kubectl",
+        "from-helm",
+        "from-python",
+        "from-go",
+        "from-nc",
+    ] {
         let cm = rt
             .block_on(cms.get(name))
             .unwrap_or_else(|e| panic!("{name}: {e}; command said: {said}"));

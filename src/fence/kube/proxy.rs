@@ -223,8 +223,11 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTok
                 let shared = Arc::clone(&shared);
                 async move { Ok::<_, Infallible>(forward(&shared, request).await) }
             });
+            // Half-close: `nc` and other simple clients shut their write side once the request
+            // is sent; hyper would otherwise drop the connection before it answers.
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
+                .half_close(true)
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
@@ -469,6 +472,23 @@ mod tests {
         (code, body.to_owned())
     }
 
+    /// As [`call`], but the client shuts its write side once the request is sent, as `nc`
+    /// does.
+    async fn call_half_closed(addr: SocketAddr, request: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        stream.shutdown().await.expect("half-close");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.expect("read");
+        let code = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, answer)
+    }
+
     fn get(path: &str, extra: &str) -> String {
         format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}\r\n")
     }
@@ -547,6 +567,14 @@ mod tests {
 
         let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
         assert_eq!(code, 502, "the term's own URL is forwarded: {body}");
+        let http10 = format!(
+            "POST {prefix}/api/v1/namespaces/ops/configmaps HTTP/1.0\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}"
+        );
+        let (code, answer) = call_half_closed(addr, &http10).await;
+        assert_eq!(
+            code, 502,
+            "a client that half-closes (nc) is answered: {answer:?}"
+        );
         assert!(body.contains("could not be reached"), "{body}");
 
         let ours = term.fencing_token().get();
