@@ -1,6 +1,6 @@
 //! `--fence`: each term's command writes to Kubernetes fenced by the term's token with no code
 //! change. Per term: the fence is proven first, then a [`FenceProxy`] is started and its
-//! kubeconfig written — 0600 files in a 0700 directory of tenure's own, replaced by
+//! kubeconfig written — a 0600 file in a 0700 directory of tenure's own, replaced by
 //! rename — and named in the command's environment; when the term's command is gone, the
 //! proxy stops and the files are removed.
 
@@ -80,17 +80,18 @@ impl CommandFence {
             })?;
         let kubeconfig = self.dir.join(format!("{}.kubeconfig", term.lease_name()));
         let written = write_private(&kubeconfig, &proxy.kubeconfig(&self.namespace));
+        let env = vec![
+            (ENV_KUBECONFIG, kubeconfig.display().to_string()),
+            (ENV_KUBE_SERVER, proxy.url()),
+        ];
+        // Made before the write's result is looked at: a partly written file goes with it.
         let guard = TermFence {
             _proxy: proxy,
-            files: vec![kubeconfig.clone()],
+            kubeconfig,
         };
         written.map_err(|e| CliError::Internal {
             message: format!("--fence: cannot write the term's kubeconfig: {e}"),
         })?;
-        let env = vec![
-            (ENV_KUBECONFIG, kubeconfig.display().to_string()),
-            (ENV_KUBE_SERVER, guard._proxy.url()),
-        ];
         Ok((guard, env))
     }
 }
@@ -101,17 +102,16 @@ impl Drop for CommandFence {
     }
 }
 
-/// One term's endpoint and files: dropping it stops the endpoint and removes the files.
+/// One term's endpoint and kubeconfig: dropping it stops the endpoint (held only for that)
+/// and removes the file.
 pub struct TermFence {
     _proxy: FenceProxy,
-    files: Vec<PathBuf>,
+    kubeconfig: PathBuf,
 }
 
 impl Drop for TermFence {
     fn drop(&mut self) {
-        for file in &self.files {
-            let _ = std::fs::remove_file(file);
-        }
+        let _ = std::fs::remove_file(&self.kubeconfig);
     }
 }
 
