@@ -54,24 +54,38 @@ async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
         .output()
         .unwrap_or_else(|e| panic!("tenure policy: {e}"));
     assert!(printed.status.success(), "{printed:?}");
-    let mut apply_printed = Command::new(kubectl())
-        .arg("--kubeconfig")
-        .arg(server.admin_kubeconfig())
-        .args(["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("kubectl: {e}"));
-    if let Some(mut stdin) = apply_printed.stdin.take() {
-        use std::io::Write;
-        stdin
-            .write_all(&printed.stdout)
-            .unwrap_or_else(|e| panic!("{e}"));
+    // The anchor and the token extra's ClusterRole are shared by every election: the tests of
+    // this file apply them at once, and two `kubectl apply`s that both find one missing race to
+    // create it (AlreadyExists). Applying again is what a user would do; it is idempotent.
+    let apply_printed = || {
+        let mut child = Command::new(kubectl())
+            .arg("--kubeconfig")
+            .arg(server.admin_kubeconfig())
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("kubectl: {e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write;
+            stdin
+                .write_all(&printed.stdout)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("kubectl apply: {e}"))
+    };
+    let mut applied = apply_printed();
+    for _ in 0..3 {
+        if applied.status.success()
+            || !String::from_utf8_lossy(&applied.stderr).contains("AlreadyExists")
+        {
+            break;
+        }
+        applied = apply_printed();
     }
-    let applied = apply_printed
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
     assert!(applied.status.success(), "kubectl apply: {applied:?}");
     let admin = server.admin().await;
     apply(
