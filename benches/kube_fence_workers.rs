@@ -551,23 +551,7 @@ fn loop_command(client: Client, dir: &Path, id: &str, ns: &str, python: &Path) -
     let log = dir.join(format!("{}-{id}.log", client.name()));
     match client {
         Client::Kubectl => {
-            let home = dir.join(format!("{id}-home"));
-            let script = format!(
-                r#"export HOME={home}
-i=0
-while :; do
-  i=$((i+1))
-  if out=$({kubectl} annotate configmap target --overwrite "w=$TENURE_FENCING_TOKEN-$i" 2>&1); then
-    echo "ok $TENURE_FENCING_TOKEN $i" >> {log}
-  else
-    echo "refused $TENURE_FENCING_TOKEN $i $(printf %s "$out" | tr '\n' ' ')" >> {log}
-  fi
-done"#,
-                home = home.display(),
-                kubectl = kubectl().display(),
-                log = log.display(),
-            );
-            vec!["sh".into(), "-c".into(), script]
+            support::kube_harness::kubectl_writer_loop(&dir.join(format!("{id}-home")), &log)
         }
         Client::Python => vec![
             python.display().to_string(),

@@ -110,25 +110,10 @@ async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
     )
     .await;
     // Enforced once the worker's own write without a token is refused by this policy.
-    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match cms
-            .create(&PostParams::default(), &fencing::cm("policy-probe", "x"))
-            .await
-        {
-            Err(kube::Error::Api(s)) if s.message.contains("tenure fencing:") => break,
-            Ok(_) => {
-                let _ = cms.delete("policy-probe", &Default::default()).await;
-            }
-            Err(_) => {}
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the policy was not enforced within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let policy = tenure::fence::kube::FencingPolicy::new(&ns, lease)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .name();
+    fencing::wait_until_enforced(&Api::namespaced(client, &ns), &policy).await;
     (ns, kubeconfig)
 }
 
@@ -465,22 +450,8 @@ fn a_frozen_commands_writes_never_land_after_the_next_terms() {
 
     let writer = |id: &str| {
         let log = dir.join(format!("{id}.log"));
-        let script = format!(
-            r#"export HOME={dir}/{id}-home
-i=0
-while :; do
-  i=$((i+1))
-  if out=$({kubectl} annotate configmap target --overwrite "w=$TENURE_FENCING_TOKEN-$i" 2>&1); then
-    echo "ok $TENURE_FENCING_TOKEN $i" >> {log}
-  else
-    echo "refused $TENURE_FENCING_TOKEN $i $out" >> {log}
-  fi
-done"#,
-            dir = dir.display(),
-            kubectl = kubectl().display(),
-            log = log.display(),
-        );
-        (log, vec!["sh".to_owned(), "-c".to_owned(), script])
+        let command = kube_support::kubectl_writer_loop(&dir.join(format!("{id}-home")), &log);
+        (log, command)
     };
     let kubeconfig = worker_kubeconfig.display().to_string();
     let start = |id: &str, command: Vec<String>| {

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use node_support::chart::{
     Diagnose, LEASE, RENEW, RETRY, SLACK, assert_one_leader, delete_leader, freeze_tenure, install,
-    pods, ready_pods, restricted_namespace, shard_writer_command, through_port_forward, values,
+    install_args, pods, ready_pods, restricted_namespace, shard_writer_command,
+    through_port_forward, values,
 };
 use node_support::{
     LeaseWatch, Node, Register, Report, accepted_stale, command_pids, freezer_dir, lease, nft,
@@ -463,20 +464,16 @@ Content-Length: %s
 
 %s' "$prefix" "$POD_NAMESPACE" "${#body}" "$body" | nc -w 10 127.0.0.1 "${hp#*:}" | head -1
 exec sleep 3600"#;
-    let mut args = vec![
-        "install".to_owned(),
-        release.to_owned(),
-        node_support::chart().display().to_string(),
-        "-n".into(),
-        ns.into(),
-    ];
-    args.extend(values(
+    let mut args = install_args(
+        release,
+        ns,
         &register,
         &[
             ("replicaCount", "1".into()),
             ("fencing.policy.enabled", "true".into()),
         ],
-    ));
+    );
+    // The last --set-json of `command` wins over the register writer's.
     args.extend([
         "--set-json".into(),
         "fencing.policy.resources=[\"configmaps\"]".into(),

@@ -37,12 +37,8 @@ where
 pub async fn participant(ns: &str, sa: &str) -> (kube::Client, PathBuf) {
     let server = shared();
     let admin = server.admin().await;
-    apply(
-        &Api::<ServiceAccount>::namespaced(admin.clone(), ns),
-        sa,
-        &obj(serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})),
-    )
-    .await;
+    // The ServiceAccount itself is made by `service_account`, below: a binding may name it
+    // before it exists.
     let role = format!("{sa}-fenced");
     apply(
         &Api::<Role>::namespaced(admin.clone(), ns),
@@ -168,13 +164,20 @@ pub async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
         &policy.binding(),
     )
     .await;
+    wait_until_enforced(probe, &policy.name()).await;
+}
+
+/// Waits until the policy named `policy` refuses a participant's write without a token
+/// (`probe` is the participant's ConfigMaps in a governed namespace): the API server enforces
+/// it.
+pub async fn wait_until_enforced(probe: &Api<ConfigMap>, policy: &str) {
     let cm = cm("policy-probe", "x");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         match probe.create(&PostParams::default(), &cm).await {
             // Refused by *this* policy (its name is in the message), not an older one.
             Err(kube::Error::Api(s))
-                if s.message.contains("tenure fencing:") && s.message.contains(&policy.name()) =>
+                if s.message.contains("tenure fencing:") && s.message.contains(policy) =>
             {
                 return;
             }

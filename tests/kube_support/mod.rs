@@ -454,3 +454,26 @@ pub fn landed_after_newer(history: &[(u64, u64)]) -> Vec<(u64, u64, u64)> {
     }
     stale
 }
+
+/// A shell loop that annotates the ConfigMap `target` with `w=<its term's token>-<i>` through
+/// kubectl as fast as it can (`HOME` at `home`, for kubectl's discovery cache), logging each
+/// attempt to `log` as `ok TOKEN I` or `refused TOKEN I <kubectl's message on one line>`: the
+/// writer of the freeze-and-thaw rounds of `tenure run --fence`.
+pub fn kubectl_writer_loop(home: &Path, log: &Path) -> Vec<String> {
+    let script = format!(
+        r#"export HOME={home}
+i=0
+while :; do
+  i=$((i+1))
+  if out=$({kubectl} annotate configmap target --overwrite "w=$TENURE_FENCING_TOKEN-$i" 2>&1); then
+    echo "ok $TENURE_FENCING_TOKEN $i" >> {log}
+  else
+    echo "refused $TENURE_FENCING_TOKEN $i $(printf %s "$out" | tr '\n' ' ')" >> {log}
+  fi
+done"#,
+        home = home.display(),
+        kubectl = kubectl().display(),
+        log = log.display(),
+    );
+    vec!["sh".into(), "-c".into(), script]
+}

@@ -456,11 +456,15 @@ mod tests {
         }
     }
 
-    /// One HTTP/1.1 request on a fresh connection: (status code, body).
-    async fn call(addr: SocketAddr, request: &str) -> (u16, String) {
+    /// One request on a fresh connection: (status code, body). With `half_close` the client
+    /// shuts its write side once the request is sent, as `nc` does.
+    async fn exchange(addr: SocketAddr, request: &str, half_close: bool) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
         stream.write_all(request.as_bytes()).await.expect("send");
+        if half_close {
+            stream.shutdown().await.expect("half-close");
+        }
         let mut answer = String::new();
         stream.read_to_string(&mut answer).await.expect("read");
         let code = answer
@@ -472,21 +476,17 @@ mod tests {
         (code, body.to_owned())
     }
 
-    /// As [`call`], but the client shuts its write side once the request is sent, as `nc`
-    /// does.
-    async fn call_half_closed(addr: SocketAddr, request: &str) -> (u16, String) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        stream.write_all(request.as_bytes()).await.expect("send");
-        stream.shutdown().await.expect("half-close");
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await.expect("read");
-        let code = answer
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        (code, answer)
+    async fn call(addr: SocketAddr, request: &str) -> (u16, String) {
+        exchange(addr, request, false).await
+    }
+
+    /// A client for a server that is not there (nothing listens on port 9): a forwarded
+    /// request fails as unreachable.
+    fn unreachable_client() -> kube::Client {
+        kube::Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("a URI"),
+        ))
+        .expect("a client")
     }
 
     fn get(path: &str, extra: &str) -> String {
@@ -499,12 +499,7 @@ mod tests {
             .await
             .expect("a term");
         let term = held.term();
-        // Nothing listens on port 9: a forwarded request fails as unreachable.
-        let client = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("a URI"),
-        ))
-        .expect("a client");
-        let fencer = Fencer::without_policy(client).lease_namespace("ops");
+        let fencer = Fencer::without_policy(unreachable_client()).lease_namespace("ops");
         let next = Leader {
             identity: "next".into(),
             fencing: Some(crate::FencingToken::new(term.fencing_token().get() + 1)),
@@ -570,7 +565,7 @@ mod tests {
         let http10 = format!(
             "POST {prefix}/api/v1/namespaces/ops/configmaps HTTP/1.0\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}"
         );
-        let (code, answer) = call_half_closed(addr, &http10).await;
+        let (code, answer) = exchange(addr, &http10, true).await;
         assert_eq!(
             code, 502,
             "a client that half-closes (nc) is answered: {answer:?}"
@@ -613,11 +608,7 @@ mod tests {
         let held = crate::election::TestTerm::begin("jobs", "me")
             .await
             .expect("a term");
-        let client = kube::Client::try_from(kube::Config::new(
-            "http://127.0.0.1:9".parse().expect("a URI"),
-        ))
-        .expect("a client");
-        let fencer = Fencer::impersonating(client, "system:serviceaccount:ops:w")
+        let fencer = Fencer::impersonating(unreachable_client(), "system:serviceaccount:ops:w")
             .expect("valid user")
             .lease_namespace("ops");
         let proxy = FenceProxy::start(&fencer, &held.term(), None)
