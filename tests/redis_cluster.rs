@@ -162,6 +162,109 @@ async fn a_waiter_wakes_on_a_release_published_on_another_node() {
     );
 }
 
+/// `CLUSTER KEYSLOT key`, asked of the first node.
+fn keyslot(cluster: &RedisCluster, key: &str) -> i64 {
+    match cluster.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key]) {
+        redis::Value::Int(s) => s,
+        other => panic!("CLUSTER KEYSLOT answered {other:?}"),
+    }
+}
+
+fn text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Okay => "OK".to_owned(),
+        other => panic!("not a string: {other:?}"),
+    }
+}
+
+/// A slot moved from one master to another while a lock in it is held, the way
+/// `redis-cli --cluster reshard` moves it: while its keys are on the new node and the slot is
+/// still migrating, the old node answers `ASK`; once the move is final, `MOVED`. The holder's
+/// renewals follow both, the lock stays held with the same token, and after the `MOVED` the
+/// calls go to the new node directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_follows_its_slot_to_another_node() {
+    let cluster = RedisCluster::start(3);
+    let b = connect(&cluster).await;
+    let r = req("moving", "me", Duration::from_secs(30));
+    let token = granted(&b, &r).await;
+    let key = b.lock_key(&r.name);
+    let slot = keyslot(&cluster, &key).to_string();
+    let from = owner(&cluster, &key);
+    let src = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port() == from)
+        .expect("owner");
+    let dst = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port() != from)
+        .expect("another");
+    let id = |n: &support::RedisServer| text(&n.cmd(&["CLUSTER", "MYID"]));
+    let (src_id, dst_id) = (id(src), id(dst));
+    let renew = || async {
+        b.renew(&r.name, &r.holder, r.ttl)
+            .await
+            .unwrap_or_else(|e| panic!("renew while the slot moves: {e}"))
+    };
+    assert_eq!(renew().await, Renewed::Held);
+
+    // Migrating: every key of the slot goes to the new node; the old node answers ASK.
+    dst.cmd(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+    src.cmd(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+    let redis::Value::Array(keys) = src.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]) else {
+        panic!("GETKEYSINSLOT is not an array");
+    };
+    let keys: Vec<String> = keys.iter().map(text).collect();
+    assert!(keys.contains(&key), "{keys:?} holds the lock's key");
+    let port = dst.port().to_string();
+    let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(text(&src.cmd(&migrate)), "OK");
+    // A redirected call counts as rejected on the node that redirected it.
+    let rejected = |n: &support::RedisServer| n.command_stat("evalsha", "rejected_calls");
+    let (src_rejected, dst_calls) = (rejected(src), dst.command_calls("evalsha"));
+    assert_eq!(renew().await, Renewed::Held, "followed ASK");
+    assert_eq!(rejected(src) - src_rejected, 1, "the old node redirected");
+    assert_eq!(
+        dst.command_calls("evalsha") - dst_calls,
+        1,
+        "the new one ran it"
+    );
+    assert_eq!(dst.command_calls("asking"), 1, "after ASKING");
+
+    // Moved: every node learns the new owner; the old node answers MOVED once.
+    for node in &cluster.nodes {
+        node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+    }
+    let src_rejected = rejected(src);
+    assert_eq!(renew().await, Renewed::Held, "followed MOVED");
+    assert_eq!(rejected(src) - src_rejected, 1, "the old node redirected");
+    let dst_calls = dst.command_calls("evalsha");
+    for _ in 0..3 {
+        assert_eq!(renew().await, Renewed::Held);
+    }
+    assert_eq!(rejected(src) - src_rejected, 1, "the map was read again");
+    assert_eq!(dst.command_calls("evalsha") - dst_calls, 3);
+    assert_eq!(dst.command_calls("asking"), 1, "no ASKING once moved");
+    // Still the same term, and the next one's token comes from the moved counter.
+    let seen = b.inspect(&r.name).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        seen.map(|s| s.fencing),
+        Some(token),
+        "same holder, same token"
+    );
+    assert_eq!(
+        b.release(&r.name, &r.holder).await.ok(),
+        Some(Released::Released)
+    );
+    let next = req("moving", "you", Duration::from_secs(30));
+    assert_eq!(granted(&b, &next).await.get(), token.get() + 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_configs_that_cannot_work_are_refused() {
     for url in ["redis://127.0.0.1:7000/3", "redis+unix:///tmp/redis.sock"] {
@@ -175,7 +278,7 @@ async fn cluster_configs_that_cannot_work_are_refused() {
     }
 }
 
-/// The ACL the module docs give, plus `+cluster|slots` for the topology: enough on a cluster
+/// The ACL the module docs give, plus `+cluster|slots +asking` for the topology: enough on a cluster
 /// (locks and group membership); without it the backend refuses to start, saying why, without
 /// the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,7 +288,7 @@ async fn an_acl_user_needs_cluster_slots_on_a_cluster() {
     let cluster = RedisCluster::start_with(
         3,
         &support::Options::default()
-            .acl_user(&format!("tenure on >{PW} {rules} +cluster|slots"))
+            .acl_user(&format!("tenure on >{PW} {rules} +cluster|slots +asking"))
             .acl_user(&format!("noslots on >{PW} {rules}")),
     );
     let as_user = |user: &str| {

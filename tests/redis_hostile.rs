@@ -48,6 +48,8 @@ enum Hostile {
     /// Scripts answer "free"; the subscriber connection gets a message declaring a 4 GB
     /// payload right after its subscription is confirmed, then a flood.
     HugeNotification,
+    /// `CLUSTER SLOTS` declares a 4 GB string, then floods (scripts are never reached).
+    HugeSlotMap,
 }
 
 /// What the server sends for one call: `head`, then `fill` repeated `times` times (written in
@@ -75,7 +77,9 @@ fn answer(how: Hostile, script: &str) -> Answer {
     let token = "0123456789abcdef".repeat(2);
     let none = "-".repeat(32);
     match how {
-        Hostile::HugeString | Hostile::TrickledString => Answer::bytes("*1\r\n$4000000000\r\n"),
+        Hostile::HugeString | Hostile::TrickledString | Hostile::HugeSlotMap => {
+            Answer::bytes("*1\r\n$4000000000\r\n")
+        }
         Hostile::HugeIdentity if script == "inspect" => {
             let value = format!("+{token}0{none}7:");
             Answer {
@@ -180,6 +184,8 @@ struct Server {
     flooded: Arc<AtomicU64>,
     /// SUBSCRIBE commands received.
     subscribes: Arc<AtomicU64>,
+    /// Reached as a Redis Cluster (the server answers `CLUSTER SLOTS` with itself).
+    cluster: bool,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -229,6 +235,7 @@ impl Server {
             _dir: Some(dir),
             flooded: counters.flooded,
             subscribes: counters.subscribes,
+            cluster: false,
             task,
         }
     }
@@ -241,7 +248,10 @@ impl Server {
             .local_addr()
             .unwrap_or_else(|e| panic!("{e}"))
             .port();
-        let counters = Counters::default();
+        let counters = Counters {
+            port,
+            ..Counters::default()
+        };
         let c = counters.clone();
         let task = tokio::spawn(async move {
             let scripts = Scripts::default();
@@ -273,6 +283,7 @@ impl Server {
             _dir: None,
             flooded: counters.flooded,
             subscribes: counters.subscribes,
+            cluster: false,
             task,
         }
     }
@@ -291,9 +302,12 @@ impl Server {
 
     /// The config to reach it (over TLS, trusting the test CA).
     fn config(&self) -> RedisConfig {
-        let config = RedisConfig::new(&self.url())
+        let mut config = RedisConfig::new(&self.url())
             .unwrap_or_else(|e| panic!("{e}"))
             .request_timeout(REQUEST_TIMEOUT);
+        if self.cluster {
+            config = config.cluster();
+        }
         match &self.ca_pem {
             Some(pem) => config.ca_certificate_pem(pem.clone()),
             None => config,
@@ -332,6 +346,8 @@ struct Counters {
     commands: Arc<AtomicU64>,
     flooded: Arc<AtomicU64>,
     subscribes: Arc<AtomicU64>,
+    /// The server's own port, which `CLUSTER SLOTS` names as every slot's master.
+    port: u16,
 }
 
 /// SHA1 → script name, from the SCRIPT LOADs (a server's script cache outlives connections).
@@ -348,7 +364,7 @@ async fn serve(
         flooded,
         subscribes,
         ..
-    } = counters;
+    } = counters.clone();
     let (r, mut w) = tokio::io::split(socket);
     let mut r = BufReader::new(r);
     while let Some(cmd) = read_command(&mut r).await {
@@ -388,6 +404,13 @@ async fn serve(
                 ))
             }
             "PING" => Answer::bytes("+PONG\r\n"),
+            // A one-node cluster: every slot's master is this server.
+            "CLUSTER" if matches!(how, Hostile::HugeSlotMap) => Answer::bytes("$4000000000\r\n"),
+            "CLUSTER" => Answer::bytes(format!(
+                "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:{}\r\n$40\r\n{}\r\n",
+                counters.port,
+                "f".repeat(40)
+            )),
             _ => Answer::bytes("+OK\r\n"),
         };
         if !send(&mut w, &reply).await {
@@ -408,11 +431,11 @@ async fn serve(
             }
             return;
         }
-        if name != "EVALSHA" {
+        if name != "EVALSHA" && !(name == "CLUSTER" && matches!(how, Hostile::HugeSlotMap)) {
             continue;
         }
         match how {
-            Hostile::HugeString => {
+            Hostile::HugeString | Hostile::HugeSlotMap => {
                 let chunk = vec![b'x'; 1 << 16];
                 while w.write_all(&chunk).await.is_ok() {
                     flooded.fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -851,5 +874,54 @@ async fn a_4gb_string_over_a_unix_socket_is_refused_at_its_header() {
     assert!(
         accepted.load(Ordering::Relaxed) >= 2,
         "it was the Unix socket"
+    );
+}
+
+/// A Redis Cluster's node (plain and over TLS) declares a 4 GB string: refused at its header,
+/// like a single server's. tenure opens every node connection itself (the redis crate's
+/// cluster client opened them over streams tenure could not bound, and read the whole string).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4gb_string_from_a_cluster_node_is_refused_at_its_header() {
+    let _serial = SERIAL.lock().await;
+    let how = Hostile::HugeString;
+    for tls in [false, true] {
+        let mut server = if tls {
+            Server::start_tls(how, "127.0.0.1").await
+        } else {
+            Server::start(how).await
+        };
+        server.cluster = true;
+        let commands = server.commands.clone();
+        let (messages, grown) = run_on(how, server).await;
+        assert_refused(how, &messages, grown, "declares a 4000000000-byte string");
+        assert!(
+            commands.load(Ordering::Relaxed) > 0,
+            "tls {tls}: the node was asked"
+        );
+    }
+}
+
+/// A node whose `CLUSTER SLOTS` reply declares 4 GB: the connect fails at the header, naming
+/// the limit, without reading the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_4gb_slot_map_is_refused_at_its_header() {
+    let _serial = SERIAL.lock().await;
+    let mut server = Server::start(Hostile::HugeSlotMap).await;
+    server.cluster = true;
+    let before = rss();
+    let started = Instant::now();
+    let e = RedisBackend::connect(server.config())
+        .await
+        .expect_err("no slot map");
+    let grown = rss().saturating_sub(before);
+    assert_eq!(e.kind(), BackendErrorKind::Protocol, "{e}");
+    let text = e.to_string();
+    assert!(text.contains("declares a 4000000000-byte string"), "{text}");
+    assert!(text.contains(&MAX_REPLY_BYTES.to_string()), "{text}");
+    assert!(grown < GROWTH_BOUND, "grew {} MiB", grown >> 20);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
     );
 }

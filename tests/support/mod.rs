@@ -503,10 +503,18 @@ impl RedisServer {
 
     /// `calls` of a command in INFO commandstats (e.g. `evalsha`), 0 if never called.
     pub fn command_calls(&self, command: &str) -> u64 {
+        self.command_stat(command, "calls")
+    }
+
+    /// `stat` (`calls`, `rejected_calls`…) of a command in INFO commandstats, 0 if never called.
+    pub fn command_stat(&self, command: &str, stat: &str) -> u64 {
         self.info_field("commandstats", &format!("cmdstat_{command}"))
             .and_then(|v| {
-                v.split(',')
-                    .find_map(|kv| kv.strip_prefix("calls=").map(str::to_owned))
+                v.split(',').find_map(|kv| {
+                    kv.strip_prefix(stat)
+                        .and_then(|rest| rest.strip_prefix('='))
+                        .map(str::to_owned)
+                })
             })
             .and_then(|n| n.parse().ok())
             .unwrap_or(0)

@@ -240,10 +240,16 @@ impl RedisConfig {
         Ok(())
     }
 
-    /// Treats the URL's server as a seed node of a Redis Cluster: the backend discovers the
-    /// other nodes and sends each call to the node serving the lock's slot. Redirects and
-    /// topology changes (resharding, failover) are followed by the redis crate's cluster
-    /// client; tenure's tests run a stable three-master cluster and do not exercise them.
+    /// Treats the URL's server as a seed node of a Redis Cluster: the backend reads the slot
+    /// map (`CLUSTER SLOTS`), opens one connection per master (replies bounded by
+    /// [`MAX_REPLY_BYTES`](super::MAX_REPLY_BYTES), TLS verifying each node's announced host)
+    /// and sends each call to the master serving the lock's slot. A slot being migrated is
+    /// followed through `ASK`, a moved slot through `MOVED` (the map is then read again), and
+    /// a master that cannot be reached makes the next call read the map again, from the known
+    /// masters and the seed in turn — so a failover is followed once the cluster has promoted
+    /// a replica. A slot map entry that does not parse is skipped with a warning. The tests
+    /// move a held lock's slot between masters (`ASK`, then `MOVED`); they do not fail a
+    /// master over.
     ///
     /// In a cluster every script call carries one lock (the keys of different locks hash to
     /// different slots), so concurrent operations are not coalesced and

@@ -1,5 +1,5 @@
 //! Connection set-up: [`RedisBackend::connect`] turns a [`RedisConfig`] into the command
-//! connection (a single server's, or the redis crate's cluster client's), the engine with every
+//! connection (a single server's, or a cluster's), the engine with every
 //! script loaded, the coalescers in front of it and the subscriber hub.
 
 use std::sync::Arc;
@@ -7,11 +7,13 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::Coalescer;
+use super::cluster::Cluster;
 use super::config::RedisConfig;
-use super::conn::{Conn, Connector, Managed};
+use super::conn::Conn;
 use super::engine::{self, Engine};
-use super::error::{config_error, from_redis};
+use super::error::{config_error, from_conn, from_redis};
 use super::observe::Hub;
+use super::server::{Connector, Managed};
 use super::{Inner, RedisBackend, expiry, group, keys, members};
 use crate::backend::BackendError;
 #[cfg(doc)]
@@ -44,11 +46,10 @@ impl RedisBackend {
         .map_err(|e| config_error(scrub.scrub(format!("redis TLS: {e}"))))?;
         let connecting = async {
             if config.cluster {
-                cluster_client(&config)?
-                    .get_async_connection()
+                Cluster::connect(connector.clone())
                     .await
                     .map(Conn::Cluster)
-                    .map_err(|e| from_redis(&e, "connect", &scrub))
+                    .map_err(|e| from_conn(&e, "connect", &scrub))
             } else {
                 Managed::connect(connector.clone())
                     .await
@@ -132,21 +133,4 @@ impl RedisBackend {
             }),
         })
     }
-}
-
-/// The redis crate's cluster client, with the URL's server as the seed node.
-fn cluster_client(config: &RedisConfig) -> Result<::redis::cluster::ClusterClient, BackendError> {
-    let scrub = config.scrubber();
-    let mut builder = ::redis::cluster::ClusterClient::builder(vec![config.info.clone()])
-        .connection_timeout(config.connect_timeout)
-        .response_timeout(config.request_timeout);
-    if let Some(pem) = &config.ca_pem {
-        builder = builder.certs(::redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.clone()),
-        });
-    }
-    builder
-        .build()
-        .map_err(|e| from_redis(&e, "cluster client", &scrub))
 }

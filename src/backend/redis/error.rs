@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::conn::ConnError;
+use super::server::ConnError;
 use crate::backend::{BackendError, BackendErrorKind, InvalidName};
 
 /// Scrubs a secret (the password) from text that is about to become an error message or a

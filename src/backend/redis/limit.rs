@@ -29,11 +29,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// identity, counts about 80 KiB. Identities of megabytes (one reply carries one per busy lock)
 /// or a [`max_batch`](super::RedisConfig::max_batch) of tens of thousands can reach it.
 ///
-/// It bounds every connection tenure opens itself, over TCP, a Unix socket or TLS (tenure does
-/// the TLS handshake and bounds the decrypted bytes): a single server's command connection and
-/// the subscriber connection (on a Redis Cluster too). A Redis Cluster's command connections
-/// are opened by the redis crate's cluster client, and their replies are not bounded (see the
-/// [module docs' caveats](super#caveats)).
+/// It bounds every connection tenure opens, over TCP, a Unix socket or TLS (tenure does the TLS
+/// handshake and bounds the decrypted bytes): a single server's command connection, a Redis
+/// Cluster's node connections, and the subscriber connection.
 pub const MAX_REPLY_BYTES: usize = 8 << 20;
 
 /// What each element of an aggregate counts against [`MAX_REPLY_BYTES`], on top of its bytes

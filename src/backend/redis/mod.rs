@@ -140,7 +140,8 @@
 //! permissions too; the `z…` and `h…` commands only group membership uses, `+strlen` only
 //! the group record.) A denied command surfaces as [`BackendErrorKind::PermissionDenied`], a
 //! refused password as [`BackendErrorKind::Unauthenticated`]. In a cluster the client also
-//! discovers the topology with `CLUSTER SLOTS` (`+cluster|slots`).
+//! discovers the topology with `CLUSTER SLOTS` (`+cluster|slots`) and follows a slot being
+//! migrated with `ASKING` (`+asking`).
 //!
 //! # Caveats
 //!
@@ -153,16 +154,11 @@
 //! - One reply may hold at most [`MAX_REPLY_BYTES`]: a bigger or malformed one (a broken or
 //!   hostile server) fails the request with [`BackendErrorKind::Protocol`] and closes the
 //!   connection, before the reply's bytes are read. That holds over TCP, Unix sockets and TLS,
-//!   for the command connection and the subscriber connection, on a cluster too. The exception
-//!   is a Redis Cluster's command connections: the redis crate's cluster client opens them, and
-//!   tenure cannot bound their replies. It takes a caller's connection type only through
-//!   `ClusterClient::get_async_generic_connection`, which is `#[doc(hidden)]` (outside its
-//!   semver), and that type is built by `cluster_async::Connect::connect_with_config`, a
-//!   function without a receiver: it gets a node's address and an `AsyncConnectionConfig` whose
-//!   fields are private, so a connection tenure made there could not know the backend's CA or
-//!   connect timeout except through process-wide state.
+//!   for the command connection and the subscriber connection, and for every node connection of
+//!   a cluster (tenure opens them itself; see [`RedisConfig::cluster`]).
 
 mod batch;
+mod cluster;
 mod config;
 mod conn;
 mod connect;
@@ -175,6 +171,7 @@ mod limit;
 mod members;
 mod observe;
 mod ops;
+mod server;
 mod tls;
 
 use std::sync::Arc;

@@ -26,9 +26,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::conn::Connector;
 use super::engine::{Engine, Snapshot, Version};
 use super::error::from_redis;
+use super::server::Connector;
 use crate::backend::{BackendError, BackendErrorKind, FencingToken, HolderChange};
 
 /// The most notifications queued for one observer; beyond it the queue is replaced by a resync.

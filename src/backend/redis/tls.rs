@@ -57,6 +57,14 @@ impl Tls {
         })
     }
 
+    /// The same trust, verifying `host` instead (another node of a cluster).
+    pub(crate) fn for_host(&self, host: &str) -> Result<Self, String> {
+        Ok(Self {
+            connector: self.connector.clone(),
+            name: server_name(host)?,
+        })
+    }
+
     /// Does the handshake over `stream`: the server's certificate verified, its name checked.
     pub(crate) async fn handshake<S>(
         &self,
