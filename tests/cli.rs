@@ -1303,3 +1303,151 @@ fn bad_shard_counts_exit_2_and_a_replica_with_another_count_waits() {
         second.log()
     );
 }
+
+/// A shell line that appends `overlap <pid>` to `file` if process `pidfile` names is still
+/// running (not a zombie): run by a command as it starts, it checks the previous term's
+/// command from inside the new term.
+fn check_gone(pidfile: &Path, file: &Path) -> String {
+    format!(
+        r#"old=$(cat {p}); st=$(cut -d' ' -f3 /proc/$old/stat 2>/dev/null); if [ -n "$st" ] && [ "$st" != Z ]; then echo "overlap $old" >> {f}; fi"#,
+        p = pidfile.display(),
+        f = file.display()
+    )
+}
+
+/// `worker` preceded by `check`.
+fn checked_worker(check: &str, log: &Path, pidfile: &Path) -> Vec<String> {
+    let mut w = worker(log, pidfile, -1.0, 0);
+    w[2] = format!("{check}\n{}", w[2]);
+    w
+}
+
+/// `tenure run` as replica `w1` with `--restart-dir` and the default durations (lease 15 s).
+fn restartable(s: &Scratch, lease: &str, durations: &[&str], command: Vec<String>) -> Vec<String> {
+    let mut args = strings(&["run", "--lease", lease, "--state-dir", &s.state()]);
+    args.extend(strings(&["--identity", "w1", "--restart-dir"]));
+    args.push(s.path("restart").display().to_string());
+    args.extend(strings(durations));
+    args.push("--".into());
+    args.extend(command);
+    args
+}
+
+/// The same replica restarted after `kill -9` (same identity, same --restart-dir) finds the
+/// restart lock free once the killed tenure, its watchdog and its command are gone, ends the
+/// recorded term and starts its command at once — not after the 15 s lease — with a higher
+/// token, and never while the old command runs.
+#[test]
+fn a_replica_restarted_after_kill_9_takes_over_at_once() {
+    let s = Scratch::new("restart");
+    let log = s.path("log");
+    let overlap = s.path("overlap");
+    let mut first = Tenure::start(
+        &restartable(&s, "restart", &[], worker(&log, &s.path("p1"), -1.0, 0)),
+        &[],
+        s.path("e1"),
+    );
+    read_pid(&s.path("p1"), Duration::from_secs(10));
+    for round in 2..=4 {
+        let previous = s.path(&format!("p{}", round - 1));
+        let killed = Instant::now();
+        first.signal(libc::SIGKILL);
+        first.wait(Duration::from_secs(5));
+        let check = check_gone(&previous, &overlap);
+        first = Tenure::start(
+            &restartable(
+                &s,
+                "restart",
+                &[],
+                checked_worker(&check, &log, &s.path(&format!("p{round}"))),
+            ),
+            &[],
+            s.path(&format!("e{round}")),
+        );
+        read_pid(&s.path(&format!("p{round}")), Duration::from_secs(30));
+        let took = killed.elapsed();
+        println!("round {round}: kill -9 to the restarted command's start: {took:?}");
+        assert!(
+            took < Duration::from_secs(7),
+            "waited for the 15 s lease ({took:?}): {}",
+            first.log()
+        );
+        assert!(
+            first.log().contains("previous process is gone"),
+            "{}",
+            first.log()
+        );
+    }
+    first.signal(libc::SIGTERM);
+    first.wait(Duration::from_secs(10));
+    assert!(
+        !overlap.exists(),
+        "{}",
+        std::fs::read_to_string(&overlap).unwrap_or_default()
+    );
+    let tokens: Vec<u64> = events(&log)
+        .iter()
+        .filter(|e| e.kind == "start")
+        .map(|e| e.token)
+        .collect();
+    assert_eq!(tokens.len(), 4, "{tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "tokens rise: {tokens:?}"
+    );
+}
+
+/// A frozen tenure keeps the restart lock: its restart gets none, ends nothing, and starts its
+/// command only after the frozen one's watchdog killed the old command and the lease expired.
+#[test]
+fn a_restart_beside_a_frozen_tenure_waits_for_the_lease() {
+    let s = Scratch::new("restart-frozen");
+    let log = s.path("log");
+    let overlap = s.path("overlap");
+    let mut frozen = Tenure::start(
+        &restartable(
+            &s,
+            "restart-frozen",
+            &FAST,
+            worker(&log, &s.path("p1"), -1.0, 0),
+        ),
+        &[],
+        s.path("e1"),
+    );
+    let pid1 = read_pid(&s.path("p1"), Duration::from_secs(10));
+    frozen.signal(libc::SIGSTOP);
+    let check = check_gone(&s.path("p1"), &overlap);
+    let mut restarted = Tenure::start(
+        &restartable(
+            &s,
+            "restart-frozen",
+            &FAST,
+            checked_worker(&check, &log, &s.path("p2")),
+        ),
+        &[],
+        s.path("e2"),
+    );
+    let pid2 = read_pid(&s.path("p2"), Duration::from_secs(15));
+    assert!(!alive(pid1), "the old command was killed by its watchdog");
+    assert!(
+        !overlap.exists(),
+        "{}",
+        std::fs::read_to_string(&overlap).unwrap_or_default()
+    );
+    let text = restarted.log();
+    assert!(text.contains("still holds the restart lock"), "{text}");
+    assert!(!text.contains("previous process is gone"), "{text}");
+    // The new command checked at its start that the old one was gone (no overlap file).
+    let tokens: Vec<u64> = events(&log).iter().map(|e| e.token).collect();
+    assert!(tokens.len() == 2 && tokens[1] > tokens[0], "{tokens:?}");
+    frozen.signal(libc::SIGCONT);
+    assert_eq!(
+        frozen.wait(Duration::from_secs(10)).code(),
+        Some(3),
+        "{}",
+        frozen.log()
+    );
+    assert!(alive(pid2), "the restarted command is undisturbed");
+    restarted.signal(libc::SIGTERM);
+    restarted.wait(Duration::from_secs(10));
+}

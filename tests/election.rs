@@ -9,7 +9,7 @@ use futures::FutureExt;
 use tenure::backend::Backend;
 use tenure::backend::faulty::{Fault, FaultyBackend};
 use tenure::backend::memory::MemoryBackend;
-use tenure::election::{ElectionConfig, ElectionError, LeaderElector};
+use tenure::election::{ElectionConfig, ElectionError, LeaderElector, RestartLock};
 use tenure::{Locker, LostReason};
 use tokio::time::Instant;
 
@@ -907,4 +907,100 @@ async fn a_plain_election_named_like_a_groups_shard_is_refused() {
             .await;
         assert!(token.is_ok(), "{runs}: {token:?}");
     }
+}
+
+/// A fresh directory for restart locks.
+fn restart_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tenure-election-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The fencing token of the lease's current holder.
+fn token(store: &MemoryBackend) -> u64 {
+    store
+        .inspect("controller")
+        .now_or_never()
+        .expect("memory answers at once")
+        .expect("memory never fails")
+        .map(|r| r.fencing.get())
+        .expect("held")
+}
+
+/// The previous process of this replica (same identity, same directory) died holding the
+/// lease: it can no longer reach the store, and its elector — its restart lock with it — is
+/// gone. The restart takes the free lock, ends the recorded term and leads at once, with a
+/// higher token; without the lock it would wait the whole lease (15 s).
+#[tokio::test(start_paused = true)]
+async fn a_restart_of_a_replica_whose_process_is_gone_leads_at_once() {
+    let dir = restart_dir("gone");
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let lock = RestartLock::take(&dir, "controller", Duration::ZERO)
+        .await
+        .expect("takes")
+        .expect("free");
+    let e = elector(faulty.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
+    let task = lead_forever(&e).await;
+    let first = token(&store);
+    faulty.set(Fault::Stall);
+    task.abort();
+    let _ = task.await;
+    drop(e);
+    assert_eq!(
+        holder(&store).as_deref(),
+        Some("pod-a"),
+        "its lease outlives it"
+    );
+
+    let lock = RestartLock::take(&dir, "controller", Duration::from_secs(1))
+        .await
+        .expect("takes")
+        .expect("free: the previous process is gone");
+    let restarted = elector(store.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
+    let started = Instant::now();
+    let (token, after) = restarted
+        .run(|term| async move { (term.fencing_token().get(), started.elapsed()) })
+        .await
+        .expect("leads");
+    assert!(token > first, "a new term: {token} after {first}");
+    assert!(after < Duration::from_secs(1), "led after {after:?}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+/// The previous process is alive but cut off from the store (or frozen): it keeps its restart
+/// lock, so the restart gets none, ends nothing, and leads only once the lease has expired.
+#[tokio::test(start_paused = true)]
+async fn a_restart_while_the_previous_process_lives_waits_for_the_lease() {
+    let dir = restart_dir("alive");
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let lock = RestartLock::take(&dir, "controller", Duration::ZERO)
+        .await
+        .expect("takes")
+        .expect("free");
+    let e = elector(faulty.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
+    let task = lead_forever(&e).await;
+    let first = token(&store);
+    let cut_off = Instant::now();
+    faulty.set(Fault::Stall);
+    assert!(
+        RestartLock::take(&dir, "controller", Duration::from_millis(100))
+            .await
+            .expect("no error")
+            .is_none(),
+        "held by the live process"
+    );
+    let restarted = elector(store.clone(), "pod-a", ElectionConfig::new());
+    let (token, at) = restarted
+        .run(|term| async move { (term.fencing_token().get(), cut_off.elapsed()) })
+        .await
+        .expect("leads");
+    assert!(token > first);
+    assert!(
+        at >= Duration::from_secs(10),
+        "led {at:?} after the first was cut off"
+    );
+    task.abort();
+    std::fs::remove_dir_all(&dir).expect("cleanup");
 }

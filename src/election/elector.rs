@@ -16,6 +16,7 @@ use super::health::{Health, StoreContact};
 use super::leader::{Leader, LeaderWatch};
 #[cfg(feature = "metrics")]
 use super::metrics::ElectionMetrics;
+use super::restart::RestartLock;
 use crate::lock::LeaseShared;
 use crate::{LockOptions, Locker};
 
@@ -71,6 +72,8 @@ pub(super) struct Inner {
     /// Whether this elector runs a shard of a sharded group (made by [`crate::shard`]); a
     /// plain election never takes a lease named like a group's shard.
     pub(super) shard: bool,
+    /// The proof that this replica's previous process is gone, if the caller took it.
+    pub(super) restart: Mutex<Option<Arc<RestartLock>>>,
     #[cfg(feature = "metrics")]
     metrics: Mutex<Option<ElectionMetrics>>,
 }
@@ -130,6 +133,7 @@ impl LeaderElector {
                 running: AtomicBool::new(false),
                 contact: StoreContact::default(),
                 shard,
+                restart: Mutex::new(None),
                 #[cfg(feature = "metrics")]
                 metrics: Mutex::new(None),
             }),
@@ -149,6 +153,35 @@ impl LeaderElector {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(metrics);
         self
+    }
+
+    /// Lets a restart of this replica take over at once: with `lock` held (see
+    /// [`RestartLock`]), the elector records each campaign's holder token in the lock's file
+    /// before the request goes out, and when [`run`](Self::run) starts it ends the term the
+    /// previous process recorded there (releasing the lease with that process's token), so
+    /// this process wins the next term without waiting for the lease to expire. Only a lock
+    /// that was free proves the previous process gone; without one, nothing changes.
+    ///
+    /// Use a directory only this replica's processes see and that outlives them: a pod's
+    /// `emptyDir` (a container restart keeps it), a private directory on a host. Two replicas
+    /// sharing one directory simply contend for the lock; the second runs without it.
+    #[must_use]
+    pub fn with_restart_lock(self, lock: RestartLock) -> Self {
+        *self
+            .inner
+            .restart
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(lock));
+        self
+    }
+
+    /// The restart lock, if one was given.
+    pub(super) fn restart_lock(&self) -> Option<Arc<RestartLock>> {
+        self.inner
+            .restart
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The lease's name.

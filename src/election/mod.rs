@@ -24,6 +24,7 @@
 // The files: `config.rs` (`ElectionConfig` and its rules), `elector.rs` (the `LeaderElector`
 // handle, its shared state, what it reports), `run.rs` (campaigning and serving terms),
 // `leader.rs` (`Leader`, the leader watch), `health.rs` (`Health`, the store's answers),
+// `restart.rs` (`RestartLock`: the proof that this replica's previous process is gone),
 // `term.rs`, `testing.rs`, `error.rs`, `metrics.rs`. The probe server that reports on
 // electors lives above this module and `shard`, in `crate::probe` (feature `healthz`).
 
@@ -34,6 +35,7 @@ mod health;
 mod leader;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod restart;
 mod run;
 mod term;
 mod testing;
@@ -45,6 +47,7 @@ pub use health::Health;
 pub use leader::Leader;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
+pub use restart::{RestartLock, RestartLockError};
 pub use term::Term;
 pub use testing::TestTerm;
 

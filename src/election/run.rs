@@ -113,6 +113,10 @@ impl LeaderElector {
                 () = &mut shutdown => return Ok(None),
             }
         }
+        tokio::select! {
+            () = self.end_previous_process_term() => {}
+            () = &mut shutdown => return Ok(None),
+        }
         loop {
             let lease = tokio::select! {
                 lease = self.campaign(&mut changes) => lease?,
@@ -177,6 +181,60 @@ impl LeaderElector {
         }
     }
 
+    /// With a [`RestartLock`](super::RestartLock) taken, ends the term this replica's previous
+    /// process recorded: the lock proves that process gone, so its lease is released with its
+    /// holder token (the store releases nothing if the token no longer holds it). A store
+    /// error leaves the lease to expire, as without the lock.
+    async fn end_previous_process_term(&self) {
+        let Some(lock) = self.restart_lock() else {
+            return;
+        };
+        let name = &*self.inner.name;
+        let Some(holder) = lock.previous(name, self.identity()) else {
+            return;
+        };
+        let timeout = self.inner.config.effective_request_timeout();
+        let released =
+            tokio::time::timeout(timeout, self.inner.locker.backend().release(name, &holder)).await;
+        match released {
+            Ok(Ok(crate::backend::Released::Released)) => tracing::info!(
+                lease = %name,
+                lock = %lock.path().display(),
+                "this replica's previous process is gone (its restart lock was free): ended its term, so this one takes over at once"
+            ),
+            Ok(Ok(_)) => {
+                tracing::debug!(lease = %name, "the previous process's term had already ended");
+            }
+            Ok(Err(e)) => tracing::warn!(
+                lease = %name,
+                error = %e,
+                "could not end the previous process's term; waiting for its lease to expire"
+            ),
+            Err(_) => tracing::warn!(
+                lease = %name,
+                ?timeout,
+                "ending the previous process's term timed out; waiting for its lease to expire"
+            ),
+        }
+    }
+
+    /// The holder token of the next campaign, recorded first when a restart lock is held (a
+    /// record that cannot be written is logged: the next restart then waits for the lease,
+    /// since the record names an older token).
+    fn next_holder(&self) -> crate::backend::HolderToken {
+        let holder = crate::backend::HolderToken::random();
+        if let Some(lock) = self.restart_lock()
+            && let Err(e) = lock.record(&self.inner.name, self.identity(), holder)
+        {
+            tracing::warn!(
+                lock = %lock.path().display(),
+                error = %e,
+                "cannot record the campaign's holder token; a restart of this replica will wait for the lease to expire"
+            );
+        }
+        holder
+    }
+
     /// Tries until the lease is ours, following the leader meanwhile.
     async fn campaign(&self, changes: &mut HolderChanges) -> Result<Lease, ElectionError> {
         let span =
@@ -188,7 +246,11 @@ impl LeaderElector {
             let started = Instant::now();
             let mut waited = false;
             loop {
-                match inner.locker.acquire(&inner.name, &opts).await {
+                match inner
+                    .locker
+                    .acquire_as(&inner.name, &opts, self.next_holder())
+                    .await
+                {
                     Ok(lease) => {
                         self.record_acquired(started.elapsed(), waited);
                         return Ok(lease);

@@ -187,7 +187,8 @@ impl Locker {
     /// Dropping the future after the request was sent releases, in the background, whatever
     /// the request may have been granted: no lock is left behind beyond that best effort.
     pub async fn try_acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease, LockError> {
-        self.acquire_with(name, opts, false, None).await
+        self.acquire_with(name, opts, false, None, HolderToken::random())
+            .await
     }
 
     /// Takes the lock `name`, waiting up to the options' [`wait`](LockOptions::wait) window.
@@ -207,7 +208,18 @@ impl Locker {
     ///
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire(&self, name: &str, opts: &LockOptions) -> Result<Lease, LockError> {
-        self.acquire_with(name, opts, false, Some(opts.get_wait()))
+        self.acquire_as(name, opts, HolderToken::random()).await
+    }
+
+    /// [`acquire`](Self::acquire) with the holder token `holder`, chosen (and recorded) by the
+    /// caller before the first request goes out.
+    pub(crate) async fn acquire_as(
+        &self,
+        name: &str,
+        opts: &LockOptions,
+        holder: HolderToken,
+    ) -> Result<Lease, LockError> {
+        self.acquire_with(name, opts, false, Some(opts.get_wait()), holder)
             .await
     }
 
@@ -217,12 +229,13 @@ impl Locker {
         opts: &LockOptions,
         auto_renew_default: bool,
         wait: Option<std::time::Duration>,
+        holder: HolderToken,
     ) -> Result<Lease, LockError> {
         let plan = opts.plan(auto_renew_default)?;
         self.inner.backend.validate_name(name)?;
         let req = AcquireRequest {
             name: name.into(),
-            holder: HolderToken::random(),
+            holder,
             identity: self.inner.identity.clone(),
             ttl: plan.ttl,
         };
@@ -326,7 +339,13 @@ impl Locker {
         Fut: Future<Output = T>,
     {
         let lease = self
-            .acquire_with(name, opts, true, Some(opts.get_wait()))
+            .acquire_with(
+                name,
+                opts,
+                true,
+                Some(opts.get_wait()),
+                HolderToken::random(),
+            )
             .await
             .map_err(WithLockError::NotRun)?;
         let cancel = CancellationToken::new();

@@ -195,6 +195,21 @@ pub struct RunArgs {
     #[arg(long, requires = "listen", conflicts_with = "shards")]
     pub store_liveness: bool,
 
+    /// A directory only this replica's processes see and that outlives them (a pod's emptyDir:
+    /// the chart sets it). tenure, its watchdog and the command hold a lock on a file there
+    /// while they live and record each campaign's holder token in it; a tenure restarted with
+    /// the same --identity that finds the lock free knows they are all gone, ends their term
+    /// at once and leads without waiting for the lease to expire (the fencing token rises).
+    /// If the lock is still held (a frozen or still-running process), the lease expires as
+    /// usual. Not with --shards.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "TENURE_RESTART_DIR",
+        conflicts_with = "shards"
+    )]
+    pub restart_dir: Option<std::path::PathBuf>,
+
     /// On Kubernetes (--backend kube): fence the command's Kubernetes writes by its term's
     /// token with no code change. Each term's command gets KUBECONFIG (read by kubectl, Helm,
     /// client-go and the Python client) and TENURE_KUBE_SERVER (for any HTTP client: the

@@ -2,12 +2,13 @@
 //! and run the command for each term won.
 //!
 //! The files import downwards only: `single` and `sharded` (the two ways to run, with
-//! `publish` and `shard_probe` beside them) use `setup` (what both do before campaigning) and
+//! `publish`, `restart` and `shard_probe` beside them) use `setup` (what both do before campaigning) and
 //! `supervisor` (the command of one term, and tenure's own signals, for both); `supervisor`
 //! drives `crate::process` and, with `--fence`, `fence` (the term's fenced Kubernetes endpoint). Nothing here imports this file.
 
 mod fence;
 mod publish;
+mod restart;
 mod setup;
 mod shard_probe;
 mod sharded;

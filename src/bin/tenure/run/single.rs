@@ -7,6 +7,7 @@ use crate::args::RunArgs;
 use crate::backend;
 use crate::error::CliError;
 use crate::run::publish;
+use crate::run::restart;
 use crate::run::setup;
 use crate::run::supervisor::{Supervisor, Terms};
 
@@ -15,6 +16,9 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let (config, stop_margin) = setup::election_config(&args);
     let (connected, locker, identity) = setup::connect(&args).await?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
+    if let Some(dir) = &args.restart_dir {
+        elector = restart::take(elector, dir, &args.lease).await?;
+    }
     setup::probe(&connected, &args.lease, args.retry_period).await?;
     check_permissions(&connected, &args.lease).await?;
 

@@ -1,0 +1,59 @@
+//! `--restart-dir`: the [`RestartLock`] of `tenure run`, held by tenure, its watchdog and the
+//! command alike, so that a restarted tenure finds it free only once all three are gone.
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::time::Duration;
+
+use tenure::election::{LeaderElector, RestartLock};
+
+use crate::error::CliError;
+
+/// How long a restarted tenure waits for the lock: enough for the previous run's watchdog to
+/// kill its command and exit (milliseconds), short enough not to delay a normal start much.
+const WAIT: Duration = Duration::from_secs(1);
+
+/// Takes the lock in `dir` for `lease` and gives it to `elector`; without it (held by a live
+/// or frozen process) the elector is returned as it was.
+pub async fn take(
+    elector: LeaderElector,
+    dir: &Path,
+    lease: &str,
+) -> Result<LeaderElector, CliError> {
+    let lock = RestartLock::take(dir, lease, WAIT)
+        .await
+        .map_err(|e| CliError::Config {
+            message: format!("--restart-dir: {e}"),
+        })?;
+    let Some(lock) = lock else {
+        tracing::info!(
+            dir = %dir.display(),
+            "another process of this replica still holds the restart lock (alive or frozen): waiting for the lease as usual"
+        );
+        return Ok(elector);
+    };
+    inherit(&lock).map_err(|e| CliError::Config {
+        message: format!("--restart-dir: {}: {e}", lock.path().display()),
+    })?;
+    Ok(elector.with_restart_lock(lock))
+}
+
+/// Lets every process tenure starts (the command, the watchdog) inherit the lock file's
+/// descriptor, so that the lock is held until the last of them is gone: a command whose
+/// tenure was killed still holds it until the watchdog or the parent-death signal has killed
+/// it. (A command that closes the descriptor or passes it to a daemon changes only how long
+/// the lock stays held, never that a live tenure or watchdog holds it.)
+fn inherit(lock: &RestartLock) -> std::io::Result<()> {
+    let fd = lock.as_fd().as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own (borrowed from the lock, which outlives the call)
+    // only reads and sets its descriptor flags; no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
