@@ -411,6 +411,7 @@ fn default_values_render_a_kubernetes_lease_singleton() {
             "--retry-period=2s",
             "--grace=5s",
             "--rejoin",
+            "--restart-dir=/run/tenure-restart",
             "--listen=0.0.0.0:9090",
         ]
     );
@@ -443,7 +444,18 @@ fn default_values_render_a_kubernetes_lease_singleton() {
         .iter()
         .map(|m| m["mountPath"].as_str().expect("path"))
         .collect();
-    assert_eq!(mounts, ["/tenure-bin", "/tmp"].into());
+    assert_eq!(
+        mounts,
+        ["/run/tenure-restart", "/tenure-bin", "/tmp"].into()
+    );
+    // The restart lock's directory outlives the container, not the pod.
+    let restart = spec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == "tenure-restart")
+        .expect("the restart volume");
+    assert_eq!(restart["emptyDir"]["sizeLimit"], "1Mi");
 
     // Exactly the elector's verbs, on its own Lease where RBAC can restrict by name.
     let role = one(&objs, "Role");
@@ -512,6 +524,7 @@ fn non_default_values_render() {
             "--renew-deadline=20s",
             "--retry-period=4s",
             "--grace=20s",
+            "--restart-dir=/run/tenure-restart",
             "--listen=0.0.0.0:9400",
             "--publish-status",
             "--election=nightly-report",
@@ -3208,6 +3221,23 @@ fn sharding_renders_the_shard_count_and_its_role() {
     assert!(
         args.iter().position(|a| a == "--shards=16") < Some(dashes),
         "{args:?}"
+    );
+    // `tenure run --shards` takes no --restart-dir: fastRestart is left out, volume and all.
+    assert!(!args.iter().any(|a| a.starts_with("--restart-dir")), "{args:?}");
+    assert!(
+        !pod_spec(&sharded)["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v["name"] == "tenure-restart")
+    );
+    let off = render("sh", "ns", &["--set", "election.fastRestart=false"]);
+    assert!(
+        !worker_args(&off)
+            .iter()
+            .any(|a| a.starts_with("--restart-dir")),
+        "{:?}",
+        worker_args(&off)
     );
     assert_eq!(
         role_rules(&sharded),

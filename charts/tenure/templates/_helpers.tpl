@@ -291,3 +291,10 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- define "tenure.exe" -}}
 {{- if .Values.tenure.inject -}}/tenure-bin/tenure{{- else -}}{{ .Values.tenure.path }}{{- end -}}
 {{- end -}}
+
+{{/*
+"true" when the worker runs with --restart-dir (election.fastRestart, not sharded), else "".
+*/}}
+{{- define "tenure.fastRestart" -}}
+{{- if and .Values.election.fastRestart (not .Values.sharding.shards) -}}true{{- end -}}
+{{- end -}}

@@ -589,6 +589,9 @@ mod tests {
         assert_eq!(redirect(&[server("MOVED 3999 127.0.0.1:0")]), None);
         assert_eq!(redirect(&[server("MOVED garbage")]), None);
         assert_eq!(redirect(&[Value::Int(1)]), None);
+        // Messages name nodes the way addresses are written.
+        assert_eq!(node("10.0.0.1", 7000).to_string(), "10.0.0.1:7000");
+        assert_eq!(node("::1", 7000).to_string(), "[::1]:7000");
     }
 
     #[test]
