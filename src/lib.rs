@@ -20,7 +20,21 @@
 //!   elector or a sharded replica (`ProbeServer`), above election and sharding alike.
 //!
 //! The `tenure` command (feature `cli`) wraps any process: `tenure run --lease NAME -- CMD`
-//! runs CMD only while it holds the lease (see the README).
+//! runs CMD only while it holds the lease.
+//!
+//! # Guides
+//!
+//! One per job, in the repository's `docs/` folder (their Rust examples are compiled and run
+//! as this crate's doc tests):
+//!
+//! - `docs/singleton.md` — run a command as a singleton: `tenure run` and the Helm chart;
+//! - `docs/operator.md` — write an operator: [`Locker`], [`LeaderElector`], `Cache`;
+//! - `docs/fencing.md` and `docs/fencing-kubernetes.md` — fence writes: SQL, Redis, the
+//!   Kubernetes API server;
+//! - `docs/sharding.md` — split work: sharded leadership.
+//!
+//! Reference pages there: `guarantees.md`, `options.md`, `errors.md`, `metrics.md`,
+//! `backends.md`, `measured.md`.
 //!
 //! # Quick start
 //!
@@ -88,7 +102,32 @@ pub use lock::{
 };
 pub use util::default_identity;
 
-/// The README's examples, compiled and run as doc tests (they use every backend).
+/// The README's and the guides' examples, compiled and run as doc tests (they use every
+/// backend). `tests/docs.rs` checks the pages' links and runs their one-host shell snippets.
 #[cfg(all(doctest, feature = "redis", feature = "kube", feature = "metrics"))]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
+mod doc_pages {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/singleton.md")]
+    struct Singleton;
+    #[doc = include_str!("../docs/operator.md")]
+    struct Operator;
+    #[doc = include_str!("../docs/fencing.md")]
+    struct Fencing;
+    #[doc = include_str!("../docs/fencing-kubernetes.md")]
+    struct FencingKubernetes;
+    #[doc = include_str!("../docs/sharding.md")]
+    struct Sharding;
+    #[doc = include_str!("../docs/backends.md")]
+    struct Backends;
+    #[doc = include_str!("../docs/guarantees.md")]
+    struct Guarantees;
+    #[doc = include_str!("../docs/options.md")]
+    struct Options;
+    #[doc = include_str!("../docs/errors.md")]
+    struct Errors;
+    #[doc = include_str!("../docs/metrics.md")]
+    struct Metrics;
+    #[doc = include_str!("../docs/measured.md")]
+    struct Measured;
+}

@@ -3223,7 +3223,10 @@ fn sharding_renders_the_shard_count_and_its_role() {
         "{args:?}"
     );
     // `tenure run --shards` takes no --restart-dir: fastRestart is left out, volume and all.
-    assert!(!args.iter().any(|a| a.starts_with("--restart-dir")), "{args:?}");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--restart-dir")),
+        "{args:?}"
+    );
     assert!(
         !pod_spec(&sharded)["volumes"]
             .as_array()

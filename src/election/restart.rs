@@ -61,7 +61,8 @@ impl RestartLockError {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tenure::election::{ElectionConfig, LeaderElector, RestartLock};
-/// use tenure::{Locker, MemoryBackend};
+/// use tenure::Locker;
+/// use tenure::backend::memory::MemoryBackend;
 ///
 /// # let dir = std::env::temp_dir().join(format!("tenure-restart-doc-{}", std::process::id()));
 /// # std::fs::create_dir_all(&dir)?;

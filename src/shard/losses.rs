@@ -1,7 +1,7 @@
 //! Shard terms lost to the store (renewals that missed their deadline, a lease taken), as
 //! opposed to terms given up: the count, and the warning that a group has outgrown what its
 //! store can write. Past that ceiling (shards × replicas renewals per lease duration, see the
-//! README's scale table) renewals queue behind each other, terms are lost and retaken, and
+//! scale table in docs/sharding.md) renewals queue behind each other, terms are lost and retaken, and
 //! the group thrashes; without this the only sign is churn in the logs.
 
 use std::collections::VecDeque;
@@ -69,7 +69,7 @@ impl Losses {
                 total = self.total(),
                 "shard terms are being lost to missed renewals: the store may be past what it can \
                  write for this group (about shards × replicas renewals per lease duration; see \
-                 the scale table of tenure's README). Raise the lease duration, lower the shard \
+                 the scale table in tenure's docs/sharding.md). Raise the lease duration, lower the shard \
                  count, or check the store's latency"
             );
         }

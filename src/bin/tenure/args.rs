@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tenure::crd::parse_duration;
 
-/// Exit codes of tenure itself, listed in `--help` and the README.
+/// Exit codes of tenure itself, listed in `--help` and docs/errors.md.
 pub const EXIT_CODES: &str = "\
 Exit codes:
   N        the command's own exit code (128 + signal number when a signal killed it)

@@ -1,5 +1,5 @@
 //! `tenure`: run any command as a singleton, fenced by a lease on Kubernetes, Redis or local
-//! files. See `tenure --help` and the README's "Run any command as a singleton".
+//! files. See `tenure --help` and docs/singleton.md.
 //!
 //! This file parses the command line, dispatches and turns the result into the exit code. The
 //! modules are layers, each importing only those below it: `args` (the command line) → the
