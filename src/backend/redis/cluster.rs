@@ -525,35 +525,42 @@ mod tests {
     #[test]
     fn each_range_is_read_alone() {
         let asked = node("10.0.0.1", 7000);
+        let long = "h".repeat(255);
         let reply = Value::Array(vec![
-            range(0, 5460, bulk("10.0.0.1"), 7000),
-            // An empty host is the node asked.
-            range(5461, 10922, bulk(""), 7001),
-            range(10923, 16383, bulk("10.0.0.3"), 7002),
-            // Bad ones, each skipped.
-            range(20000, 20001, bulk("10.0.0.4"), 7003),
-            range(9, 3, bulk("10.0.0.4"), 7003),
-            range(100, 200, bulk("?"), 7003),
-            range(100, 200, bulk("10.0.0.4"), 70000),
-            range(100, 200, Value::Int(4), 7003),
-            range(300, 400, bulk("10.0.0.4"), 7003),
+            range(0, 99, bulk("10.0.0.1"), 7000),
+            // A one-slot range; an empty host is the node asked.
+            range(200, 200, bulk(""), 7001),
+            range(1000, 1000, bulk(&long), 7002),
+            range(16000, 16383, bulk("10.0.0.3"), 7002),
+            // Bad ones, each in a gap it would fill if it were taken.
+            range(100, 110, bulk("10.0.0.4"), 70000),
+            range(111, 120, bulk("10.0.0.4"), 0),
+            range(121, 130, bulk("?"), 7003),
+            range(131, 140, bulk(&"h".repeat(256)), 7003),
+            range(150, 141, bulk("10.0.0.4"), 7003),
+            range(300, 16384, bulk("10.0.0.4"), 7003),
+            range(-1, 5, bulk("10.0.0.4"), 7003),
+            range(400, 500, Value::Int(4), 7003),
+            // Overlapping an earlier range.
+            range(50, 60, bulk("10.0.0.4"), 7003),
             Value::Int(7),
         ]);
         let map = parse_slots(&reply, &asked).expect("an array");
         assert_eq!(
             map.ranges,
             vec![
-                (0, 5460, node("10.0.0.1", 7000)),
-                (5461, 10922, node("10.0.0.1", 7001)),
-                (10923, 16383, node("10.0.0.3", 7002)),
+                (0, 99, node("10.0.0.1", 7000)),
+                (200, 200, node("10.0.0.1", 7001)),
+                (1000, 1000, node(&long, 7002)),
+                (16000, 16383, node("10.0.0.3", 7002)),
             ],
-            "the overlapping 300-400 is skipped, the good ones kept"
         );
         assert_eq!(map.node(0), Some(&node("10.0.0.1", 7000)));
-        assert_eq!(map.node(5460), Some(&node("10.0.0.1", 7000)));
-        assert_eq!(map.node(5461), Some(&node("10.0.0.1", 7001)));
+        assert_eq!(map.node(99), Some(&node("10.0.0.1", 7000)));
+        assert_eq!(map.node(100), None);
+        assert_eq!(map.node(200), Some(&node("10.0.0.1", 7001)));
         assert_eq!(map.node(16383), Some(&node("10.0.0.3", 7002)));
-        assert_eq!(map.masters().len(), 3);
+        assert_eq!(map.masters().len(), 4);
         assert!(parse_slots(&Value::Int(1), &asked).is_err());
     }
 
