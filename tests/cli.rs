@@ -1451,3 +1451,54 @@ fn a_restart_beside_a_frozen_tenure_waits_for_the_lease() {
     restarted.signal(libc::SIGTERM);
     restarted.wait(Duration::from_secs(10));
 }
+
+/// The binary tenure was started from is replaced on disk while it runs (an upgrade in place):
+/// a later term still starts its watchdog — tenure re-executes itself through /proc/self/exe,
+/// not the path, which now names another file. (It ended tenure with "cannot start the
+/// watchdog process: spawn: No such file or directory" in an hour-long soak whose binary was
+/// rebuilt.)
+#[test]
+fn a_new_term_starts_its_watchdog_after_the_binary_was_replaced() {
+    let s = Scratch::new("replaced");
+    let log = s.path("log");
+    let copy = s.path("tenure");
+    std::fs::copy(TENURE_BIN, &copy).expect("copy the binary");
+    let err = std::fs::File::create(s.path("err")).expect("stderr file");
+    let mut child = std::process::Command::new(&copy)
+        .args(run_args(
+            &s,
+            "replaced",
+            &["--rejoin"],
+            worker(&log, &s.path("p"), -1.0, 0),
+        ))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("start the copy");
+    let first = read_pid(&s.path("p"), Duration::from_secs(10));
+    // Replace the file (a new inode under the same path, as a package upgrade does).
+    let next = s.path("tenure.new");
+    std::fs::write(&next, b"#!/bin/sh\nexit 99\n").expect("write");
+    std::fs::rename(&next, &copy).expect("replace");
+    // Lose the term: frozen past the lease, tenure rejoins and wins a new term.
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_secs(4));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    wait_until(Duration::from_secs(20), "a second term's command", || {
+        events(&log).iter().filter(|e| e.kind == "start").count() >= 2
+    });
+    let stderr = std::fs::read_to_string(s.path("err")).unwrap_or_default();
+    assert!(
+        child.try_wait().expect("wait").is_none(),
+        "tenure exited: {stderr}"
+    );
+    assert!(!stderr.contains("cannot start the watchdog"), "{stderr}");
+    assert!(!alive(first), "the first term's command is gone");
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let _ = child.wait();
+}

@@ -217,9 +217,14 @@ fn spawn_process(
     let internal = |what: &str, e: io::Error| CliError::Internal {
         message: format!("cannot start the watchdog process: {what}: {e}"),
     };
-    let exe = std::env::current_exe().map_err(|e| internal("cannot find this executable", e))?;
-    let mut command = tokio::process::Command::new(exe);
+    // The running binary through /proc/self/exe, not the path it was started from: that path
+    // may name another file by now (an upgrade in place replaces it), or none, and every term
+    // must be able to start its watchdog. The link reaches the running binary's own inode
+    // even when its file was deleted or replaced. argv[0] keeps the readable name.
+    let name = std::env::current_exe().map_or_else(|_| "tenure".into(), |p| p.into_os_string());
+    let mut command = tokio::process::Command::new("/proc/self/exe");
     command
+        .arg0(name)
         .arg(SUBCOMMAND)
         .arg(group.to_string())
         .arg(monotonic_ns(deadline).to_string())
