@@ -358,5 +358,41 @@ mod tests {
             );
         }
         assert_ne!(file_name("a/b"), file_name("a/c"));
+        // FNV-1a 64, stable across versions: a restart after an upgrade finds the same file.
+        assert_eq!(file_name("a/b"), "x-e620c3190468cf61.restart");
+    }
+
+    #[tokio::test]
+    async fn a_record_of_the_largest_size_is_read_and_a_larger_one_is_not() {
+        let d = dir("size");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let token = HolderToken::random();
+        let record = |identity_len: usize| {
+            format!(
+                "{MAGIC}\nlease jobs\nidentity {}\nholder {}\n",
+                "i".repeat(identity_len),
+                token.to_hex()
+            )
+        };
+        let fixed = record(0).len();
+        for (len, read) in [
+            (MAX_RECORD as usize, true),
+            (MAX_RECORD as usize + 1, false),
+        ] {
+            let text = record(len - fixed);
+            assert_eq!(text.len(), len);
+            std::fs::write(d.join(file_name("jobs")), &text).expect("write");
+            let lock = RestartLock::take(&d, "jobs", Duration::ZERO)
+                .await
+                .expect("takes")
+                .expect("free");
+            let identity = "i".repeat(len - fixed);
+            assert_eq!(
+                lock.previous("jobs", &identity).is_some(),
+                read,
+                "{len} bytes"
+            );
+        }
+        std::fs::remove_dir_all(&d).expect("cleanup");
     }
 }
