@@ -236,19 +236,34 @@ async fn a_held_lock_follows_its_slot_to_another_node() {
     );
     assert_eq!(dst.command_calls("asking"), 1, "after ASKING");
 
-    // Moved: every node learns the new owner; the old node answers MOVED once.
+    // Moved: every node learns the new owner; the old node answers MOVED to the eight
+    // renewals in flight, which follow it.
     for node in &cluster.nodes {
         node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
     }
     let src_rejected = rejected(src);
-    assert_eq!(renew().await, Renewed::Held, "followed MOVED");
-    assert_eq!(rejected(src) - src_rejected, 1, "the old node redirected");
-    let dst_calls = dst.command_calls("evalsha");
-    for _ in 0..3 {
-        assert_eq!(renew().await, Renewed::Held);
+    let batch = || futures::future::join_all((0..8).map(|_| renew()));
+    for answer in batch().await {
+        assert_eq!(answer, Renewed::Held, "followed MOVED");
     }
-    assert_eq!(rejected(src) - src_rejected, 1, "the map was read again");
-    assert_eq!(dst.command_calls("evalsha") - dst_calls, 3);
+    assert_eq!(
+        rejected(src) - src_rejected,
+        8,
+        "the old node redirected each"
+    );
+    // The map is stale now: eight callers at once read it once, and go to the new node.
+    let map_reads = || cluster.command_calls("cluster|slots");
+    let (reads, dst_calls) = (map_reads(), dst.command_calls("evalsha"));
+    for answer in batch().await {
+        assert_eq!(answer, Renewed::Held);
+    }
+    assert_eq!(
+        map_reads() - reads,
+        1,
+        "one read of the map for eight callers"
+    );
+    assert_eq!(rejected(src) - src_rejected, 8, "the map was read again");
+    assert_eq!(dst.command_calls("evalsha") - dst_calls, 8);
     assert_eq!(dst.command_calls("asking"), 1, "no ASKING once moved");
     // Still the same term, and the next one's token comes from the moved counter.
     let seen = b.inspect(&r.name).await.unwrap_or_else(|e| panic!("{e}"));
