@@ -1463,42 +1463,36 @@ fn a_new_term_starts_its_watchdog_after_the_binary_was_replaced() {
     let log = s.path("log");
     let copy = s.path("tenure");
     std::fs::copy(TENURE_BIN, &copy).expect("copy the binary");
-    let err = std::fs::File::create(s.path("err")).expect("stderr file");
-    let mut child = std::process::Command::new(&copy)
-        .args(run_args(
+    let mut tenure = Tenure::start_bin(
+        &copy,
+        &run_args(
             &s,
             "replaced",
             &["--rejoin"],
             worker(&log, &s.path("p"), -1.0, 0),
-        ))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(err)
-        .spawn()
-        .expect("start the copy");
+        ),
+        &[],
+        s.path("err"),
+    );
     let first = read_pid(&s.path("p"), Duration::from_secs(10));
     // Replace the file (a new inode under the same path, as a package upgrade does).
     let next = s.path("tenure.new");
     std::fs::write(&next, b"#!/bin/sh\nexit 99\n").expect("write");
     std::fs::rename(&next, &copy).expect("replace");
     // Lose the term: frozen past the lease, tenure rejoins and wins a new term.
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: kill only sends a signal.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    tenure.signal(libc::SIGSTOP);
     std::thread::sleep(Duration::from_secs(4));
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
+    tenure.signal(libc::SIGCONT);
     wait_until(Duration::from_secs(20), "a second term's command", || {
         events(&log).iter().filter(|e| e.kind == "start").count() >= 2
     });
-    let stderr = std::fs::read_to_string(s.path("err")).unwrap_or_default();
+    let stderr = tenure.log();
     assert!(
-        child.try_wait().expect("wait").is_none(),
+        tenure.child.try_wait().expect("wait").is_none(),
         "tenure exited: {stderr}"
     );
     assert!(!stderr.contains("cannot start the watchdog"), "{stderr}");
     assert!(!alive(first), "the first term's command is gone");
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    let _ = child.wait();
+    tenure.signal(libc::SIGTERM);
+    tenure.wait(Duration::from_secs(10));
 }

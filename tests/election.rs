@@ -27,13 +27,17 @@ impl Drop for DropClock {
     }
 }
 
-fn holder(store: &MemoryBackend) -> Option<String> {
+/// The lease's record in `store`.
+fn record(store: &MemoryBackend) -> Option<tenure::backend::LeaseRecord> {
     store
         .inspect("controller")
         .now_or_never()
         .expect("memory answers at once")
         .expect("memory never fails")
-        .map(|r| r.identity)
+}
+
+fn holder(store: &MemoryBackend) -> Option<String> {
+    record(store).map(|r| r.identity)
 }
 
 #[tokio::test(start_paused = true)]
@@ -918,13 +922,28 @@ fn restart_dir(name: &str) -> std::path::PathBuf {
 
 /// The fencing token of the lease's current holder.
 fn token(store: &MemoryBackend) -> u64 {
-    store
-        .inspect("controller")
-        .now_or_never()
-        .expect("memory answers at once")
-        .expect("memory never fails")
-        .map(|r| r.fencing.get())
-        .expect("held")
+    record(store).map(|r| r.fencing.get()).expect("held")
+}
+
+/// The first process of replica `pod-a`: it took the restart lock in `dir` and leads through
+/// `faulty` (set it to stall to cut the process off from `store`). Returns its elector, its
+/// run and its term's token.
+async fn first_process_with_restart_lock(
+    dir: &std::path::Path,
+    store: &MemoryBackend,
+    faulty: &FaultyBackend,
+) -> (
+    LeaderElector,
+    tokio::task::JoinHandle<Result<(), ElectionError>>,
+    u64,
+) {
+    let lock = RestartLock::take(dir, "controller", Duration::ZERO)
+        .await
+        .expect("takes")
+        .expect("free");
+    let e = elector(faulty.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
+    let task = lead_forever(&e).await;
+    (e, task, token(store))
 }
 
 /// The previous process of this replica (same identity, same directory) died holding the
@@ -936,13 +955,7 @@ async fn a_restart_of_a_replica_whose_process_is_gone_leads_at_once() {
     let dir = restart_dir("gone");
     let store = MemoryBackend::new();
     let faulty = FaultyBackend::new(store.clone());
-    let lock = RestartLock::take(&dir, "controller", Duration::ZERO)
-        .await
-        .expect("takes")
-        .expect("free");
-    let e = elector(faulty.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
-    let task = lead_forever(&e).await;
-    let first = token(&store);
+    let (e, task, first) = first_process_with_restart_lock(&dir, &store, &faulty).await;
     faulty.set(Fault::Stall);
     task.abort();
     let _ = task.await;
@@ -975,13 +988,7 @@ async fn a_restart_while_the_previous_process_lives_waits_for_the_lease() {
     let dir = restart_dir("alive");
     let store = MemoryBackend::new();
     let faulty = FaultyBackend::new(store.clone());
-    let lock = RestartLock::take(&dir, "controller", Duration::ZERO)
-        .await
-        .expect("takes")
-        .expect("free");
-    let e = elector(faulty.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
-    let task = lead_forever(&e).await;
-    let first = token(&store);
+    let (_alive, task, first) = first_process_with_restart_lock(&dir, &store, &faulty).await;
     let cut_off = Instant::now();
     faulty.set(Fault::Stall);
     assert!(

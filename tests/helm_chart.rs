@@ -265,6 +265,13 @@ fn env<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
         .and_then(|e| e.iter().find(|v| v["name"] == name))
 }
 
+/// The volume `name` of pod spec `spec`.
+fn volume<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
+    spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == name))
+}
+
 /// Pod Security "restricted", checked on the rendered object (the apiserver checks it again
 /// in `pod_security_restricted_is_enforced_by_the_apiserver`).
 fn assert_restricted(spec: &Value) {
@@ -449,12 +456,7 @@ fn default_values_render_a_kubernetes_lease_singleton() {
         ["/run/tenure-restart", "/tenure-bin", "/tmp"].into()
     );
     // The restart lock's directory outlives the container, not the pod.
-    let restart = spec["volumes"]
-        .as_array()
-        .expect("volumes")
-        .iter()
-        .find(|v| v["name"] == "tenure-restart")
-        .expect("the restart volume");
+    let restart = volume(spec, "tenure-restart").expect("the restart volume");
     assert_eq!(restart["emptyDir"]["sizeLimit"], "1Mi");
 
     // Exactly the elector's verbs, on its own Lease where RBAC can restrict by name.
@@ -542,10 +544,7 @@ fn non_default_values_render() {
         json!({"secretKeyRef": {"name": "redis-auth", "key": "password"}})
     );
     assert_eq!(env(worker, "RUST_LOG").expect("user env")["value"], "info");
-    let ca = spec["volumes"]
-        .as_array()
-        .and_then(|v| v.iter().find(|v| v["name"] == "redis-ca"))
-        .expect("redis-ca volume");
+    let ca = volume(spec, "redis-ca").expect("redis-ca volume");
     assert_eq!(ca["secret"]["secretName"], "redis-ca");
     assert!(
         worker["volumeMounts"]
@@ -3227,13 +3226,7 @@ fn sharding_renders_the_shard_count_and_its_role() {
         !args.iter().any(|a| a.starts_with("--restart-dir")),
         "{args:?}"
     );
-    assert!(
-        !pod_spec(&sharded)["volumes"]
-            .as_array()
-            .expect("volumes")
-            .iter()
-            .any(|v| v["name"] == "tenure-restart")
-    );
+    assert!(volume(pod_spec(&sharded), "tenure-restart").is_none());
     let off = render("sh", "ns", &["--set", "election.fastRestart=false"]);
     assert!(
         !worker_args(&off)

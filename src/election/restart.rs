@@ -255,6 +255,14 @@ fn file_name(lease: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The lock of lease `jobs` in `d`, which must be free.
+    async fn free_lock(d: &Path) -> RestartLock {
+        RestartLock::take(d, "jobs", Duration::ZERO)
+            .await
+            .expect("takes")
+            .expect("free")
+    }
+
     fn dir(name: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("tenure-restart-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
@@ -264,10 +272,7 @@ mod tests {
     #[tokio::test]
     async fn a_record_is_read_by_the_next_holder_of_the_lock() {
         let d = dir("next");
-        let first = RestartLock::take(&d, "jobs", Duration::ZERO)
-            .await
-            .expect("takes")
-            .expect("free");
+        let first = free_lock(&d).await;
         assert_eq!(first.previous("jobs", "a"), None, "nothing recorded yet");
         let token = HolderToken::random();
         first.record("jobs", "a", token).expect("records");
@@ -279,10 +284,7 @@ mod tests {
         assert!(second.is_none(), "the lock is held");
         assert!(started.elapsed() >= Duration::from_millis(50));
         drop(first);
-        let third = RestartLock::take(&d, "jobs", Duration::ZERO)
-            .await
-            .expect("takes")
-            .expect("free once dropped");
+        let third = free_lock(&d).await;
         assert_eq!(third.previous("jobs", "a"), Some(token));
         assert_eq!(third.previous("jobs", "b"), None, "another identity");
         assert_eq!(third.previous("other", "a"), None, "another lease");
@@ -299,10 +301,7 @@ mod tests {
     #[tokio::test]
     async fn a_lock_freed_while_waiting_is_taken() {
         let d = dir("wait");
-        let first = RestartLock::take(&d, "jobs", Duration::ZERO)
-            .await
-            .expect("takes")
-            .expect("free");
+        let first = free_lock(&d).await;
         let freer = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             drop(first);

@@ -110,9 +110,14 @@ pub struct Tenure {
 impl Tenure {
     /// Starts `tenure <args…>` with extra environment variables.
     pub fn start(args: &[String], env: &[(&str, &str)], stderr: PathBuf) -> Self {
+        Self::start_bin(Path::new(TENURE), args, env, stderr)
+    }
+
+    /// [`start`](Self::start) with the tenure binary at `bin` (a copy, for instance).
+    pub fn start_bin(bin: &Path, args: &[String], env: &[(&str, &str)], stderr: PathBuf) -> Self {
         let err = std::fs::File::create(&stderr)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", stderr.display()));
-        let mut cmd = Command::new(TENURE);
+        let mut cmd = Command::new(bin);
         cmd.args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -123,7 +128,7 @@ impl Tenure {
         }
         let child = cmd
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {TENURE}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         Self { child, stderr }
     }
 
