@@ -3,11 +3,38 @@
 
 use crate::backend::types::MAX_IDENTITY_LEN;
 
-/// A random u64 from the OS source, for jitter (not for secrets: see
-/// [`HolderToken`](crate::backend::HolderToken)).
+thread_local! {
+    /// This thread's seeded jitter sequence (SplitMix64 state), when
+    /// [`seed_jitter`](crate::lock::seed_jitter) set one.
+    static SEEDED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// A random u64 for jitter (not for secrets: see [`HolderToken`](crate::backend::HolderToken)):
+/// from the OS source, or from this thread's seeded sequence.
 pub(crate) fn random_u64() -> u64 {
+    if let Some(next) = SEEDED.with(|s| {
+        s.get().map(|state| {
+            let state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            s.set(Some(state));
+            splitmix(state)
+        })
+    }) {
+        return next;
+    }
     // Jitter only needs to differ between processes; if the OS source fails, no jitter.
     getrandom::u64().unwrap_or(0)
+}
+
+/// Makes this thread's jitter a fixed sequence from `seed` (`None`: the OS source again).
+pub(crate) fn seed_jitter(seed: Option<u64>) {
+    SEEDED.with(|s| s.set(seed));
+}
+
+/// SplitMix64's output function: a well-mixed u64 from each step of a counter.
+fn splitmix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// This process's default identity: `$POD_NAME` when set (the Kubernetes downward API

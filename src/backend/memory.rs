@@ -5,7 +5,7 @@
 //! on a paused clock (`tokio::time::pause`, feature `test-util`) run thousands of virtual seconds in milliseconds.
 //! It gives no exclusion across processes.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -33,7 +33,8 @@ pub const MAX_NAME_LEN: usize = 512;
 
 /// An in-process lease store.
 ///
-/// Clones share the same state. Tokens come from a process-wide counter.
+/// Clones share the same state. Tokens come from a process-wide counter
+/// ([`with_own_tokens`](Self::with_own_tokens): from the store's own).
 ///
 /// # Example
 ///
@@ -52,8 +53,12 @@ pub const MAX_NAME_LEN: usize = 512;
 /// ```
 #[derive(Clone, Default)]
 pub struct MemoryBackend {
-    state: Arc<Mutex<HashMap<Arc<str>, Slot>>>,
-    groups: Arc<Mutex<HashMap<Arc<str>, Group>>>,
+    // Ordered maps: a wipe notifies observers in one order every run (deterministic
+    // simulation replays byte for byte).
+    state: Arc<Mutex<BTreeMap<Arc<str>, Slot>>>,
+    groups: Arc<Mutex<BTreeMap<Arc<str>, Group>>>,
+    /// The store's own fencing counter; `None`: the process-wide one.
+    tokens: Option<Arc<AtomicU64>>,
 }
 
 /// The members of one group, each until its announcement expires; observers are told of
@@ -137,7 +142,24 @@ impl MemoryBackend {
         Self::default()
     }
 
-    fn locked(&self) -> MutexGuard<'_, HashMap<Arc<str>, Slot>> {
+    /// An empty store whose fencing tokens come from a counter of its own, starting at 1,
+    /// instead of the process-wide one: two such stores fed the same requests hand out the
+    /// same tokens, whatever else ran in the process (deterministic simulation).
+    #[must_use]
+    pub fn with_own_tokens() -> Self {
+        Self {
+            tokens: Some(Arc::new(AtomicU64::new(1))),
+            ..Self::default()
+        }
+    }
+
+    /// The next fencing token, from this store's counter or the process-wide one.
+    fn next_token(&self) -> FencingToken {
+        let counter = self.tokens.as_deref().unwrap_or(&NEXT_FENCING);
+        FencingToken::new(counter.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn locked(&self) -> MutexGuard<'_, BTreeMap<Arc<str>, Slot>> {
         // A panic while holding this lock can only come from a bug in the few lines below
         // that never panic; the state stays consistent either way, so recover it.
         self.state
@@ -145,7 +167,7 @@ impl MemoryBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn groups(&self) -> MutexGuard<'_, HashMap<Arc<str>, Group>> {
+    fn groups(&self) -> MutexGuard<'_, BTreeMap<Arc<str>, Group>> {
         // As `locked`: nothing panics while this lock is held.
         self.groups
             .lock()
@@ -171,7 +193,7 @@ impl MemoryBackend {
                 remaining: Some(h.expires_at - now),
             },
             None => {
-                let fencing = FencingToken::new(NEXT_FENCING.fetch_add(1, Ordering::Relaxed));
+                let fencing = self.next_token();
                 slot.held = Some(Held {
                     holder: req.holder,
                     identity: req.identity.clone(),
@@ -275,7 +297,7 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut locks = self.locked();
         let slot = locks.entry(Arc::from(name)).or_default();
-        let fencing = FencingToken::new(NEXT_FENCING.fetch_add(1, Ordering::Relaxed));
+        let fencing = self.next_token();
         slot.held = Some(Held {
             holder: HolderToken::random(),
             identity: Arc::from(identity),
@@ -288,7 +310,7 @@ impl MemoryBackend {
     }
 
     /// Forgets every lock and every group's members, as a store that lost its data would. Fencing tokens keep rising
-    /// (the counter is process-wide), as the Redis backend's do after a wipe.
+    /// (the counter is not wiped), as the Redis backend's do after a wipe.
     pub fn wipe(&self) {
         for group in self.groups().values_mut() {
             group.members.clear();
@@ -305,7 +327,7 @@ impl MemoryBackend {
 }
 
 fn renew_in(
-    locks: &mut HashMap<Arc<str>, Slot>,
+    locks: &mut BTreeMap<Arc<str>, Slot>,
     now: Instant,
     name: &str,
     holder: &HolderToken,

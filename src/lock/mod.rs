@@ -28,6 +28,22 @@ pub use options::{DRIFT_FLOOR, LockOptions, MAX_DURATION, MIN_AUTO_RENEW_TTL};
 // `Locker::with_identity` enforces it.
 pub use crate::backend::types::MAX_IDENTITY_LEN;
 
+/// Makes the retry and campaign jitter of every locker used on this thread a fixed sequence
+/// drawn from `seed`; `None` returns to the operating system's randomness (the default).
+///
+/// For deterministic simulation and reproducible tests on one thread (a `current_thread`
+/// runtime): with the same seed, the same calls get the same pauses. Jitter only spreads
+/// retries; nothing secret comes from it (holder tokens always come from the OS's CSPRNG).
+///
+/// ```
+/// tenure::lock::seed_jitter(Some(7));
+/// // ... run lockers on this thread ...
+/// tenure::lock::seed_jitter(None);
+/// ```
+pub fn seed_jitter(seed: Option<u64>) {
+    crate::util::seed_jitter(seed);
+}
+
 use crate::backend::{AcquireRequest, Acquired, Backend, BackendError, HolderToken};
 use scheduler::Scheduler;
 pub(crate) use state::LeaseShared;

@@ -36,7 +36,7 @@ mod assign;
 mod group;
 mod losses;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -148,7 +148,7 @@ struct Inner {
     /// Shards whose term runs here now.
     owned: watch::Sender<BTreeSet<u32>>,
     /// The term of each shard in `owned`.
-    terms: std::sync::Mutex<HashMap<u32, Term>>,
+    terms: std::sync::Mutex<BTreeMap<u32, Term>>,
     assignment: watch::Sender<Assignment>,
     group: watch::Sender<GroupStatus>,
     /// Woken when a shard's term found the record changed: the keeper reads it again.
@@ -197,7 +197,7 @@ impl ShardedElector {
                 shards,
                 config: config.rejoin(true),
                 owned: watch::channel(BTreeSet::new()).0,
-                terms: std::sync::Mutex::new(HashMap::new()),
+                terms: std::sync::Mutex::new(BTreeMap::new()),
                 assignment: watch::channel(Assignment::default()).0,
                 group: watch::channel(GroupStatus::Joining).0,
                 recheck: tokio::sync::Notify::new(),
@@ -612,8 +612,9 @@ type Workload = Arc<dyn Fn(u32, Term) -> futures::future::BoxFuture<'static, ()>
 struct Shards {
     /// The shards assigned here by the latest assignment.
     assigned: BTreeSet<u32>,
-    /// Each running shard's elector.
-    running: HashMap<u32, ShardRun>,
+    /// Each running shard's elector, in shard order: shards are stopped and started in one
+    /// order every run (deterministic simulation replays byte for byte).
+    running: BTreeMap<u32, ShardRun>,
     /// The group record's generation the latest assignment was computed under.
     generation: u64,
     ids: HashMap<tokio::task::Id, u32>,
@@ -688,7 +689,7 @@ impl Drop for Running<'_> {
 }
 
 impl Inner {
-    fn terms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Term>> {
+    fn terms(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Term>> {
         // Nothing panics while this lock is held.
         self.terms
             .lock()

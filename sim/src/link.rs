@@ -1,0 +1,437 @@
+//! One replica process's connection to the simulated store: tenure's `Backend` seam, and
+//! the only place faults enter a replica.
+//!
+//! The store is tenure's own `MemoryBackend` (compare-and-swap on one clock — the store's,
+//! which is tokio's virtual clock — ttl expiry, fencing counter, watches, membership, group
+//! record), with a counter of its own per run. Each replica reaches it through a `Link` that
+//! adds, per request and per answer: seeded latency with exponential tails and spikes, a cut
+//! (both ways; requests held until healed; answers lost), a freeze (everything held until
+//! thawed), death (nothing passes, ever), resourceVersion-style conflicts (refused unapplied),
+//! stale reads, watch lag and watch hiccups, and the replica's clock rate.
+//!
+//! A replica whose clock runs at rate `r` against the store's measures every ttl as `ttl / r`
+//! of store time; the link shows the same thing from the store's side by scaling the ttl of
+//! that replica's requests by `r`. Whether a term can outlive its grant depends only on
+//! that ratio (belief `sent + (ttl − drift)/r` against expiry `processed + ttl`), so the
+//! boundary is exact.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use tenure::Backend;
+use tenure::backend::memory::MemoryBackend;
+use tenure::backend::{
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, GroupRead, GroupRecord, GroupVersion,
+    HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::world::{World, lock};
+
+/// Which way a cut link drops traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    None,
+    /// Requests wait until the cut heals (TCP retransmits), then reach the store; answers
+    /// in flight are lost.
+    Both,
+    /// Requests wait until the cut heals; answers pass.
+    Requests,
+    /// Requests reach the store; their answers are lost (the connection dropped mid-call).
+    Answers,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct State {
+    pub cut: Cut,
+    pub frozen: bool,
+    pub dead: bool,
+    /// The replica's clock rate against the store's.
+    pub rate: f64,
+    /// Added to every request's latency (a spike).
+    pub extra: Duration,
+    /// Probability that a read answers from this link's previous read.
+    pub stale: f64,
+    /// Probability that a watch item is replaced by a hiccup (the item lost).
+    pub hiccups: f64,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            cut: Cut::None,
+            frozen: false,
+            dead: false,
+            rate: 1.0,
+            extra: Duration::ZERO,
+            stale: 0.0,
+            hiccups: 0.0,
+        }
+    }
+}
+
+/// The link's latency: `base + Exp(mean)` each way, and rarely a spike.
+#[derive(Clone, Copy, Debug)]
+pub struct Latency {
+    pub base_ms: f64,
+    pub mean_ms: f64,
+    pub spike_chance: f64,
+    pub spike_ms: f64,
+    pub conflict_chance: f64,
+}
+
+struct Inner {
+    store: MemoryBackend,
+    world: Arc<World>,
+    /// `identity#incarnation`: one process's lifetime.
+    label: String,
+    latency: Latency,
+    state: watch::Sender<State>,
+    /// Set for good once the rate left the documented drift bound.
+    beyond_bound: AtomicBool,
+    reads: std::sync::Mutex<BTreeMap<String, Option<LeaseRecord>>>,
+}
+
+/// A replica's link to the store (clones share it).
+#[derive(Clone)]
+pub struct Link(Arc<Inner>);
+
+/// The slowest clock rate the lock runtime's drift allowance covers with the default
+/// `drift_factor` of 1% (the 2 ms floor aside).
+pub const SLOWEST_COVERED_RATE: f64 = 0.99;
+
+impl Link {
+    pub fn new(store: MemoryBackend, world: Arc<World>, label: String, latency: Latency) -> Self {
+        Self(Arc::new(Inner {
+            store,
+            world,
+            label,
+            latency,
+            state: watch::channel(State::default()).0,
+            beyond_bound: AtomicBool::new(false),
+            reads: std::sync::Mutex::default(),
+        }))
+    }
+
+    pub fn label(&self) -> &str {
+        &self.0.label
+    }
+
+    pub fn state(&self) -> State {
+        *self.0.state.borrow()
+    }
+
+    pub fn change(&self, f: impl FnOnce(&mut State)) {
+        self.0.state.send_modify(|s| {
+            f(s);
+            if s.rate < SLOWEST_COVERED_RATE {
+                self.0.beyond_bound.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+
+    pub fn beyond_bound(&self) -> bool {
+        self.0.beyond_bound.load(Ordering::Relaxed)
+    }
+
+    fn delay(&self) -> Duration {
+        let l = self.0.latency;
+        let extra = self.state().extra;
+        let ms = self.0.world.rng(|r| {
+            let spike = if r.chance(l.spike_chance) {
+                r.exp(l.spike_ms)
+            } else {
+                0.0
+            };
+            l.base_ms + r.exp(l.mean_ms) + spike
+        });
+        Duration::from_secs_f64(ms / 1000.0) + extra
+    }
+
+    /// Waits until `ok` holds for the link's state; never returns once the link is dead.
+    async fn until(&self, ok: impl Fn(&State) -> bool) {
+        let mut rx = self.0.state.subscribe();
+        loop {
+            let s = *rx.borrow_and_update();
+            if s.dead {
+                std::future::pending::<()>().await;
+            }
+            if ok(&s) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The way to the store: latency, then held while frozen or cut.
+    async fn outbound(&self) -> Result<f64, BackendError> {
+        tokio::time::sleep(self.delay()).await;
+        self.until(|s| !s.frozen && matches!(s.cut, Cut::None | Cut::Answers))
+            .await;
+        self.0
+            .world
+            .counters
+            .store_calls
+            .fetch_add(1, Ordering::Relaxed);
+        if self.0.world.store_down.load(Ordering::Relaxed) {
+            return Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                "connection refused (simulated store restart)",
+            ));
+        }
+        Ok(self.state().rate)
+    }
+
+    /// The way back: latency, held while frozen, lost when cut.
+    async fn inbound(&self) {
+        tokio::time::sleep(self.delay()).await;
+        self.until(|s| !s.frozen).await;
+        if matches!(self.state().cut, Cut::Both | Cut::Answers) {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// A write's conflict (a resourceVersion race lost): refused, nothing applied.
+    fn conflict(&self) -> Result<(), BackendError> {
+        if self
+            .0
+            .world
+            .rng(|r| r.chance(self.0.latency.conflict_chance))
+        {
+            return Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                "409 Conflict: the object has been modified (simulated)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A workload's write with its term's token, on the wire: it reaches the register after
+    /// the link's latency (held while frozen, lost if the process dies first).
+    pub fn write(&self, lease: String, token: u64) {
+        let link = self.clone();
+        let issued = Instant::now();
+        link.0.world.issued();
+        tokio::spawn(async move {
+            tokio::time::sleep(link.delay()).await;
+            link.until(|s| !s.frozen).await;
+            link.0.world.deliver(&lease, token, &link.0.label, issued);
+        });
+    }
+
+    /// Items of a store stream, each after the link's latency, held while frozen or cut;
+    /// with the hiccup probability an item is lost and an error comes instead.
+    fn follow<T: Send + 'static>(
+        &self,
+        stream: BoxStream<'static, Result<T, BackendError>>,
+    ) -> BoxStream<'static, Result<T, BackendError>> {
+        let link = self.clone();
+        Box::pin(stream.then(move |item| {
+            let link = link.clone();
+            async move {
+                tokio::time::sleep(link.delay()).await;
+                link.until(|s| !s.frozen && s.cut == Cut::None).await;
+                let hiccups = link.state().hiccups;
+                if link.0.world.rng(|r| r.chance(hiccups)) {
+                    return Err(BackendError::new(
+                        BackendErrorKind::Unavailable,
+                        "watch disconnected (simulated)",
+                    ));
+                }
+                item
+            }
+        }))
+    }
+}
+
+fn scaled(ttl: Duration, rate: f64) -> Duration {
+    ttl.mul_f64(rate)
+}
+
+impl Backend for Link {
+    fn validate_name(&self, name: &str) -> Result<(), InvalidName> {
+        self.0.store.validate_name(name)
+    }
+
+    fn try_acquire<'a>(
+        &'a self,
+        req: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<Acquired, BackendError>> {
+        Box::pin(async move {
+            let rate = self.outbound().await?;
+            self.conflict()?;
+            let mut req = req.clone();
+            req.ttl = scaled(req.ttl, rate);
+            let out = self.0.store.try_acquire(&req).await;
+            if let Ok(Acquired::Granted { fencing }) = &out {
+                self.0
+                    .world
+                    .granted(&req.name, fencing.get(), &self.0.label);
+            }
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Renewed, BackendError>> {
+        Box::pin(async move {
+            let rate = self.outbound().await?;
+            self.conflict()?;
+            let out = self.0.store.renew(name, holder, scaled(ttl, rate)).await;
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn renew_many<'a>(
+        &'a self,
+        batch: &'a [RenewRequest],
+    ) -> BoxFuture<'a, Vec<Result<Renewed, BackendError>>> {
+        Box::pin(async move {
+            let rate = match self.outbound().await {
+                Ok(rate) => rate,
+                Err(e) => return vec![Err(e); batch.len()],
+            };
+            if let Err(e) = self.conflict() {
+                return vec![Err(e); batch.len()];
+            }
+            let scaled_batch: Vec<RenewRequest> = batch
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    r.ttl = scaled(r.ttl, rate);
+                    r
+                })
+                .collect();
+            let out = self.0.store.renew_many(&scaled_batch).await;
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(async move {
+            self.outbound().await?;
+            let out = self.0.store.release(name, holder).await;
+            if matches!(out, Ok(Released::Released)) {
+                self.0
+                    .world
+                    .event(format_args!("release {name} {}", self.0.label));
+            }
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
+        Box::pin(async move {
+            self.outbound().await?;
+            let stale = self.state().stale;
+            let fresh = self.0.store.inspect(name).await?;
+            let out = {
+                let mut reads = lock(&self.0.reads);
+                let old = reads.insert(name.to_owned(), fresh.clone());
+                match old {
+                    Some(old) if self.0.world.rng(|r| r.chance(stale)) => old,
+                    _ => fresh,
+                }
+            };
+            self.inbound().await;
+            Ok(out)
+        })
+    }
+
+    fn announce_member<'a>(
+        &'a self,
+        group: &'a str,
+        member: &'a Member,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let rate = self.outbound().await?;
+            // The joined time is for people only; the store keeps virtual time so the
+            // history does not depend on the host's wall clock.
+            let mut member = member.clone();
+            member.joined_ms = self.0.world.now_ms();
+            let out = self
+                .0
+                .store
+                .announce_member(group, &member, scaled(ttl, rate))
+                .await;
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn withdraw_member<'a>(
+        &'a self,
+        group: &'a str,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.outbound().await?;
+            let out = self.0.store.withdraw_member(group, identity).await;
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {
+        self.follow(self.0.store.members(group))
+    }
+
+    fn group_record<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+        Box::pin(async move {
+            self.outbound().await?;
+            let out = self.0.store.group_record(group).await;
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn swap_group_record<'a>(
+        &'a self,
+        group: &'a str,
+        expected: Option<&'a GroupVersion>,
+        record: &'a GroupRecord,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            self.outbound().await?;
+            self.conflict()?;
+            let out = self
+                .0
+                .store
+                .swap_group_record(group, expected, record)
+                .await;
+            self.inbound().await;
+            out
+        })
+    }
+
+    fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
+        self.follow(self.0.store.observe(name))
+    }
+}

@@ -1,0 +1,845 @@
+//! One simulated run: replicas running tenure's real `LeaderElector` (one lease) or
+//! `ShardedElector` (a sharded group) against the simulated store, a chaos phase of seeded
+//! faults, then a quiet phase that checks liveness, balance and the moves of a graceful join,
+//! a graceful leave and a kill.
+//!
+//! Everything runs on one `current_thread` tokio runtime with a paused clock and a seeded
+//! generator (`select!`, `watch`), each replica with its own `Locker` (its own renewal
+//! scheduler) and link, and tenure's retry jitter seeded on this thread — so a seed and the
+//! parameters decide the whole history.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tenure::backend::memory::MemoryBackend;
+use tenure::shard::{ShardedElector, lease_name};
+use tenure::{ElectionConfig, LeaderElector, Locker, Term};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep};
+
+use crate::link::{Cut, Latency, Link, SLOWEST_COVERED_RATE};
+use crate::world::{Excuse, Finding, Kind, World};
+
+/// What a run simulates; with the seed, all that decides its history.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub seed: u64,
+    pub replicas: usize,
+    /// 0: one lease (`LeaderElector`); otherwise a sharded group of this many shards.
+    pub shards: u32,
+    /// Virtual seconds of faults before the quiet phase.
+    pub chaos_secs: u64,
+    pub faults: bool,
+    /// Let replica clocks run slower than the drift allowance covers.
+    pub drift_beyond: bool,
+    /// Keep the history's lines (for replay and trimming), not only its hash.
+    pub keep_lines: bool,
+}
+
+impl Params {
+    /// The replay command of this run.
+    pub fn replay(&self) -> String {
+        let mut cmd = format!(
+            "scripts/sim.sh --seed {} --replicas {} --shards {} --chaos-secs {}",
+            self.seed, self.replicas, self.shards, self.chaos_secs
+        );
+        if !self.faults {
+            cmd.push_str(" --no-faults");
+        }
+        if self.drift_beyond {
+            cmd.push_str(" --drift-beyond");
+        }
+        cmd.push_str(" --trace");
+        cmd
+    }
+}
+
+/// Figures of a sharded run's quiet phase (virtual time).
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    pub balanced_after_join: Option<f64>,
+    pub balanced_after_leave: Option<f64>,
+    pub balanced_after_kill: Option<f64>,
+    pub moves_join: usize,
+    pub moves_leave: usize,
+    pub moves_kill: usize,
+    /// Store calls per virtual second with the group settled.
+    pub store_calls_per_sec: f64,
+}
+
+pub struct Outcome {
+    pub params: Params,
+    pub findings: Vec<Finding>,
+    pub fingerprint: (u64, u64),
+    pub lines: Vec<String>,
+    pub faults: u64,
+    pub terms: u64,
+    pub writes: (u64, u64, u64, u64),
+    pub figures: Figures,
+}
+
+/// The election timings of a run, drawn from the seed among valid configurations.
+struct Timing {
+    lease: Duration,
+    retry: Duration,
+    config: ElectionConfig,
+}
+
+fn timing(world: &World) -> Timing {
+    let lease_ms = world.rng(|r| [4_500u64, 9_000, 15_000][r.below(3) as usize]);
+    let lease = Duration::from_millis(lease_ms);
+    let retry = lease * 2 / 15;
+    let config = ElectionConfig::new()
+        .lease_duration(lease)
+        .renew_deadline(lease * 2 / 3)
+        .retry_period(retry)
+        .rejoin(true);
+    Timing {
+        lease,
+        retry,
+        config,
+    }
+}
+
+struct Replica {
+    identity: String,
+    link: Link,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+struct Sim {
+    p: Params,
+    world: Arc<World>,
+    store: MemoryBackend,
+    t: Timing,
+    latency: Latency,
+    replicas: BTreeMap<usize, Replica>,
+    /// Crashed or stopped replicas waiting to come back.
+    down: Vec<usize>,
+    /// Replicas stopping gracefully; killed if they are still at it when they restart.
+    leaving: BTreeMap<usize, Replica>,
+    incarnations: BTreeMap<usize, u32>,
+    next_id: usize,
+    write_every: (f64, f64),
+}
+
+/// Runs one seed on a fresh runtime.
+pub fn run(p: &Params) -> Outcome {
+    // Seeds tokio's `select!` and `watch` choices: needs `--cfg tokio_unstable`.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .rng_seed(tokio::runtime::RngSeed::from_bytes(&p.seed.to_le_bytes()))
+        .build()
+        .expect("a current-thread runtime builds");
+    tenure::lock::seed_jitter(Some(p.seed.wrapping_mul(0x2545_F491_4F6C_DD1D)));
+    let outcome = rt.block_on(simulate(p.clone()));
+    tenure::lock::seed_jitter(None);
+    // Dropping the runtime drops every task left (replicas' leftovers, dead links' calls).
+    drop(rt);
+    outcome
+}
+
+async fn simulate(p: Params) -> Outcome {
+    let world = Arc::new(World::new(p.seed, p.keep_lines));
+    let t = timing(&world);
+    let latency = world.rng(|r| Latency {
+        base_ms: r.between(0.2, 2.0),
+        mean_ms: r.between(0.5, 8.0),
+        spike_chance: if p.faults { r.between(0.0, 0.01) } else { 0.0 },
+        spike_ms: r.between(100.0, 2_000.0),
+        conflict_chance: if p.faults { r.between(0.0, 0.03) } else { 0.0 },
+    });
+    world.event(format_args!(
+        "run seed={} replicas={} shards={} lease={:?} retry={:?} latency={latency:?}",
+        p.seed, p.replicas, p.shards, t.lease, t.retry
+    ));
+    // Few shards: every term writes several times a second; many: every few seconds.
+    let write_every = if p.shards > 256 {
+        (2.0, 8.0)
+    } else {
+        (0.05, 0.4)
+    };
+    let mut sim = Sim {
+        p: p.clone(),
+        world: world.clone(),
+        store: MemoryBackend::with_own_tokens(),
+        t,
+        latency,
+        replicas: BTreeMap::new(),
+        down: Vec::new(),
+        leaving: BTreeMap::new(),
+        incarnations: BTreeMap::new(),
+        next_id: 0,
+        write_every,
+    };
+    for _ in 0..p.replicas {
+        let id = sim.next_id;
+        sim.next_id += 1;
+        sim.start(id);
+    }
+    if p.faults {
+        sim.chaos(Duration::from_secs(p.chaos_secs)).await;
+    } else {
+        sleep(Duration::from_secs(p.chaos_secs)).await;
+    }
+    sim.heal_all();
+    let figures = sim.quiet().await;
+    for r in sim.replicas.values_mut() {
+        if let Some(stop) = r.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+    let c = &world.counters;
+    Outcome {
+        params: p,
+        findings: world.findings(),
+        fingerprint: world.fingerprint(),
+        lines: world.lines(),
+        faults: c.faults.load(Ordering::Relaxed),
+        terms: c.terms.load(Ordering::Relaxed),
+        writes: (
+            c.writes_issued.load(Ordering::Relaxed),
+            c.writes_accepted.load(Ordering::Relaxed),
+            c.writes_fenced_off.load(Ordering::Relaxed),
+            c.late_writes_stopped.load(Ordering::Relaxed),
+        ),
+        figures,
+    }
+}
+
+/// A term's workload: writes with the term's token while the term is valid, as a user's
+/// fenced workload does; records the term's start and end for the checker.
+async fn workload(
+    world: Arc<World>,
+    link: Link,
+    lease: String,
+    identity: String,
+    term: Term,
+    every: (f64, f64),
+) {
+    let label = link.label().to_owned();
+    world.term_started(&lease, &label, &identity, &term);
+    struct Ended(Arc<World>, Link, String, Term);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            self.0
+                .term_ended(&self.2, self.1.label(), &self.3, self.1.beyond_bound());
+        }
+    }
+    let _ended = Ended(world.clone(), link.clone(), lease.clone(), term.clone());
+    let token = term.fencing_token().get();
+    loop {
+        let pause = world.rng(|r| r.between(every.0, every.1));
+        tokio::select! {
+            () = sleep(Duration::from_secs_f64(pause)) => {}
+            () = term.cancellation().cancelled() => return,
+        }
+        if term.is_valid() {
+            link.write(lease.clone(), token);
+        }
+    }
+}
+
+impl Sim {
+    fn group(&self) -> &'static str {
+        "workers"
+    }
+
+    /// Starts replica `id` (a new process: a new link, locker and elector).
+    fn start(&mut self, id: usize) {
+        // One process per identity at a time, as a restarted container after the old one.
+        if let Some(old) = self.leaving.remove(&id)
+            && !old.task.is_finished()
+        {
+            self.world.event(format_args!(
+                "fault kill {} (still stopping)",
+                old.link.label()
+            ));
+            old.link.change(|s| s.dead = true);
+            old.task.abort();
+        }
+        let inc = self.incarnations.entry(id).or_insert(0);
+        *inc += 1;
+        let identity = format!("r{id}");
+        let label = format!("r{id}#{inc}");
+        let link = Link::new(
+            self.store.clone(),
+            self.world.clone(),
+            label.clone(),
+            self.latency,
+        );
+        self.world.event(format_args!("start {label}"));
+        let locker = Locker::with_identity(link.clone(), &identity).expect("a valid identity");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (world, every) = (self.world.clone(), self.write_every);
+        let task = if self.p.shards == 0 {
+            let elector =
+                LeaderElector::new(locker, "job", self.t.config.clone()).expect("valid config");
+            let link2 = link.clone();
+            let id2 = identity.clone();
+            let retry = self.t.retry;
+            tokio::spawn(async move {
+                let mut stopped = std::pin::pin!(stopped);
+                loop {
+                    let out = elector
+                        .run_until(
+                            async {
+                                let _ = (&mut stopped).await;
+                            },
+                            |term| {
+                                workload(
+                                    world.clone(),
+                                    link2.clone(),
+                                    "job".into(),
+                                    id2.clone(),
+                                    term,
+                                    every,
+                                )
+                            },
+                        )
+                        .await;
+                    match out {
+                        Ok(_) => return,
+                        Err(e) => {
+                            world.event(format_args!("{} run ended: {e}", link2.label()));
+                            sleep(retry).await;
+                        }
+                    }
+                }
+            })
+        } else {
+            let elector =
+                ShardedElector::new(locker, self.group(), self.p.shards, self.t.config.clone())
+                    .expect("valid sharded config");
+            if self.p.shards <= 256 {
+                // Each assignment this replica computes, in the history (small groups only;
+                // whether lines are kept must not change what runs, so not on `keep_lines`).
+                let mut assignment = elector.assignment();
+                let (world, label, me) = (self.world.clone(), label.clone(), identity.clone());
+                tokio::spawn(async move {
+                    while assignment.changed().await.is_ok() {
+                        let a = assignment.borrow_and_update().clone();
+                        let mine: Vec<usize> = a
+                            .owners
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, o)| o.as_deref() == Some(me.as_str()))
+                            .map(|(s, _)| s)
+                            .collect();
+                        let members: Vec<&str> =
+                            a.members.iter().map(|m| m.identity.as_str()).collect();
+                        world.event(format_args!(
+                            "assign {label} mine {mine:?} members {members:?}"
+                        ));
+                    }
+                });
+            }
+            let link2 = link.clone();
+            let id2 = identity.clone();
+            let retry = self.t.retry;
+            let group = self.group();
+            tokio::spawn(async move {
+                let mut stopped = std::pin::pin!(stopped);
+                loop {
+                    let (w, l, i) = (world.clone(), link2.clone(), id2.clone());
+                    let out = elector
+                        .run_until(
+                            async {
+                                let _ = (&mut stopped).await;
+                            },
+                            move |shard, term| {
+                                workload(
+                                    w.clone(),
+                                    l.clone(),
+                                    lease_name(group, shard),
+                                    i.clone(),
+                                    term,
+                                    every,
+                                )
+                            },
+                        )
+                        .await;
+                    match out {
+                        Ok(()) => return,
+                        Err(e) => {
+                            world.event(format_args!("{} run ended: {e}", link2.label()));
+                            sleep(retry).await;
+                        }
+                    }
+                }
+            })
+        };
+        self.replicas.insert(
+            id,
+            Replica {
+                identity,
+                link,
+                stop: Some(stop),
+                task,
+            },
+        );
+    }
+
+    /// Kills replica `id` like `kill -9`: its link dies (nothing it sent after this reaches
+    /// anything; writes already on the wire still land) and its tasks are dropped.
+    fn kill(&mut self, id: usize) {
+        if let Some(r) = self.replicas.remove(&id) {
+            self.world
+                .event(format_args!("fault kill {}", r.link.label()));
+            r.link.change(|s| s.dead = true);
+            r.task.abort();
+            self.down.push(id);
+        }
+    }
+
+    /// Stops replica `id` gracefully (SIGTERM): it leaves the group and releases.
+    fn leave(&mut self, id: usize) {
+        if let Some(mut r) = self.replicas.remove(&id) {
+            self.world.event(format_args!("leave {}", r.link.label()));
+            if let Some(stop) = r.stop.take() {
+                let _ = stop.send(());
+            }
+            self.leaving.insert(id, r);
+            self.down.push(id);
+        }
+    }
+
+    fn live_ids(&self) -> Vec<usize> {
+        self.replicas.keys().copied().collect()
+    }
+
+    fn pick(&self) -> Option<usize> {
+        let ids = self.live_ids();
+        if ids.is_empty() {
+            return None;
+        }
+        Some(ids[self.world.rng(|r| r.below(ids.len() as u64)) as usize])
+    }
+
+    /// Seeded faults until `until` has passed, each healed after its own duration.
+    async fn chaos(&mut self, length: Duration) {
+        let end = Instant::now() + length;
+        let lease = self.t.lease.as_secs_f64();
+        let mut heals: Vec<(Instant, Heal)> = Vec::new();
+        loop {
+            let gap = self.world.rng(|r| r.exp(lease / 3.0));
+            let next = Instant::now() + Duration::from_secs_f64(gap);
+            // Heal what is due before the next fault.
+            heals.sort_by_key(|(at, _)| *at);
+            while let Some((at, _)) = heals.first() {
+                if *at > next.min(end) {
+                    break;
+                }
+                let (at, heal) = heals.remove(0);
+                tokio::time::sleep_until(at).await;
+                self.heal(heal);
+            }
+            if next >= end {
+                tokio::time::sleep_until(end).await;
+                break;
+            }
+            tokio::time::sleep_until(next).await;
+            self.world.counters.faults.fetch_add(1, Ordering::Relaxed);
+            let kind = self.world.rng(|r| r.below(100));
+            let span = Duration::from_secs_f64(self.world.rng(|r| r.between(0.2, 2.5)) * lease);
+            let Some(id) = self.pick() else {
+                // Everyone is down: bring one back.
+                if let Some(id) = self.down.pop() {
+                    self.start(id);
+                }
+                continue;
+            };
+            let link = self.replicas[&id].link.clone();
+            let label = link.label().to_owned();
+            match kind {
+                0..=14 => {
+                    let extra =
+                        Duration::from_secs_f64(self.world.rng(|r| r.between(0.1, 1.2)) * lease);
+                    self.world
+                        .event(format_args!("fault spike {label} +{extra:?} for {span:?}"));
+                    link.change(|s| s.extra = extra);
+                    heals.push((Instant::now() + span, Heal::Link(link, HealWhat::Spike)));
+                }
+                15..=34 => {
+                    let cut = [Cut::Both, Cut::Requests, Cut::Answers]
+                        [self.world.rng(|r| r.below(3)) as usize];
+                    self.world
+                        .event(format_args!("fault cut {label} {cut:?} for {span:?}"));
+                    link.change(|s| s.cut = cut);
+                    heals.push((Instant::now() + span, Heal::Link(link, HealWhat::Cut)));
+                }
+                35..=49 => {
+                    self.world
+                        .event(format_args!("fault freeze {label} for {span:?}"));
+                    link.change(|s| s.frozen = true);
+                    heals.push((Instant::now() + span, Heal::Link(link, HealWhat::Freeze)));
+                }
+                50..=61 => {
+                    self.kill(id);
+                    // Back with the same identity (a restarted container) or as a new one.
+                    let same = self.world.rng(|r| r.chance(0.5));
+                    heals.push((Instant::now() + span, Heal::Restart(id, same)));
+                }
+                62..=69 => {
+                    let beyond = self.p.drift_beyond && self.world.rng(|r| r.chance(0.5));
+                    let rate = if beyond {
+                        self.world.rng(|r| r.between(0.6, 0.95))
+                    } else {
+                        self.world.rng(|r| r.between(SLOWEST_COVERED_RATE, 1.05))
+                    };
+                    self.world
+                        .event(format_args!("fault clock {label} rate {rate:.4}"));
+                    link.change(|s| s.rate = rate);
+                }
+                70..=77 => {
+                    let (stale, hiccups) = self
+                        .world
+                        .rng(|r| (r.between(0.1, 0.9), r.between(0.1, 0.9)));
+                    self.world.event(format_args!(
+                        "fault watch {label} hiccups {hiccups:.2} stale reads {stale:.2} for {span:?}"
+                    ));
+                    link.change(|s| {
+                        s.stale = stale;
+                        s.hiccups = hiccups;
+                    });
+                    heals.push((Instant::now() + span, Heal::Link(link, HealWhat::Watch)));
+                }
+                78..=85 => {
+                    self.leave(id);
+                    heals.push((Instant::now() + span, Heal::Restart(id, true)));
+                }
+                86..=91 => {
+                    let down = span.min(self.t.lease);
+                    self.world
+                        .event(format_args!("fault store restart for {down:?}"));
+                    self.world.store_down.store(true, Ordering::Relaxed);
+                    heals.push((Instant::now() + down, Heal::StoreUp));
+                }
+                92..=95 => {
+                    self.world.event("fault store loses its data");
+                    self.world.wiped();
+                    self.store.wipe();
+                }
+                _ => {
+                    // A new replica joins.
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.start(id);
+                }
+            }
+        }
+        for (_, heal) in heals {
+            self.heal(heal);
+        }
+    }
+
+    fn heal(&mut self, heal: Heal) {
+        match heal {
+            Heal::Link(link, what) => {
+                self.world
+                    .event(format_args!("heal {} {what:?}", link.label()));
+                link.change(|s| match what {
+                    HealWhat::Spike => s.extra = Duration::ZERO,
+                    HealWhat::Cut => s.cut = Cut::None,
+                    HealWhat::Freeze => s.frozen = false,
+                    HealWhat::Watch => {
+                        s.stale = 0.0;
+                        s.hiccups = 0.0;
+                    }
+                });
+            }
+            Heal::Restart(id, same) => {
+                self.down.retain(|d| *d != id);
+                if same {
+                    self.start(id);
+                } else {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.start(id);
+                }
+            }
+            Heal::StoreUp => {
+                self.world.event("heal store up");
+                self.world.store_down.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Ends every fault: links healthy with true clocks, the store up, replicas that are
+    /// down restarted.
+    fn heal_all(&mut self) {
+        self.world.event("quiet: every fault healed");
+        self.world.store_down.store(false, Ordering::Relaxed);
+        for r in self.replicas.values() {
+            r.link.change(|s| {
+                let dead = s.dead;
+                *s = crate::link::State::default();
+                s.dead = dead;
+            });
+        }
+        for id in std::mem::take(&mut self.down) {
+            self.start(id);
+        }
+    }
+
+    fn leases(&self) -> Vec<String> {
+        if self.p.shards == 0 {
+            vec!["job".to_owned()]
+        } else {
+            (0..self.p.shards)
+                .map(|s| lease_name(self.group(), s))
+                .collect()
+        }
+    }
+
+    /// Owner of each lease now, when exactly one identity holds it with a valid term.
+    fn owners(&self) -> BTreeMap<String, Option<String>> {
+        let now = self.world.owners();
+        self.leases()
+            .into_iter()
+            .map(|l| {
+                let who = now
+                    .get(&l)
+                    .and_then(|v| (v.len() == 1).then(|| v[0].clone()));
+                (l, who)
+            })
+            .collect()
+    }
+
+    fn balanced(&self) -> bool {
+        let owners = self.owners();
+        if owners.values().any(Option::is_none) {
+            return false;
+        }
+        let mut loads: BTreeMap<&str, usize> = self
+            .replicas
+            .values()
+            .map(|r| (r.identity.as_str(), 0))
+            .collect();
+        for who in owners.values().flatten() {
+            match loads.get_mut(who.as_str()) {
+                Some(n) => *n += 1,
+                None => return false,
+            }
+        }
+        let max = loads.values().max().copied().unwrap_or(0);
+        let min = loads.values().min().copied().unwrap_or(0);
+        max - min <= 1
+    }
+
+    fn sample_every(&self) -> Duration {
+        if self.p.shards > 1_000 {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_millis(100)
+        }
+    }
+
+    /// Waits until balanced (sharded) or led (one lease), at most `limit`; the time it took.
+    async fn until_settled(&self, limit: Duration) -> Option<f64> {
+        let from = Instant::now();
+        while from.elapsed() <= limit {
+            let ok = if self.p.shards == 0 {
+                self.owners().values().all(Option::is_some)
+            } else {
+                self.balanced()
+            };
+            if ok {
+                return Some(from.elapsed().as_secs_f64());
+            }
+            sleep(self.sample_every()).await;
+        }
+        None
+    }
+
+    /// Liveness: with the store reachable and every fault healed, no lease goes without a
+    /// leader for longer than lease + retry period (+ jitter and latency slack).
+    async fn check_liveness(&self, window: Duration) {
+        let allowed = self.t.lease + self.t.retry.mul_f64(1.2) + Duration::from_secs(1);
+        let from = Instant::now();
+        let mut leaderless: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut reported: std::collections::BTreeSet<String> = Default::default();
+        while from.elapsed() <= window {
+            for (lease, who) in self.owners() {
+                if who.is_some() {
+                    leaderless.remove(&lease);
+                    continue;
+                }
+                let since = *leaderless.entry(lease.clone()).or_insert_with(Instant::now);
+                if since.elapsed() > allowed && reported.insert(lease.clone()) {
+                    self.world.find(
+                        &lease,
+                        Kind::Liveness,
+                        None,
+                        format!(
+                            "no leader for {:?} with the store reachable (allowed {allowed:?})",
+                            since.elapsed()
+                        ),
+                    );
+                }
+            }
+            sleep(self.sample_every()).await;
+        }
+    }
+
+    /// Counts the leases whose owner differs between two snapshots.
+    fn moves(
+        before: &BTreeMap<String, Option<String>>,
+        after: &BTreeMap<String, Option<String>>,
+    ) -> usize {
+        before
+            .iter()
+            .filter(|(l, who)| after.get(*l) != Some(*who))
+            .count()
+    }
+
+    fn move_bound(&self) -> usize {
+        let m = self.replicas.len().max(1);
+        (self.p.shards as usize).div_ceil(m) + 1
+    }
+
+    /// The quiet phase: liveness, balance, then a graceful join, a graceful leave and a kill.
+    async fn quiet(&mut self) -> Figures {
+        let lease = self.t.lease;
+        let mut f = Figures::default();
+        // Leaseholders frozen or cut just before the heal still hold for up to a lease.
+        self.check_liveness(lease * 3).await;
+        let settle = lease * 4;
+        if self.until_settled(settle).await.is_none() {
+            self.world.find(
+                "group",
+                Kind::Unbalanced,
+                None,
+                format!(
+                    "not settled {settle:?} after every fault healed: owners {:?}",
+                    self.loads()
+                ),
+            );
+            return f;
+        }
+        if self.p.shards == 0 {
+            return f;
+        }
+        let calls = self.world.counters.store_calls.load(Ordering::Relaxed);
+        sleep(lease).await;
+        f.store_calls_per_sec = (self.world.counters.store_calls.load(Ordering::Relaxed) - calls)
+            as f64
+            / lease.as_secs_f64();
+
+        // A graceful join.
+        let before = self.owners();
+        let id = self.next_id;
+        self.next_id += 1;
+        self.start(id);
+        f.balanced_after_join = self.until_settled(settle).await;
+        f.moves_join = Self::moves(&before, &self.owners());
+        self.judge_moves("join", f.balanced_after_join, f.moves_join);
+
+        // Each change starts from a settled group: balanced, and every member's announced
+        // holds caught up (one heartbeat), which the bound on moves assumes.
+        sleep(lease).await;
+
+        // A graceful leave.
+        let before = self.owners();
+        let bound = self.move_bound();
+        if let Some(id) = self.pick() {
+            self.leave(id);
+        }
+        f.balanced_after_leave = self.until_settled(settle).await;
+        f.moves_leave = Self::moves(&before, &self.owners());
+        self.judge_moves_with("leave", f.balanced_after_leave, f.moves_leave, bound);
+
+        sleep(lease).await;
+
+        // A kill: its shards are taken over once its leases run out.
+        let before = self.owners();
+        if let Some(id) = self.pick() {
+            self.kill(id);
+        }
+        f.balanced_after_kill = self.until_settled(settle).await;
+        f.moves_kill = Self::moves(&before, &self.owners());
+        if f.balanced_after_kill.is_none() {
+            self.world.find(
+                "group",
+                Kind::Unbalanced,
+                None,
+                format!("not balanced {settle:?} after a kill: {:?}", self.loads()),
+            );
+        }
+        self.down.clear();
+        f
+    }
+
+    fn judge_moves(&self, what: &str, settled: Option<f64>, moves: usize) {
+        self.judge_moves_with(what, settled, moves, self.move_bound());
+    }
+
+    fn judge_moves_with(&self, what: &str, settled: Option<f64>, moves: usize, bound: usize) {
+        if settled.is_none() {
+            self.world.find(
+                "group",
+                Kind::Unbalanced,
+                None,
+                format!("not balanced after a graceful {what}: {:?}", self.loads()),
+            );
+        }
+        if moves > bound {
+            self.world.find(
+                "group",
+                Kind::TooManyMoves,
+                None,
+                format!("a graceful {what} moved {moves} shards (bound {bound})"),
+            );
+        }
+    }
+
+    fn loads(&self) -> BTreeMap<String, usize> {
+        let mut loads = BTreeMap::new();
+        for who in self.owners().into_values() {
+            *loads.entry(who.unwrap_or_else(|| "-".into())).or_insert(0) += 1;
+        }
+        loads
+    }
+}
+
+enum HealWhat {
+    Spike,
+    Cut,
+    Freeze,
+    Watch,
+}
+
+impl std::fmt::Debug for HealWhat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Spike => "spike",
+            Self::Cut => "cut",
+            Self::Freeze => "freeze",
+            Self::Watch => "watch",
+        })
+    }
+}
+
+enum Heal {
+    Link(Link, HealWhat),
+    Restart(usize, bool),
+    StoreUp,
+}
+
+/// Whether a finding breaks a promise (not excused by the run's own faults).
+pub fn is_violation(f: &Finding) -> bool {
+    f.excuse.is_none()
+}
+
+/// A short name of an excuse, for the summary.
+pub fn excuse_name(e: Excuse) -> &'static str {
+    match e {
+        Excuse::DataLoss => "after data loss",
+        Excuse::BeyondDriftBound => "beyond the drift bound",
+    }
+}

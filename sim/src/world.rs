@@ -1,0 +1,350 @@
+//! What every simulated replica shares, and the checker that judges a run: the virtual
+//! clock's origin, the run's seeded generator, the history (every event in order, hashed),
+//! the store's grants, the fenced register the workloads write to, and the findings.
+//!
+//! The checker works on effects and on the store's record, never on a replica's belief
+//! about others: a term's belief is compared with the grants the store made.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tenure::Term;
+use tokio::time::Instant;
+
+use crate::rng::Rng;
+
+/// The kinds of finding; each is a violation unless the run's faults excuse it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A term believed it led (its workload ran, its lease valid) after the store granted
+    /// the lease to a newer term.
+    Overlap,
+    /// The fenced register accepted a write whose token another holder had already written.
+    TokenReused,
+    /// The store granted a token not above every earlier grant of the lease.
+    TokenNotRising,
+    /// A lease (or shard) had no leader for longer than lease + retry period while the store
+    /// was reachable.
+    Liveness,
+    /// Shards were not all held, or loads differed by more than one, after settling.
+    Unbalanced,
+    /// A graceful join or leave moved more than ⌈N/M⌉ + 1 shards.
+    TooManyMoves,
+    /// Two runs of one seed gave different histories.
+    Nondeterministic,
+}
+
+/// Why a finding is expected rather than a violation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Excuse {
+    /// The store lost its data during the term: a lease cannot promise exclusion then
+    /// (only the fence keeps the data safe).
+    DataLoss,
+    /// The term's replica ran a clock slower than the documented drift bound.
+    BeyondDriftBound,
+}
+
+#[derive(Clone, Debug)]
+pub struct Finding {
+    pub at_ms: u64,
+    pub lease: String,
+    pub kind: Kind,
+    pub excuse: Option<Excuse>,
+    pub detail: String,
+}
+
+/// One grant the store made: the token, who got it, when (the store's instant).
+#[derive(Clone, Debug)]
+struct Grant {
+    token: u64,
+    holder: String,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Register {
+    max: u64,
+    writer: String,
+    /// When the term holding `max` first wrote.
+    first_write: Option<Instant>,
+}
+
+/// A term whose workload runs now.
+pub struct Live {
+    pub identity: String,
+    pub term: Term,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub faults: AtomicU64,
+    pub store_calls: AtomicU64,
+    pub grants: AtomicU64,
+    pub terms: AtomicU64,
+    pub writes_issued: AtomicU64,
+    pub writes_accepted: AtomicU64,
+    /// Writes the fence refused because a newer term had written.
+    pub writes_fenced_off: AtomicU64,
+    /// Of those, the ones issued while their term was valid: a plain (unfenced) store would
+    /// have taken them after the successor's first write.
+    pub late_writes_stopped: AtomicU64,
+}
+
+pub struct World {
+    pub origin: Instant,
+    rng: Mutex<Rng>,
+    keep_lines: bool,
+    history: Mutex<(Vec<String>, u64, u64)>,
+    grants: Mutex<BTreeMap<String, Vec<Grant>>>,
+    register: Mutex<BTreeMap<String, Register>>,
+    /// Terms whose workload runs now, by lease then token.
+    pub live: Mutex<BTreeMap<String, BTreeMap<u64, Live>>>,
+    /// When the store lost its data.
+    wipes: Mutex<Vec<Instant>>,
+    pub store_down: AtomicBool,
+    findings: Mutex<Vec<Finding>>,
+    pub counters: Counters,
+}
+
+impl World {
+    pub fn new(seed: u64, keep_lines: bool) -> Self {
+        Self {
+            origin: Instant::now(),
+            rng: Mutex::new(Rng::new(seed)),
+            keep_lines,
+            history: Mutex::new((Vec::new(), 0xcbf2_9ce4_8422_2325, 0)),
+            grants: Mutex::default(),
+            register: Mutex::default(),
+            live: Mutex::default(),
+            wipes: Mutex::default(),
+            store_down: AtomicBool::new(false),
+            findings: Mutex::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Virtual milliseconds since the run began.
+    pub fn now_ms(&self) -> u64 {
+        self.ms(Instant::now())
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.origin).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub fn rng<T>(&self, f: impl FnOnce(&mut Rng) -> T) -> T {
+        f(&mut lock(&self.rng))
+    }
+
+    /// Appends one event to the history (and its hash, which two runs of a seed compare).
+    pub fn event(&self, what: impl std::fmt::Display) {
+        let mut line = String::new();
+        let _ = write!(line, "{:>9} {what}", self.now_ms());
+        let mut h = lock(&self.history);
+        for b in line.bytes().chain(std::iter::once(b'\n')) {
+            h.1 ^= u64::from(b);
+            h.1 = h.1.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h.2 += 1;
+        if self.keep_lines {
+            h.0.push(line);
+        }
+    }
+
+    /// The history's hash and length.
+    pub fn fingerprint(&self) -> (u64, u64) {
+        let h = lock(&self.history);
+        (h.1, h.2)
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        lock(&self.history).0.clone()
+    }
+
+    pub fn find(&self, lease: &str, kind: Kind, excuse: Option<Excuse>, detail: String) {
+        self.event(format_args!(
+            "FINDING {kind:?} {lease} {excuse:?}: {detail}"
+        ));
+        lock(&self.findings).push(Finding {
+            at_ms: self.now_ms(),
+            lease: lease.to_owned(),
+            kind,
+            excuse,
+            detail,
+        });
+    }
+
+    pub fn findings(&self) -> Vec<Finding> {
+        lock(&self.findings).clone()
+    }
+
+    /// The store granted `lease` to `holder` with `token` (a new grant, not a replay).
+    pub fn granted(&self, lease: &str, token: u64, holder: &str) {
+        self.counters.grants.fetch_add(1, Ordering::Relaxed);
+        self.event(format_args!("grant {lease} #{token} {holder}"));
+        let mut grants = lock(&self.grants);
+        let list = grants.entry(lease.to_owned()).or_default();
+        if list.iter().any(|g| g.token == token) {
+            return;
+        }
+        let highest = list.iter().map(|g| g.token).max();
+        let rising = highest.is_none_or(|h| token > h);
+        list.push(Grant {
+            token,
+            holder: holder.to_owned(),
+            at: Instant::now(),
+        });
+        drop(grants);
+        if !rising {
+            self.find(
+                lease,
+                Kind::TokenNotRising,
+                None,
+                format!("#{token} granted to {holder} after #{highest:?}"),
+            );
+        }
+    }
+
+    pub fn wiped(&self) {
+        lock(&self.wipes).push(Instant::now());
+    }
+
+    /// A term's workload started.
+    pub fn term_started(&self, lease: &str, holder: &str, identity: &str, term: &Term) {
+        self.counters.terms.fetch_add(1, Ordering::Relaxed);
+        let token = term.fencing_token().get();
+        self.event(format_args!("term {lease} #{token} {holder} starts"));
+        lock(&self.live)
+            .entry(lease.to_owned())
+            .or_default()
+            .insert(
+                token,
+                Live {
+                    identity: identity.to_owned(),
+                    term: term.clone(),
+                },
+            );
+    }
+
+    /// A term's workload ended (returned or dropped) at `now`. Its belief ran from its start
+    /// to the earlier of now and its lease's validity; no newer grant may fall inside it.
+    pub fn term_ended(&self, lease: &str, holder: &str, term: &Term, beyond_bound: bool) {
+        let token = term.fencing_token().get();
+        let now = Instant::now();
+        let believed_until = term.valid_until().min(now);
+        self.event(format_args!(
+            "term {lease} #{token} {holder} ends (valid until {})",
+            self.ms(term.valid_until())
+        ));
+        if let Some(terms) = lock(&self.live).get_mut(lease) {
+            terms.remove(&token);
+        }
+        let (newer, mine) = {
+            let grants = lock(&self.grants);
+            let list = grants.get(lease).map(Vec::as_slice).unwrap_or_default();
+            let newer = list
+                .iter()
+                .filter(|g| g.token > token && g.at < believed_until)
+                .min_by_key(|g| g.at)
+                .cloned();
+            let mine = list.iter().find(|g| g.token == token).map(|g| g.at);
+            (newer, mine)
+        };
+        let Some(newer) = newer else { return };
+        // Excused when the store lost the grant: a wipe between our grant (the store's
+        // instant) and the newer one.
+        let granted = mine.unwrap_or_else(|| term.started_at());
+        let lost_data = lock(&self.wipes)
+            .iter()
+            .any(|w| *w >= granted && *w <= newer.at);
+        let excuse = if lost_data {
+            Some(Excuse::DataLoss)
+        } else if beyond_bound {
+            Some(Excuse::BeyondDriftBound)
+        } else {
+            None
+        };
+        self.find(
+            lease,
+            Kind::Overlap,
+            excuse,
+            format!(
+                "#{token} ({holder}) believed it led until {} ms; #{} was granted to {} at {} ms",
+                self.ms(believed_until),
+                newer.token,
+                newer.holder,
+                self.ms(newer.at)
+            ),
+        );
+    }
+
+    /// A workload issued a write with its term's token (its term valid).
+    pub fn issued(&self) {
+        self.counters.writes_issued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A write reaches the fenced register: taken if its token is the highest yet.
+    pub fn deliver(&self, lease: &str, token: u64, holder: &str, issued: Instant) {
+        let mut reg = lock(&self.register);
+        let r = reg.entry(lease.to_owned()).or_default();
+        if token < r.max {
+            self.counters
+                .writes_fenced_off
+                .fetch_add(1, Ordering::Relaxed);
+            let late = r.first_write.is_some_and(|first| issued <= first);
+            if late {
+                self.counters
+                    .late_writes_stopped
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            drop(reg);
+            self.event(format_args!(
+                "fence refuses {lease} #{token} {holder} (register at a newer term)"
+            ));
+            return;
+        }
+        if token == r.max && r.writer != holder {
+            let other = r.writer.clone();
+            drop(reg);
+            self.find(
+                lease,
+                Kind::TokenReused,
+                None,
+                format!("#{token} written by {holder} after {other}"),
+            );
+            return;
+        }
+        if token > r.max {
+            r.max = token;
+            r.writer = holder.to_owned();
+            r.first_write = Some(Instant::now());
+            drop(reg);
+            self.event(format_args!("first write {lease} #{token} {holder}"));
+        }
+        self.counters
+            .writes_accepted
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The identity holding each lease with a valid term now (leases in order).
+    pub fn owners(&self) -> BTreeMap<String, Vec<String>> {
+        let live = lock(&self.live);
+        live.iter()
+            .map(|(lease, terms)| {
+                let valid = terms
+                    .values()
+                    .filter(|l| l.term.is_valid())
+                    .map(|l| l.identity.clone())
+                    .collect();
+                (lease.clone(), valid)
+            })
+            .collect()
+    }
+}
+
+/// Every lock here guards plain data and nothing panics while holding it.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
