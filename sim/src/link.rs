@@ -94,7 +94,7 @@ struct Inner {
     latency: Latency,
     state: watch::Sender<State>,
     /// Set for good once the rate left the documented drift bound.
-    beyond_bound: AtomicBool,
+    beyond_bound: Arc<AtomicBool>,
     reads: std::sync::Mutex<BTreeMap<String, Option<LeaseRecord>>>,
 }
 
@@ -114,7 +114,7 @@ impl Link {
             label,
             latency,
             state: watch::channel(State::default()).0,
-            beyond_bound: AtomicBool::new(false),
+            beyond_bound: Arc::default(),
             reads: std::sync::Mutex::default(),
         }))
     }
@@ -136,8 +136,9 @@ impl Link {
         });
     }
 
-    pub fn beyond_bound(&self) -> bool {
-        self.0.beyond_bound.load(Ordering::Relaxed)
+    /// Set for good once this process's clock ran slower than the drift allowance covers.
+    pub fn beyond_bound(&self) -> Arc<AtomicBool> {
+        self.0.beyond_bound.clone()
     }
 
     fn delay(&self) -> Duration {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tenure::Backend;
 use tenure::backend::memory::MemoryBackend;
 use tenure::shard::{ShardedElector, lease_name};
 use tenure::{ElectionConfig, LeaderElector, Locker, Term};
@@ -214,32 +215,31 @@ async fn simulate(p: Params) -> Outcome {
 
 /// A term's workload: writes with the term's token while the term is valid, as a user's
 /// fenced workload does; records the term's start and end for the checker.
-async fn workload(
-    world: Arc<World>,
-    link: Link,
-    lease: String,
-    identity: String,
-    term: Term,
-    every: (f64, f64),
-) {
+async fn workload(world: Arc<World>, link: Link, lease: String, term: Term, every: (f64, f64)) {
     let label = link.label().to_owned();
-    world.term_started(&lease, &label, &identity, &term);
+    world.term_started(&lease, &label, &term, link.beyond_bound());
     struct Ended(Arc<World>, Link, String, Term);
     impl Drop for Ended {
         fn drop(&mut self) {
-            self.0
-                .term_ended(&self.2, self.1.label(), &self.3, self.1.beyond_bound());
+            self.0.term_ended(&self.2, self.1.label(), &self.3);
         }
     }
     let _ended = Ended(world.clone(), link.clone(), lease.clone(), term.clone());
     let token = term.fencing_token().get();
+    // Half the terms run a stubborn workload: it ignores cancellation and writes without
+    // checking its term, as code stuck in a long call does. The elector must drop it in time.
+    let stubborn = world.rng(|r| r.chance(0.5));
     loop {
-        let pause = world.rng(|r| r.between(every.0, every.1));
-        tokio::select! {
-            () = sleep(Duration::from_secs_f64(pause)) => {}
-            () = term.cancellation().cancelled() => return,
+        let pause = Duration::from_secs_f64(world.rng(|r| r.between(every.0, every.1)));
+        if stubborn {
+            sleep(pause).await;
+        } else {
+            tokio::select! {
+                () = sleep(pause) => {}
+                () = term.cancellation().cancelled() => return,
+            }
         }
-        if term.is_valid() {
+        if stubborn || term.is_valid() {
             link.write(lease.clone(), token);
         }
     }
@@ -281,7 +281,6 @@ impl Sim {
             let elector =
                 LeaderElector::new(locker, "job", self.t.config.clone()).expect("valid config");
             let link2 = link.clone();
-            let id2 = identity.clone();
             let retry = self.t.retry;
             tokio::spawn(async move {
                 let mut stopped = std::pin::pin!(stopped);
@@ -292,14 +291,7 @@ impl Sim {
                                 let _ = (&mut stopped).await;
                             },
                             |term| {
-                                workload(
-                                    world.clone(),
-                                    link2.clone(),
-                                    "job".into(),
-                                    id2.clone(),
-                                    term,
-                                    every,
-                                )
+                                workload(world.clone(), link2.clone(), "job".into(), term, every)
                             },
                         )
                         .await;
@@ -340,13 +332,12 @@ impl Sim {
                 });
             }
             let link2 = link.clone();
-            let id2 = identity.clone();
             let retry = self.t.retry;
             let group = self.group();
             tokio::spawn(async move {
                 let mut stopped = std::pin::pin!(stopped);
                 loop {
-                    let (w, l, i) = (world.clone(), link2.clone(), id2.clone());
+                    let (w, l) = (world.clone(), link2.clone());
                     let out = elector
                         .run_until(
                             async {
@@ -357,7 +348,6 @@ impl Sim {
                                     w.clone(),
                                     l.clone(),
                                     lease_name(group, shard),
-                                    i.clone(),
                                     term,
                                     every,
                                 )
@@ -597,15 +587,21 @@ impl Sim {
         }
     }
 
-    /// Owner of each lease now, when exactly one identity holds it with a valid term.
+    /// The holder of each lease now, as the store sees it (a term stopping gracefully still
+    /// holds its lease; a dead holder's until its lease runs out).
     fn owners(&self) -> BTreeMap<String, Option<String>> {
-        let now = self.world.owners();
+        use futures::FutureExt;
         self.leases()
             .into_iter()
             .map(|l| {
-                let who = now
-                    .get(&l)
-                    .and_then(|v| (v.len() == 1).then(|| v[0].clone()));
+                // The memory store answers at once; reading it wakes nothing and draws nothing.
+                let who = self
+                    .store
+                    .inspect(&l)
+                    .now_or_never()
+                    .and_then(Result::ok)
+                    .flatten()
+                    .map(|record| record.identity);
                 (l, who)
             })
             .collect()

@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tenure::Term;
 use tokio::time::Instant;
@@ -63,18 +63,21 @@ struct Grant {
     at: Instant,
 }
 
+/// A term whose workload runs now.
+#[derive(Clone)]
+struct Running {
+    holder: String,
+    started: Instant,
+    /// Whether the holder's clock ever ran slower than the drift allowance covers.
+    beyond_bound: Arc<AtomicBool>,
+}
+
 #[derive(Default)]
 struct Register {
     max: u64,
     writer: String,
     /// When the term holding `max` first wrote.
     first_write: Option<Instant>,
-}
-
-/// A term whose workload runs now.
-pub struct Live {
-    pub identity: String,
-    pub term: Term,
 }
 
 #[derive(Default)]
@@ -99,8 +102,8 @@ pub struct World {
     history: Mutex<(Vec<String>, u64, u64)>,
     grants: Mutex<BTreeMap<String, Vec<Grant>>>,
     register: Mutex<BTreeMap<String, Register>>,
-    /// Terms whose workload runs now, by lease then token.
-    pub live: Mutex<BTreeMap<String, BTreeMap<u64, Live>>>,
+    /// The terms whose workload runs now, by lease and token.
+    running: Mutex<BTreeMap<String, BTreeMap<u64, Running>>>,
     /// When the store lost its data.
     wipes: Mutex<Vec<Instant>>,
     pub store_down: AtomicBool,
@@ -117,7 +120,7 @@ impl World {
             history: Mutex::new((Vec::new(), 0xcbf2_9ce4_8422_2325, 0)),
             grants: Mutex::default(),
             register: Mutex::default(),
-            live: Mutex::default(),
+            running: Mutex::default(),
             wipes: Mutex::default(),
             store_down: AtomicBool::new(false),
             findings: Mutex::default(),
@@ -180,7 +183,8 @@ impl World {
         lock(&self.findings).clone()
     }
 
-    /// The store granted `lease` to `holder` with `token` (a new grant, not a replay).
+    /// The store granted `lease` to `holder` with `token` (a new grant, not a replay). Any
+    /// workload of an older term of the lease still running now overlaps it.
     pub fn granted(&self, lease: &str, token: u64, holder: &str) {
         self.counters.grants.fetch_add(1, Ordering::Relaxed);
         self.event(format_args!("grant {lease} #{token} {holder}"));
@@ -190,14 +194,13 @@ impl World {
             return;
         }
         let highest = list.iter().map(|g| g.token).max();
-        let rising = highest.is_none_or(|h| token > h);
         list.push(Grant {
             token,
             holder: holder.to_owned(),
             at: Instant::now(),
         });
         drop(grants);
-        if !rising {
+        if highest.is_some_and(|h| token <= h) {
             self.find(
                 lease,
                 Kind::TokenNotRising,
@@ -205,63 +208,41 @@ impl World {
                 format!("#{token} granted to {holder} after #{highest:?}"),
             );
         }
+        let older: Vec<(u64, Running)> = lock(&self.running)
+            .get(lease)
+            .map(|terms| terms.range(..token).map(|(t, r)| (*t, r.clone())).collect())
+            .unwrap_or_default();
+        for (old, running) in older {
+            self.overlap(lease, old, &running, token, holder, Instant::now());
+        }
     }
 
     pub fn wiped(&self) {
         lock(&self.wipes).push(Instant::now());
     }
 
-    /// A term's workload started.
-    pub fn term_started(&self, lease: &str, holder: &str, identity: &str, term: &Term) {
-        self.counters.terms.fetch_add(1, Ordering::Relaxed);
-        let token = term.fencing_token().get();
-        self.event(format_args!("term {lease} #{token} {holder} starts"));
-        lock(&self.live)
-            .entry(lease.to_owned())
-            .or_default()
-            .insert(
-                token,
-                Live {
-                    identity: identity.to_owned(),
-                    term: term.clone(),
-                },
-            );
-    }
-
-    /// A term's workload ended (returned or dropped) at `now`. Its belief ran from its start
-    /// to the earlier of now and its lease's validity; no newer grant may fall inside it.
-    pub fn term_ended(&self, lease: &str, holder: &str, term: &Term, beyond_bound: bool) {
-        let token = term.fencing_token().get();
-        let now = Instant::now();
-        let believed_until = term.valid_until().min(now);
-        self.event(format_args!(
-            "term {lease} #{token} {holder} ends (valid until {})",
-            self.ms(term.valid_until())
-        ));
-        if let Some(terms) = lock(&self.live).get_mut(lease) {
-            terms.remove(&token);
-        }
-        let (newer, mine) = {
-            let grants = lock(&self.grants);
-            let list = grants.get(lease).map(Vec::as_slice).unwrap_or_default();
-            let newer = list
-                .iter()
-                .filter(|g| g.token > token && g.at < believed_until)
-                .min_by_key(|g| g.at)
-                .cloned();
-            let mine = list.iter().find(|g| g.token == token).map(|g| g.at);
-            (newer, mine)
-        };
-        let Some(newer) = newer else { return };
-        // Excused when the store lost the grant: a wipe between our grant (the store's
-        // instant) and the newer one.
-        let granted = mine.unwrap_or_else(|| term.started_at());
+    /// Records an overlap: the workload of term `old` ran while `newer` held the lease.
+    fn overlap(
+        &self,
+        lease: &str,
+        old: u64,
+        running: &Running,
+        newer: u64,
+        newer_holder: &str,
+        newer_at: Instant,
+    ) {
+        let granted = lock(&self.grants)
+            .get(lease)
+            .and_then(|list| list.iter().find(|g| g.token == old).map(|g| g.at))
+            .unwrap_or(running.started);
+        // Excused when the store lost the older grant (a wipe between the two grants), or
+        // when the older term's clock ran slower than the drift allowance covers.
         let lost_data = lock(&self.wipes)
             .iter()
-            .any(|w| *w >= granted && *w <= newer.at);
+            .any(|w| *w >= granted && *w <= newer_at);
         let excuse = if lost_data {
             Some(Excuse::DataLoss)
-        } else if beyond_bound {
+        } else if running.beyond_bound.load(Ordering::Relaxed) {
             Some(Excuse::BeyondDriftBound)
         } else {
             None
@@ -271,13 +252,54 @@ impl World {
             Kind::Overlap,
             excuse,
             format!(
-                "#{token} ({holder}) believed it led until {} ms; #{} was granted to {} at {} ms",
-                self.ms(believed_until),
-                newer.token,
-                newer.holder,
-                self.ms(newer.at)
+                "the workload of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
+                running.holder,
+                self.ms(newer_at)
             ),
         );
+    }
+
+    /// A term's workload started; a newer grant already made means it starts overlapping.
+    pub fn term_started(
+        &self,
+        lease: &str,
+        holder: &str,
+        term: &Term,
+        beyond_bound: Arc<AtomicBool>,
+    ) {
+        self.counters.terms.fetch_add(1, Ordering::Relaxed);
+        let token = term.fencing_token().get();
+        self.event(format_args!("term {lease} #{token} {holder} starts"));
+        let running = Running {
+            holder: holder.to_owned(),
+            started: Instant::now(),
+            beyond_bound,
+        };
+        let newer = lock(&self.grants).get(lease).and_then(|list| {
+            list.iter()
+                .filter(|g| g.token > token)
+                .min_by_key(|g| g.at)
+                .cloned()
+        });
+        if let Some(newer) = newer {
+            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
+        }
+        lock(&self.running)
+            .entry(lease.to_owned())
+            .or_default()
+            .insert(token, running);
+    }
+
+    /// A term's workload ended (returned, or dropped by the elector or a crash).
+    pub fn term_ended(&self, lease: &str, holder: &str, term: &Term) {
+        let token = term.fencing_token().get();
+        self.event(format_args!(
+            "term {lease} #{token} {holder} ends (valid until {})",
+            self.ms(term.valid_until())
+        ));
+        if let Some(terms) = lock(&self.running).get_mut(lease) {
+            terms.remove(&token);
+        }
     }
 
     /// A workload issued a write with its term's token (its term valid).
@@ -326,21 +348,6 @@ impl World {
         self.counters
             .writes_accepted
             .fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The identity holding each lease with a valid term now (leases in order).
-    pub fn owners(&self) -> BTreeMap<String, Vec<String>> {
-        let live = lock(&self.live);
-        live.iter()
-            .map(|(lease, terms)| {
-                let valid = terms
-                    .values()
-                    .filter(|l| l.term.is_valid())
-                    .map(|l| l.identity.clone())
-                    .collect();
-                (lease.clone(), valid)
-            })
-            .collect()
     }
 }
 
