@@ -273,7 +273,11 @@ impl Sim {
             label.clone(),
             self.latency,
         );
-        self.world.event(format_args!("start {label}"));
+        // Every process's clock drifts a little, within the allowance (±1%).
+        let rate = self.world.rng(|r| r.between(SLOWEST_COVERED_RATE, 1.01));
+        link.change(|s| s.rate = rate);
+        self.world
+            .event(format_args!("start {label} clock rate {rate:.4}"));
         let locker = Locker::with_identity(link.clone(), &identity).expect("a valid identity");
         let (stop, stopped) = oneshot::channel::<()>();
         let (world, every) = (self.world.clone(), self.write_every);
@@ -567,9 +571,11 @@ impl Sim {
         self.world.store_down.store(false, Ordering::Relaxed);
         for r in self.replicas.values() {
             r.link.change(|s| {
-                let dead = s.dead;
-                *s = crate::link::State::default();
-                s.dead = dead;
+                *s = crate::link::State {
+                    dead: s.dead,
+                    rate: s.rate.clamp(SLOWEST_COVERED_RATE, 1.05),
+                    ..crate::link::State::default()
+                };
             });
         }
         for id in std::mem::take(&mut self.down) {
