@@ -38,6 +38,8 @@ pub struct Params {
     pub drift_beyond: bool,
     /// Keep the history's lines (for replay and trimming), not only its hash.
     pub keep_lines: bool,
+    /// The share of terms whose workload ignores cancellation.
+    pub stubborn: f64,
 }
 
 impl Params {
@@ -52,6 +54,9 @@ impl Params {
         }
         if self.drift_beyond {
             cmd.push_str(" --drift-beyond");
+        }
+        if (self.stubborn - 0.5).abs() > f64::EPSILON {
+            cmd.push_str(&format!(" --stubborn {}", self.stubborn));
         }
         cmd.push_str(" --trace");
         cmd
@@ -126,6 +131,7 @@ struct Sim {
     incarnations: BTreeMap<usize, u32>,
     next_id: usize,
     write_every: (f64, f64),
+    stubborn: f64,
 }
 
 /// Runs one seed on a fresh runtime.
@@ -177,6 +183,7 @@ async fn simulate(p: Params) -> Outcome {
         incarnations: BTreeMap::new(),
         next_id: 0,
         write_every,
+        stubborn: p.stubborn,
     };
     for _ in 0..p.replicas {
         let id = sim.next_id;
@@ -215,7 +222,14 @@ async fn simulate(p: Params) -> Outcome {
 
 /// A term's workload: writes with the term's token while the term is valid, as a user's
 /// fenced workload does; records the term's start and end for the checker.
-async fn workload(world: Arc<World>, link: Link, lease: String, term: Term, every: (f64, f64)) {
+async fn workload(
+    world: Arc<World>,
+    link: Link,
+    lease: String,
+    term: Term,
+    every: (f64, f64),
+    stubborn: f64,
+) {
     let label = link.label().to_owned();
     world.term_started(&lease, &label, &term, link.beyond_bound());
     struct Ended(Arc<World>, Link, String, Term);
@@ -226,9 +240,9 @@ async fn workload(world: Arc<World>, link: Link, lease: String, term: Term, ever
     }
     let _ended = Ended(world.clone(), link.clone(), lease.clone(), term.clone());
     let token = term.fencing_token().get();
-    // Half the terms run a stubborn workload: it ignores cancellation and writes without
+    // Some terms (half by default) run a stubborn workload: it ignores cancellation and writes without
     // checking its term, as code stuck in a long call does. The elector must drop it in time.
-    let stubborn = world.rng(|r| r.chance(0.5));
+    let stubborn = world.rng(|r| r.chance(stubborn));
     loop {
         let pause = Duration::from_secs_f64(world.rng(|r| r.between(every.0, every.1)));
         if stubborn {
@@ -280,7 +294,7 @@ impl Sim {
             .event(format_args!("start {label} clock rate {rate:.4}"));
         let locker = Locker::with_identity(link.clone(), &identity).expect("a valid identity");
         let (stop, stopped) = oneshot::channel::<()>();
-        let (world, every) = (self.world.clone(), self.write_every);
+        let (world, every, stubborn) = (self.world.clone(), self.write_every, self.stubborn);
         let task = if self.p.shards == 0 {
             let elector =
                 LeaderElector::new(locker, "job", self.t.config.clone()).expect("valid config");
@@ -295,7 +309,14 @@ impl Sim {
                                 let _ = (&mut stopped).await;
                             },
                             |term| {
-                                workload(world.clone(), link2.clone(), "job".into(), term, every)
+                                workload(
+                                    world.clone(),
+                                    link2.clone(),
+                                    "job".into(),
+                                    term,
+                                    every,
+                                    stubborn,
+                                )
                             },
                         )
                         .await;
@@ -354,6 +375,7 @@ impl Sim {
                                     lease_name(group, shard),
                                     term,
                                     every,
+                                    stubborn,
                                 )
                             },
                         )

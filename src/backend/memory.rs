@@ -545,6 +545,31 @@ mod tests {
         );
     }
 
+    /// Two stores with their own counters, fed the same requests, give the same tokens,
+    /// from 1 (whatever the process-wide counter is at), and keep them rising across a wipe.
+    #[tokio::test(start_paused = true)]
+    async fn stores_with_their_own_tokens_count_alone() {
+        let grant = |b: &MemoryBackend, name: &str| {
+            let (b, r) = (b.clone(), req(name, 100));
+            async move {
+                match b.try_acquire(&r).await {
+                    Ok(Acquired::Granted { fencing }) => fencing.get(),
+                    other => panic!("not granted: {other:?}"),
+                }
+            }
+        };
+        let (one, two) = (
+            MemoryBackend::with_own_tokens(),
+            MemoryBackend::with_own_tokens(),
+        );
+        // The process-wide counter moves past 1 first.
+        grant(&MemoryBackend::new(), "s").await;
+        assert_eq!((grant(&one, "a").await, grant(&one, "b").await), (1, 2));
+        one.wipe();
+        assert_eq!(grant(&one, "a").await, 3, "tokens rise across a wipe");
+        assert_eq!((grant(&two, "a").await, grant(&two, "b").await), (1, 2));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn memory_should_notify_observers_of_release() {
         let b = MemoryBackend::new();
