@@ -496,3 +496,51 @@ async fn only_terms_lost_to_the_store_count_as_lost() {
         Vec::<String>::new()
     );
 }
+
+/// A burst of membership changes (a deployment: members announcing one after another) is
+/// assigned from the latest list at most once per 20 ms, not once per announcement: at a
+/// thousand replicas, computing the whole assignment for every announcement of every other
+/// member was most of a group's CPU. A change after a quiet spell is acted on at once.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_membership_changes_is_assigned_a_few_times() {
+    let store = MemoryBackend::new();
+    let world = Arc::new(World::default());
+    let replica = start(&store, &world, "r0");
+    settle(&world, LEASE).await;
+    let mut assignment = replica.elector.assignment();
+    assignment.mark_unchanged();
+    let counted = tokio::spawn(async move {
+        let mut n = 0;
+        while assignment.changed().await.is_ok() {
+            n += 1;
+        }
+        n
+    });
+    // 40 members join, one every millisecond.
+    for i in 0..40 {
+        let member = Member {
+            identity: format!("m{i:02}"),
+            shards: SHARDS,
+            joined_ms: 0,
+            holds: Vec::new(),
+        };
+        store
+            .announce_member("workers", &member, LEASE * 10)
+            .await
+            .expect("announced");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    settle(&world, Duration::from_millis(200)).await;
+    let latest = replica.elector.assignment().borrow().members.len();
+    assert_eq!(latest, 41, "the last list was assigned");
+    // One at once, then one per 20 ms of the 40 ms burst, and the last one after it.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(replica);
+    let computed = tokio::time::timeout(Duration::from_secs(60), counted)
+        .await
+        .map_or(0, |n| n.unwrap_or(0));
+    assert!(
+        (1..=5).contains(&computed),
+        "40 announcements were assigned {computed} times"
+    );
+}

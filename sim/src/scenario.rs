@@ -657,10 +657,10 @@ impl Sim {
     }
 
     fn sample_every(&self) -> Duration {
-        if self.p.shards > 1_000 {
-            Duration::from_secs(1)
-        } else {
+        if self.p.shards > 256 {
             Duration::from_millis(100)
+        } else {
+            Duration::from_millis(10)
         }
     }
 

@@ -39,15 +39,38 @@ pub fn shard_of(key: &str, shards: u32) -> u32 {
     u32::try_from(fnv1a64(key.as_bytes()) % n).unwrap_or(0)
 }
 
-/// A rendezvous weight: how much `member` wants `shard` of group `group`.
-fn weight(group: &str, shard: u32, member: &str) -> u64 {
-    let mut bytes = Vec::with_capacity(group.len() + member.len() + 6);
-    bytes.extend_from_slice(group.as_bytes());
-    bytes.push(0xff);
-    bytes.extend_from_slice(&shard.to_be_bytes());
-    bytes.push(0xff);
-    bytes.extend_from_slice(member.as_bytes());
-    mix(fnv1a64(&bytes))
+/// FNV-1a, 64 bits, continued from `h` over `bytes`: `fnv_from(fnv1a64(a), b)` is
+/// `fnv1a64(a ++ b)`.
+fn fnv_from(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Rendezvous weights of one shard: how much each member wants `shard` of group `group`,
+/// `mix(FNV-1a(group ‖ 0xff ‖ shard as 4 big-endian bytes ‖ 0xff ‖ member))`. The hash of
+/// the shard's prefix is computed once, not once per member and comparison: the assignment
+/// weighs every unowned shard against every member with room, on every replica, at every
+/// membership change (the cost that grows with shards × members).
+#[derive(Clone, Copy)]
+struct ShardWeights(u64);
+
+impl ShardWeights {
+    fn new(group_prefix: u64, shard: u32) -> Self {
+        let h = fnv_from(group_prefix, &shard.to_be_bytes());
+        Self(fnv_from(h, &[0xff]))
+    }
+
+    fn of(self, member: &str) -> u64 {
+        mix(fnv_from(self.0, member.as_bytes()))
+    }
+}
+
+/// The hash of `group ‖ 0xff`, where every weight of the group starts.
+fn group_prefix(group: &str) -> u64 {
+    fnv_from(fnv1a64(group.as_bytes()), &[0xff])
 }
 
 /// One live member as the assignment sees it: its identity and the shards whose term runs
@@ -88,6 +111,7 @@ pub fn assign(group: &str, shards: u32, members: &[Seat<'_>]) -> Vec<Option<usiz
         return vec![None; n];
     }
     let group_hash = fnv1a64(group.as_bytes());
+    let prefix = group_prefix(group);
     let mut by_rank: Vec<usize> = (0..m).collect();
     by_rank.sort_by_key(|&i| {
         (
@@ -110,7 +134,11 @@ pub fn assign(group: &str, shards: u32, members: &[Seat<'_>]) -> Vec<Option<usiz
             .collect();
         held.sort_unstable();
         held.dedup();
-        held.sort_by_key(|&s| std::cmp::Reverse(weight(group, s, members[i].identity)));
+        // Cached: one weight per held shard, not one per comparison (the sort is stable, as
+        // `sort_by_key` is, so the order is the same).
+        held.sort_by_cached_key(|&s| {
+            std::cmp::Reverse(ShardWeights::new(prefix, s).of(members[i].identity))
+        });
         for s in held.into_iter().take(room[i]) {
             owner[s as usize] = Some(i);
             room[i] -= 1;
@@ -121,13 +149,11 @@ pub fn assign(group: &str, shards: u32, members: &[Seat<'_>]) -> Vec<Option<usiz
             continue;
         }
         let shard = u32::try_from(s).unwrap_or(u32::MAX);
+        let weights = ShardWeights::new(prefix, shard);
         // Some member has room: the capacities add up to `n`, and this shard is not yet owned.
-        *slot = (0..m).filter(|&i| room[i] > 0).max_by_key(|&i| {
-            (
-                weight(group, shard, members[i].identity),
-                std::cmp::Reverse(i),
-            )
-        });
+        *slot = (0..m)
+            .filter(|&i| room[i] > 0)
+            .max_by_key(|&i| (weights.of(members[i].identity), std::cmp::Reverse(i)));
         if let Some(i) = *slot {
             room[i] -= 1;
         }
@@ -329,6 +355,28 @@ mod tests {
             .flatten()
             .collect();
         assert_eq!(got, PINNED_HOLDING.to_vec(), "members holding shards");
+    }
+
+    /// The weights computed from the shard's prefix are the definition's, byte for byte.
+    #[test]
+    fn weights_are_the_hash_of_the_whole_key() {
+        for (group, shard, member) in [
+            ("workers", 0, "r0"),
+            ("workers", 4095, "pod-7f9c-xyz"),
+            ("", 1 << 31, ""),
+            ("g\u{e9}", 77, "m\u{1f600}"),
+        ] {
+            let mut bytes = group.as_bytes().to_vec();
+            bytes.push(0xff);
+            bytes.extend_from_slice(&u32::to_be_bytes(shard));
+            bytes.push(0xff);
+            bytes.extend_from_slice(member.as_bytes());
+            assert_eq!(
+                ShardWeights::new(group_prefix(group), shard).of(member),
+                mix(fnv1a64(&bytes)),
+                "{group:?} {shard} {member:?}"
+            );
+        }
     }
 
     #[test]

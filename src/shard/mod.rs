@@ -58,6 +58,13 @@ use crate::election::{ElectionConfig, ElectionError, LeaderElector, Term};
 /// The most shards a group may have.
 pub const MAX_SHARDS: u32 = 4096;
 
+/// The assignment is computed at most once per this interval: a membership change after a
+/// quiet spell is acted on at once, and the rest of a burst (every replica joining at a
+/// deployment, or announcing its new shards after one) once the interval has passed, from
+/// the latest list. Without it every replica recomputed the whole assignment once per
+/// announcement of every other — members² computations of shards each at a start.
+const REBALANCE_EVERY: Duration = Duration::from_millis(20);
+
 /// Why a [`ShardedElector`] could not be built or stopped running.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -338,6 +345,10 @@ impl ShardedElector {
         };
         // The latest membership: here for the assignment, in `seen` for the keeper.
         let mut last = Vec::<Member>::new();
+        // The last computation of the assignment, and when the next is due (a change came
+        // sooner than `REBALANCE_EVERY` after it).
+        let mut computed_at: Option<tokio::time::Instant> = None;
+        let mut recompute_at: Option<tokio::time::Instant> = None;
         let (seen, latest) = watch::channel(None::<Vec<Member>>);
         let mut status = self.inner.group.subscribe();
         let outcome = {
@@ -357,8 +368,17 @@ impl ShardedElector {
                         Some(Ok(list)) => {
                             seen.send_replace(Some(list.clone()));
                             last = list;
-                            if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
-                                break Err(e);
+                            let now = tokio::time::Instant::now();
+                            match computed_at {
+                                Some(at) if now < at + REBALANCE_EVERY => {
+                                    recompute_at.get_or_insert(at + REBALANCE_EVERY);
+                                }
+                                _ => {
+                                    computed_at = Some(now);
+                                    if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
+                                        break Err(e);
+                                    }
+                                }
                             }
                         }
                         Some(Err(e)) => tracing::warn!(group = %self.inner.name, error = %e, "membership watch hiccup"),
@@ -367,6 +387,18 @@ impl ShardedElector {
                             source: BackendError::new(crate::backend::BackendErrorKind::Unavailable, "the membership stream ended"),
                         }),
                     },
+                    () = async {
+                        match recompute_at {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        recompute_at = None;
+                        computed_at = Some(tokio::time::Instant::now());
+                        if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
+                            break Err(e);
+                        }
+                    }
                     Ok(()) = status.changed() => {
                         status.mark_unchanged();
                         if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
@@ -473,13 +505,30 @@ impl ShardedElector {
         let mine: BTreeSet<u32> = (0..self.inner.shards)
             .filter(|&s| owners[s as usize].is_some_and(|i| ids[i] == me.identity))
             .collect();
-        let owners = owners
-            .iter()
-            .map(|o| o.map(|i| ids[i].to_owned()))
-            .collect();
-        self.inner
-            .assignment
-            .send_replace(Assignment { members, owners });
+        // Most membership changes only change what members hold, not who owns what: the
+        // owners' names are then kept, not allocated again (one string per shard, on every
+        // replica, at every change — the allocator was most of a large group's CPU).
+        let renamed = {
+            let current = self.inner.assignment.borrow();
+            let same = current.owners.len() == owners.len()
+                && current
+                    .owners
+                    .iter()
+                    .zip(&owners)
+                    .all(|(was, now)| was.as_deref() == now.map(|i| ids[i]));
+            (!same).then(|| {
+                owners
+                    .iter()
+                    .map(|o| o.map(|i| ids[i].to_owned()))
+                    .collect::<Vec<_>>()
+            })
+        };
+        self.inner.assignment.send_modify(|current| {
+            if let Some(owners) = renamed {
+                current.owners = owners;
+            }
+            current.members = members;
+        });
         shards.assigned.clone_from(&mine);
         for (shard, stop) in &shards.running {
             if !mine.contains(shard) || Some(stop.generation) != generation {
