@@ -60,6 +60,9 @@ pub struct State {
     pub stale: f64,
     /// Probability that a watch item is replaced by a hiccup (the item lost).
     pub hiccups: f64,
+    /// Whether the link's rare latency spikes happen (off once every fault is healed: a
+    /// watch item held for seconds delays a hand-off to this replica by as much).
+    pub spikes: bool,
 }
 
 impl Default for State {
@@ -72,6 +75,7 @@ impl Default for State {
             extra: Duration::ZERO,
             stale: 0.0,
             hiccups: 0.0,
+            spikes: true,
         }
     }
 }
@@ -143,9 +147,9 @@ impl Link {
 
     fn delay(&self) -> Duration {
         let l = self.0.latency;
-        let extra = self.state().extra;
+        let State { extra, spikes, .. } = self.state();
         let ms = self.0.world.rng(|r| {
-            let spike = if r.chance(l.spike_chance) {
+            let spike = if r.chance(if spikes { l.spike_chance } else { 0.0 }) {
                 r.exp(l.spike_ms)
             } else {
                 0.0

@@ -132,6 +132,8 @@ struct Sim {
     next_id: usize,
     write_every: (f64, f64),
     stubborn: f64,
+    /// Every fault healed: no new faults, no latency spikes.
+    quiet: bool,
 }
 
 /// Runs one seed on a fresh runtime.
@@ -184,6 +186,7 @@ async fn simulate(p: Params) -> Outcome {
         next_id: 0,
         write_every,
         stubborn: p.stubborn,
+        quiet: false,
     };
     for _ in 0..p.replicas {
         let id = sim.next_id;
@@ -289,7 +292,11 @@ impl Sim {
         );
         // Every process's clock drifts a little, within the allowance (±1%).
         let rate = self.world.rng(|r| r.between(SLOWEST_COVERED_RATE, 1.01));
-        link.change(|s| s.rate = rate);
+        let spikes = !self.quiet;
+        link.change(|s| {
+            s.rate = rate;
+            s.spikes = spikes;
+        });
         self.world
             .event(format_args!("start {label} clock rate {rate:.4}"));
         let locker = Locker::with_identity(link.clone(), &identity).expect("a valid identity");
@@ -590,12 +597,14 @@ impl Sim {
     /// down restarted.
     fn heal_all(&mut self) {
         self.world.event("quiet: every fault healed");
+        self.quiet = true;
         self.world.store_down.store(false, Ordering::Relaxed);
         for r in self.replicas.values() {
             r.link.change(|s| {
                 *s = crate::link::State {
                     dead: s.dead,
                     rate: s.rate.clamp(SLOWEST_COVERED_RATE, 1.05),
+                    spikes: false,
                     ..crate::link::State::default()
                 };
             });
