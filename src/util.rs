@@ -126,6 +126,11 @@ mod tests {
             seed_jitter(None);
             xs
         };
+        // SplitMix64's published first outputs for seed 1234567.
+        assert_eq!(
+            draw(1_234_567)[..2],
+            [6_457_827_717_110_365_317, 3_203_168_211_198_807_973]
+        );
         let a = draw(5);
         assert_eq!(a, draw(5), "one seed, one sequence");
         assert_ne!(a, draw(6));

@@ -203,6 +203,12 @@ fn assert_balanced(world: &World, live: &BTreeMap<String, Replica>, what: &str) 
             loads[who.as_str()],
             "{what}: {who}'s owned set"
         );
+        // Every replica publishes the assignment it acts on: the owners the group settled on.
+        let assignment = r.elector.assignment().borrow().clone();
+        let published: BTreeMap<u32, String> = (0..SHARDS)
+            .filter_map(|s| Some((s, assignment.owners.get(s as usize)?.clone()?)))
+            .collect();
+        assert_eq!(published, owners, "{what}: {who}'s published assignment");
     }
 }
 
