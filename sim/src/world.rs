@@ -3,7 +3,7 @@
 //! the store's grants, the fenced register the workloads write to, and the findings.
 //!
 //! The checker works on effects and on the store's record, never on a replica's belief
-//! about others: a term's belief is compared with the grants the store made.
+//! about others: the life of each term's workload is compared with the grants the store made.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
