@@ -120,10 +120,12 @@ fn peak_rss_kib() -> u64 {
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            if !e.is_empty() {
-                eprintln!("tenure-sim: {e}");
-            }
+            eprintln!("tenure-sim: {e}");
             eprintln!("{USAGE}");
             return ExitCode::from(2);
         }
