@@ -187,7 +187,7 @@ fn main() -> ExitCode {
         if args.table {
             let f = &o.figures;
             println!(
-                "seed {:>6} replicas {:>5} shards {:>6} terms {:>7} faults {:>4} join {:>7} s ({} moves) leave {:>7} s ({} moves) kill {:>7} s ({} moves) store calls/s {:>9.1}",
+                "seed {:>6} replicas {:>5} shards {:>6} terms {:>7} faults {:>4} join {:>7} s ({} moves) leave {:>7} s ({} moves) kill {:>7} s ({} moves) store calls/s {:>9.1} resize +4 {:>7} s",
                 o.params.seed,
                 o.params.replicas,
                 o.params.shards,
@@ -199,7 +199,8 @@ fn main() -> ExitCode {
                 f.moves_leave,
                 fmt_secs(f.balanced_after_kill),
                 f.moves_kill,
-                f.store_calls_per_sec
+                f.store_calls_per_sec,
+                fmt_secs(f.resized_after)
             );
         }
         let mut bad: Vec<&world::Finding> = o.findings.iter().filter(|f| is_violation(f)).collect();

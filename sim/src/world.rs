@@ -32,6 +32,9 @@ pub enum Kind {
     Unbalanced,
     /// A graceful join or leave moved more than ⌈N/M⌉ + 1 shards.
     TooManyMoves,
+    /// Workloads of two shard counts ran at once (a resize let the new count start before
+    /// the old one's last workload was gone).
+    TwoCounts,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
 }
@@ -104,6 +107,8 @@ pub struct World {
     register: Mutex<BTreeMap<String, Register>>,
     /// The terms whose workload runs now, by lease and token.
     running: Mutex<BTreeMap<String, BTreeMap<u64, Running>>>,
+    /// How many workloads of each shard count run now.
+    counts: Mutex<BTreeMap<u32, usize>>,
     /// When the store lost its data.
     wipes: Mutex<Vec<Instant>>,
     pub store_down: AtomicBool,
@@ -121,6 +126,7 @@ impl World {
             grants: Mutex::default(),
             register: Mutex::default(),
             running: Mutex::default(),
+            counts: Mutex::default(),
             wipes: Mutex::default(),
             store_down: AtomicBool::new(false),
             findings: Mutex::default(),
@@ -288,6 +294,34 @@ impl World {
             .entry(lease.to_owned())
             .or_default()
             .insert(token, running);
+    }
+
+    /// A workload of a group running `count` shards started: no workload of another count
+    /// may be running.
+    pub fn count_started(&self, lease: &str, count: u32) {
+        let others: Vec<(u32, usize)> = {
+            let mut counts = lock(&self.counts);
+            *counts.entry(count).or_default() += 1;
+            counts
+                .iter()
+                .filter(|(c, n)| **c != count && **n > 0)
+                .map(|(c, n)| (*c, *n))
+                .collect()
+        };
+        if !others.is_empty() {
+            self.find(
+                lease,
+                Kind::TwoCounts,
+                None,
+                format!("a workload of {count} shards started while these run (count, workloads): {others:?}"),
+            );
+        }
+    }
+
+    pub fn count_ended(&self, count: u32) {
+        if let Some(n) = lock(&self.counts).get_mut(&count) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     /// A term's workload ended (returned, or dropped by the elector or a crash).

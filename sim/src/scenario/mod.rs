@@ -74,6 +74,9 @@ pub struct Figures {
     pub moves_join: usize,
     pub moves_leave: usize,
     pub moves_kill: usize,
+    /// A rolling update to another shard count: from its first new replica to the new count
+    /// balanced.
+    pub resized_after: Option<f64>,
     /// Store calls per virtual second with the group settled.
     pub store_calls_per_sec: f64,
 }
@@ -234,16 +237,29 @@ async fn workload(
     term: Term,
     every: (f64, f64),
     stubborn: f64,
+    count: Option<u32>,
 ) {
     let label = link.label().to_owned();
     world.term_started(&lease, &label, &term, link.beyond_bound());
-    struct Ended(Arc<World>, Link, String, Term);
+    if let Some(count) = count {
+        world.count_started(&lease, count);
+    }
+    struct Ended(Arc<World>, Link, String, Term, Option<u32>);
     impl Drop for Ended {
         fn drop(&mut self) {
             self.0.term_ended(&self.2, self.1.label(), &self.3);
+            if let Some(count) = self.4 {
+                self.0.count_ended(count);
+            }
         }
     }
-    let _ended = Ended(world.clone(), link.clone(), lease.clone(), term.clone());
+    let _ended = Ended(
+        world.clone(),
+        link.clone(),
+        lease.clone(),
+        term.clone(),
+        count,
+    );
     let token = term.fencing_token().get();
     // Some terms (half by default) run a stubborn workload: it ignores cancellation and writes without
     // checking its term, as code stuck in a long call does. The elector must drop it in time.
@@ -325,6 +341,7 @@ impl Sim {
                                     term,
                                     every,
                                     stubborn,
+                                    None,
                                 )
                             },
                         )
@@ -368,6 +385,7 @@ impl Sim {
             let link2 = link.clone();
             let retry = self.t.retry;
             let group = self.group();
+            let count = self.p.shards;
             tokio::spawn(async move {
                 let mut stopped = std::pin::pin!(stopped);
                 loop {
@@ -385,6 +403,7 @@ impl Sim {
                                     term,
                                     every,
                                     stubborn,
+                                    Some(count),
                                 )
                             },
                         )

@@ -209,6 +209,41 @@ impl Sim {
             );
         }
         self.down.clear();
+        sleep(lease).await;
+
+        // A rolling update to four more shards: a replica of the new count starts, then an old
+        // one leaves, one by one. The group record lets the new count start only once no old
+        // workload runs (checker `TwoCounts`).
+        let old: Vec<usize> = self.replicas.keys().copied().collect();
+        let to = (self.p.shards + 4).min(tenure::shard::MAX_SHARDS);
+        self.world
+            .event(format_args!("resize {} -> {to} shards", self.p.shards));
+        self.p.shards = to;
+        let from = Instant::now();
+        for id in old {
+            let new = self.next_id;
+            self.next_id += 1;
+            self.start(new);
+            sleep(lease / 3).await;
+            self.leave(id);
+            sleep(lease / 3).await;
+        }
+        self.down.clear();
+        f.resized_after = self
+            .until_settled(settle * 2)
+            .await
+            .map(|_| from.elapsed().as_secs_f64());
+        if f.resized_after.is_none() {
+            self.world.find(
+                "group",
+                Kind::Unbalanced,
+                None,
+                format!(
+                    "not balanced on {to} shards after a rolling update: {:?}",
+                    self.loads()
+                ),
+            );
+        }
         f
     }
 
