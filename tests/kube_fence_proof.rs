@@ -520,8 +520,11 @@ async fn a_broken_floor_fails_closed_naming_the_lease_and_the_next_grant_repairs
         let deadline = Instant::now() + Duration::from_secs(15);
         let message = loop {
             let r = raw.create(&PostParams::default(), &cm("w", floor)).await;
+            // The policy reads the Lease from the API server's informer, a little behind the
+            // patch: a refusal may still name the previous broken floor. Wait for this one.
             if let Err(kube::Error::Api(s)) = &r
                 && s.message.contains("broken floor")
+                && s.message.contains(&format!("\"{:.20}", floor))
             {
                 break s.message.clone();
             }
