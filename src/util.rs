@@ -30,11 +30,21 @@ pub(crate) fn seed_jitter(seed: Option<u64>) {
     SEEDED.with(|s| s.set(seed));
 }
 
-/// SplitMix64's output function: a well-mixed u64 from each step of a counter.
-fn splitmix(mut z: u64) -> u64 {
+/// SplitMix64's output function: a well-mixed u64 from each step of a counter (and the
+/// finalizer that spreads a weak hash's bits over the whole word).
+pub(crate) fn splitmix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// Sleeps until `at`, or forever when there is no instant: the branch of a `select!` whose
+/// deadline may be unset.
+pub(crate) async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// This process's default identity: `$POD_NAME` when set (the Kubernetes downward API

@@ -354,7 +354,7 @@ impl LeaderElector {
                         drop_at = Some((Instant::now() + config.grace).min(shared.valid_until() - config.stop_margin));
                         stopping = Some(Stopping::Shutdown);
                     }
-                    () = sleep_until_opt(deadline) => {
+                    () = crate::util::sleep_until_opt(deadline) => {
                         tracing::warn!(parent: &span, "workload ignored cancellation: dropped");
                         break None;
                     }
@@ -441,11 +441,4 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string panic payload".to_owned())
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }

@@ -447,7 +447,7 @@ impl Task {
                 Some(done) = self.in_flight.next(), if !self.in_flight.is_empty() => {
                     self.finish_batch(done);
                 }
-                () = sleep_until_opt(wake_at) => {}
+                () = crate::util::sleep_until_opt(wake_at) => {}
             }
         }
     }
@@ -717,12 +717,5 @@ impl Task {
             .stats
             .renewals
             .fetch_add(renewed, Ordering::Relaxed);
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

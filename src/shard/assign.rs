@@ -5,20 +5,13 @@
 /// FNV-1a, 64 bits, over `bytes`: the published, trivially portable hash behind
 /// [`shard_of`].
 fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    fnv_from(0xcbf2_9ce4_8422_2325, bytes)
 }
 
 /// splitmix64's finalizer: spreads FNV's weak low bits over the whole word, so rendezvous
 /// weights of similar inputs are independent.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+fn mix(z: u64) -> u64 {
+    crate::util::splitmix(z)
 }
 
 /// The shard of `key` among `shards`: FNV-1a 64 of the key's UTF-8 bytes, modulo `shards`.

@@ -387,12 +387,7 @@ impl ShardedElector {
                             source: BackendError::new(crate::backend::BackendErrorKind::Unavailable, "the membership stream ended"),
                         }),
                     },
-                    () = async {
-                        match recompute_at {
-                            Some(at) => tokio::time::sleep_until(at).await,
-                            None => std::future::pending().await,
-                        }
-                    } => {
+                    () = crate::util::sleep_until_opt(recompute_at) => {
                         recompute_at = None;
                         computed_at = Some(tokio::time::Instant::now());
                         if let Err(e) = self.rebalance(&me, &last, &mut shards, &workload) {
