@@ -30,6 +30,16 @@ pub(crate) fn seed_jitter(seed: Option<u64>) {
     SEEDED.with(|s| s.set(seed));
 }
 
+/// Aborts a task when dropped: a task that must not outlive what owns it (a connection's
+/// reader, a cold cache's watch, a controller's driver).
+pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// SplitMix64's output function: a well-mixed u64 from each step of a counter (and the
 /// finalizer that spreads a weak hash's bits over the whole word).
 pub(crate) fn splitmix(mut z: u64) -> u64 {

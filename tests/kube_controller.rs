@@ -731,3 +731,151 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
         "reconciled outside the shard's term: {strays:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_again() {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    use tenure::backend::memory::MemoryBackend;
+    let server = kube_support::shared();
+    let ns = unique("standby");
+    server.namespace(&ns).await;
+    let api: Api<ConfigMap> = Api::namespaced(server.admin().await, &ns);
+    let version = |cm: &ConfigMap| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let put = |name: String, v: &str| {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name);
+        cm.data = Some(BTreeMap::from([("v".to_owned(), v.to_owned())]));
+        cm
+    };
+    for i in 0..OBJECTS {
+        api.create(&PostParams::default(), &put(format!("obj-{i}"), "0"))
+            .await
+            .expect("configmap");
+    }
+    let cache = Cache::new(api.clone(), watcher::Config::default());
+    let until = |what: &'static str, ok: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !ok() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    until("the standby is ready", &|| cache.standby_ready());
+
+    // While it stands by: five objects change, one is deleted, one is created.
+    let changed: BTreeSet<String> = (1..6).map(|i| format!("obj-{i}")).collect();
+    for name in &changed {
+        api.replace(name, &PostParams::default(), &{
+            let mut cm = api.get(name).await.expect("get");
+            cm.data = Some(BTreeMap::from([("v".to_owned(), "1".to_owned())]));
+            cm
+        })
+        .await
+        .expect("replace");
+    }
+    api.delete("obj-0", &Default::default())
+        .await
+        .expect("delete");
+    api.create(&PostParams::default(), &put("obj-new".into(), "1"))
+        .await
+        .expect("create");
+    let store = cache.store().expect("warm");
+    until("the store sees the changes", &|| {
+        let get =
+            |name: &str| store.get(&kube::runtime::reflector::ObjectRef::new(name).within(&ns));
+        get("obj-0").is_none()
+            && get("obj-new").is_some()
+            && changed
+                .iter()
+                .all(|n| get(n).is_some_and(|cm| version(&cm) == "1"))
+    });
+    assert!(cache.standby_ready());
+
+    let elector = LeaderElector::new(
+        Locker::with_identity(MemoryBackend::new(), "standby").expect("identity"),
+        "controller",
+        safety::config(),
+    )
+    .expect("elector");
+    // One term: every live object reconciled; returns (name, version seen) in order.
+    let term = || {
+        let cache = cache.clone();
+        elector.run(move |term| {
+            let cache = cache.clone();
+            async move {
+                let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+                let mut items =
+                    std::pin::pin!(cache.run(
+                &term,
+                move |cm: Arc<ConfigMap>, seen: Arc<Mutex<Vec<(String, String)>>>| async move {
+                    let name = cm.metadata.name.clone().unwrap_or_default();
+                    seen.lock().expect("not poisoned").push((name, version(&cm)));
+                    Ok::<_, Never>(Action::await_change())
+                },
+                |_, _, _| Action::await_change(),
+                seen.clone(),
+            ));
+                let taken = cache.standby_ready();
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                loop {
+                    let distinct: BTreeSet<String> = seen
+                        .lock()
+                        .expect("not poisoned")
+                        .iter()
+                        .map(|(n, _)| n.clone())
+                        .collect();
+                    if distinct.len() == OBJECTS {
+                        break;
+                    }
+                    match tokio::time::timeout_at(deadline, items.next()).await {
+                        Ok(Some(Ok(_))) => {}
+                        other => panic!("{other:?} with {distinct:?} reconciled"),
+                    }
+                }
+                let seen = seen.lock().expect("not poisoned").clone();
+                (seen, taken)
+            }
+        })
+    };
+    let (first, ready_in_term) = tokio::time::timeout(Duration::from_secs(60), term())
+        .await
+        .expect("term 1")
+        .expect("ran");
+    assert!(!ready_in_term, "the term took the standby");
+    let firsts: BTreeMap<&str, &str> = first
+        .iter()
+        .rev()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert!(
+        !firsts.contains_key("obj-0"),
+        "deleted while parked: {first:?}"
+    );
+    assert_eq!(firsts.get("obj-new"), Some(&"1"), "{first:?}");
+    for name in &changed {
+        assert_eq!(
+            firsts.get(name.as_str()),
+            Some(&"1"),
+            "{name}'s first reconcile: {first:?}"
+        );
+    }
+
+    until("the next standby is ready", &|| cache.standby_ready());
+    let (second, _) = tokio::time::timeout(Duration::from_secs(60), term())
+        .await
+        .expect("term 2")
+        .expect("ran");
+    let again: BTreeSet<&str> = second.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        again.len(),
+        OBJECTS,
+        "every object again in the next term: {second:?}"
+    );
+}

@@ -2,13 +2,13 @@
 //! per term, in cold mode), and the reconcile queue a term's controller reads from it.
 
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
+use futures::{FutureExt, Stream, StreamExt, TryFuture};
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Config, ReconcileRequest, applier};
+use kube::runtime::controller::{Action, Config, ReconcileRequest};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
@@ -17,6 +17,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerError;
+use super::standby::{Session, Standby};
 use crate::election::Term;
 
 /// Changes held for a term's queue while it catches up; a queue further behind resyncs from
@@ -136,6 +137,10 @@ where
     controller_config: Config,
     /// The always-on watch in warm mode; `None` in cold mode.
     warm: Option<Running<K>>,
+    /// Whether followers keep a controller ready for the next term (warm mode only).
+    standby_on: bool,
+    /// The controller kept ready for the next term (warm mode, between terms).
+    standby: Mutex<Option<Standby<K>>>,
     /// Stops the warm watch when the last clone of the cache is dropped.
     stop: CancellationToken,
 }
@@ -205,16 +210,20 @@ where
             });
             running
         });
-        Self {
+        let cache = Self {
             inner: Arc::new(Inner {
                 api,
                 watch_config: config,
                 mode,
                 controller_config: Config::default(),
                 warm,
+                standby_on: true,
+                standby: Mutex::new(None),
                 stop,
             }),
-        }
+        };
+        cache.inner.prepare_standby();
+        cache
     }
 
     /// The kube-runtime controller settings (concurrency, debounce) of [`run`](Self::run).
@@ -226,8 +235,44 @@ where
     #[must_use]
     pub fn controller_config(mut self, config: Config) -> Self {
         match Arc::get_mut(&mut self.inner) {
-            Some(inner) => inner.controller_config = config,
+            Some(inner) => {
+                inner.controller_config = config;
+                // The standby was built with the settings before.
+                inner.replace_standby();
+            }
             None => tracing::warn!("controller_config on a shared cache: ignored"),
+        }
+        self
+    }
+
+    /// Whether a follower keeps [`run`](Self::run)'s controller ready for its next term
+    /// (warm mode; on by default): kube-runtime's applier built over the warm store and fed
+    /// every object before the grant, each reconcile parked until the grant, as
+    /// controller-runtime's `EnableWarmup` keeps its work queue filled. The first reconcile
+    /// after a grant then starts at once, whatever the number of objects; without it, a new
+    /// leader first queues every object (milliseconds per thousand).
+    ///
+    /// Nothing the reconciler does runs before the grant: a parked reconcile holds the
+    /// object's key, reads the object as it is at the grant (one deleted meanwhile is not
+    /// reconciled) and runs as a task of the term. An object that changed while parked is
+    /// reconciled once more after its first reconcile, as kube-runtime does for a change
+    /// during a reconcile. The cost, on each follower: the applier's queue and one parked
+    /// future per object (measured by `benches/kube_controller.rs`), and the CPU to queue
+    /// each change. Turn it off for a cache that only [`queue`](Self::queue) or
+    /// [`run_sharded`](Self::run_sharded) reads.
+    ///
+    /// # Panics
+    ///
+    /// Never; it is a builder method to call before the cache is cloned. On a cache already
+    /// shared it leaves the setting unchanged and logs a warning.
+    #[must_use]
+    pub fn standby(mut self, on: bool) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => {
+                inner.standby_on = on;
+                inner.replace_standby();
+            }
+            None => tracing::warn!("standby on a shared cache: ignored"),
         }
         self
     }
@@ -247,6 +292,20 @@ where
             .map_or(CacheState::Starting, |w| w.state.borrow().clone())
     }
 
+    /// Whether a controller stands ready for this replica's next term (see
+    /// [`standby`](Self::standby)): the store has listed and every object waits, parked, for
+    /// the grant. False in cold mode, with the standby turned off, while a term's
+    /// [`run`](Self::run) uses it, and until the next is ready after that term.
+    #[must_use]
+    pub fn standby_ready(&self) -> bool {
+        self.inner
+            .standby
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(Standby::is_armed)
+    }
+
     /// The warm store, current on every replica (`None` in cold mode). Read it anywhere —
     /// an always-on status endpoint, say — but write only while leading.
     #[must_use]
@@ -258,7 +317,10 @@ where
     /// lasts, like [`Controller::run`](kube::runtime::Controller::run).
     ///
     /// Every object is reconciled once at the start (from the warm store: no list request),
-    /// then again on each change and each requeue. When the term ends, no new reconcile
+    /// then again on each change (a deletion is not one: the object is gone from the store)
+    /// and each requeue. With the [`standby`](Self::standby) (the default in warm mode), the
+    /// applier was built on this follower before the grant and every object is already
+    /// queued: the first reconcile starts at once. When the term ends, no new reconcile
     /// starts, the ones in flight finish (kube-runtime's graceful shutdown), and the stream
     /// ends; the elector drops it at the term's stop deadline if one hangs.
     ///
@@ -284,21 +346,40 @@ where
         EP: Fn(Arc<K>, &RFut::Error, Arc<Ctx>) -> Action + Send + Sync + 'static,
         Ctx: Send + Sync + 'static,
     {
-        let (running, store) = self.for_term(term);
-        let queue = queue(running, term);
-        let mut reconciler = reconciler;
-        let tasks = term.clone();
         // Each reconcile runs as a task of the term, as `Controller::run` spawns them: they
         // run in parallel, a panic resurfaces here (and ends the term), and any still running
         // when the term's workload is dropped are aborted and awaited before the release.
-        applier(
-            move |obj, ctx| Reconcile(tasks.spawn(TryFutureExt::into_future(reconciler(obj, ctx)))),
-            error_policy,
-            context,
-            store,
-            queue,
-            self.inner.controller_config.clone(),
-        )
+        let session = Session::new(term, reconciler, error_policy, context);
+        let standby = match self.take_standby() {
+            Some(standby) => {
+                standby.open(session);
+                standby
+            }
+            None => {
+                let running = self.for_term(term);
+                let ready = warm_or_refused(running.state.clone(), term.valid_until());
+                Standby::prepare(running, ready, self.applier_config(), Some(session))
+            }
+        };
+        // When the term's controller is gone (ended, or dropped at the stop deadline), the
+        // next one is made ready.
+        let next = NextStandby(Arc::downgrade(&self.inner));
+        standby.results().map(move |item| {
+            let _ = &next;
+            item
+        })
+    }
+
+    /// The standby made ready for this term, if one is and no other term took it.
+    fn take_standby(&self) -> Option<Standby<K>> {
+        let mut slot = self
+            .inner
+            .standby
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // One that is not ready (the store never listed, or its applier ended) is dropped:
+        // the term builds its own and reports why it cannot run.
+        slot.take().filter(Standby::is_armed)
     }
 
     /// The warm watch, or in cold mode a new one and the future that drives it.
@@ -320,25 +401,86 @@ where
     }
 
     /// The running watch for `term`: the warm one, or in cold mode one bound to the term.
-    fn for_term(&self, term: &Term) -> (Running<K>, Store<K>) {
+    fn for_term(&self, term: &Term) -> Running<K> {
         let (running, watching) = self.watch_for_run();
         if let Some(watching) = watching {
             drop(term.spawn(watching));
         }
-        let store = running.store.clone();
-        (running, store)
+        running
     }
 
     /// The reconcile requests for `term`, for wiring an [`applier`] by hand (several kinds
-    /// into one reconciler, say): every object once the cache is current, then each change,
-    /// ending when the term ends. A queue that falls more than 4,096 changes behind resyncs:
+    /// into one reconciler, say): every object once the cache is current, then each change
+    /// (not deletions), ending when the term ends. A queue that falls more than 4,096 changes behind resyncs:
     /// it requests every object again.
     pub fn queue(
         &self,
         term: &Term,
     ) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send + use<K> {
-        let (running, _) = self.for_term(term);
-        queue(running, term)
+        let running = self.for_term(term);
+        let ready = warm_or_refused(running.state.clone(), term.valid_until());
+        requests(
+            running,
+            ready,
+            term.cancellation().clone().cancelled_owned(),
+        )
+    }
+}
+
+impl<K> Inner<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Makes a controller ready for the next term, unless one is or none is wanted.
+    fn prepare_standby(&self) {
+        let (Some(warm), true) = (&self.warm, self.standby_on) else {
+            return;
+        };
+        let mut slot = self.standby.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            let mut state = warm.state.clone();
+            // Armed once the store has listed; a refused watch leaves it unarmed and the
+            // term reports the refusal.
+            let ready = async move {
+                state
+                    .wait_for(|s| *s == CacheState::Warm)
+                    .await
+                    .map(|_| ())
+                    .map_err(|_| ControllerError::WatchStopped)
+            };
+            *slot = Some(Standby::prepare(
+                warm.clone(),
+                ready,
+                self.controller_config.clone(),
+                None,
+            ));
+        }
+    }
+
+    fn replace_standby(&mut self) {
+        *self
+            .standby
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.prepare_standby();
+    }
+}
+
+/// Makes the next term's controller ready when dropped with the current one's stream.
+struct NextStandby<K>(Weak<Inner<K>>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static;
+
+impl<K> Drop for NextStandby<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        // Preparing spawns the applier's driver: only inside a runtime (the stream is
+        // dropped in the workload's, except by a caller that moved it out of any).
+        if let (Some(inner), Ok(_)) = (self.0.upgrade(), tokio::runtime::Handle::try_current()) {
+            inner.prepare_standby();
+        }
     }
 }
 
@@ -390,10 +532,15 @@ where
         let mut events = std::pin::pin!(watcher(api, config).default_backoff().reflect(writer));
         while let Some(event) = events.next().await {
             match event {
-                Ok(Event::Apply(obj) | Event::Delete(obj) | Event::InitApply(obj)) => {
-                    // No receiver (no term running) is the common case on a follower.
+                Ok(Event::Apply(obj) | Event::InitApply(obj)) => {
+                    // No receiver is the common case on a follower without a standby.
                     let _ = changes.send(ObjectRef::from_obj(&obj));
                 }
+                // Not a change to reconcile: the store no longer has the object, and a
+                // request for it would only end in `ObjectNotFound` (kube-runtime's
+                // `Controller` does not queue deletions either; finalizers are the way to act
+                // on one).
+                Ok(Event::Delete(_)) => {}
                 Ok(Event::InitDone) => {
                     state_tx.send_replace(CacheState::Warm);
                 }
@@ -424,23 +571,21 @@ fn is_refusal(e: &watcher::Error) -> bool {
     matches!(client, kube::Error::Api(status) if matches!(status.code, 401 | 403 | 404))
 }
 
-/// The queue of one term over `running`: waits until the store is current (or refused), then
-/// every object, then each change, until the term ends.
-fn queue<K>(
+/// The reconcile requests over `running`: once `ready` (the store is current), every object,
+/// then each change, until `until` completes; `ready`'s error instead, as the only item.
+pub(super) fn requests<K>(
     running: Running<K>,
-    term: &Term,
-) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send + use<K>
+    ready: impl Future<Output = Result<(), ControllerError>> + Send + 'static,
+    until: impl Future<Output = ()> + Send + 'static,
+) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let ended = term.cancellation().clone().cancelled_owned();
-    let deadline = term.valid_until();
     // Subscribed before the snapshot is read, so no change between the two is lost (one seen
     // twice is reconciled once: the applier's scheduler merges requests for one object).
     let changes = running.changes.subscribe();
-    let state = running.state.clone();
     let store = running.store.clone();
-    futures::stream::once(warm_or_refused(state, deadline))
+    futures::stream::once(ready)
         .flat_map(move |ready| -> futures::stream::BoxStream<'static, _> {
             match ready {
                 Err(e) => Box::pin(futures::stream::iter([Err(e)])),
@@ -478,7 +623,7 @@ where
                 }
             }
         })
-        .take_until(ended)
+        .take_until(until)
 }
 
 /// How many requests of a snapshot are queued before the queue lets others run.

@@ -31,6 +31,7 @@
 mod cache;
 mod replica;
 mod sharded;
+mod standby;
 
 pub use cache::{Cache, CacheMode, CacheState};
 pub use replica::{PartError, Replica};

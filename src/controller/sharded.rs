@@ -17,6 +17,7 @@ use super::ControllerError;
 use super::cache::{Cache, Reconcile, Running, warm_or_refused};
 use crate::election::Term;
 use crate::shard::{ShardedElector, shard_of};
+use crate::util::AbortOnDrop;
 
 /// The key an object is sharded by: `namespace/name`, or `name` for a cluster-scoped object
 /// ([`shard_of`] of it gives the shard, in any language).
@@ -193,14 +194,5 @@ where
                 },
             }
         }
-    }
-}
-
-/// Aborts the task when dropped: a cold cache's watch ends with the queue it feeds.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

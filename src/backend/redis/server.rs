@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::limit::{Limited, ReplyRefused, Tripwire};
 use super::tls::Tls;
+use crate::util::AbortOnDrop;
 
 /// Why a call on a connection failed.
 #[derive(Debug)]
@@ -178,22 +179,13 @@ impl Connector {
     }
 }
 
-/// Aborts a task when the last handle to it is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// One established command connection.
 #[derive(Clone)]
 struct Live {
     conn: MultiplexedConnection,
     tripwire: Tripwire,
     /// The task reading the connection; ends with the last handle.
-    _driver: Arc<AbortOnDrop>,
+    _driver: Arc<AbortOnDrop<()>>,
 }
 
 type Connecting = Shared<BoxFuture<'static, Result<Live, RedisError>>>;

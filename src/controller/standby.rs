@@ -1,0 +1,366 @@
+//! A term's controller made ready before the grant: kube-runtime's applier built over the
+//! warm store on a follower and fed every object, each reconcile parked at a gate that the
+//! grant opens. The first reconcile after a grant then waits for no queueing, whatever the
+//! number of objects (controller-runtime's `EnableWarmup` does the same with its work queue).
+//!
+//! Nothing the user wrote runs before the grant: a parked reconcile holds only the object's
+//! key, and once the gate opens it reads the object as the store has it then (an object
+//! deleted meanwhile is not reconciled) and spawns the user's reconcile as a task of the term.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
+use kube::Resource;
+use kube::runtime::controller::{self, Action, Config, applier};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::ControllerError;
+use super::cache::{Reconcile, Running, requests};
+use crate::election::Term;
+use crate::util::AbortOnDrop;
+
+/// What the applier of a standby reports: its reconcile errors type-erased, because the
+/// standby is built before the term's reconciler (and its error type) is known.
+pub(super) type Item<K> =
+    Result<(ObjectRef<K>, Action), controller::Error<Failed, ControllerError>>;
+
+/// How many reconciles the grant releases at once; each released one releases the next, so
+/// the grant itself costs the same for 10 parked reconciles as for 100,000.
+const RELEASE: usize = 64;
+
+/// Items a term's stream may fall behind its applier before the applier waits.
+const ITEMS: usize = 256;
+
+/// A reconcile's error, type-erased, with the action the term's error policy chose for it.
+pub(super) struct Failed {
+    pub(super) error: Box<dyn Any + Send>,
+    action: Action,
+}
+
+impl fmt::Debug for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Failed")
+            .field("action", &self.action)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("reconcile failed")
+    }
+}
+
+impl std::error::Error for Failed {}
+
+/// The user's reconcile with its context and error policy, as one erased function.
+type Reconciler<K> = Box<dyn FnMut(Arc<K>) -> BoxFuture<'static, Result<Action, Failed>> + Send>;
+
+/// What the grant hands the parked reconciles: the term and the reconciler.
+pub(super) struct Session<K> {
+    term: Term,
+    reconcile: Mutex<Reconciler<K>>,
+}
+
+impl<K: Send + Sync + 'static> Session<K> {
+    pub(super) fn new<R, RFut, EP, Ctx>(
+        term: &Term,
+        mut reconciler: R,
+        error_policy: EP,
+        context: Arc<Ctx>,
+    ) -> Arc<Self>
+    where
+        R: FnMut(Arc<K>, Arc<Ctx>) -> RFut + Send + 'static,
+        RFut: TryFuture<Ok = Action> + Send + 'static,
+        RFut::Error: std::error::Error + Send + 'static,
+        EP: Fn(Arc<K>, &RFut::Error, Arc<Ctx>) -> Action + Send + Sync + 'static,
+        Ctx: Send + Sync + 'static,
+    {
+        let error_policy = Arc::new(error_policy);
+        let reconcile: Reconciler<K> = Box::new(move |obj: Arc<K>| {
+            let work = TryFutureExt::into_future(reconciler(obj.clone(), context.clone()));
+            let (context, error_policy) = (context.clone(), error_policy.clone());
+            async move {
+                work.await.map_err(|e| Failed {
+                    action: error_policy(obj, &e, context),
+                    error: Box::new(e),
+                })
+            }
+            .boxed()
+        });
+        Arc::new(Self {
+            term: term.clone(),
+            reconcile: Mutex::new(reconcile),
+        })
+    }
+}
+
+/// Where reconciles wait for the grant, in the order they arrived.
+struct Gate<K> {
+    state: Mutex<GateState<K>>,
+    /// The term's cancellation once open: the applier's queue ends when it fires.
+    opened: watch::Sender<Option<CancellationToken>>,
+}
+
+struct GateState<K> {
+    session: Option<Arc<Session<K>>>,
+    parked: VecDeque<Waker>,
+}
+
+impl<K> Gate<K> {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(GateState {
+                session: None,
+                parked: VecDeque::new(),
+            }),
+            opened: watch::Sender::new(None),
+        }
+    }
+
+    fn open(&self, session: Arc<Session<K>>) {
+        let token = session.term.cancellation().clone();
+        let first: Vec<Waker> = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.session = Some(session);
+            let n = state.parked.len().min(RELEASE);
+            state.parked.drain(..n).collect()
+        };
+        self.opened.send_replace(Some(token));
+        first.into_iter().for_each(Waker::wake);
+    }
+
+    fn is_open(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .session
+            .is_some()
+    }
+
+    fn pass(self: &Arc<Self>) -> Pass<K> {
+        Pass { gate: self.clone() }
+    }
+}
+
+/// Waits at the gate; once through, releases the next parked reconcile.
+struct Pass<K> {
+    gate: Arc<Gate<K>>,
+}
+
+impl<K> Future for Pass<K> {
+    type Output = Arc<Session<K>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self
+            .gate
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match state.session.clone() {
+            Some(session) => {
+                let next = state.parked.pop_front();
+                drop(state);
+                if let Some(next) = next {
+                    next.wake();
+                }
+                Poll::Ready(session)
+            }
+            None => {
+                // Polled only when first started and when woken by the gate, so each parked
+                // reconcile has one entry here.
+                state.parked.push_back(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+/// A controller ready for a term: an applier driven by a task of its own, its reconciles
+/// parked at the gate until [`open`](Self::open).
+pub(super) struct Standby<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    gate: Arc<Gate<K>>,
+    items: mpsc::Receiver<Item<K>>,
+    driver: AbortOnDrop<()>,
+    /// Set once the store was current and every object queued.
+    armed: Arc<AtomicBool>,
+}
+
+impl<K> Standby<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+{
+    /// Builds the applier over `running` and starts driving it. Its queue waits for `ready`,
+    /// then requests every object and each change. With a `session` the gate is open from the
+    /// start (nothing prepared ahead: the term's controller built at its grant).
+    pub(super) fn prepare(
+        running: Running<K>,
+        ready: impl Future<Output = Result<(), ControllerError>> + Send + 'static,
+        config: Config,
+        session: Option<Arc<Session<K>>>,
+    ) -> Self {
+        let gate = Arc::new(Gate::new());
+        if let Some(session) = session {
+            // Open before the driver starts, so an error from `ready` reaches the term.
+            gate.open(session);
+        }
+        let armed = Arc::new(AtomicBool::new(false));
+        let ready = {
+            let armed = armed.clone();
+            ready.inspect(move |r| armed.store(r.is_ok(), Ordering::Release))
+        };
+        let mut opened = gate.opened.subscribe();
+        let ended = async move {
+            let token = match opened.wait_for(Option::is_some).await {
+                Ok(token) => token.clone(),
+                // The gate is gone with its standby: so is this queue.
+                Err(_) => None,
+            };
+            match token {
+                Some(token) => token.cancelled_owned().await,
+                None => std::future::pending().await,
+            }
+        };
+        let store = running.store.clone();
+        let queue = requests(running, ready, ended);
+        let parked_gate = gate.clone();
+        let parked_store = store.clone();
+        let applier = applier(
+            move |obj: Arc<K>, _: Arc<()>| {
+                parked(parked_gate.clone(), parked_store.clone(), obj).boxed()
+            },
+            |_, failed: &Failed, _| failed.action.clone(),
+            Arc::new(()),
+            store,
+            queue,
+            config,
+        );
+        let (tx, items) = mpsc::channel(ITEMS);
+        let driver = AbortOnDrop(tokio::spawn(drive(applier, gate.clone(), tx)));
+        Self {
+            gate,
+            items,
+            driver,
+            armed,
+        }
+    }
+
+    /// Whether a term can use this standby at once: its queue holds every object and its
+    /// applier still runs.
+    pub(super) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire) && !self.driver.0.is_finished()
+    }
+
+    /// The grant: parked reconciles start, with `session`'s term and reconciler.
+    pub(super) fn open(&self, session: Arc<Session<K>>) {
+        self.gate.open(session);
+    }
+
+    /// The term's results, with the reconcile errors as the term's type `E`. Ends when the
+    /// applier does (the term ended and its reconciles finished); a reconcile's panic
+    /// resumes here.
+    pub(super) fn results<E: Send + 'static>(
+        self,
+    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), controller::Error<E, ControllerError>>>
+    + Send
+    + use<K, E> {
+        futures::stream::unfold(Some(self), |standby| async move {
+            let mut standby = standby?;
+            match standby.items.recv().await {
+                Some(item) => Some((typed(item), Some(standby))),
+                None => {
+                    // The driver ended; if a reconcile's panic ended it, resume it here.
+                    if let Err(e) = (&mut standby.driver.0).await
+                        && e.is_panic()
+                    {
+                        std::panic::resume_unwind(e.into_panic());
+                    }
+                    None
+                }
+            }
+        })
+    }
+}
+
+/// An erased item as the term's type. Every error in it came from the one session of this
+/// standby, whose reconcile errors are `E`.
+fn typed<K, E: 'static>(
+    item: Item<K>,
+) -> Result<(ObjectRef<K>, Action), controller::Error<E, ControllerError>>
+where
+    K: Resource<DynamicType = ()> + 'static,
+{
+    use controller::Error as E2;
+    item.map_err(|e| match e {
+        E2::ReconcilerFailed(failed, obj) => match failed.error.downcast::<E>() {
+            Ok(e) => E2::ReconcilerFailed(*e, obj),
+            // Unreachable: a standby serves one term, opened with one session.
+            Err(_) => E2::ObjectNotFound(obj),
+        },
+        E2::ObjectNotFound(obj) => E2::ObjectNotFound(obj),
+        E2::QueueError(e) => E2::QueueError(e),
+        E2::RunnerError(e) => E2::RunnerError(e),
+    })
+}
+
+/// One reconcile of the standby's applier: parked until the grant, then the user's reconcile
+/// of the object as it is now, as a task of the term.
+async fn parked<K>(gate: Arc<Gate<K>>, store: Store<K>, obj: Arc<K>) -> Result<Action, Failed>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    // Only the key is kept: the object the store replaces meanwhile is not held alive here.
+    let meta = obj.meta();
+    let key = ObjectRef::<K>::new(meta.name.as_deref().unwrap_or_default());
+    let key = match meta.namespace.as_deref() {
+        Some(ns) => key.within(ns),
+        None => key,
+    };
+    drop(obj);
+    let session = gate.pass().await;
+    // Parked since before the grant: reconcile what the store holds now, and nothing for an
+    // object deleted meanwhile.
+    let Some(now) = store.get(&key) else {
+        return Ok(Action::await_change());
+    };
+    let work = {
+        let mut reconcile = session
+            .reconcile
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        reconcile(now)
+    };
+    Reconcile(session.term.spawn(work)).await
+}
+
+/// Drives the applier, handing its results to the term once the gate is open. Before that,
+/// nothing has reconciled and what comes concerns no term (an object deleted before its
+/// turn): dropped.
+async fn drive<K>(
+    applier: impl Stream<Item = Item<K>> + Send,
+    gate: Arc<Gate<K>>,
+    tx: mpsc::Sender<Item<K>>,
+) where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut applier = std::pin::pin!(applier);
+    while let Some(item) = applier.next().await {
+        if gate.is_open() && tx.send(item).await.is_err() {
+            return;
+        }
+    }
+}
