@@ -1,8 +1,12 @@
 //! Controllers under leadership on a real kube-apiserver, side by side: how long a new leader
-//! takes from its grant to its first reconcile, with 1,000 and 10,000 watched ConfigMaps, for
+//! takes from its grant to its first reconcile, with 1,000, 10,000 and 100,000 watched
+//! ConfigMaps, for
 //!
 //! - tenure warm: `tenure::controller::Cache` (`CacheMode::Warm`) + `LeaderElector`, the
-//!   store kept current on the follower;
+//!   store kept current on the follower and its controller on standby (every object queued,
+//!   each reconcile parked until the grant);
+//! - tenure warm without standby: the same with `Cache::standby(false)`: the store is warm,
+//!   the new leader queues every object after its grant;
 //! - tenure cold: the same with `CacheMode::Cold`, the watch started per term;
 //! - controller-runtime warm: a manager with Lease leader election and a controller
 //!   `For(&corev1.ConfigMap{})` with `EnableWarmup` (`e2e/controller-runtime-peer`);
@@ -35,7 +39,7 @@
 //! `cargo bench --features kube --bench kube_controller` (about 4 minutes after the build).
 //! `TENURE_BENCH_HANDOFFS` sets the hand-offs per configuration (default 11; p50 is the sample
 //! at index round(0.5·(n−1)) of the sorted samples), `TENURE_BENCH_COUNTS` the object counts
-//! (default `1000,10000`). All candidates run with the same short durations (lease 6 s, renew
+//! (default `1000,10000,100000`). All candidates run with the same short durations (lease 6 s, renew
 //! deadline 4 s, retry 1 s), printed with the results.
 
 #[path = "support/mod.rs"]
@@ -83,7 +87,7 @@ const WARM_SETTLE: Duration = Duration::from_millis(500);
 fn main() -> ExitCode {
     if let Some(args) = support::role::args() {
         let [mode, kubeconfig, lease, identity, expect, ..] = &args[..] else {
-            eprintln!("usage: --role warm|cold KUBECONFIG LEASE IDENTITY EXPECT");
+            eprintln!("usage: --role warm|queued|cold KUBECONFIG LEASE IDENTITY EXPECT");
             return ExitCode::from(2);
         };
         let expect = expect.parse().unwrap_or(0);
@@ -150,22 +154,25 @@ async fn tenure_candidate(
     let config = config_as(kubeconfig, identity).await?;
     let client = kube::Client::try_from(config.clone()).map_err(|e| e.to_string())?;
     let elector = apiserver::elector(config, NS, lease, identity, (LEASE, RENEW_DEADLINE, RETRY))?;
-    let mode = match mode {
-        "warm" => CacheMode::Warm,
-        "cold" => CacheMode::Cold,
+    let (mode, standby) = match mode {
+        "warm" => (CacheMode::Warm, true),
+        "queued" => (CacheMode::Warm, false),
+        "cold" => (CacheMode::Cold, false),
         other => return Err(format!("unknown mode {other}")),
     };
     let cache = Cache::with_mode(
         kube::Api::<ConfigMap>::namespaced(client, NS),
         watcher::Config::default().labels(SELECTOR),
         mode,
-    );
+    )
+    .standby(standby);
     let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     event("READY", identity);
     if mode == CacheMode::Warm {
         let (cache, identity) = (cache.clone(), identity.to_owned());
         tokio::spawn(async move {
-            while cache.state() != CacheState::Warm {
+            // With a standby, ready once every object is parked for the grant.
+            while cache.state() != CacheState::Warm || (standby && !cache.standby_ready()) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             event("WARM", &identity);
@@ -209,13 +216,15 @@ async fn tenure_candidate(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     TenureWarm,
+    TenureQueued,
     TenureCold,
     CrWarm,
     CrCold,
 }
 
-const KINDS: [Kind; 4] = [
+const KINDS: [Kind; 5] = [
     Kind::TenureWarm,
+    Kind::TenureQueued,
     Kind::TenureCold,
     Kind::CrWarm,
     Kind::CrCold,
@@ -224,7 +233,8 @@ const KINDS: [Kind; 4] = [
 impl Kind {
     fn label(self) -> &'static str {
         match self {
-            Kind::TenureWarm => "tenure Cache, warm",
+            Kind::TenureWarm => "tenure Cache, warm (standby)",
+            Kind::TenureQueued => "tenure Cache, warm, no standby",
             Kind::TenureCold => "tenure Cache, cold",
             Kind::CrWarm => "controller-runtime 0.24.1, EnableWarmup",
             Kind::CrCold => "controller-runtime 0.24.1, no warm-up",
@@ -233,13 +243,14 @@ impl Kind {
     fn key(self) -> &'static str {
         match self {
             Kind::TenureWarm => "tenure-warm",
+            Kind::TenureQueued => "tenure-warm-nostandby",
             Kind::TenureCold => "tenure-cold",
             Kind::CrWarm => "cr-warm",
             Kind::CrCold => "cr-cold",
         }
     }
     fn warm(self) -> bool {
-        matches!(self, Kind::TenureWarm | Kind::CrWarm)
+        matches!(self, Kind::TenureWarm | Kind::TenureQueued | Kind::CrWarm)
     }
 }
 
@@ -295,11 +306,11 @@ impl Candidate {
                 }
                 c
             }
-            Kind::TenureWarm | Kind::TenureCold => {
-                let mut c = command(if kind == Kind::TenureWarm {
-                    "warm"
-                } else {
-                    "cold"
+            Kind::TenureWarm | Kind::TenureQueued | Kind::TenureCold => {
+                let mut c = command(match kind {
+                    Kind::TenureWarm => "warm",
+                    Kind::TenureQueued => "queued",
+                    _ => "cold",
                 });
                 c.arg(&kubeconfig)
                     .args([lease, identity, &expect.to_string()]);
@@ -678,7 +689,8 @@ fn fill(rt: &tokio::runtime::Runtime, server: &Server, from: usize, count: usize
 
 fn orchestrate() {
     let handoffs = knob("TENURE_BENCH_HANDOFFS", 11).max(1);
-    let counts: Vec<usize> = knob_list("TENURE_BENCH_COUNTS").unwrap_or_else(|| vec![1000, 10_000]);
+    let counts: Vec<usize> =
+        knob_list("TENURE_BENCH_COUNTS").unwrap_or_else(|| vec![1000, 10_000, 100_000]);
     let mut counts = counts;
     counts.sort_unstable();
     let started = Instant::now();
@@ -832,6 +844,12 @@ fn orchestrate() {
                 "tenure_cold_over_cr_cold",
             ),
             (
+                "tenure warm / tenure warm without standby",
+                Kind::TenureWarm,
+                Kind::TenureQueued,
+                "tenure_warm_over_tenure_nostandby",
+            ),
+            (
                 "tenure warm / tenure cold",
                 Kind::TenureWarm,
                 Kind::TenureCold,
@@ -873,15 +891,20 @@ fn orchestrate() {
             }
         }
         println!();
-        println!("Follower memory (RSS p50), warm / cold:");
+        println!("Follower memory (RSS p50), warm / cold and standby / none:");
         for &n in &counts {
             for (what, w, c) in [
                 ("tenure", Kind::TenureWarm, Kind::TenureCold),
+                (
+                    "tenure, standby / none",
+                    Kind::TenureWarm,
+                    Kind::TenureQueued,
+                ),
                 ("controller-runtime", Kind::CrWarm, Kind::CrCold),
             ] {
                 if let (Some(w), Some(c)) = (rss(w, n), rss(c, n)) {
                     println!(
-                        "  {n:>6} objects  {what:<20} {:.1} MiB / {:.1} MiB = {:.2}×",
+                        "  {n:>6} objects  {what:<24} {:.1} MiB / {:.1} MiB = {:.2}×",
                         w.p50 / 1024.0,
                         c.p50 / 1024.0,
                         w.p50 / c.p50.max(1e-9)
@@ -929,7 +952,7 @@ fn orchestrate() {
             ok(equal)
         ));
         println!();
-        println!("Goals (issue #12):");
+        println!("Goals (issues #12, #28):");
         for l in &lines {
             println!("  {l}");
         }

@@ -32,8 +32,10 @@ pub(crate) fn seed_jitter(seed: Option<u64>) {
 
 /// Aborts a task when dropped: a task that must not outlive what owns it (a connection's
 /// reader, a cold cache's watch, a controller's driver).
+#[cfg(any(feature = "redis", feature = "kube"))]
 pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
 
+#[cfg(any(feature = "redis", feature = "kube"))]
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
