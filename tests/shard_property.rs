@@ -550,3 +550,111 @@ async fn a_burst_of_membership_changes_is_assigned_a_few_times() {
         "40 announcements were assigned {computed} times"
     );
 }
+
+/// A sharded replica's process dies holding every shard (cut off from the store, its tasks and
+/// its restart lock gone with it), and another replica joins. The restart with the same
+/// identity takes the free lock and ends every shard term the dead process recorded — those
+/// now assigned to the other replica too — so the four shards run again at once, each with a
+/// higher token; without the lock they would wait for the leases (15 s).
+#[tokio::test(start_paused = true)]
+async fn a_sharded_replica_restarted_after_its_process_is_gone_frees_its_shards_at_once() {
+    use tenure::election::RestartLock;
+    const SHARDS: u32 = 4;
+    let dir = std::env::temp_dir().join(format!("tenure-shard-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    let tokens: Arc<Mutex<BTreeMap<u32, u64>>> = Arc::default();
+    let process = |backend: FaultyBackend, identity: &str, lock: Option<RestartLock>| {
+        let mut elector = ShardedElector::new(
+            Locker::with_identity(backend, identity).expect("identity"),
+            "jobs",
+            SHARDS,
+            ElectionConfig::new(),
+        )
+        .expect("elector");
+        if let Some(lock) = lock {
+            elector = elector.with_restart_lock(lock);
+        }
+        let tokens = tokens.clone();
+        let run = {
+            let elector = elector.clone();
+            tokio::spawn(async move {
+                elector
+                    .run_until(std::future::pending(), move |shard, term: Term| {
+                        tokens
+                            .lock()
+                            .expect("not poisoned")
+                            .insert(shard, term.fencing_token().get());
+                        async move { term.cancellation().cancelled().await }
+                    })
+                    .await
+            })
+        };
+        (elector, run)
+    };
+    let lock = |wait| {
+        let dir = dir.clone();
+        async move {
+            RestartLock::take(&dir, "jobs", wait)
+                .await
+                .expect("no error")
+        }
+    };
+    let owned = |e: &ShardedElector| e.owned().borrow().len();
+
+    let (first, run) = process(faulty.clone(), "pod-a", lock(Duration::ZERO).await);
+    let mut all = first.owned();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        all.wait_for(|o| o.len() == SHARDS as usize),
+    )
+    .await
+    .expect("every shard runs")
+    .expect("alive");
+    let before = tokens.lock().expect("not poisoned").clone();
+    faulty.set(Fault::Stall);
+    run.abort();
+    let _ = run.await;
+    drop((first, all));
+    for shard in 0..SHARDS {
+        let held = store
+            .inspect(&format!("jobs-{shard}"))
+            .await
+            .expect("reads");
+        assert_eq!(
+            held.map(|r| r.identity).as_deref(),
+            Some("pod-a"),
+            "shard {shard}'s lease outlives the process"
+        );
+    }
+
+    let (other, _other_run) = process(FaultyBackend::new(store.clone()), "pod-b", None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = tokio::time::Instant::now();
+    let lock = lock(Duration::from_secs(1))
+        .await
+        .expect("free: the previous process is gone");
+    let (restarted, _run) = process(FaultyBackend::new(store.clone()), "pod-a", Some(lock));
+    while owned(&restarted) + owned(&other) < SHARDS as usize {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{} + {} shards run {:?} after the restart",
+            owned(&restarted),
+            owned(&other),
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(owned(&other) > 0, "the other replica runs some shards");
+    let now = tokens.lock().expect("not poisoned").clone();
+    for shard in 0..SHARDS {
+        assert!(
+            now[&shard] > before[&shard],
+            "shard {shard}: a new term ({} after {})",
+            now[&shard],
+            before[&shard]
+        );
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

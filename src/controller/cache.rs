@@ -325,7 +325,7 @@ where
     /// ends; the elector drops it at the term's stop deadline if one hangs.
     ///
     /// The first item is a [`ControllerError`] if the watch cannot be served: the API server
-    /// refuses it (RBAC), or it has never listed within the term's validity.
+    /// refuses it (RBAC), or it has not listed by the end of the term's validity and is failing.
     pub fn run<R, RFut, EP, Ctx>(
         &self,
         term: &Term,
@@ -357,7 +357,8 @@ where
             }
             None => {
                 let running = self.for_term(term);
-                let ready = warm_or_refused(running.state.clone(), term.valid_until());
+                let valid = term.clone();
+                let ready = warm_or_refused(running.state.clone(), move || valid.valid_until());
                 Standby::prepare(running, ready, self.applier_config(), Some(session))
             }
         };
@@ -418,7 +419,8 @@ where
         term: &Term,
     ) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send + use<K> {
         let running = self.for_term(term);
-        let ready = warm_or_refused(running.state.clone(), term.valid_until());
+        let valid = term.clone();
+        let ready = warm_or_refused(running.state.clone(), move || valid.valid_until());
         requests(
             running,
             ready,
@@ -643,34 +645,42 @@ pub(super) fn paced<T: Send + 'static>(items: Vec<T>) -> impl Stream<Item = T> +
 }
 
 /// Waits until the watch has listed once. Fails at once when the API server refuses it, and
-/// when it has not listed by `deadline` (the term's validity: past it the term is over
-/// anyway, and a silent wait would hide a watch that never works).
+/// when the watch is failing at `valid_until` (the term's validity, read again at each
+/// deadline: a leader that keeps renewing keeps waiting while its first list is still going —
+/// 100,000 objects take longer than a lease — but a watch that keeps failing is reported, not
+/// waited on in silence).
 pub(super) async fn warm_or_refused(
     mut state: watch::Receiver<CacheState>,
-    deadline: tokio::time::Instant,
+    valid_until: impl Fn() -> tokio::time::Instant,
 ) -> Result<(), ControllerError> {
-    let until = deadline.max(tokio::time::Instant::now() + MIN_WAIT);
-    let waited = tokio::time::timeout_at(
-        until,
-        state.wait_for(|s| {
-            matches!(
-                s,
-                CacheState::Warm | CacheState::Failing { refused: true, .. }
-            )
-        }),
-    )
-    .await
-    .map(|seen| seen.map(|s| s.clone()));
-    match waited {
-        Ok(Ok(CacheState::Failing { error, .. })) => Err(ControllerError::Refused { error }),
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(_)) => Err(ControllerError::WatchStopped),
-        Err(_) => Err(ControllerError::NotWarm {
-            last: match &*state.borrow() {
-                CacheState::Failing { error, .. } => Some(error.clone()),
-                _ => None,
-            },
-        }),
+    loop {
+        let until = valid_until().max(tokio::time::Instant::now() + MIN_WAIT);
+        let waited = tokio::time::timeout_at(
+            until,
+            state.wait_for(|s| {
+                matches!(
+                    s,
+                    CacheState::Warm | CacheState::Failing { refused: true, .. }
+                )
+            }),
+        )
+        .await
+        .map(|seen| seen.map(|s| s.clone()));
+        match waited {
+            Ok(Ok(CacheState::Failing { error, .. })) => {
+                return Err(ControllerError::Refused { error });
+            }
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(_)) => return Err(ControllerError::WatchStopped),
+            Err(_) => {
+                if let CacheState::Failing { error, .. } = &*state.borrow() {
+                    return Err(ControllerError::NotWarm {
+                        last: Some(error.clone()),
+                    });
+                }
+                // Still listing, with no error: wait on while the term lasts.
+            }
+        }
     }
 }
 

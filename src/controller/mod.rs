@@ -50,10 +50,12 @@ pub enum ControllerError {
         /// The refusal, as the watch reported it.
         error: String,
     },
-    /// The cache had not listed its objects by the end of the term's validity.
+    /// The cache had not listed its objects by the end of the term's validity, and its watch
+    /// was failing then (a first list still going without error is waited for as long as
+    /// the term lasts).
     #[error("the cache did not list its objects in time{}", last.as_ref().map(|e| format!(" (last error: {e})")).unwrap_or_default())]
     NotWarm {
-        /// The watch's latest error, if it failed.
+        /// The watch's latest error.
         last: Option<String>,
     },
     /// The cache's watch stopped (its last handle was dropped).

@@ -116,7 +116,7 @@ where
     let store = running.store.clone();
     let shards = sharded.shards();
     let far = tokio::time::Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600);
-    futures::stream::once(warm_or_refused(running.state.clone(), far)).flat_map(
+    futures::stream::once(warm_or_refused(running.state.clone(), move || far)).flat_map(
         move |ready| -> futures::stream::BoxStream<'static, _> {
             match ready {
                 Err(e) => Box::pin(futures::stream::iter([Err(e)])),

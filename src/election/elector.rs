@@ -167,11 +167,17 @@ impl LeaderElector {
     /// sharing one directory simply contend for the lock; the second runs without it.
     #[must_use]
     pub fn with_restart_lock(self, lock: RestartLock) -> Self {
+        self.with_shared_restart_lock(Arc::new(lock))
+    }
+
+    /// [`with_restart_lock`](Self::with_restart_lock) with a lock shared by many electors (a
+    /// sharded replica's shards: one record, an entry per shard lease).
+    pub(crate) fn with_shared_restart_lock(self, lock: Arc<RestartLock>) -> Self {
         *self
             .inner
             .restart
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(lock));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(lock);
         self
     }
 

@@ -14,20 +14,40 @@
 //! Without the lock — another process has it — nothing is released and the lease is won the
 //! usual way, after it expires. A record that does not parse, or names another lease or
 //! identity, is ignored the same way.
+//!
+//! One file serves every lease of a process: a sharded replica campaigns on many shard leases,
+//! each term with its own holder token, so the record is a log of entries (`holder TOKEN LEN
+//! LEASE IDENTITY`), the last entry of a lease winning, appended before each campaign and
+//! rewritten with only the latest entries when it has grown. Each entry is parsed alone and a
+//! bad one skipped. The file is never synced: the record has to survive the process, not the
+//! machine — after a machine crash an older record names tokens that no longer hold anything,
+//! which costs only the fast restart.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::backend::HolderToken;
 
-/// The most a record may hold; a longer file is not ours.
-const MAX_RECORD: u64 = 4096;
+/// The most of a record file that is read; entries past it are not.
+const MAX_RECORD: u64 = 1 << 20;
 
-/// The record's first line.
-const MAGIC: &str = "tenure-restart v1";
+/// The longest entry (a lease name and an identity are far shorter); a longer line is skipped.
+const MAX_ENTRY: usize = 1024;
+
+/// The first line of a record of entries.
+const MAGIC: &str = "tenure-restart v2";
+
+/// The first line of the one-lease record of earlier versions, still read after an upgrade.
+const MAGIC_V1: &str = "tenure-restart v1";
+
+/// The file is rewritten with only the latest entry of each lease once it is larger than this
+/// and than twice those entries.
+const COMPACT_AT: u64 = 64 * 1024;
 
 /// How often [`RestartLock::take`] tries the lock while another process holds it.
 const POLL: Duration = Duration::from_millis(10);
@@ -49,7 +69,8 @@ impl RestartLockError {
 }
 
 /// The lock that proves this replica's previous process is gone (see
-/// [`LeaderElector::with_restart_lock`](super::LeaderElector::with_restart_lock)).
+/// [`LeaderElector::with_restart_lock`](super::LeaderElector::with_restart_lock) and
+/// [`ShardedElector::with_restart_lock`](crate::shard::ShardedElector::with_restart_lock)).
 ///
 /// Hold it for the life of the process: dropping it releases the lock, and a process started
 /// meanwhile would take this one for gone.
@@ -84,23 +105,35 @@ impl RestartLockError {
 pub struct RestartLock {
     file: File,
     path: PathBuf,
-    /// The holder token the previous process recorded for this lease.
-    previous: Option<Recorded>,
+    /// What the previous process recorded, by lease: each handed out once.
+    previous: Mutex<BTreeMap<String, Recorded>>,
+    /// What the file holds, for appending and compacting.
+    written: Mutex<Written>,
 }
 
 /// What a process recorded before it campaigned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Recorded {
-    pub(crate) lease: String,
     pub(crate) identity: String,
     pub(crate) holder: HolderToken,
 }
 
+#[derive(Debug)]
+struct Written {
+    /// The latest entry of each lease, as its line.
+    latest: BTreeMap<String, String>,
+    /// The file's length.
+    len: u64,
+    /// Whether the file starts with [`MAGIC`] (not empty, not an earlier version's record).
+    current: bool,
+}
+
 impl RestartLock {
-    /// Takes the lock of `lease`'s record in `dir` (created if missing, mode 0700; the file
+    /// Takes the lock named after `lease` in `dir` (created if missing, mode 0700; the file
     /// 0600), waiting up to `wait` while another process holds it — e.g. a watchdog still
     /// killing the previous run's command. `Ok(None)` if it is still held then: some process
-    /// of a previous run is alive (or frozen), and only the lease's expiry may end its term.
+    /// of a previous run is alive (or frozen), and only the leases' expiry may end its terms.
+    /// A sharded replica takes one lock, named after its group, for all its shards.
     ///
     /// # Errors
     ///
@@ -141,11 +174,21 @@ impl RestartLock {
                 Err(TryLockError::Error(e)) => return Err(fail("cannot lock it", e)),
             }
         }
-        let previous = read_record(&mut file, &path);
+        let (previous, current) = read_record(&mut file, &path);
+        let len = file.metadata().map_or(u64::MAX, |m| m.len());
+        let latest = previous
+            .iter()
+            .map(|(lease, r)| (lease.clone(), entry(lease, &r.identity, r.holder)))
+            .collect();
         Ok(Some(Self {
             file,
             path,
-            previous,
+            previous: Mutex::new(previous),
+            written: Mutex::new(Written {
+                latest,
+                len,
+                current,
+            }),
         }))
     }
 
@@ -155,15 +198,36 @@ impl RestartLock {
         &self.path
     }
 
-    /// The previous process's last record, if it was for `lease` under `identity`.
-    pub(crate) fn previous(&self, lease: &str, identity: &str) -> Option<HolderToken> {
-        self.previous
-            .as_ref()
-            .filter(|r| r.lease == lease && r.identity == identity)
-            .map(|r| r.holder)
+    /// The holder token the previous process recorded for `lease` under `identity`, once: a
+    /// second call for the lease gets `None`.
+    pub(crate) fn take_previous(&self, lease: &str, identity: &str) -> Option<HolderToken> {
+        let mut previous = self.previous.lock().unwrap_or_else(PoisonError::into_inner);
+        if previous.get(lease)?.identity != identity {
+            return None;
+        }
+        previous.remove(lease).map(|r| r.holder)
     }
 
-    /// Records `holder` as the token this process is about to campaign with, durably, before
+    /// Every lease the previous process recorded under `identity` that `ours` accepts, with
+    /// its holder token, each handed out once.
+    pub(crate) fn take_previous_all(
+        &self,
+        identity: &str,
+        ours: impl Fn(&str) -> bool,
+    ) -> Vec<(String, HolderToken)> {
+        let mut previous = self.previous.lock().unwrap_or_else(PoisonError::into_inner);
+        let leases: Vec<String> = previous
+            .iter()
+            .filter(|(lease, r)| r.identity == identity && ours(lease))
+            .map(|(lease, _)| lease.clone())
+            .collect();
+        leases
+            .into_iter()
+            .filter_map(|lease| previous.remove(&lease).map(|r| (lease, r.holder)))
+            .collect()
+    }
+
+    /// Records `holder` as the token this process is about to campaign on `lease` with, before
     /// the request goes out: if the process dies after sending it, the next one must know it.
     pub(crate) fn record(
         &self,
@@ -171,17 +235,41 @@ impl RestartLock {
         identity: &str,
         holder: HolderToken,
     ) -> std::io::Result<()> {
-        let text = format!(
-            "{MAGIC}\nlease {lease}\nidentity {identity}\nholder {}\n",
-            holder.to_hex()
-        );
-        // One write of a few hundred bytes at offset 0 after truncating: a crash in between
-        // leaves an empty or short record, which parses as nothing.
+        if lease.contains('\n') || identity.contains('\n') {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a lease name or identity with a line break cannot be recorded",
+            ));
+        }
+        let line = entry(lease, identity, holder);
+        if line.len() > MAX_ENTRY {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("an entry of {} bytes is over {MAX_ENTRY}", line.len()),
+            ));
+        }
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        written.latest.insert(lease.to_owned(), line.clone());
+        let live: u64 = written.latest.values().map(|l| l.len() as u64).sum();
         let mut file = &self.file;
-        file.set_len(0)?;
-        file.seek(SeekFrom::Start(0))?;
-        file.write_all(text.as_bytes())?;
-        file.sync_data()
+        if !written.current || written.len > COMPACT_AT.max(2 * live) {
+            // Rewritten in place (a rename would replace the locked file): a crash in between
+            // leaves a short record, whose missing entries only cost their fast restart.
+            let text: String = std::iter::once(format!("{MAGIC}\n"))
+                .chain(written.latest.values().cloned())
+                .collect();
+            written.current = false;
+            file.set_len(0)?;
+            file.seek(SeekFrom::Start(0))?;
+            file.write_all(text.as_bytes())?;
+            written.len = text.len() as u64;
+            written.current = true;
+        } else {
+            file.seek(SeekFrom::End(0))?;
+            file.write_all(line.as_bytes())?;
+            written.len += line.len() as u64;
+        }
+        Ok(())
     }
 }
 
@@ -193,47 +281,103 @@ impl std::os::fd::AsFd for RestartLock {
     }
 }
 
-/// The record in `file`, if one parses; a bad one is logged and ignored.
-fn read_record(file: &mut File, path: &Path) -> Option<Recorded> {
-    let mut text = String::new();
-    if let Err(e) = file.take(MAX_RECORD + 1).read_to_string(&mut text) {
-        tracing::warn!(path = %path.display(), error = %e, "restart record unreadable; ignored");
-        return None;
-    }
-    if text.is_empty() {
-        return None;
-    }
-    let parsed = parse_record(&text);
-    if parsed.is_none() {
-        tracing::warn!(path = %path.display(), "restart record does not parse; ignored");
-    }
-    parsed
+/// One entry's line: the token, then the lease by its length (so either may hold spaces),
+/// then the identity to the end of the line.
+fn entry(lease: &str, identity: &str, holder: HolderToken) -> String {
+    format!(
+        "holder {} {} {lease} {identity}\n",
+        holder.to_hex(),
+        lease.len()
+    )
 }
 
-fn parse_record(text: &str) -> Option<Recorded> {
-    if text.len() as u64 > MAX_RECORD {
+/// The entries in `file` (the last of each lease), and whether it is a current record; bad
+/// entries are logged and skipped, an unreadable file is logged and read as empty.
+fn read_record(file: &mut File, path: &Path) -> (BTreeMap<String, Recorded>, bool) {
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(MAX_RECORD).read_to_end(&mut bytes) {
+        tracing::warn!(path = %path.display(), error = %e, "restart record unreadable; ignored");
+        return (BTreeMap::new(), false);
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let (entries, skipped, current) = parse_record(&text);
+    if skipped > 0 {
+        tracing::warn!(path = %path.display(), skipped, "restart record entries that do not parse; ignored");
+    }
+    (entries, current)
+}
+
+/// The entries of a record (the last of each lease), how many lines were skipped, and whether
+/// it is a current record. An earlier version's one-lease record is read whole or not at all.
+fn parse_record(text: &str) -> (BTreeMap<String, Recorded>, usize, bool) {
+    let mut entries = BTreeMap::new();
+    if text.is_empty() {
+        return (entries, 0, false);
+    }
+    if let Some(v1) = text.strip_prefix(MAGIC_V1) {
+        return match parse_v1(v1) {
+            Some((lease, r)) => {
+                entries.insert(lease, r);
+                (entries, 0, false)
+            }
+            None => (entries, 1, false),
+        };
+    }
+    let mut lines = text.split_inclusive('\n');
+    if lines.next() != Some(&format!("{MAGIC}\n")[..]) {
+        return (entries, 1, false);
+    }
+    let mut skipped = 0;
+    for line in lines {
+        match parse_entry(line) {
+            Some((lease, r)) => {
+                entries.insert(lease, r);
+            }
+            None => skipped += 1,
+        }
+    }
+    (entries, skipped, true)
+}
+
+/// One entry line, whole (with its line break) and at most [`MAX_ENTRY`] bytes.
+fn parse_entry(line: &str) -> Option<(String, Recorded)> {
+    if line.len() > MAX_ENTRY {
         return None;
     }
-    let mut lines = text.strip_suffix('\n')?.split('\n');
-    if lines.next()? != MAGIC {
+    let rest = line.strip_suffix('\n')?.strip_prefix("holder ")?;
+    let (hex, rest) = rest.split_once(' ')?;
+    let holder = HolderToken::from_hex(hex)?;
+    let (len, rest) = rest.split_once(' ')?;
+    let len: usize = len.parse().ok()?;
+    let lease = rest.get(..len)?;
+    let identity = rest.get(len..)?.strip_prefix(' ')?;
+    if lease.is_empty() || identity.is_empty() {
         return None;
     }
+    Some((
+        lease.to_owned(),
+        Recorded {
+            identity: identity.to_owned(),
+            holder,
+        },
+    ))
+}
+
+/// The rest of an earlier version's record after its first line.
+fn parse_v1(text: &str) -> Option<(String, Recorded)> {
+    let mut lines = text.strip_prefix('\n')?.strip_suffix('\n')?.split('\n');
     let lease = lines.next()?.strip_prefix("lease ")?.to_owned();
     let identity = lines.next()?.strip_prefix("identity ")?.to_owned();
     let holder = HolderToken::from_hex(lines.next()?.strip_prefix("holder ")?)?;
-    if lines.next().is_some() {
+    if lines.next().is_some() || text.len() > 4096 {
         return None;
     }
-    Some(Recorded {
-        lease,
-        identity,
-        holder,
-    })
+    Some((lease, Recorded { identity, holder }))
 }
 
 /// The record file's name for `lease`: the name itself when it is a safe file name, else a
 /// hash of it (two leases sharing a file share its lock too, which only costs the second one
-/// its fast restart: the record names its lease).
+/// its fast restart).
 fn file_name(lease: &str) -> String {
     let safe = !lease.is_empty()
         && lease.len() <= 200
@@ -270,10 +414,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_record_is_read_by_the_next_holder_of_the_lock() {
+    async fn a_record_is_read_by_the_next_holder_of_the_lock_once() {
         let d = dir("next");
         let first = free_lock(&d).await;
-        assert_eq!(first.previous("jobs", "a"), None, "nothing recorded yet");
+        assert_eq!(
+            first.take_previous("jobs", "a"),
+            None,
+            "nothing recorded yet"
+        );
         let token = HolderToken::random();
         first.record("jobs", "a", token).expect("records");
         // Held: a second taker gets nothing, after waiting its window.
@@ -285,9 +433,10 @@ mod tests {
         assert!(started.elapsed() >= Duration::from_millis(50));
         drop(first);
         let third = free_lock(&d).await;
-        assert_eq!(third.previous("jobs", "a"), Some(token));
-        assert_eq!(third.previous("jobs", "b"), None, "another identity");
-        assert_eq!(third.previous("other", "a"), None, "another lease");
+        assert_eq!(third.take_previous("jobs", "b"), None, "another identity");
+        assert_eq!(third.take_previous("other", "a"), None, "another lease");
+        assert_eq!(third.take_previous("jobs", "a"), Some(token));
+        assert_eq!(third.take_previous("jobs", "a"), None, "handed out once");
         let mode = |p: &Path| {
             std::os::unix::fs::PermissionsExt::mode(
                 &std::fs::metadata(p).expect("stat").permissions(),
@@ -314,35 +463,110 @@ mod tests {
         std::fs::remove_dir_all(&d).expect("cleanup");
     }
 
-    #[test]
-    fn only_a_whole_record_parses() {
-        let token = HolderToken::random();
-        let good = format!(
-            "{MAGIC}\nlease jobs\nidentity a\nholder {}\n",
-            token.to_hex()
+    #[tokio::test]
+    async fn many_leases_share_one_record_the_last_entry_of_each_winning() {
+        let d = dir("many");
+        let first = free_lock(&d).await;
+        let mut last = BTreeMap::new();
+        // Enough campaigns to compact the file several times over.
+        for round in 0..400 {
+            for shard in 0..8 {
+                let lease = format!("jobs-{shard}");
+                let token = HolderToken::random();
+                first.record(&lease, "pod a", token).expect("records");
+                last.insert(lease, (round, token));
+            }
+        }
+        let len = std::fs::metadata(first.path()).expect("stat").len();
+        assert!(
+            len <= COMPACT_AT + MAX_ENTRY as u64,
+            "compacted: {len} bytes"
         );
+        drop(first);
+        let second = free_lock(&d).await;
+        let mut all = second.take_previous_all("pod a", |l| l.starts_with("jobs-"));
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        let want: Vec<(String, HolderToken)> = last.into_iter().map(|(l, (_, t))| (l, t)).collect();
+        assert_eq!(all, want);
+        assert!(
+            second.take_previous_all("pod a", |_| true).is_empty(),
+            "once"
+        );
+        // Until this process records, the next one would still see the previous entries.
+        second
+            .record("jobs-0", "pod a", HolderToken::random())
+            .expect("records");
+        drop(second);
+        let third = free_lock(&d).await;
         assert_eq!(
-            parse_record(&good),
-            Some(Recorded {
-                lease: "jobs".into(),
-                identity: "a".into(),
-                holder: token
-            })
+            third.take_previous_all("pod a", |_| true).len(),
+            8,
+            "the previous process's entries are kept until replaced"
+        );
+        std::fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[test]
+    fn each_entry_parses_alone_and_a_bad_one_is_skipped() {
+        let token = HolderToken::random();
+        let good = entry("jobs 1", "pod a", token);
+        assert_eq!(
+            parse_entry(&good),
+            Some((
+                "jobs 1".into(),
+                Recorded {
+                    identity: "pod a".into(),
+                    holder: token
+                }
+            ))
         );
         for bad in [
             String::new(),
             good[..good.len() - 1].to_owned(),
             good[..good.len() / 2].to_owned(),
-            good.replace("v1", "v2"),
             good.replace("holder ", "holder x"),
-            format!("{good}extra\n"),
-            format!(
-                "{MAGIC}\nlease jobs\nidentity {}\nholder {}\n",
-                "a".repeat(5000),
-                token.to_hex()
-            ),
+            good.replace(" 6 ", " 60 "),
+            good.replace(" 6 ", " 7 "),
+            entry("", "a", token),
+            entry("jobs", "", token),
+            entry("jobs", &"a".repeat(MAX_ENTRY), token),
         ] {
-            assert_eq!(parse_record(&bad), None, "{bad:?}");
+            assert_eq!(parse_entry(&bad), None, "{bad:?}");
+        }
+        let record = format!(
+            "{MAGIC}\n{}garbage\n{}",
+            entry("a", "x", token),
+            entry("b", "y", token)
+        );
+        let (entries, skipped, current) = parse_record(&record);
+        assert_eq!(entries.len(), 2);
+        assert_eq!((skipped, current), (1, true));
+        assert_eq!(parse_record("not a record\n").1, 1);
+        assert!(parse_record("").0.is_empty());
+    }
+
+    #[test]
+    fn an_earlier_versions_record_is_read_whole_or_not_at_all() {
+        let token = HolderToken::random();
+        let v1 = format!(
+            "{MAGIC_V1}\nlease jobs\nidentity a\nholder {}\n",
+            token.to_hex()
+        );
+        let (entries, skipped, current) = parse_record(&v1);
+        assert_eq!(
+            entries.get("jobs"),
+            Some(&Recorded {
+                identity: "a".into(),
+                holder: token
+            })
+        );
+        assert_eq!((skipped, current), (0, false));
+        for bad in [
+            v1[..v1.len() - 1].to_owned(),
+            format!("{v1}extra\n"),
+            v1.replace("holder ", "holder x"),
+        ] {
+            assert!(parse_record(&bad).0.is_empty(), "{bad:?}");
         }
     }
 
@@ -362,36 +586,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_record_of_the_largest_size_is_read_and_a_larger_one_is_not() {
+    async fn a_record_is_read_up_to_its_bound() {
         let d = dir("size");
         std::fs::create_dir_all(&d).expect("mkdir");
         let token = HolderToken::random();
-        let record = |identity_len: usize| {
-            format!(
-                "{MAGIC}\nlease jobs\nidentity {}\nholder {}\n",
-                "i".repeat(identity_len),
-                token.to_hex()
-            )
-        };
-        let fixed = record(0).len();
-        for (len, read) in [
-            (MAX_RECORD as usize, true),
-            (MAX_RECORD as usize + 1, false),
-        ] {
-            let text = record(len - fixed);
-            assert_eq!(text.len(), len);
-            std::fs::write(d.join(file_name("jobs")), &text).expect("write");
-            let lock = RestartLock::take(&d, "jobs", Duration::ZERO)
-                .await
-                .expect("takes")
-                .expect("free");
-            let identity = "i".repeat(len - fixed);
-            assert_eq!(
-                lock.previous("jobs", &identity).is_some(),
-                read,
-                "{len} bytes"
-            );
+        // Entries up to the bound are read; one that crosses it is cut, so skipped.
+        let mut text = format!("{MAGIC}\n");
+        let mut n = 0;
+        loop {
+            let line = entry(&format!("jobs-{n}"), "a", token);
+            if (text.len() + line.len()) as u64 > MAX_RECORD {
+                text.push_str(&line);
+                break;
+            }
+            text.push_str(&line);
+            n += 1;
         }
+        std::fs::write(d.join(file_name("jobs")), &text).expect("write");
+        let lock = free_lock(&d).await;
+        let read = lock.take_previous_all("a", |_| true).len();
+        assert_eq!(read, n, "every whole entry within {MAX_RECORD} bytes");
         std::fs::remove_dir_all(&d).expect("cleanup");
     }
 }

@@ -190,7 +190,7 @@ impl LeaderElector {
             return;
         };
         let name = &*self.inner.name;
-        let Some(holder) = lock.previous(name, self.identity()) else {
+        let Some(holder) = lock.take_previous(name, self.identity()) else {
             return;
         };
         let timeout = self.inner.config.effective_request_timeout();

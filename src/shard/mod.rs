@@ -35,6 +35,7 @@
 mod assign;
 mod group;
 mod losses;
+mod restart;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -53,7 +54,7 @@ pub use group::GroupStatus;
 
 use crate::Locker;
 use crate::backend::{BackendError, Member};
-use crate::election::{ElectionConfig, ElectionError, LeaderElector, Term};
+use crate::election::{ElectionConfig, ElectionError, LeaderElector, RestartLock, Term};
 
 /// The most shards a group may have.
 pub const MAX_SHARDS: u32 = 4096;
@@ -163,6 +164,8 @@ struct Inner {
     running: AtomicBool,
     /// Shard terms lost to the store, and the warning when they pile up.
     losses: losses::Losses,
+    /// Proves this replica's previous process gone (see [`ShardedElector::with_restart_lock`]).
+    restart: std::sync::Mutex<Option<Arc<RestartLock>>>,
 }
 
 impl std::fmt::Debug for ShardedElector {
@@ -210,8 +213,26 @@ impl ShardedElector {
                 recheck: tokio::sync::Notify::new(),
                 losses: losses::Losses::default(),
                 running: AtomicBool::new(false),
+                restart: std::sync::Mutex::new(None),
             }),
         })
+    }
+
+    /// Lets a restart of this replica take its shards back at once, as
+    /// [`LeaderElector::with_restart_lock`] does for one lease: with `lock` held (taken with
+    /// the group's name, see [`RestartLock::take`]), each shard campaign records its holder
+    /// token in the lock's file before the request goes out, and when
+    /// [`run_until`](Self::run_until) starts it ends every shard term the previous process
+    /// recorded there under this identity. Only a lock that was free proves the previous
+    /// process gone; without one, nothing changes.
+    #[must_use]
+    pub fn with_restart_lock(self, lock: RestartLock) -> Self {
+        *self
+            .inner
+            .restart
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(lock));
+        self
     }
 
     /// This replica's identity.
@@ -334,6 +355,15 @@ impl ShardedElector {
             .locker
             .backend()
             .follow_shard_leases(&self.inner.name, &leases);
+        if let Some(lock) = self.inner.restart_lock() {
+            restart::end_previous_terms(
+                &self.inner.locker,
+                &self.inner.name,
+                &lock,
+                self.inner.config_request_timeout(),
+            )
+            .await;
+        }
         let (lease, retry) = self.inner.config.timings();
         let keeper = group::Keeper {
             backend: self.inner.locker.backend(),
@@ -550,11 +580,14 @@ impl ShardedElector {
         workload: &Workload,
         delay: Duration,
     ) -> Result<(), ShardError> {
-        let elector = LeaderElector::for_shard(
+        let mut elector = LeaderElector::for_shard(
             self.inner.locker.clone(),
             &lease_name(&self.inner.name, shard),
             self.inner.config.clone(),
         )?;
+        if let Some(lock) = self.inner.restart_lock() {
+            elector = elector.with_shared_restart_lock(lock);
+        }
         let stop = CancellationToken::new();
         let inner = self.inner.clone();
         let workload = workload.clone();
@@ -738,6 +771,13 @@ impl Inner {
         self.terms
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn restart_lock(&self) -> Option<Arc<RestartLock>> {
+        self.restart
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     fn config_request_timeout(&self) -> Duration {

@@ -201,13 +201,8 @@ pub struct RunArgs {
     /// the same --identity that finds the lock free knows they are all gone, ends their term
     /// at once and leads without waiting for the lease to expire (the fencing token rises).
     /// If the lock is still held (a frozen or still-running process), the lease expires as
-    /// usual. Not with --shards.
-    #[arg(
-        long,
-        value_name = "DIR",
-        env = "TENURE_RESTART_DIR",
-        conflicts_with = "shards"
-    )]
+    /// usual. With --shards, one lock for the replica: every shard term it held is ended.
+    #[arg(long, value_name = "DIR", env = "TENURE_RESTART_DIR")]
     pub restart_dir: Option<std::path::PathBuf>,
 
     /// On Kubernetes (--backend kube): fence the command's Kubernetes writes by its term's

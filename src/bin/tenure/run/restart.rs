@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::path::Path;
 use std::time::Duration;
 
-use tenure::election::{LeaderElector, RestartLock};
+use tenure::election::RestartLock;
 
 use crate::error::CliError;
 
@@ -13,13 +13,10 @@ use crate::error::CliError;
 /// kill its command and exit (milliseconds), short enough not to delay a normal start much.
 const WAIT: Duration = Duration::from_secs(1);
 
-/// Takes the lock in `dir` for `lease` and gives it to `elector`; without it (held by a live
-/// or frozen process) the elector is returned as it was.
-pub async fn take(
-    elector: LeaderElector,
-    dir: &Path,
-    lease: &str,
-) -> Result<LeaderElector, CliError> {
+/// Takes the lock in `dir` named after `lease` (a sharded replica's: its group), made
+/// inheritable; `None` while a live or frozen process of the previous run holds it (then
+/// nothing changes: the leases expire as usual).
+pub async fn take(dir: &Path, lease: &str) -> Result<Option<RestartLock>, CliError> {
     let lock = RestartLock::take(dir, lease, WAIT)
         .await
         .map_err(|e| CliError::Config {
@@ -30,12 +27,12 @@ pub async fn take(
             dir = %dir.display(),
             "another process of this replica still holds the restart lock (alive or frozen): waiting for the lease as usual"
         );
-        return Ok(elector);
+        return Ok(None);
     };
     inherit(&lock).map_err(|e| CliError::Config {
         message: format!("--restart-dir: {}: {e}", lock.path().display()),
     })?;
-    Ok(elector.with_restart_lock(lock))
+    Ok(Some(lock))
 }
 
 /// Lets every process tenure starts (the command, the watchdog) inherit the lock file's

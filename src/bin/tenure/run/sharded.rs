@@ -15,6 +15,7 @@ use crate::backend::Connected;
 use crate::error::{CliError, chain};
 use crate::process::term_env::{ENV_SHARD, ENV_SHARDS};
 use crate::run::publish;
+use crate::run::restart;
 use crate::run::setup;
 use crate::run::shard_probe;
 use crate::run::supervisor::{Supervisor, Terms};
@@ -23,7 +24,15 @@ use crate::run::supervisor::{Supervisor, Terms};
 pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
     let (config, stop_margin) = setup::election_config(&args);
     let (connected, locker, identity) = setup::connect(&args).await?;
-    let elector = ShardedElector::new(locker, &args.lease, shards, config).map_err(shard_error)?;
+    let mut elector =
+        ShardedElector::new(locker, &args.lease, shards, config).map_err(shard_error)?;
+    // One lock for the replica, named after the group: every shard's command copy and watchdog
+    // inherit it, so it is free only once all of them are gone.
+    if let Some(dir) = &args.restart_dir
+        && let Some(lock) = restart::take(dir, &args.lease).await?
+    {
+        elector = elector.with_restart_lock(lock);
+    }
     setup::probe(&connected, &lease_name(&args.lease, 0), args.retry_period).await?;
     probe_membership(&connected, &args.lease, args.retry_period).await?;
 
