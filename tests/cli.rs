@@ -1397,6 +1397,96 @@ fn a_replica_restarted_after_kill_9_takes_over_at_once() {
     );
 }
 
+/// A sharded replica (4 shards, lease 15 s) restarted after `kill -9` with the same identity
+/// and --restart-dir: one lock for the replica, inherited by every shard's copy and watchdog,
+/// is free once all of them are gone; the restart ends every shard term the killed tenure
+/// recorded and runs all four copies again at once, each with a higher token, none while an
+/// old copy still runs.
+#[test]
+fn a_sharded_replica_restarted_after_kill_9_takes_its_shards_back_at_once() {
+    let s = Scratch::new("restart-shards");
+    let log = s.path("log");
+    let old_pids = s.path("old-pids");
+    let overlap = s.path("overlap");
+    std::fs::write(&old_pids, "").expect("write");
+    // Each copy first checks that no copy of the killed run is alive (not a zombie).
+    let mut command = shard_worker(&log, 0.0);
+    command[2] = format!(
+        r#"for old in $(cat {pids}); do st=$(cut -d' ' -f3 /proc/$old/stat 2>/dev/null); if [ -n "$st" ] && [ "$st" != Z ]; then echo "overlap $old" >> {f}; fi; done
+{body}"#,
+        pids = old_pids.display(),
+        f = overlap.display(),
+        body = command[2]
+    );
+    let args = {
+        let mut a = strings(&["run", "--lease", "mail", "--state-dir", &s.state()]);
+        a.extend(strings(&[
+            "--shards",
+            "4",
+            "--identity",
+            "w1",
+            "--restart-dir",
+        ]));
+        a.push(s.path("restart").display().to_string());
+        a.push("--".into());
+        a.extend(command);
+        a
+    };
+    let mut tenure = Tenure::start(&args, &[], s.path("e1"));
+    wait_until(Duration::from_secs(15), "a copy per shard", || {
+        running(&events(&log)).len() == 4
+    });
+    for round in 2..=3 {
+        let before = running(&events(&log));
+        let pids: Vec<String> = before.values().map(|e| e.pid.to_string()).collect();
+        std::fs::write(&old_pids, pids.join("\n")).expect("write");
+        let killed = Instant::now();
+        tenure.signal(libc::SIGKILL);
+        tenure.wait(Duration::from_secs(5));
+        tenure = Tenure::start(&args, &[], s.path(&format!("e{round}")));
+        let took = wait_until(Duration::from_secs(30), "the four copies again", || {
+            let now = running(&events(&log));
+            now.len() == 4
+                && now
+                    .values()
+                    .all(|e| !before.values().any(|b| b.pid == e.pid))
+        });
+        println!(
+            "round {round}: kill -9 to every shard's copy running again: {:?}",
+            killed.elapsed()
+        );
+        assert!(
+            took < Duration::from_secs(7),
+            "waited for the 15 s leases ({took:?}): {}",
+            tenure.log()
+        );
+        assert!(
+            tenure.log().contains("previous process is gone"),
+            "{}",
+            tenure.log()
+        );
+        let after = running(&events(&log));
+        for (shard, e) in &after {
+            assert!(
+                e.token > before[shard].token,
+                "shard {shard}: {} after {}",
+                e.token,
+                before[shard].token
+            );
+        }
+        for old in &before {
+            assert!(!alive(old.1.pid), "shard {}: the old copy is gone", old.0);
+        }
+    }
+    tenure.signal(libc::SIGTERM);
+    tenure.wait(Duration::from_secs(10));
+    assert!(
+        !overlap.exists(),
+        "{}",
+        std::fs::read_to_string(&overlap).unwrap_or_default()
+    );
+}
+
 /// A frozen tenure keeps the restart lock: its restart gets none, ends nothing, and starts its
 /// command only after the frozen one's watchdog killed the old command and the lease expired.
 #[test]

@@ -3221,12 +3221,12 @@ fn sharding_renders_the_shard_count_and_its_role() {
         args.iter().position(|a| a == "--shards=16") < Some(dashes),
         "{args:?}"
     );
-    // `tenure run --shards` takes no --restart-dir: fastRestart is left out, volume and all.
+    // A sharded replica restarts fast too: one restart lock for all its shards.
     assert!(
-        !args.iter().any(|a| a.starts_with("--restart-dir")),
+        args.contains(&"--restart-dir=/run/tenure-restart".to_owned()),
         "{args:?}"
     );
-    assert!(volume(pod_spec(&sharded), "tenure-restart").is_none());
+    assert!(volume(pod_spec(&sharded), "tenure-restart").is_some());
     let off = render("sh", "ns", &["--set", "election.fastRestart=false"]);
     assert!(
         !worker_args(&off)

@@ -293,8 +293,8 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- end -}}
 
 {{/*
-"true" when the worker runs with --restart-dir (election.fastRestart, not sharded), else "".
+"true" when the worker runs with --restart-dir (election.fastRestart), else "".
 */}}
 {{- define "tenure.fastRestart" -}}
-{{- if and .Values.election.fastRestart (not .Values.sharding.shards) -}}true{{- end -}}
+{{- if .Values.election.fastRestart -}}true{{- end -}}
 {{- end -}}
