@@ -20,6 +20,9 @@ use super::ControllerError;
 use super::standby::{Session, Standby};
 use crate::election::Term;
 
+/// Reconciles at once unless [`Cache::controller_config`] says otherwise; see there.
+const DEFAULT_CONCURRENCY: u16 = 256;
+
 /// Changes held for a term's queue while it catches up; a queue further behind resyncs from
 /// the store instead (every object is reconciled again, nothing is missed).
 const CHANGES_BUFFER: usize = 4096;
@@ -55,6 +58,9 @@ pub enum CacheState {
 }
 
 /// The watched objects of one kind for a controller that runs only while leading.
+///
+/// Objects are stored without their `managedFields` (as controller-runtime's cache keeps
+/// them): the API server's record of field owners, and most of a small object's size.
 ///
 /// Build it once per process, beside the elector. In [`CacheMode::Warm`] (the default) the
 /// watch and its store start at once and stay current on every replica, leader or not; a new
@@ -215,7 +221,7 @@ where
                 api,
                 watch_config: config,
                 mode,
-                controller_config: Config::default(),
+                controller_config: Config::default().concurrency(DEFAULT_CONCURRENCY),
                 warm,
                 standby_on: true,
                 standby: Mutex::new(None),
@@ -226,7 +232,12 @@ where
         cache
     }
 
-    /// The kube-runtime controller settings (concurrency, debounce) of [`run`](Self::run).
+    /// The kube-runtime controller settings (concurrency, debounce) of [`run`](Self::run) and
+    /// [`run_sharded`](Self::run_sharded). The default is kube-runtime's with at most 256
+    /// reconciles at once (kube-runtime's own is unbounded): its runner polls every reconcile
+    /// in flight at each wake-up, so 100,000 at once cost a pass over all of them per
+    /// completion, and the [`standby`](Self::standby) parks one reconcile per slot. Set an
+    /// unbounded concurrency (0) with the standby on and every object waits parked in a slot.
     ///
     /// # Panics
     ///
@@ -531,7 +542,15 @@ where
     };
     let kind = K::kind(&()).into_owned();
     let watching = async move {
-        let mut events = std::pin::pin!(watcher(api, config).default_backoff().reflect(writer));
+        // managedFields are the API server's bookkeeping of who set which field, and the
+        // larger part of most small objects: dropped before the store, as controller-runtime's
+        // cache does by default.
+        let mut events = std::pin::pin!(
+            watcher(api, config)
+                .default_backoff()
+                .modify(|obj: &mut K| obj.meta_mut().managed_fields = None)
+                .reflect(writer)
+        );
         while let Some(event) = events.next().await {
             match event {
                 Ok(Event::Apply(obj) | Event::InitApply(obj)) => {

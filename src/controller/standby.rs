@@ -8,7 +8,6 @@
 //! deleted meanwhile is not reconciled) and spawns the user's reconcile as a task of the term.
 
 use std::any::Any;
-use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -34,10 +33,6 @@ use crate::util::AbortOnDrop;
 /// standby is built before the term's reconciler (and its error type) is known.
 pub(super) type Item<K> =
     Result<(ObjectRef<K>, Action), controller::Error<Failed, ControllerError>>;
-
-/// How many reconciles the grant releases at once; each released one releases the next, so
-/// the grant itself costs the same for 10 parked reconciles as for 100,000.
-const RELEASE: usize = 64;
 
 /// Items a term's stream may fall behind its applier before the applier waits.
 const ITEMS: usize = 256;
@@ -106,7 +101,7 @@ impl<K: Send + Sync + 'static> Session<K> {
     }
 }
 
-/// Where reconciles wait for the grant, in the order they arrived.
+/// Where reconciles wait for the grant.
 struct Gate<K> {
     state: Mutex<GateState<K>>,
     /// The term's cancellation once open: the applier's queue ends when it fires.
@@ -115,7 +110,10 @@ struct Gate<K> {
 
 struct GateState<K> {
     session: Option<Arc<Session<K>>>,
-    parked: VecDeque<Waker>,
+    /// One waker per parked reconcile, by the slot it registered in. kube-runtime's runner
+    /// polls every reconcile in flight at each of its wake-ups, so a parked one is polled
+    /// again and again: it replaces its waker, never adds one.
+    parked: Vec<Waker>,
 }
 
 impl<K> Gate<K> {
@@ -123,7 +121,7 @@ impl<K> Gate<K> {
         Self {
             state: Mutex::new(GateState {
                 session: None,
-                parked: VecDeque::new(),
+                parked: Vec::new(),
             }),
             opened: watch::Sender::new(None),
         }
@@ -131,14 +129,13 @@ impl<K> Gate<K> {
 
     fn open(&self, session: Arc<Session<K>>) {
         let token = session.term.cancellation().clone();
-        let first: Vec<Waker> = {
+        let parked = {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
             state.session = Some(session);
-            let n = state.parked.len().min(RELEASE);
-            state.parked.drain(..n).collect()
+            std::mem::take(&mut state.parked)
         };
         self.opened.send_replace(Some(token));
-        first.into_iter().for_each(Waker::wake);
+        parked.into_iter().for_each(Waker::wake);
     }
 
     fn is_open(&self) -> bool {
@@ -150,40 +147,43 @@ impl<K> Gate<K> {
     }
 
     fn pass(self: &Arc<Self>) -> Pass<K> {
-        Pass { gate: self.clone() }
+        Pass {
+            gate: self.clone(),
+            slot: None,
+        }
     }
 }
 
-/// Waits at the gate; once through, releases the next parked reconcile.
+/// Waits at the gate.
 struct Pass<K> {
     gate: Arc<Gate<K>>,
+    /// Where this one's waker is, once it has waited.
+    slot: Option<usize>,
 }
 
 impl<K> Future for Pass<K> {
     type Output = Arc<Session<K>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut state = self
-            .gate
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match state.session.clone() {
-            Some(session) => {
-                let next = state.parked.pop_front();
-                drop(state);
-                if let Some(next) = next {
-                    next.wake();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let gate = self.gate.clone();
+        let mut state = gate.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(session) = &state.session {
+            return Poll::Ready(session.clone());
+        }
+        match self.slot {
+            Some(slot) => {
+                if let Some(waker) = state.parked.get_mut(slot)
+                    && !waker.will_wake(cx.waker())
+                {
+                    waker.clone_from(cx.waker());
                 }
-                Poll::Ready(session)
             }
             None => {
-                // Polled only when first started and when woken by the gate, so each parked
-                // reconcile has one entry here.
-                state.parked.push_back(cx.waker().clone());
-                Poll::Pending
+                self.slot = Some(state.parked.len());
+                state.parked.push(cx.waker().clone());
             }
         }
+        Poll::Pending
     }
 }
 
@@ -332,6 +332,11 @@ where
     };
     drop(obj);
     let session = gate.pass().await;
+    // Every parked reconcile counts as in flight to the applier, which lets those finish when
+    // the term ends: one not started by then must not start at all.
+    if session.term.cancellation().is_cancelled() {
+        return Ok(Action::await_change());
+    }
     // Parked since before the grant: reconcile what the store holds now, and nothing for an
     // object deleted meanwhile.
     let Some(now) = store.get(&key) else {
@@ -362,5 +367,160 @@ async fn drive<K>(
         if gate.is_open() && tx.send(item).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::election::TestTerm;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("bad object")]
+    struct Bad;
+
+    fn cm(name: &str, v: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm.metadata.namespace = Some("ns".into());
+        cm.data = Some(BTreeMap::from([("v".to_owned(), v.to_owned())]));
+        cm
+    }
+
+    fn version(cm: &ConfigMap) -> String {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("v"))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Reconciles seen: (name, version), and a session that records them; `bad` fails.
+    fn session(term: &Term, seen: &Arc<Mutex<Vec<(String, String)>>>) -> Arc<Session<ConfigMap>> {
+        Session::new(
+            term,
+            |cm: Arc<ConfigMap>, seen: Arc<Mutex<Vec<(String, String)>>>| async move {
+                let name = cm.metadata.name.clone().unwrap_or_default();
+                seen.lock()
+                    .expect("not poisoned")
+                    .push((name.clone(), version(&cm)));
+                if name == "bad" {
+                    Err(Bad)
+                } else {
+                    Ok(Action::await_change())
+                }
+            },
+            |_, _: &Bad, _| Action::requeue(std::time::Duration::from_secs(7)),
+            seen.clone(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn parked_reconciles_wait_for_the_grant_and_reconcile_the_object_as_it_is_then() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&Event::Init);
+        for name in ["a", "b", "gone", "bad"] {
+            writer.apply_watcher_event(&Event::InitApply(cm(name, "0")));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        let gate = Arc::new(Gate::new());
+        let parked: Vec<_> = store
+            .state()
+            .into_iter()
+            .map(|obj| tokio::spawn(parked(gate.clone(), store.clone(), obj)))
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        assert!(
+            parked.iter().all(|p| !p.is_finished()),
+            "parked until the grant"
+        );
+        assert_eq!(gate.state.lock().expect("not poisoned").parked.len(), 4);
+        // While parked: one object changes, one is deleted.
+        writer.apply_watcher_event(&Event::Apply(cm("a", "1")));
+        writer.apply_watcher_event(&Event::Delete(cm("gone", "0")));
+
+        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
+        let seen = Arc::default();
+        gate.open(session(&term.term(), &seen));
+        let mut results = BTreeMap::new();
+        for p in parked {
+            match p.await.expect("no panic") {
+                Ok(action) => results.insert("ok", action),
+                Err(failed) => {
+                    assert!(failed.error.downcast_ref::<Bad>().is_some());
+                    results.insert("failed", failed.action)
+                }
+            };
+        }
+        let mut seen = seen.lock().expect("not poisoned").clone();
+        seen.sort();
+        assert_eq!(
+            seen,
+            [("a", "1"), ("b", "0"), ("bad", "0")].map(|(n, v)| (n.to_owned(), v.to_owned())),
+            "each object as it is at the grant, and none deleted meanwhile"
+        );
+        assert_eq!(results.get("ok"), Some(&Action::await_change()));
+        assert_eq!(
+            results.get("failed"),
+            Some(&Action::requeue(std::time::Duration::from_secs(7))),
+            "the error policy's action"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_parked_reconcile_released_after_the_term_ended_does_not_start() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&Event::Apply(cm("a", "0")));
+        let gate = Arc::new(Gate::new());
+        let obj = store.state().pop().expect("one object");
+        let waiting = tokio::spawn(parked(gate.clone(), store.clone(), obj));
+        tokio::task::yield_now().await;
+        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
+        term.term().cancellation().cancel();
+        let seen = Arc::default();
+        gate.open(session(&term.term(), &seen));
+        assert_eq!(
+            waiting.await.expect("no panic").expect("ok"),
+            Action::await_change()
+        );
+        assert!(seen.lock().expect("not poisoned").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_parked_reconcile_polled_again_keeps_one_waker() {
+        let gate: Arc<Gate<ConfigMap>> = Arc::new(Gate::new());
+        let mut pass = std::pin::pin!(gate.pass());
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        for _ in 0..1000 {
+            assert!(pass.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(gate.state.lock().expect("not poisoned").parked.len(), 1);
+        struct Count(std::sync::atomic::AtomicUsize);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let woken = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&woken);
+        assert!(pass.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(gate.state.lock().expect("not poisoned").parked.len(), 1);
+        let term = TestTerm::begin("gate", "pod-a").await.expect("term");
+        gate.open(session(&term.term(), &Arc::default()));
+        assert_eq!(
+            count.0.load(Ordering::Relaxed),
+            1,
+            "the latest waker is woken"
+        );
+        assert!(pass.as_mut().poll(&mut cx).is_ready());
+        assert!(gate.is_open());
     }
 }
