@@ -114,7 +114,20 @@ struct GateState<K> {
     /// polls every reconcile in flight at each of its wake-ups, so a parked one is polled
     /// again and again: it replaces its waker, never adds one.
     parked: Vec<Waker>,
+    /// The driver's polls of the applier, counted: each is one pass over the parked.
+    round: u64,
+    /// The round `budget` was granted for.
+    budget_round: u64,
+    /// How many more may pass in this round.
+    budget: usize,
+    /// The next round's budget: 1, then doubling up to [`MAX_BUDGET`].
+    next_budget: usize,
 }
+
+/// The most parked reconciles released in one round. The first round releases one: the
+/// runner polls all of its slots before the driver yields and the released reconciles (tasks
+/// of the term) get to run, so releasing 256 at once delayed the first by ~0.5 ms.
+const MAX_BUDGET: usize = 64;
 
 impl<K> Gate<K> {
     fn new() -> Self {
@@ -122,9 +135,22 @@ impl<K> Gate<K> {
             state: Mutex::new(GateState {
                 session: None,
                 parked: Vec::new(),
+                round: 0,
+                // Not a round yet: the first poll after the opening grants a budget.
+                budget_round: u64::MAX,
+                budget: 0,
+                next_budget: 1,
             }),
             opened: watch::Sender::new(None),
         }
+    }
+
+    /// The driver is about to poll the applier again.
+    fn new_round(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .round += 1;
     }
 
     fn open(&self, session: Arc<Session<K>>) {
@@ -154,7 +180,9 @@ impl<K> Gate<K> {
     }
 }
 
-/// Waits at the gate.
+/// Waits at the gate. Polled by the standby's driver, which counts a round per poll of the
+/// applier (a budget not spent in one round is not carried over; one not granted in a round
+/// waits for the next).
 struct Pass<K> {
     gate: Arc<Gate<K>>,
     /// Where this one's waker is, once it has waited.
@@ -167,8 +195,19 @@ impl<K> Future for Pass<K> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let gate = self.gate.clone();
         let mut state = gate.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(session) = &state.session {
-            return Poll::Ready(session.clone());
+        if let Some(session) = state.session.clone() {
+            if state.budget_round != state.round {
+                state.budget_round = state.round;
+                state.budget = state.next_budget;
+                state.next_budget = (state.next_budget * 2).min(MAX_BUDGET);
+            }
+            if state.budget > 0 {
+                state.budget -= 1;
+                return Poll::Ready(session);
+            }
+            // Next round: the driver yields first, so the ones released run.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         match self.slot {
             Some(slot) => {
@@ -363,7 +402,11 @@ async fn drive<K>(
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
     let mut applier = std::pin::pin!(applier);
-    while let Some(item) = applier.next().await {
+    let mut rounds = futures::stream::poll_fn(|cx| {
+        gate.new_round();
+        applier.as_mut().poll_next(cx)
+    });
+    while let Some(item) = rounds.next().await {
         if gate.is_open() && tx.send(item).await.is_err() {
             return;
         }
@@ -448,6 +491,11 @@ mod tests {
         let term = TestTerm::begin("standby", "pod-a").await.expect("term");
         let seen = Arc::default();
         gate.open(session(&term.term(), &seen));
+        // The rounds the driver would count.
+        while !parked.iter().all(tokio::task::JoinHandle::is_finished) {
+            gate.new_round();
+            tokio::task::yield_now().await;
+        }
         let mut results = BTreeMap::new();
         for p in parked {
             match p.await.expect("no panic") {
@@ -522,5 +570,26 @@ mod tests {
         );
         assert!(pass.as_mut().poll(&mut cx).is_ready());
         assert!(gate.is_open());
+    }
+
+    #[tokio::test]
+    async fn the_grant_releases_one_then_twice_as_many_each_round() {
+        let gate: Arc<Gate<ConfigMap>> = Arc::new(Gate::new());
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut passes: Vec<_> = (0..200).map(|_| Box::pin(gate.pass())).collect();
+        for p in &mut passes {
+            assert!(p.as_mut().poll(&mut cx).is_pending());
+        }
+        let term = TestTerm::begin("gate", "pod-a").await.expect("term");
+        gate.open(session(&term.term(), &Arc::default()));
+        let mut per_round = Vec::new();
+        while !passes.is_empty() {
+            gate.new_round();
+            let before = passes.len();
+            passes.retain_mut(|p| p.as_mut().poll(&mut cx).is_pending());
+            per_round.push(before - passes.len());
+        }
+        assert_eq!(per_round, [1, 2, 4, 8, 16, 32, 64, 64, 9]);
     }
 }
