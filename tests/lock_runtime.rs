@@ -276,3 +276,109 @@ fn identities_are_capped_in_bytes() {
     }
     assert!(tenure::default_identity().len() <= 253);
 }
+
+/// A backend that says it bounds its own calls by `bound` (without doing so: the tests see
+/// whose deadline ends a stalled call).
+struct Claims {
+    inner: FaultyBackend,
+    bound: Duration,
+}
+
+impl Backend for Claims {
+    fn validate_name(&self, name: &str) -> Result<(), tenure::backend::InvalidName> {
+        self.inner.validate_name(name)
+    }
+    fn try_acquire<'a>(
+        &'a self,
+        req: &'a tenure::backend::AcquireRequest,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<tenure::backend::Acquired, tenure::backend::BackendError>,
+    > {
+        self.inner.try_acquire(req)
+    }
+    fn renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a tenure::backend::HolderToken,
+        ttl: Duration,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<tenure::backend::Renewed, tenure::backend::BackendError>,
+    > {
+        self.inner.renew(name, holder, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a tenure::backend::HolderToken,
+    ) -> futures::future::BoxFuture<'a, Result<Released, tenure::backend::BackendError>> {
+        self.inner.release(name, holder)
+    }
+    fn inspect<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<tenure::backend::LeaseRecord>, tenure::backend::BackendError>,
+    > {
+        self.inner.inspect(name)
+    }
+    fn observe(
+        &self,
+        name: &str,
+    ) -> futures::stream::BoxStream<
+        'static,
+        Result<tenure::backend::HolderChange, tenure::backend::BackendError>,
+    > {
+        self.inner.observe(name)
+    }
+    fn request_bound(&self) -> Option<Duration> {
+        Some(self.bound)
+    }
+}
+
+/// The lock runtime sets no deadline of its own on a call the backend bounds at least as
+/// tightly (one timer per call instead of two), and keeps its own when the backend's bound is
+/// looser; a fault injector never passes its inner backend's bound on.
+#[tokio::test(start_paused = true)]
+async fn a_call_the_backend_bounds_gets_no_second_deadline() {
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .request_timeout(Duration::from_secs(3));
+    for (bound, ends_by_the_lockers_deadline) in [
+        (Duration::from_secs(1), false),
+        (Duration::from_secs(10), true),
+    ] {
+        let store = MemoryBackend::new();
+        let faulty = FaultyBackend::new(store.clone());
+        faulty.set(Fault::Stall);
+        let locker = Locker::with_identity(
+            Claims {
+                inner: faulty.clone(),
+                bound,
+            },
+            "test",
+        )
+        .expect("identity");
+        let started = tokio::time::Instant::now();
+        let ended =
+            tokio::time::timeout(Duration::from_secs(60), locker.try_acquire("jobs", &opts)).await;
+        match ended {
+            Ok(Err(LockError::Backend(e))) => {
+                assert!(ends_by_the_lockers_deadline, "bound {bound:?}: {e}");
+                assert_eq!(started.elapsed(), Duration::from_secs(3));
+            }
+            Err(_) => assert!(
+                !ends_by_the_lockers_deadline,
+                "bound {bound:?}: the runtime's own 3 s deadline fired"
+            ),
+            other => panic!("bound {bound:?}: {other:?}"),
+        }
+    }
+    let wrapped = FaultyBackend::new(Claims {
+        inner: FaultyBackend::new(MemoryBackend::new()),
+        bound: Duration::from_secs(1),
+    });
+    assert_eq!(wrapped.request_bound(), None, "it adds waits of its own");
+}

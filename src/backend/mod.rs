@@ -215,6 +215,17 @@ pub trait Backend: Send + Sync + 'static {
         ShardLeaseWatch::none()
     }
 
+    /// The longest this backend lets a `try_acquire` or `release` take before it fails the
+    /// call itself with a timeout error, if it bounds every such call (the whole call:
+    /// connecting, redirects, retries). The lock runtime then sets no deadline of its own on a
+    /// call when this is at most the deadline it would set: one timer per call, not two.
+    ///
+    /// The default, `None`, makes no such promise. A wrapper that adds waits of its own (a
+    /// fault injector, a proxy) must not pass its inner backend's bound on.
+    fn request_bound(&self) -> Option<Duration> {
+        None
+    }
+
     /// A stream of holder changes of one lock: grants and releases.
     ///
     /// The first item describes the state when the stream started, so a subscriber cannot miss
@@ -298,6 +309,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {
         (**self).follow_shard_leases(group, leases)
+    }
+    fn request_bound(&self) -> Option<Duration> {
+        (**self).request_bound()
     }
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>> {
         (**self).observe(name)

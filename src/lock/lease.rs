@@ -331,7 +331,9 @@ async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), Lo
         ));
     }
     let timeout = shared.plan.release_timeout;
-    let answer = tokio::time::timeout(
+    let answer = super::within(
+        locker.inner.backend.as_ref(),
+        "release",
         timeout,
         locker.inner.backend.release(&shared.name, &shared.holder),
     )
@@ -343,14 +345,11 @@ async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), Lo
         });
     }
     match answer {
-        Ok(Ok(Released::Released)) => Ok(()),
-        Ok(Ok(Released::NotHeld)) => Err(LockError::NotHeld {
+        Ok(Released::Released) => Ok(()),
+        Ok(Released::NotHeld) => Err(LockError::NotHeld {
             name: shared.name.to_string(),
         }),
-        Ok(Err(e)) => Err(LockError::Backend(e)),
-        Err(_) => Err(LockError::Backend(crate::backend::BackendError::timeout(
-            "release", timeout,
-        ))),
+        Err(e) => Err(LockError::Backend(e)),
     }
 }
 

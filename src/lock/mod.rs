@@ -256,13 +256,15 @@ impl Locker {
             ttl: plan.ttl,
         };
         let mut attempt = Attempt::new(self.inner.backend.clone(), &req);
-        let give_up_at = Instant::now() + wait.unwrap_or_default();
+        // From the first attempt's send instant: no clock read of its own.
+        let mut give_up_at = None;
         let mut changes = None;
         loop {
             let sent = Instant::now();
+            let give_up_at = *give_up_at.get_or_insert(sent + wait.unwrap_or_default());
             let answer = attempt.send(plan.request_timeout).await;
             if answer.is_ok() {
-                self.record_answer();
+                self.record_answer(sent);
             }
             let failure = match answer {
                 Ok(Acquired::Granted { fencing }) => {
@@ -303,8 +305,10 @@ impl Locker {
         }
     }
 
-    fn record_answer(&self) {
-        let since = Instant::now().saturating_duration_since(self.inner.created);
+    /// Records that the store answered the attempt sent at `sent` (the send instant: one clock
+    /// read less per attempt, and an answer is never taken for fresher than it is).
+    fn record_answer(&self, sent: Instant) {
+        let since = sent.saturating_duration_since(self.inner.created);
         let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1);
         self.inner.answered.fetch_max(
             nanos.saturating_add(1),
@@ -312,7 +316,8 @@ impl Locker {
         );
     }
 
-    /// When the store last answered one of this locker's acquire attempts, granted or busy.
+    /// When the store last answered one of this locker's acquire attempts, granted or busy
+    /// (the instant the answered request was sent).
     pub(crate) fn last_answer(&self) -> Option<Instant> {
         match self
             .inner
@@ -425,6 +430,27 @@ async fn wait_for_change(
 
 /// One acquisition's requests, with a guard that releases what may have been granted if the
 /// acquisition is abandoned after a request was sent.
+/// `call` bounded by `timeout`, unless the backend bounds its calls by at most that itself
+/// ([`Backend::request_bound`]): a deadline costs a timer registration and removal, which was
+/// a measurable part of a short lock cycle's client CPU.
+pub(crate) async fn within<T>(
+    backend: &dyn Backend,
+    what: &str,
+    timeout: std::time::Duration,
+    call: impl Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    if backend
+        .request_bound()
+        .is_some_and(|bound| bound <= timeout)
+    {
+        return call.await;
+    }
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| BackendError::timeout(what, timeout))
+        .and_then(|r| r)
+}
+
 struct Attempt<'a> {
     backend: Arc<dyn Backend>,
     req: &'a AcquireRequest,
@@ -443,10 +469,13 @@ impl<'a> Attempt<'a> {
 
     async fn send(&mut self, timeout: std::time::Duration) -> Result<Acquired, BackendError> {
         self.maybe_granted = true;
-        let answer = tokio::time::timeout(timeout, self.backend.try_acquire(self.req))
-            .await
-            .map_err(|_| BackendError::timeout("acquire", timeout))
-            .and_then(|r| r);
+        let answer = within(
+            self.backend.as_ref(),
+            "acquire",
+            timeout,
+            self.backend.try_acquire(self.req),
+        )
+        .await;
         // A definite "busy" settles that this attempt took nothing; an earlier uncertain
         // attempt would have been answered as a replay (granted), so it took nothing either.
         // An error leaves the outcome unknown.

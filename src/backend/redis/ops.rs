@@ -64,6 +64,11 @@ impl Backend for RedisBackend {
         keys::validate_name(name)
     }
 
+    /// Every acquire and release is bounded by the request timeout (`bounded`).
+    fn request_bound(&self) -> Option<Duration> {
+        Some(self.inner.request_timeout)
+    }
+
     fn try_acquire<'a>(
         &'a self,
         req: &'a AcquireRequest,
