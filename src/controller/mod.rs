@@ -29,11 +29,13 @@
 //! `benches/kube_controller.rs` measures it against cold mode.
 
 mod cache;
+mod feed;
 mod replica;
 mod sharded;
 mod standby;
 
-pub use cache::{Cache, CacheMode, CacheState};
+pub use cache::{Cache, CacheMode};
+pub use feed::CacheState;
 pub use replica::{PartError, Replica};
 pub use sharded::object_key;
 

@@ -14,7 +14,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
 
 use super::ControllerError;
-use super::cache::{Cache, Reconcile, Running, warm_or_refused};
+use super::cache::Cache;
+use super::feed::{Reconcile, Running, warm_or_refused};
 use crate::election::Term;
 use crate::shard::{ShardedElector, shard_of};
 use crate::util::AbortOnDrop;

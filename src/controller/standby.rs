@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerError;
-use super::cache::{Reconcile, Running, requests};
+use super::feed::{Reconcile, Running, requests};
 use crate::election::Term;
 use crate::util::AbortOnDrop;
 
