@@ -477,6 +477,13 @@ mod tests {
                 last.insert(lease, (round, token));
             }
         }
+        // Another identity's entry and another group's are not handed out below.
+        first
+            .record("jobs-9", "pod b", HolderToken::random())
+            .expect("records");
+        first
+            .record("other-1", "pod a", HolderToken::random())
+            .expect("records");
         let len = std::fs::metadata(first.path()).expect("stat").len();
         assert!(
             len <= COMPACT_AT + MAX_ENTRY as u64,
@@ -485,12 +492,15 @@ mod tests {
         drop(first);
         let second = free_lock(&d).await;
         let mut all = second.take_previous_all("pod a", |l| l.starts_with("jobs-"));
+        assert_eq!(all.len(), 8, "neither pod b's nor another group's: {all:?}");
         all.sort_by(|a, b| a.0.cmp(&b.0));
         let want: Vec<(String, HolderToken)> = last.into_iter().map(|(l, (_, t))| (l, t)).collect();
         assert_eq!(all, want);
         assert!(
-            second.take_previous_all("pod a", |_| true).is_empty(),
-            "once"
+            second
+                .take_previous_all("pod a", |l| l.starts_with("jobs-"))
+                .is_empty(),
+            "handed out once"
         );
         // Until this process records, the next one would still see the previous entries.
         second
@@ -500,7 +510,7 @@ mod tests {
         let third = free_lock(&d).await;
         assert_eq!(
             third.take_previous_all("pod a", |_| true).len(),
-            8,
+            9,
             "the previous process's entries are kept until replaced"
         );
         std::fs::remove_dir_all(&d).expect("cleanup");
@@ -606,6 +616,29 @@ mod tests {
         let lock = free_lock(&d).await;
         let read = lock.take_previous_all("a", |_| true).len();
         assert_eq!(read, n, "every whole entry within {MAX_RECORD} bytes");
+        std::fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[tokio::test]
+    async fn an_entry_that_cannot_be_read_back_is_refused() {
+        let d = dir("refused");
+        let lock = free_lock(&d).await;
+        let token = HolderToken::random();
+        for (lease, identity) in [("jobs\n", "a"), ("jobs", "a\nb")] {
+            let e = lock
+                .record(lease, identity, token)
+                .expect_err("a line break");
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        }
+        // An entry of exactly MAX_ENTRY bytes is written; one byte more is refused.
+        let fixed = entry("jobs", "", token).len();
+        let longest = "i".repeat(MAX_ENTRY - fixed);
+        lock.record("jobs", &longest, token)
+            .expect("the longest entry");
+        assert!(lock.record("jobs", &format!("{longest}i"), token).is_err());
+        drop(lock);
+        let next = free_lock(&d).await;
+        assert_eq!(next.take_previous("jobs", &longest), Some(token));
         std::fs::remove_dir_all(&d).expect("cleanup");
     }
 }
