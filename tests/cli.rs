@@ -1304,12 +1304,12 @@ fn bad_shard_counts_exit_2_and_a_replica_with_another_count_waits() {
     );
 }
 
-/// A shell line that appends `overlap <pid>` to `file` if process `pidfile` names is still
-/// running (not a zombie): run by a command as it starts, it checks the previous term's
-/// command from inside the new term.
+/// A shell line that appends `overlap <pid>` to `file` for each process `pidfile` names that
+/// is still running (not a zombie): run by a command as it starts, it checks the previous
+/// term's command (or every copy of a killed run) from inside the new term.
 fn check_gone(pidfile: &Path, file: &Path) -> String {
     format!(
-        r#"old=$(cat {p}); st=$(cut -d' ' -f3 /proc/$old/stat 2>/dev/null); if [ -n "$st" ] && [ "$st" != Z ]; then echo "overlap $old" >> {f}; fi"#,
+        r#"for old in $(cat {p}); do st=$(cut -d' ' -f3 /proc/$old/stat 2>/dev/null); if [ -n "$st" ] && [ "$st" != Z ]; then echo "overlap $old" >> {f}; fi; done"#,
         p = pidfile.display(),
         f = file.display()
     )
@@ -1322,12 +1322,13 @@ fn checked_worker(check: &str, log: &Path, pidfile: &Path) -> Vec<String> {
     w
 }
 
-/// `tenure run` as replica `w1` with `--restart-dir` and the default durations (lease 15 s).
-fn restartable(s: &Scratch, lease: &str, durations: &[&str], command: Vec<String>) -> Vec<String> {
+/// `tenure run` as replica `w1` with `--restart-dir`, then `extra` (durations, `--shards`;
+/// none: the default durations, lease 15 s).
+fn restartable(s: &Scratch, lease: &str, extra: &[&str], command: Vec<String>) -> Vec<String> {
     let mut args = strings(&["run", "--lease", lease, "--state-dir", &s.state()]);
     args.extend(strings(&["--identity", "w1", "--restart-dir"]));
     args.push(s.path("restart").display().to_string());
-    args.extend(strings(durations));
+    args.extend(strings(extra));
     args.push("--".into());
     args.extend(command);
     args
@@ -1411,27 +1412,8 @@ fn a_sharded_replica_restarted_after_kill_9_takes_its_shards_back_at_once() {
     std::fs::write(&old_pids, "").expect("write");
     // Each copy first checks that no copy of the killed run is alive (not a zombie).
     let mut command = shard_worker(&log, 0.0);
-    command[2] = format!(
-        r#"for old in $(cat {pids}); do st=$(cut -d' ' -f3 /proc/$old/stat 2>/dev/null); if [ -n "$st" ] && [ "$st" != Z ]; then echo "overlap $old" >> {f}; fi; done
-{body}"#,
-        pids = old_pids.display(),
-        f = overlap.display(),
-        body = command[2]
-    );
-    let args = {
-        let mut a = strings(&["run", "--lease", "mail", "--state-dir", &s.state()]);
-        a.extend(strings(&[
-            "--shards",
-            "4",
-            "--identity",
-            "w1",
-            "--restart-dir",
-        ]));
-        a.push(s.path("restart").display().to_string());
-        a.push("--".into());
-        a.extend(command);
-        a
-    };
+    command[2] = format!("{}\n{}", check_gone(&old_pids, &overlap), command[2]);
+    let args = restartable(&s, "mail", &["--shards", "4"], command);
     let mut tenure = Tenure::start(&args, &[], s.path("e1"));
     wait_until(Duration::from_secs(15), "a copy per shard", || {
         running(&events(&log)).len() == 4

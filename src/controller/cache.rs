@@ -197,16 +197,10 @@ where
     /// Never; it is a builder method to call before the cache is cloned. On a cache already
     /// shared it leaves the settings unchanged and logs a warning.
     #[must_use]
-    pub fn controller_config(mut self, config: Config) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => {
-                inner.controller_config = config;
-                // The standby was built with the settings before.
-                inner.replace_standby();
-            }
-            None => tracing::warn!("controller_config on a shared cache: ignored"),
-        }
-        self
+    pub fn controller_config(self, config: Config) -> Self {
+        self.configure("controller_config", |inner| {
+            inner.controller_config = config
+        })
     }
 
     /// Whether a follower keeps [`run`](Self::run)'s controller ready for its next term
@@ -220,9 +214,9 @@ where
     /// object's key, reads the object as it is at the grant (one deleted meanwhile is not
     /// reconciled) and runs as a task of the term. An object that changed while parked is
     /// reconciled once more after its first reconcile, as kube-runtime does for a change
-    /// during a reconcile. The cost, on each follower: the applier's queue and one parked
-    /// future per object (measured by `benches/kube_controller.rs`), and the CPU to queue
-    /// each change. Turn it off for a cache that only [`queue`](Self::queue) or
+    /// during a reconcile. The cost, on each follower: the applier's queue, one parked
+    /// future per slot of its concurrency (measured by `benches/kube_controller.rs`), and
+    /// the CPU to queue each change. Turn it off for a cache that only [`queue`](Self::queue) or
     /// [`run_sharded`](Self::run_sharded) reads.
     ///
     /// # Panics
@@ -230,13 +224,19 @@ where
     /// Never; it is a builder method to call before the cache is cloned. On a cache already
     /// shared it leaves the setting unchanged and logs a warning.
     #[must_use]
-    pub fn standby(mut self, on: bool) -> Self {
+    pub fn standby(self, on: bool) -> Self {
+        self.configure("standby", |inner| inner.standby_on = on)
+    }
+
+    /// A builder method's change to a cache not yet shared; the standby, built with the
+    /// settings before, is built again. On a shared cache: a warning, nothing changed.
+    fn configure(mut self, method: &str, change: impl FnOnce(&mut Inner<K>)) -> Self {
         match Arc::get_mut(&mut self.inner) {
             Some(inner) => {
-                inner.standby_on = on;
+                change(inner);
                 inner.replace_standby();
             }
-            None => tracing::warn!("standby on a shared cache: ignored"),
+            None => tracing::warn!("{method} on a shared cache: ignored"),
         }
         self
     }

@@ -235,7 +235,7 @@ where
     gate: Arc<Gate<K>>,
     items: mpsc::Receiver<Item<K>>,
     driver: AbortOnDrop<()>,
-    /// Set once the store was current and every object queued.
+    /// Set once the store was current and the queue began requesting every object.
     armed: Arc<AtomicBool>,
 }
 
@@ -298,8 +298,8 @@ where
         }
     }
 
-    /// Whether a term can use this standby at once: its queue holds every object and its
-    /// applier still runs.
+    /// Whether a term can use this standby at once: its store has listed (the queue is
+    /// requesting every object) and its applier still runs.
     pub(super) fn is_armed(&self) -> bool {
         self.armed.load(Ordering::Acquire) && !self.driver.0.is_finished()
     }
