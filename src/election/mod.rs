@@ -47,6 +47,7 @@ pub use health::Health;
 pub use leader::Leader;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
+pub(crate) use restart::end_recorded_terms;
 pub use restart::{RestartLock, RestartLockError};
 pub use term::Term;
 pub use testing::TestTerm;

@@ -31,7 +31,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::backend::HolderToken;
+use futures::StreamExt;
+
+use crate::backend::{Backend, HolderToken, Released};
 
 /// The most of a record file that is read; entries past it are not.
 const MAX_RECORD: u64 = 1 << 20;
@@ -271,6 +273,45 @@ impl RestartLock {
         }
         Ok(())
     }
+}
+
+/// Releases sent at once by [`end_recorded_terms`].
+const ENDING_IN_FLIGHT: usize = 32;
+
+/// Ends the terms a previous process recorded — each lease released with the holder token
+/// recorded for it, so the store releases nothing the token no longer holds — and returns how
+/// many it ended. A store error or a timeout is logged and leaves that lease to expire, as
+/// without the lock.
+pub(crate) async fn end_recorded_terms(
+    backend: &dyn Backend,
+    terms: Vec<(String, HolderToken)>,
+    timeout: Duration,
+) -> usize {
+    futures::stream::iter(terms)
+        .map(|(lease, holder)| async move {
+            let released = crate::lock::within(
+                backend,
+                "release",
+                timeout,
+                backend.release(&lease, &holder),
+            )
+            .await;
+            match released {
+                Ok(Released::Released) => true,
+                Ok(Released::NotHeld) => {
+                    tracing::debug!(%lease, "the previous process's term had already ended");
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(%lease, error = %e, "could not end the previous process's term; waiting for its lease to expire");
+                    false
+                }
+            }
+        })
+        .buffer_unordered(ENDING_IN_FLIGHT)
+        .filter(|ended| std::future::ready(*ended))
+        .count()
+        .await
 }
 
 impl std::os::fd::AsFd for RestartLock {

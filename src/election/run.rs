@@ -194,27 +194,14 @@ impl LeaderElector {
             return;
         };
         let timeout = self.inner.config.effective_request_timeout();
-        let released =
-            tokio::time::timeout(timeout, self.inner.locker.backend().release(name, &holder)).await;
-        match released {
-            Ok(Ok(crate::backend::Released::Released)) => tracing::info!(
+        let terms = vec![(name.to_owned(), holder)];
+        let backend = self.inner.locker.backend().as_ref();
+        if super::end_recorded_terms(backend, terms, timeout).await == 1 {
+            tracing::info!(
                 lease = %name,
                 lock = %lock.path().display(),
                 "this replica's previous process is gone (its restart lock was free): ended its term, so this one takes over at once"
-            ),
-            Ok(Ok(_)) => {
-                tracing::debug!(lease = %name, "the previous process's term had already ended");
-            }
-            Ok(Err(e)) => tracing::warn!(
-                lease = %name,
-                error = %e,
-                "could not end the previous process's term; waiting for its lease to expire"
-            ),
-            Err(_) => tracing::warn!(
-                lease = %name,
-                ?timeout,
-                "ending the previous process's term timed out; waiting for its lease to expire"
-            ),
+            );
         }
     }
 

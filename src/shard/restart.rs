@@ -4,19 +4,11 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-
 use crate::Locker;
-use crate::backend::Released;
-use crate::election::RestartLock;
-
-/// Releases sent at once.
-const IN_FLIGHT: usize = 32;
+use crate::election::{RestartLock, end_recorded_terms};
 
 /// Ends every shard term of `group` that the previous process recorded in `lock` under this
-/// replica's identity, releasing each lease with the holder token recorded for it (the store
-/// releases nothing if that token no longer holds it). A store error leaves that lease to
-/// expire, as without the lock.
+/// replica's identity ([`end_recorded_terms`]: a store error leaves that lease to expire).
 pub(super) async fn end_previous_terms(
     locker: &Locker,
     group: &str,
@@ -36,22 +28,7 @@ pub(super) async fn end_previous_terms(
         return;
     }
     let recorded = previous.len();
-    let backend = locker.backend();
-    let ended = futures::stream::iter(previous)
-        .map(|(lease, holder)| {
-            let backend = backend.clone();
-            async move {
-                let released = tokio::time::timeout(timeout, backend.release(&lease, &holder)).await;
-                if let Ok(Err(e)) = &released {
-                    tracing::warn!(%lease, error = %e, "could not end the previous process's shard term; waiting for its lease to expire");
-                }
-                matches!(released, Ok(Ok(Released::Released)))
-            }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .filter(|ended| std::future::ready(*ended))
-        .count()
-        .await;
+    let ended = end_recorded_terms(locker.backend().as_ref(), previous, timeout).await;
     tracing::info!(
         group,
         ended,
