@@ -56,6 +56,92 @@ async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due
     assert_eq!(locker.stats().renewals, 500);
 }
 
+/// Runs `cycles` lock cycles of ttl 20 s, five per millisecond, `window` leases held
+/// at a time (released oldest first), then waits 2 s for the task to take the last commands
+/// in. Returns how often the scheduler task woke meanwhile.
+async fn short_cycles(locker: &Locker, cycles: u64, window: usize) -> u64 {
+    let short = LockOptions::new().ttl(Duration::from_secs(20));
+    let start = locker.stats().scheduler_wakeups;
+    let mut held = std::collections::VecDeque::new();
+    for i in 0..cycles {
+        let lease = locker
+            .try_acquire(&format!("cycle-{}", i % 1000), &short)
+            .await
+            .expect("free");
+        held.push_back(lease);
+        if held.len() >= window
+            && let Some(oldest) = held.pop_front()
+        {
+            oldest.release().await.expect("released");
+        }
+        if i % 5 == 4 {
+            // The timer's granularity.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    for lease in held {
+        lease.release().await.expect("released");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    locker.stats().scheduler_wakeups - start
+}
+
+/// A new lease due sooner than every lease the task tracks wakes it: with one lease held for
+/// an hour, every short lock cycle did.
+#[tokio::test(start_paused = true)]
+async fn scheduler_should_not_wake_for_each_lease_due_sooner_than_a_long_held_one() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let held = locker
+        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
+        .await
+        .expect("free");
+    let cycles = 10_000;
+    let woke = short_cycles(&locker, cycles, 1).await;
+    // One wake-up per 512 cycles (their queued commands) and at most one per second.
+    assert!(woke <= cycles / 100, "woke {woke} times in {cycles} cycles");
+    assert!(held.is_valid());
+}
+
+/// A lease the scheduler took in while it was held leaves its timer behind when it is
+/// released. A ttl later those timers fall due one millisecond bucket after another: the task
+/// must not wake for them (it did, once per bucket: a thousand wake-ups a second, a ttl after
+/// any busy second), nor keep one per lease of the last ttl (here they sit behind the held
+/// lease's timer, which falls due first).
+#[tokio::test(start_paused = true)]
+async fn scheduler_should_not_wake_for_or_hoard_the_timers_of_released_leases() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let early = locker
+        .try_acquire("early", &LockOptions::new().ttl(Duration::from_secs(12)))
+        .await
+        .expect("free");
+    // Keeps the task from going idle (which drops every timer) when `early` has expired.
+    let held = locker
+        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
+        .await
+        .expect("free");
+    let cycles = 40_000;
+    let woke = short_cycles(&locker, cycles, 64).await;
+    let before = locker.stats();
+    assert!(woke <= cycles / 100, "woke {woke} times in {cycles} cycles");
+    assert!(early.is_valid());
+    assert!(
+        before.timers <= 2 * 2 + 4096,
+        "timers must stay bounded by the leases tracked: {before:?}"
+    );
+    // `early` expires, and every cycle's deadline passes.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let after = locker.stats();
+    assert!(
+        after.scheduler_wakeups - before.scheduler_wakeups <= 30,
+        "the task woke for released leases' timers: {before:?} -> {after:?}"
+    );
+    assert!(matches!(
+        early.end(),
+        Some(LeaseEnd::Lost(LostReason::Expired))
+    ));
+    assert!(held.is_valid());
+}
+
 #[tokio::test(start_paused = true)]
 async fn scheduler_should_exit_a_second_after_the_last_lease_and_restart_for_the_next() {
     let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");

@@ -43,6 +43,12 @@ pub(crate) const LINGER: Duration = Duration::from_secs(1);
 /// timer: one wake-up per ~500 short lock cycles.
 const WAKE_AT: usize = 1024;
 
+/// The longest the task sleeps while it tracks leases.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// Stale timer keys tolerated beyond the live ones before the timers are rebuilt.
+const TIMER_SLACK: usize = 4096;
+
 /// The scheduler of one locker: a lazily started task and the queue to it.
 pub(crate) struct Scheduler {
     backend: Arc<dyn Backend>,
@@ -100,6 +106,10 @@ pub(crate) struct Stats {
     pub tasks: AtomicUsize,
     pub renewals: AtomicU64,
     pub batches: AtomicU64,
+    /// Times the task woke up (ran a round of its loop).
+    pub wakeups: AtomicU64,
+    /// Timer keys held, live or stale (see `Timers`).
+    pub timers: AtomicUsize,
 }
 
 enum Command {
@@ -304,10 +314,20 @@ impl Entry {
 /// that fall due together share a bucket: firing 100,000 of them is one map operation and a
 /// walk over a vector, not 100,000 heap pops. Firing up to a millisecond late is harmless:
 /// renewals happen long before deadlines, and a lease handle judges its own deadline exactly
-/// from its clock. Buckets may hold stale ids; each is checked against its entry when it fires.
+/// from its clock.
+///
+/// Buckets may hold stale keys: a lease released, or renewed to a later instant, leaves its
+/// timer behind (removing it would mean a scan of its bucket, which a burst fills with
+/// 100,000 keys). Each key is checked against its entry when it fires; the task drops stale
+/// buckets at the front before it sleeps ([`Task::next_live_timer`]), so it never wakes for
+/// one, and rebuilds the whole set once stale keys outnumber live ones
+/// ([`Task::bound_timers`]), so a locker cycling short locks under a long ttl holds timers
+/// for the leases it tracks, not for every lease of the last ttl.
 struct Timers {
     base: Instant,
     buckets: BTreeMap<Instant, Vec<LeaseKey>>,
+    /// Keys in `buckets`.
+    len: usize,
 }
 
 impl Timers {
@@ -317,6 +337,7 @@ impl Timers {
         Self {
             base: Instant::now(),
             buckets: BTreeMap::new(),
+            len: 0,
         }
     }
 
@@ -326,6 +347,7 @@ impl Timers {
         let ticks = offset.div_ceil(step);
         let when = self.base + Self::GRANULARITY * u32::try_from(ticks).unwrap_or(u32::MAX);
         self.buckets.entry(when).or_default().push(key);
+        self.len += 1;
     }
 
     fn next(&self) -> Option<Instant> {
@@ -335,6 +357,7 @@ impl Timers {
     /// Forgets every timer (when no entry is left, all of them are stale).
     fn clear(&mut self) {
         self.buckets.clear();
+        self.len = 0;
     }
 
     /// Removes and returns the keys of every bucket due at `now`.
@@ -345,6 +368,7 @@ impl Timers {
                 break;
             }
             let keys = entry.remove();
+            self.len -= keys.len();
             if due.is_empty() {
                 due = keys;
             } else {
@@ -353,6 +377,14 @@ impl Timers {
         }
         due
     }
+}
+
+/// The entry `key` names, unless its slot went to another lease since.
+fn entry_in(entries: &[Option<Entry>], key: LeaseKey) -> Option<&Entry> {
+    entries
+        .get(key.slot as usize)
+        .and_then(Option::as_ref)
+        .filter(|e| e.id == key.id)
 }
 
 /// What the task does after a round of work.
@@ -430,6 +462,7 @@ impl Drop for Task {
 impl Task {
     async fn run(mut self) {
         loop {
+            self.shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
             self.take_in();
             let now = Instant::now();
             if self.timers.next().is_some_and(|at| at <= now) {
@@ -465,6 +498,7 @@ impl Task {
         for cmd in inbox.drain(..) {
             self.apply(cmd);
         }
+        self.bound_timers();
         // A burst (100,000 leases acquired at once) must not pin its queue's size for good.
         if inbox.capacity() > 4 * WAKE_AT {
             inbox = Vec::new();
@@ -478,10 +512,17 @@ impl Task {
     /// lease ended; see the invariants on `Queue`.
     fn try_sleep(&mut self, now: Instant) -> Next {
         let idle = self.is_empty() && self.in_flight.is_empty();
-        if idle {
+        let next_timer = if idle {
             // Every timer left is stale: drop them rather than wake up for them.
             self.timers.clear();
-        }
+            None
+        } else {
+            self.next_live_timer()
+        };
+        self.shared
+            .stats
+            .timers
+            .store(self.timers.len, Ordering::Relaxed);
         let mut q = self.shared.lock();
         q.free.append(&mut self.freed);
         if !q.commands.is_empty() {
@@ -498,17 +539,59 @@ impl Task {
             }
             Some(until)
         } else {
-            self.timers.next()
+            // At most `MAX_SLEEP` ahead, so a new lease due later than that need not wake
+            // the task (see `Scheduler::add`): without the cap, one lease held for hours
+            // beside short lock cycles would have every cycle wake it.
+            next_timer.map(|at| at.min(now + MAX_SLEEP))
         };
         q.task = TaskState::Asleep(wake_at);
         Next::Sleep(wake_at)
     }
 
+    /// The first bucket holding a key that is due by then, after dropping the stale buckets
+    /// before it: a lease acquired and released leaves its timer, and without this a locker
+    /// cycling short locks would wake once per millisecond bucket, a ttl later, for nothing.
+    /// Each stale key is looked at once here, so this costs O(1) per timer pushed.
+    fn next_live_timer(&mut self) -> Option<Instant> {
+        let entries = &self.entries;
+        // Due by `at`: the entry still exists and its next event (not yet fired, nothing in
+        // flight) falls at or before the bucket. A later event has a timer of its own.
+        let due_by = |key: LeaseKey, at: Instant| {
+            entry_in(entries, key)
+                .and_then(Entry::next_event)
+                .is_some_and(|next| next <= at)
+        };
+        while let Some(first) = self.timers.buckets.first_entry() {
+            let at = *first.key();
+            if first.get().iter().any(|&key| due_by(key, at)) {
+                return Some(at);
+            }
+            self.timers.len -= first.remove().len();
+        }
+        None
+    }
+
+    /// Rebuilds the timers from the entries once stale keys outnumber live ones (plus some
+    /// slack), so that they stay O(tracked leases): amortised O(1) per timer pushed.
+    fn bound_timers(&mut self) {
+        let live = self.shared.stats.tracked.load(Ordering::Relaxed);
+        if self.timers.len <= 2 * live + TIMER_SLACK {
+            return;
+        }
+        self.timers.clear();
+        for (slot, entry) in self.entries.iter().enumerate() {
+            // Slots are handed out as u32, so the conversion holds for every entry.
+            let (Some(entry), Ok(slot)) = (entry, u32::try_from(slot)) else {
+                continue;
+            };
+            if let Some(at) = entry.next_event() {
+                self.timers.push(at, LeaseKey { slot, id: entry.id });
+            }
+        }
+    }
+
     fn entry(&self, key: LeaseKey) -> Option<&Entry> {
-        self.entries
-            .get(key.slot as usize)
-            .and_then(Option::as_ref)
-            .filter(|e| e.id == key.id)
+        entry_in(&self.entries, key)
     }
 
     fn entry_mut(&mut self, key: LeaseKey) -> Option<&mut Entry> {
