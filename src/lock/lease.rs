@@ -1,11 +1,10 @@
 //! The handles of a held lease ([`Lease`], [`LockGuard`]): its fencing token, its validity, how it
 //! ends, and the RAII release.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -42,8 +41,6 @@ use crate::backend::{FencingToken, Released, Renewed};
 pub struct Lease {
     shared: Arc<LeaseShared>,
     locker: Locker,
-    /// Set by the first call of [`release`](Self::release).
-    release: OnceLock<Arc<ReleaseCell>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -59,11 +56,7 @@ impl std::fmt::Debug for Lease {
 
 impl Lease {
     pub(crate) fn new(shared: Arc<LeaseShared>, locker: Locker) -> Self {
-        Self {
-            shared,
-            locker,
-            release: OnceLock::new(),
-        }
+        Self { shared, locker }
     }
 
     pub(crate) fn shared(&self) -> &Arc<LeaseShared> {
@@ -172,16 +165,12 @@ impl Lease {
     ///
     /// Cancel safe: the release goes on in the background; call again for its result.
     pub async fn release(&self) -> Result<(), LockError> {
-        let mut first = false;
-        let cell = self.release.get_or_init(|| {
-            first = true;
-            Arc::default()
-        });
-        if !first {
-            return cell.wait().await;
+        let outcome = &self.shared.release;
+        if !outcome.start() {
+            return outcome.wait().await;
         }
         // The release runs on the caller's task (no task spawned per release); if the caller
-        // stops waiting, `Detach` spawns the rest. Later calls wait for the cell. Not a
+        // stops waiting, `Detach` spawns the rest. Later calls wait for the outcome. Not a
         // `futures::future::Shared`: it wakes the task polling it when the future completes,
         // which costs every release a needless reschedule (a cross-thread wake-up on a
         // multi-threaded runtime; measured with `benches/redis.rs`).
@@ -199,15 +188,15 @@ impl Lease {
                 .boxed();
         let mut detach = Detach {
             work: Some(work),
-            cell,
+            shared: &self.shared,
         };
         let out = match detach.work.as_mut() {
             Some(work) => work.await,
-            // Not reached: set just above. Were it empty, the cell would still get an answer.
-            None => return cell.wait().await,
+            // Not reached: set just above. Were it empty, the outcome would still be set.
+            None => return outcome.wait().await,
         };
         detach.work = None;
-        cell.finish(out.clone());
+        outcome.finish(out.clone());
         out
     }
 
@@ -222,39 +211,10 @@ impl Lease {
     }
 }
 
-/// The outcome of a lease's release, shared by every call of [`Lease::release`] and by the
-/// background task that finishes it if its first caller stops waiting.
-#[derive(Default)]
-struct ReleaseCell {
-    result: OnceLock<Result<(), LockError>>,
-    done: Notify,
-}
-
-impl ReleaseCell {
-    fn finish(&self, result: Result<(), LockError>) {
-        // The first result wins; there is only one release run per lease.
-        let _ = self.result.set(result);
-        self.done.notify_waiters();
-    }
-
-    async fn wait(&self) -> Result<(), LockError> {
-        loop {
-            let notified = self.done.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so a `finish` between the two is not missed.
-            notified.as_mut().enable();
-            if let Some(result) = self.result.get() {
-                return result.clone();
-            }
-            notified.await;
-        }
-    }
-}
-
 /// Finishes a release in the background when the future running it is dropped.
 struct Detach<'a> {
     work: Option<BoxFuture<'static, Result<(), LockError>>>,
-    cell: &'a Arc<ReleaseCell>,
+    shared: &'a Arc<LeaseShared>,
 }
 
 impl Drop for Detach<'_> {
@@ -264,7 +224,7 @@ impl Drop for Detach<'_> {
         };
         let background = Background {
             work: Some(work),
-            cell: self.cell.clone(),
+            shared: self.shared.clone(),
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -280,7 +240,7 @@ impl Drop for Detach<'_> {
 /// waiters get an error rather than wait forever; the lease then expires by its ttl.
 struct Background {
     work: Option<BoxFuture<'static, Result<(), LockError>>>,
-    cell: Arc<ReleaseCell>,
+    shared: Arc<LeaseShared>,
 }
 
 impl Background {
@@ -288,7 +248,7 @@ impl Background {
         if let Some(work) = self.work.as_mut() {
             let out = work.await;
             self.work = None;
-            self.cell.finish(out);
+            self.shared.release.finish(out);
         }
     }
 }
@@ -296,7 +256,8 @@ impl Background {
 impl Drop for Background {
     fn drop(&mut self) {
         if self.work.is_some() {
-            self.cell
+            self.shared
+                .release
                 .finish(Err(LockError::Backend(crate::backend::BackendError::new(
                     crate::backend::BackendErrorKind::Unavailable,
                     "the release was abandoned: its runtime shut down before it finished",
@@ -355,7 +316,7 @@ async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), Lo
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.release.get().is_some() {
+        if self.shared.release.is_started() {
             return;
         }
         match self.shared.end_cause() {

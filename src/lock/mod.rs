@@ -263,7 +263,7 @@ impl Locker {
             identity: self.inner.identity.clone(),
             ttl: plan.ttl,
         };
-        let mut attempt = Attempt::new(self.inner.backend.clone(), &req);
+        let mut attempt = Attempt::new(&self.inner.backend, &req);
         // From the first attempt's send instant: no clock read of its own.
         let mut give_up_at = None;
         let mut changes = None;
@@ -277,15 +277,9 @@ impl Locker {
             let failure = match answer {
                 Ok(Acquired::Granted { fencing }) => {
                     attempt.disarm();
-                    let shared = Arc::new(LeaseShared::new(
-                        self.inner.scheduler.key(),
-                        req.name.clone(),
-                        req.holder,
-                        fencing,
-                        plan,
-                        sent,
-                    ));
-                    self.inner.scheduler.add(shared.clone(), sent);
+                    let shared = self.inner.scheduler.add(&plan, sent, |key| {
+                        LeaseShared::new(key, req.name.clone(), req.holder, fencing, plan, sent)
+                    });
                     tracing::debug!(lock = name, %fencing, "lease acquired");
                     return Ok(Lease::new(shared, self.clone()));
                 }
@@ -315,17 +309,23 @@ impl Locker {
 
     /// Records that the store answered the attempt sent at `sent` (the send instant: one clock
     /// read less per attempt, and an answer is never taken for fresher than it is).
+    ///
+    /// Kept to the millisecond: an answer less than 1 ms newer than the recorded one is not
+    /// written, so that tasks acquiring at a high rate read the shared word instead of
+    /// bouncing it between cores with a write per attempt.
     fn record_answer(&self, sent: Instant) {
         let since = sent.saturating_duration_since(self.inner.created);
-        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1);
-        self.inner.answered.fetch_max(
-            nanos.saturating_add(1),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        let nanos = u64::try_from(since.as_nanos())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        let answered = &self.inner.answered;
+        if nanos > answered.load(Ordering::Relaxed).saturating_add(1_000_000) {
+            answered.fetch_max(nanos, Ordering::Relaxed);
+        }
     }
 
     /// When the store last answered one of this locker's acquire attempts, granted or busy
-    /// (the instant the answered request was sent).
+    /// (the instant the answered request was sent, or up to a millisecond before it).
     pub(crate) fn last_answer(&self) -> Option<Instant> {
         match self
             .inner
@@ -460,14 +460,16 @@ pub(crate) async fn within<T>(
 }
 
 struct Attempt<'a> {
-    backend: Arc<dyn Backend>,
+    // Borrowed: the locker's backend handle is shared by every task using the locker, and a
+    // clone per acquisition would bounce its reference count between cores.
+    backend: &'a Arc<dyn Backend>,
     req: &'a AcquireRequest,
     /// A request was sent and no answer has settled that nothing was granted.
     maybe_granted: bool,
 }
 
 impl<'a> Attempt<'a> {
-    fn new(backend: Arc<dyn Backend>, req: &'a AcquireRequest) -> Self {
+    fn new(backend: &'a Arc<dyn Backend>, req: &'a AcquireRequest) -> Self {
         Self {
             backend,
             req,

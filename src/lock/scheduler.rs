@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::options::Plan;
 use super::state::{LeaseKey, LeaseShared};
 use super::{LeaseEnd, LostReason};
 use crate::backend::{Backend, BackendError, HolderToken, RenewRequest, Renewed};
@@ -138,30 +139,18 @@ impl Scheduler {
         }
     }
 
-    /// A key for a lease about to be added.
-    pub fn key(&self) -> LeaseKey {
-        let mut q = self.shared.lock();
-        q.next_id += 1;
-        let slot = match q.free.pop() {
-            Some(slot) => slot,
-            None => {
-                q.next_slot += 1;
-                q.next_slot - 1
-            }
-        };
-        LeaseKey {
-            slot,
-            id: q.next_id,
-        }
-    }
-
     pub fn stats(&self) -> &Stats {
         &self.shared.stats
     }
 
-    /// Starts tracking a lease acquired by a request sent at `sent`.
-    pub fn add(&self, lease: Arc<LeaseShared>, sent: Instant) {
-        let plan = lease.plan;
+    /// Starts tracking the lease `lease` builds with the key given to it, acquired by a
+    /// request sent at `sent` under `plan`. Key and queue entry are taken under one lock.
+    pub fn add(
+        &self,
+        plan: &Plan,
+        sent: Instant,
+        lease: impl FnOnce(LeaseKey) -> LeaseShared,
+    ) -> Arc<LeaseShared> {
         let first = sent
             + if plan.auto_renew {
                 plan.renew_interval.min(plan.renew_deadline)
@@ -169,11 +158,20 @@ impl Scheduler {
                 plan.renew_deadline
             };
         let mut q = self.shared.lock();
+        q.next_id += 1;
+        let slot = q.free.pop().unwrap_or_else(|| {
+            q.next_slot += 1;
+            q.next_slot - 1
+        });
+        let lease = Arc::new(lease(LeaseKey {
+            slot,
+            id: q.next_id,
+        }));
         self.shared.stats.active.fetch_add(1, Ordering::Relaxed);
-        q.commands.push(Command::Add(lease, sent));
+        q.commands.push(Command::Add(lease.clone(), sent));
         if !q.running {
             self.start(&mut q);
-            return;
+            return lease;
         }
         // The task's timers fire on a grid of `Timers::GRANULARITY`, so a lease due within
         // one step of what the task sleeps until is served by that same wake-up (at most a
@@ -185,6 +183,7 @@ impl Scheduler {
             TaskState::Asleep(Some(at)) => due_earlier(at) || q.commands.len() >= WAKE_AT,
         };
         self.wake(q, wake);
+        lease
     }
 
     /// A renewal sent at `sent` succeeded outside the scheduler ([`Lease::refresh`](super::Lease::refresh)).
@@ -209,16 +208,22 @@ impl Scheduler {
         if !q.running || !lease.untrack() {
             return;
         }
-        let now = Instant::now();
         q.commands.push(Command::Remove(lease.key));
-        q.last_end = now;
         let last = self.shared.stats.active.fetch_sub(1, Ordering::Relaxed) == 1;
+        // The linger only counts once no lease is left, so only the last end needs the time
+        // (one clock read less per lock cycle while others are held).
+        let now = last.then(|| {
+            let now = Instant::now();
+            q.last_end = now;
+            now
+        });
         // The entry can wait in the queue for the task's next wake-up; but when this was the
         // last lease, the task must wake by the end of the linger to exit in time.
         let wake = match q.task {
             TaskState::Awake => false,
             TaskState::Asleep(at) => {
-                q.commands.len() >= WAKE_AT || (last && at.is_none_or(|at| at > now + LINGER))
+                q.commands.len() >= WAKE_AT
+                    || now.is_some_and(|now| at.is_none_or(|at| at > now + LINGER))
             }
         };
         self.wake(q, wake);
