@@ -319,7 +319,8 @@ impl Locker {
             .unwrap_or(u64::MAX - 1)
             .saturating_add(1);
         let answered = &self.inner.answered;
-        if nanos > answered.load(Ordering::Relaxed).saturating_add(1_000_000) {
+        let recorded = answered.load(Ordering::Relaxed);
+        if recorded == 0 || nanos > recorded.saturating_add(1_000_000) {
             answered.fetch_max(nanos, Ordering::Relaxed);
         }
     }
@@ -515,5 +516,39 @@ impl Drop for Attempt<'_> {
             // Best effort: the lease expires by its ttl if this fails too.
             let _ = backend.release(&name, &holder).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+
+    /// The elector's health counts the store's latest answer to an acquire attempt, kept to
+    /// the millisecond: the first answer is recorded however soon after the locker's creation,
+    /// later ones once they are a millisecond newer.
+    #[tokio::test(start_paused = true)]
+    async fn the_latest_answer_is_recorded_to_the_millisecond() {
+        let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("identity");
+        assert_eq!(locker.last_answer(), None);
+        let first = Instant::now();
+        let _held = locker
+            .try_acquire("a", &LockOptions::new())
+            .await
+            .expect("free");
+        assert_eq!(locker.last_answer(), Some(first));
+
+        tokio::time::advance(Duration::from_micros(500)).await;
+        let busy = locker.try_acquire("a", &LockOptions::new()).await;
+        assert!(matches!(busy, Err(LockError::NotAcquired { .. })));
+        assert_eq!(locker.last_answer(), Some(first), "within the millisecond");
+
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let later = Instant::now();
+        let busy = locker.try_acquire("a", &LockOptions::new()).await;
+        assert!(matches!(busy, Err(LockError::NotAcquired { .. })));
+        assert_eq!(locker.last_answer(), Some(later));
     }
 }
