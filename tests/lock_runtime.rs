@@ -102,6 +102,47 @@ async fn scheduler_should_not_wake_for_each_lease_due_sooner_than_a_long_held_on
     assert!(held.is_valid());
 }
 
+/// The task sleeps toward its earliest timer (at most a second ahead); a new lease due sooner
+/// must wake it, or it would be renewed too late: here an auto-renewed lease of 300 ms beside
+/// one held for an hour.
+#[tokio::test(start_paused = true)]
+async fn a_lease_due_sooner_than_the_task_sleeps_wakes_it() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let _held = locker
+        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
+        .await
+        .expect("free");
+    // The task takes the first lease in and sleeps.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let short = locker
+        .try_acquire(
+            "short",
+            &LockOptions::new()
+                .ttl(Duration::from_millis(300))
+                .auto_renew(true),
+        )
+        .await
+        .expect("free");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(short.is_valid(), "{:?}", short.end());
+    assert!(locker.stats().renewals >= 10, "{:?}", locker.stats());
+}
+
+/// Timers fire on a millisecond grid, so a lease due within a millisecond after what the task
+/// sleeps until is served by that wake-up: adding it must not wake the task.
+#[tokio::test(start_paused = true)]
+async fn a_lease_due_in_the_bucket_the_task_sleeps_until_does_not_wake_it() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let opts = LockOptions::new().ttl(Duration::from_millis(500));
+    let _first = locker.try_acquire("first", &opts).await.expect("free");
+    tokio::task::yield_now().await;
+    let asleep = locker.stats().scheduler_wakeups;
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let _second = locker.try_acquire("second", &opts).await.expect("free");
+    tokio::task::yield_now().await;
+    assert_eq!(locker.stats().scheduler_wakeups, asleep);
+}
+
 /// A lease the scheduler took in while it was held leaves its timer behind when it is
 /// released. A ttl later those timers fall due one millisecond bucket after another: the task
 /// must not wake for them (it did, once per bucket: a thousand wake-ups a second, a ttl after

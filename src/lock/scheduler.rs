@@ -807,3 +807,52 @@ impl Task {
             .fetch_add(renewed, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::LockOptions;
+    use crate::backend::FencingToken;
+    use crate::backend::memory::MemoryBackend;
+
+    fn add(scheduler: &Scheduler, name: &str) -> Arc<LeaseShared> {
+        let plan = LockOptions::new().plan(false).expect("valid");
+        let sent = Instant::now();
+        scheduler.add(&plan, sent, |key| {
+            LeaseShared::new(
+                key,
+                name.into(),
+                HolderToken::random(),
+                FencingToken::new(1),
+                plan,
+                sent,
+            )
+        })
+    }
+
+    /// Slots index the task's entry table: held leases get distinct ones, densely from 0, and
+    /// a freed slot is reused; ids are never reused, so a late command about an ended lease
+    /// cannot touch the lease that took its slot.
+    #[tokio::test(start_paused = true)]
+    async fn keys_reuse_slots_densely_and_never_ids() {
+        let scheduler = Scheduler::new(Arc::new(MemoryBackend::new()));
+        let a = add(&scheduler, "a");
+        let b = add(&scheduler, "b");
+        assert_eq!((a.key.slot, b.key.slot), (0, 1));
+        assert_ne!(a.key.id, b.key.id);
+        scheduler.remove(&a);
+        // The task frees the slot when it applies the removal.
+        while scheduler.stats().tracked.load(Ordering::Relaxed) != 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let c = add(&scheduler, "c");
+        assert_eq!(c.key.slot, a.key.slot, "the freed slot is reused");
+        assert!(
+            c.key.id > b.key.id,
+            "ids only grow: {:?} after {:?}",
+            c.key,
+            b.key
+        );
+    }
+}
