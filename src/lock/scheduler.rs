@@ -44,8 +44,10 @@ pub(crate) const LINGER: Duration = Duration::from_secs(1);
 /// timer: one wake-up per ~500 short lock cycles.
 const WAKE_AT: usize = 1024;
 
-/// The longest the task sleeps while it tracks leases.
+/// The longest the task sleeps while it tracks leases. At most the linger, so that a task
+/// asleep when its last lease ends wakes in time to exit (see `Scheduler::remove`).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
+const _: () = assert!(MAX_SLEEP.as_nanos() <= LINGER.as_nanos());
 
 /// Stale timer keys tolerated beyond the live ones before the timers are rebuilt.
 const TIMER_SLACK: usize = 4096;
@@ -212,19 +214,16 @@ impl Scheduler {
         let last = self.shared.stats.active.fetch_sub(1, Ordering::Relaxed) == 1;
         // The linger only counts once no lease is left, so only the last end needs the time
         // (one clock read less per lock cycle while others are held).
-        let now = last.then(|| {
-            let now = Instant::now();
-            q.last_end = now;
-            now
-        });
+        if last {
+            q.last_end = Instant::now();
+        }
         // The entry can wait in the queue for the task's next wake-up; but when this was the
-        // last lease, the task must wake by the end of the linger to exit in time.
+        // last lease, the task must wake by the end of the linger to exit in time: a task
+        // asleep with a bound wakes within `MAX_SLEEP` (at most the linger), one waiting only
+        // for a renewal batch's answer must be woken.
         let wake = match q.task {
             TaskState::Awake => false,
-            TaskState::Asleep(at) => {
-                q.commands.len() >= WAKE_AT
-                    || now.is_some_and(|now| at.is_none_or(|at| at > now + LINGER))
-            }
+            TaskState::Asleep(at) => q.commands.len() >= WAKE_AT || (last && at.is_none()),
         };
         self.wake(q, wake);
     }
