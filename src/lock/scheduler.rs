@@ -11,8 +11,9 @@
 //!
 //! Leases reach the task through a queue it drains whenever it wakes, and it is woken only
 //! when it must be: when a new lease falls due in an earlier timer bucket than the one it
-//! sleeps until, when the last lease ended while it sleeps past the linger, or when the queue
-//! has grown long ([`WAKE_AT`]). Releasing a lease only queues its removal. So a lease acquired
+//! sleeps until, or when the queue has grown long ([`WAKE_AT`]); it never sleeps more than
+//! [`MAX_SLEEP`] (at most the linger) while it tracks leases, so it exits in time after the
+//! last one ends without being woken for it. Releasing a lease only queues its removal. So a lease acquired
 //! and released between two wake-ups costs two queue entries and no wake-up of the task,
 //! which is what keeps a short lock cycle as cheap as the bare backend's.
 
@@ -45,7 +46,8 @@ pub(crate) const LINGER: Duration = Duration::from_secs(1);
 const WAKE_AT: usize = 1024;
 
 /// The longest the task sleeps while it tracks leases. At most the linger, so that a task
-/// asleep when its last lease ends wakes in time to exit (see `Scheduler::remove`).
+/// asleep when its last lease ends wakes in time to exit without being woken (see
+/// `Scheduler::remove`).
 const MAX_SLEEP: Duration = Duration::from_secs(1);
 const _: () = assert!(MAX_SLEEP.as_nanos() <= LINGER.as_nanos());
 
@@ -217,14 +219,11 @@ impl Scheduler {
         if last {
             q.last_end = Instant::now();
         }
-        // The entry can wait in the queue for the task's next wake-up; but when this was the
-        // last lease, the task must wake by the end of the linger to exit in time: a task
-        // asleep with a bound wakes within `MAX_SLEEP` (at most the linger), one waiting only
-        // for a renewal batch's answer must be woken.
-        let wake = match q.task {
-            TaskState::Awake => false,
-            TaskState::Asleep(at) => q.commands.len() >= WAKE_AT || (last && at.is_none()),
-        };
+        // The entry can wait in the queue for the task's next wake-up, also when this was the
+        // last lease: a task asleep with a bound wakes within `MAX_SLEEP` (at most the
+        // linger), in time to exit a linger after this end; one asleep without a bound waits
+        // for a renewal batch's answer, and cannot exit before that anyway.
+        let wake = matches!(q.task, TaskState::Asleep(_)) && q.commands.len() >= WAKE_AT;
         self.wake(q, wake);
     }
 
