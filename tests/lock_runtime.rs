@@ -128,6 +128,20 @@ async fn a_lease_due_sooner_than_the_task_sleeps_wakes_it() {
     assert!(locker.stats().renewals >= 10, "{:?}", locker.stats());
 }
 
+/// A task that wakes late (its thread was busy) fires every bucket due by then, not only the
+/// one it slept until: here the clock jumps past a renewal's instant.
+#[tokio::test(start_paused = true)]
+async fn a_task_woken_late_fires_every_timer_due_by_then() {
+    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let lease = locker.try_acquire("a", &renewing()).await.expect("free");
+    tokio::task::yield_now().await;
+    // Renewal due at 1 s; the task sees the clock at 1.5 s.
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(locker.stats().renewals, 1, "{:?}", locker.stats());
+    assert!(lease.is_valid());
+}
+
 /// Timers fire on a millisecond grid, so a lease due within a millisecond after what the task
 /// sleeps until is served by that wake-up: adding it must not wake the task.
 #[tokio::test(start_paused = true)]
@@ -175,6 +189,10 @@ async fn scheduler_should_not_wake_for_or_hoard_the_timers_of_released_leases() 
     assert!(
         after.scheduler_wakeups - before.scheduler_wakeups <= 30,
         "the task woke for released leases' timers: {before:?} -> {after:?}"
+    );
+    assert_eq!(
+        after.timers, 1,
+        "only the held lease's timer is left: {after:?}"
     );
     assert!(matches!(
         early.end(),
