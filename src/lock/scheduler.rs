@@ -13,9 +13,9 @@
 //! when it must be: when a new lease falls due in an earlier timer bucket than the one it
 //! sleeps until, or when the queue has grown long ([`WAKE_AT`]); it never sleeps more than
 //! [`MAX_SLEEP`] (at most the linger) while it tracks leases, so it exits in time after the
-//! last one ends without being woken for it. Releasing a lease only queues its removal. So a lease acquired
-//! and released between two wake-ups costs two queue entries and no wake-up of the task,
-//! which is what keeps a short lock cycle as cheap as the bare backend's.
+//! last one ends without being woken for it. Releasing a lease only queues its removal. So a
+//! lease acquired and released between two wake-ups costs two queue entries and no wake-up of
+//! the task, which is what keeps a short lock cycle close to the bare backend's cost.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
