@@ -165,9 +165,8 @@ impl Lease {
     ///
     /// Cancel safe: the release goes on in the background; call again for its result.
     pub async fn release(&self) -> Result<(), LockError> {
-        let outcome = &self.shared.release;
-        if !outcome.start() {
-            return outcome.wait().await;
+        if !self.shared.start_release() {
+            return self.shared.release_outcome().await;
         }
         // The release runs on the caller's task (no task spawned per release); if the caller
         // stops waiting, `Detach` spawns the rest. Later calls wait for the outcome. Not a
@@ -193,10 +192,10 @@ impl Lease {
         let out = match detach.work.as_mut() {
             Some(work) => work.await,
             // Not reached: set just above. Were it empty, the outcome would still be set.
-            None => return outcome.wait().await,
+            None => return self.shared.release_outcome().await,
         };
         detach.work = None;
-        outcome.finish(out.clone());
+        self.shared.finish_release(out.clone());
         out
     }
 
@@ -248,7 +247,7 @@ impl Background {
         if let Some(work) = self.work.as_mut() {
             let out = work.await;
             self.work = None;
-            self.shared.release.finish(out);
+            self.shared.finish_release(out);
         }
     }
 }
@@ -257,8 +256,7 @@ impl Drop for Background {
     fn drop(&mut self) {
         if self.work.is_some() {
             self.shared
-                .release
-                .finish(Err(LockError::Backend(crate::backend::BackendError::new(
+                .finish_release(Err(LockError::Backend(crate::backend::BackendError::new(
                     crate::backend::BackendErrorKind::Unavailable,
                     "the release was abandoned: its runtime shut down before it finished",
                 ))));
@@ -316,7 +314,7 @@ async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), Lo
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if self.shared.release.is_started() {
+        if self.shared.release_started() {
             return;
         }
         match self.shared.end_cause() {

@@ -39,48 +39,18 @@ pub(crate) struct LeaseShared {
     tracked: AtomicBool,
     state: Mutex<LeaseState>,
     ended: Notify,
-    pub release: ReleaseOutcome,
+    release: ReleaseOutcome,
 }
 
 /// The outcome of the lease's release, shared by every call of `Lease::release` and by the
 /// background task that finishes it if its first caller stops waiting. Part of the lease's
-/// state rather than an allocation of its own: a short lock cycle's allocations were a
-/// measurable part of its client CPU.
+/// state rather than an allocation of its own (a short lock cycle's allocations were a
+/// measurable part of its client CPU), and small, since every held lease carries it: an error
+/// is boxed, and waiters share the lease's `ended` notification.
 #[derive(Default)]
 pub(crate) struct ReleaseOutcome {
     started: AtomicBool,
-    result: OnceLock<Result<(), LockError>>,
-    done: Notify,
-}
-
-impl ReleaseOutcome {
-    /// True for the one caller that starts the release (there is one release run per lease).
-    pub fn start(&self) -> bool {
-        !self.started.swap(true, Ordering::AcqRel)
-    }
-
-    pub fn is_started(&self) -> bool {
-        self.started.load(Ordering::Acquire)
-    }
-
-    pub fn finish(&self, result: Result<(), LockError>) {
-        // The first result wins: there is only one release run.
-        let _ = self.result.set(result);
-        self.done.notify_waiters();
-    }
-
-    pub async fn wait(&self) -> Result<(), LockError> {
-        loop {
-            let notified = self.done.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so a `finish` between the two is not missed.
-            notified.as_mut().enable();
-            if let Some(result) = self.result.get() {
-                return result.clone();
-            }
-            notified.await;
-        }
-    }
+    result: OnceLock<Result<(), Box<LockError>>>,
 }
 
 struct LeaseState {
@@ -228,6 +198,36 @@ impl LeaseShared {
         drop(s);
         self.ended.notify_waiters();
         None
+    }
+
+    /// True for the one caller that starts the release (there is one release run per lease).
+    pub fn start_release(&self) -> bool {
+        !self.release.started.swap(true, Ordering::AcqRel)
+    }
+
+    pub fn release_started(&self) -> bool {
+        self.release.started.load(Ordering::Acquire)
+    }
+
+    /// Records the release's outcome (the first one wins) and wakes those waiting for it.
+    pub fn finish_release(&self, result: Result<(), LockError>) {
+        let _ = self.release.result.set(result.map_err(Box::new));
+        self.ended.notify_waiters();
+    }
+
+    /// The release's outcome, once `finish_release` has recorded it.
+    pub async fn release_outcome(&self) -> Result<(), LockError> {
+        loop {
+            let notified = self.ended.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a `finish_release` between the two is not
+            // missed. Other notifications of `ended` (the lease's end) only loop once more.
+            notified.as_mut().enable();
+            if let Some(result) = self.release.result.get() {
+                return result.clone().map_err(|e| *e);
+            }
+            notified.await;
+        }
     }
 
     /// Resolves when the lease ends, with the cause.
