@@ -280,6 +280,26 @@ async fn release_should_finish_when_its_caller_is_cancelled_and_be_memoized() {
     assert_eq!(faulty.counts().release, 1);
 }
 
+/// A second call waiting while the first call's release goes on in the background is woken by
+/// its outcome.
+#[tokio::test(start_paused = true)]
+async fn a_release_waiting_for_a_detached_one_gets_its_outcome() {
+    let (_, faulty, locker) = faulty_locker();
+    let lease = locker
+        .try_acquire("w", &LockOptions::new())
+        .await
+        .expect("free");
+    faulty.set(Fault::Delay(Duration::from_millis(500)));
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), lease.release()).await;
+    assert!(cancelled.is_err(), "the release must still be running");
+    let waited = tokio::time::timeout(Duration::from_secs(2), lease.release()).await;
+    assert!(
+        matches!(waited, Ok(Ok(()))),
+        "the waiting call must get the detached release's outcome: {waited:?}"
+    );
+    assert_eq!(faulty.counts().release, 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelling_waits_on_a_lease_never_ends_it() {
     let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
