@@ -511,11 +511,9 @@ fn redis_benchmark(server: &RedisServer, pipeline: u32, requests: u32) -> (f64, 
     (acquire, release)
 }
 
-/// One client at one concurrency: median cycles/s, every run's cycles/s, failed cycles, and the
-/// median server and client CPU µs per cycle.
-/// Median cycles/s, every run's cycles/s, failed cycles, median server and client µs per
-/// cycle, and every run's client µs per cycle (in rep order).
-type Row = (f64, Vec<f64>, u64, f64, f64, Vec<f64>);
+/// One client at one concurrency: median cycles/s, every run's cycles/s, failed cycles, the
+/// median server CPU µs per cycle, and every run's client CPU µs per cycle (in rep order).
+type Row = (f64, Vec<f64>, u64, f64, Vec<f64>);
 
 /// Every run of one client at one concurrency.
 #[derive(Default)]
@@ -615,7 +613,6 @@ fn main() {
                         r.rates,
                         r.failed,
                         median(r.server_us),
-                        median(r.client_us.clone()),
                         r.client_us,
                     ),
                 );
@@ -689,7 +686,7 @@ fn main() {
         "cli µs/cyc 64"
     );
     let server_us = |c: Client, t: usize| table.get(&(c, t)).map_or(0.0, |e| e.3);
-    let client_us = |c: Client, t: usize| table.get(&(c, t)).map_or(0.0, |e| e.4);
+    let client_us = |c: Client, t: usize| table.get(&(c, t)).map_or(0.0, |e| median(e.4.clone()));
     for &c in &clients {
         let (a, b) = (get(c, 1), get(c, 64));
         let fails = table.get(&(c, 1)).map_or(0, |e| e.2) + table.get(&(c, 64)).map_or(0, |e| e.2);
@@ -744,7 +741,7 @@ fn main() {
         let runs = |c: Client| {
             table
                 .get(&(c, tasks))
-                .map(|e| e.5.clone())
+                .map(|e| e.4.clone())
                 .unwrap_or_default()
         };
         let ratios: Vec<f64> = runs(Client::TenureLocker)

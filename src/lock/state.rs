@@ -48,7 +48,7 @@ pub(crate) struct LeaseShared {
 /// measurable part of its client CPU), and small, since every held lease carries it: an error
 /// is boxed, and waiters share the lease's `ended` notification.
 #[derive(Default)]
-pub(crate) struct ReleaseOutcome {
+struct ReleaseOutcome {
     started: AtomicBool,
     result: OnceLock<Result<(), Box<LockError>>>,
 }
