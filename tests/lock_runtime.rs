@@ -6,13 +6,43 @@ use std::time::Duration;
 use tenure::backend::faulty::{Fault, FaultyBackend};
 use tenure::backend::memory::MemoryBackend;
 use tenure::backend::{Backend, Released};
-use tenure::{LeaseEnd, LockError, LockOptions, Locker, LostReason, WithLockError};
+use tenure::{Lease, LeaseEnd, LockError, LockOptions, Locker, LostReason, WithLockError};
 
 fn faulty_locker() -> (MemoryBackend, FaultyBackend, Locker) {
     let store = MemoryBackend::new();
     let faulty = FaultyBackend::new(store.clone());
     let locker = Locker::with_identity(faulty.clone(), "test").expect("valid identity");
     (store, faulty, locker)
+}
+
+/// A locker on a fresh memory store.
+fn memory_locker() -> Locker {
+    Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity")
+}
+
+/// A lease of an hour without renewal: keeps the scheduler task alive, its own timer far away.
+async fn hold_for_an_hour(locker: &Locker) -> Lease {
+    locker
+        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
+        .await
+        .expect("free")
+}
+
+/// A lease whose first `release` call was cancelled after 10 ms while the store delays every
+/// request by 500 ms: the release goes on in the background.
+async fn release_left_running(name: &str) -> (MemoryBackend, FaultyBackend, Lease) {
+    let (store, faulty, locker) = faulty_locker();
+    let lease = locker
+        .try_acquire(name, &LockOptions::new())
+        .await
+        .expect("free");
+    faulty.set(Fault::Delay(Duration::from_millis(500)));
+    let cancelled = tokio::time::timeout(Duration::from_millis(10), lease.release()).await;
+    assert!(
+        cancelled.is_err(),
+        "the release must still have been running"
+    );
+    (store, faulty, lease)
 }
 
 fn renewing() -> LockOptions {
@@ -90,11 +120,8 @@ async fn short_cycles(locker: &Locker, cycles: u64, window: usize) -> u64 {
 /// an hour, every short lock cycle did.
 #[tokio::test(start_paused = true)]
 async fn scheduler_should_not_wake_for_each_lease_due_sooner_than_a_long_held_one() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
-    let held = locker
-        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
-        .await
-        .expect("free");
+    let locker = memory_locker();
+    let held = hold_for_an_hour(&locker).await;
     let cycles = 10_000;
     let woke = short_cycles(&locker, cycles, 1).await;
     // One wake-up per 512 cycles (their queued commands) and at most one per second.
@@ -107,11 +134,8 @@ async fn scheduler_should_not_wake_for_each_lease_due_sooner_than_a_long_held_on
 /// one held for an hour.
 #[tokio::test(start_paused = true)]
 async fn a_lease_due_sooner_than_the_task_sleeps_wakes_it() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
-    let _held = locker
-        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
-        .await
-        .expect("free");
+    let locker = memory_locker();
+    let _held = hold_for_an_hour(&locker).await;
     // The task takes the first lease in and sleeps.
     tokio::time::sleep(Duration::from_millis(10)).await;
     let short = locker
@@ -132,7 +156,7 @@ async fn a_lease_due_sooner_than_the_task_sleeps_wakes_it() {
 /// one it slept until: here the clock jumps past a renewal's instant.
 #[tokio::test(start_paused = true)]
 async fn a_task_woken_late_fires_every_timer_due_by_then() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let locker = memory_locker();
     let lease = locker.try_acquire("a", &renewing()).await.expect("free");
     tokio::task::yield_now().await;
     // Renewal due at 1 s; the task sees the clock at 1.5 s.
@@ -146,7 +170,7 @@ async fn a_task_woken_late_fires_every_timer_due_by_then() {
 /// sleeps until is served by that wake-up: adding it must not wake the task.
 #[tokio::test(start_paused = true)]
 async fn a_lease_due_in_the_bucket_the_task_sleeps_until_does_not_wake_it() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let locker = memory_locker();
     let opts = LockOptions::new().ttl(Duration::from_millis(500));
     let _first = locker.try_acquire("first", &opts).await.expect("free");
     tokio::task::yield_now().await;
@@ -164,16 +188,13 @@ async fn a_lease_due_in_the_bucket_the_task_sleeps_until_does_not_wake_it() {
 /// lease's timer, which falls due first).
 #[tokio::test(start_paused = true)]
 async fn scheduler_should_not_wake_for_or_hoard_the_timers_of_released_leases() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let locker = memory_locker();
     let early = locker
         .try_acquire("early", &LockOptions::new().ttl(Duration::from_secs(12)))
         .await
         .expect("free");
     // Keeps the task from going idle (which drops every timer) when `early` has expired.
-    let held = locker
-        .try_acquire("held", &LockOptions::new().ttl(Duration::from_secs(3600)))
-        .await
-        .expect("free");
+    let held = hold_for_an_hour(&locker).await;
     let cycles = 40_000;
     let woke = short_cycles(&locker, cycles, 64).await;
     let before = locker.stats();
@@ -203,7 +224,7 @@ async fn scheduler_should_not_wake_for_or_hoard_the_timers_of_released_leases() 
 
 #[tokio::test(start_paused = true)]
 async fn scheduler_should_exit_a_second_after_the_last_lease_and_restart_for_the_next() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let locker = memory_locker();
     let lease = locker.try_acquire("a", &renewing()).await.expect("free");
     tokio::task::yield_now().await;
     assert_eq!(locker.stats().scheduler_tasks, 1);
@@ -258,17 +279,7 @@ async fn dropping_an_acquire_whose_answer_is_late_releases_what_it_was_granted()
 
 #[tokio::test(start_paused = true)]
 async fn release_should_finish_when_its_caller_is_cancelled_and_be_memoized() {
-    let (store, faulty, locker) = faulty_locker();
-    let lease = locker
-        .try_acquire("r", &LockOptions::new())
-        .await
-        .expect("free");
-    faulty.set(Fault::Delay(Duration::from_millis(500)));
-    let cancelled = tokio::time::timeout(Duration::from_millis(10), lease.release()).await;
-    assert!(
-        cancelled.is_err(),
-        "the release must still have been running"
-    );
+    let (store, faulty, lease) = release_left_running("r").await;
     assert!(
         matches!(lease.end(), Some(LeaseEnd::Released)),
         "the lease ends at release"
@@ -284,14 +295,7 @@ async fn release_should_finish_when_its_caller_is_cancelled_and_be_memoized() {
 /// its outcome.
 #[tokio::test(start_paused = true)]
 async fn a_release_waiting_for_a_detached_one_gets_its_outcome() {
-    let (_, faulty, locker) = faulty_locker();
-    let lease = locker
-        .try_acquire("w", &LockOptions::new())
-        .await
-        .expect("free");
-    faulty.set(Fault::Delay(Duration::from_millis(500)));
-    let cancelled = tokio::time::timeout(Duration::from_millis(10), lease.release()).await;
-    assert!(cancelled.is_err(), "the release must still be running");
+    let (_, faulty, lease) = release_left_running("w").await;
     let waited = tokio::time::timeout(Duration::from_secs(2), lease.release()).await;
     assert!(
         matches!(waited, Ok(Ok(()))),
@@ -302,7 +306,7 @@ async fn a_release_waiting_for_a_detached_one_gets_its_outcome() {
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_waits_on_a_lease_never_ends_it() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let locker = memory_locker();
     let lease = locker.try_acquire("c", &renewing()).await.expect("free");
     assert!(
         tokio::time::timeout(Duration::from_millis(10), lease.lost())
@@ -396,7 +400,7 @@ async fn renewal_answered_not_held_ends_the_lease_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn bad_input_gets_typed_errors() {
-    let locker = Locker::with_identity(MemoryBackend::new(), "test").expect("valid identity");
+    let locker = memory_locker();
     let short = LockOptions::new().ttl(Duration::from_millis(20));
     assert!(matches!(
         locker.with_lock("x", &short, |_| async {}).await,
