@@ -105,7 +105,7 @@ fn blocked_and_ignored(pid: u32) -> (u64, u64) {
 /// Runs the scenario: A leads with the hostile command, which signals its group; then A's
 /// tenure is ended by `end_a` (kill -9 or SIGSTOP) and B takes over. The loop A's command left
 /// must be gone before B's command starts, and it must log no tick after that.
-fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> Tenure {
+fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> (Tenure, TempDir) {
     let dir = TempDir::new(&format!("cli-watchdog-{tag}"));
     let (state, log) = (dir.path().join("state"), dir.path().join("log"));
     let looppid = dir.path().join("loop");
@@ -175,21 +175,120 @@ fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> Tenure {
         "the loop never ran: {ev:?}"
     );
     drop(b);
-    a
+    (a, dir)
 }
 
 #[test]
 fn a_command_signalling_its_own_group_cannot_outlive_a_killed_tenure() {
-    let mut a = hostile_command_then("kill9", |a| a.signal(libc::SIGKILL));
+    let (mut a, _dir) = hostile_command_then("kill9", |a| a.signal(libc::SIGKILL));
     a.wait(Duration::from_secs(5));
 }
 
 #[test]
 fn a_command_signalling_its_own_group_cannot_outlive_a_frozen_tenure() {
-    let mut a = hostile_command_then("frozen", |a| a.signal(libc::SIGSTOP));
+    let (mut a, _dir) = hostile_command_then("frozen", |a| a.signal(libc::SIGSTOP));
     a.signal(libc::SIGCONT);
     let status = a.wait(Duration::from_secs(10));
-    assert_eq!(status.code(), Some(3), "{}", a.log());
+    assert_eq!(status.code(), Some(3), "{status:?}: {}", a.log());
+    // Thawed, tenure says why its command died: the watchdog process wrote its report into
+    // the memory it shares with tenure before the kill took it too.
+    assert!(
+        a.log().contains("the watchdog killed the command"),
+        "no report of the watchdog's kill:\n{}",
+        a.log()
+    );
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds (the clock of the watchdog's deadlines).
+fn monotonic_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY (test): clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).expect("after boot") * 1_000_000_000
+        + u64::try_from(ts.tv_nsec).expect("in range")
+}
+
+/// The watchdog process judges by the deadline in the memory it shares with tenure, read
+/// when it judges: a deadline moved 150 ms ahead every 20 ms keeps the group alive for
+/// seconds, with nothing ever written to the process's stdin; once the moves stop, the group
+/// is killed and the report (when, against which deadline) is left in the cell. A process
+/// that held the deadline it was started with killed the group after 150 ms — as the one
+/// fed over a pipe did when the feeding thread ran late under CPU load.
+#[test]
+fn the_watchdog_process_judges_by_the_deadline_tenure_last_moved() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    // SAFETY (test): a new memfd (inherited by the children: no CLOEXEC), sized to the
+    // cell's three words and mapped shared; the mapping outlives every use below.
+    let (fd, words) = unsafe {
+        let fd = libc::memfd_create(c"test-cell".as_ptr(), 0);
+        assert!(fd >= 0, "memfd_create");
+        assert_eq!(libc::ftruncate(fd, 24), 0);
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            24,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED);
+        (fd, &*addr.cast::<[AtomicU64; 3]>())
+    };
+    let ahead = 150_000_000;
+    words[0].store(monotonic_now_ns() + ahead, Ordering::Release);
+    let mut command = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .expect("start sleep");
+    let group = command.id();
+    let mut watchdog = std::process::Command::new(cli_support::TENURE)
+        .args(["__watchdog", &group.to_string(), &fd.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .process_group(i32::try_from(group).expect("pid"))
+        .spawn()
+        .expect("start the watchdog process");
+    let moving = std::time::Instant::now();
+    while moving.elapsed() < Duration::from_millis(1500) {
+        words[0].store(monotonic_now_ns() + ahead, Ordering::Release);
+        assert!(
+            command.try_wait().expect("wait").is_none(),
+            "killed after {:?} although the deadline was always {ahead} ns ahead",
+            moving.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let last = words[0].load(Ordering::Acquire);
+    let stopped = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = command.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "the group outlived its deadline by seconds"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    let (killed_at, judged_by) = (
+        words[1].load(Ordering::Acquire),
+        words[2].load(Ordering::Acquire),
+    );
+    assert_eq!(
+        judged_by, last,
+        "the report names another deadline than the last one"
+    );
+    assert!(
+        killed_at >= last,
+        "killed at {killed_at}, before the deadline {last}"
+    );
+    let _ = watchdog.wait();
 }
 
 #[test]
@@ -219,7 +318,12 @@ fn a_watchdog_process_killed_by_its_pid_is_started_again() {
         second.is_some()
     });
     assert!(alive(pid_a), "the command must keep running");
-    assert!(a.log().contains("started another"), "{}", a.log());
+    // Logged just after the replacement starts: the process can be seen a moment before.
+    wait_until(
+        Duration::from_secs(5),
+        "tenure to log the replacement",
+        || a.log().contains("started another"),
+    );
     // The replacement does the job: tenure frozen, the command is killed before b leads.
     let b = Tenure::start(
         &run_args(&state, "b", worker(&log, &dir.path().join("pb"), -1.0, 0)),
@@ -298,8 +402,12 @@ impl Drop for CpuLoad {
 /// command finished (exit 7), or when tenure reports that the lease was lost (renewals that
 /// miss their deadline on a loaded machine end the term, rightly). A SIGKILL without a lost
 /// lease is the watchdog killing a healthy command — what the watchdog process did when it
-/// held a deadline that renewals had already moved (it was fed the next one only as the old
-/// one passed, and a thread a millisecond late under load lost the race).
+/// held a deadline that renewals had already moved: fed over a pipe by a thread, first only
+/// as the old deadline passed, then a third of the way to it; under this load (CI ran six
+/// tests at once) the thread still ran late now and then. It now reads the deadline tenure
+/// moves in shared memory (`the_watchdog_process_judges_by_the_deadline_tenure_last_moved`),
+/// and an answer after the renew deadline ends the lease rather than reviving it, so every
+/// watchdog kill here comes with a lost lease in the log.
 #[test]
 fn under_cpu_load_the_watchdog_never_kills_a_command_whose_term_is_valid() {
     // (lease, renew deadline, retry period), from the minimum lease (30 ms) up.

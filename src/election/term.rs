@@ -115,6 +115,40 @@ impl Term {
         self.lease.valid_until()
     }
 
+    /// Calls `listener` with [`valid_until`](Self::valid_until) at once, and again each time a
+    /// renewal moves it later, until the term's lease ends: a mirror of the term's validity
+    /// for something that cannot ask (another process, a hardware watchdog).
+    ///
+    /// The listener runs on the renewal scheduler's task while the lease's state is locked,
+    /// so nothing in this process can see a validity the listener has not been given. It must
+    /// therefore be quick, must not block, and must not call into this term (that would
+    /// deadlock). A listener that panics is logged; the term and other listeners go on.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use std::time::Duration;
+    /// use tenure::election::TestTerm;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tenure::election::ElectionError> {
+    /// let test = TestTerm::begin("reports", "pod-a").await?;
+    /// let seen = Arc::new(Mutex::new(Vec::new()));
+    /// let mirror = Arc::clone(&seen);
+    /// test.term().on_renewal(move |valid_until| mirror.lock().unwrap().push(valid_until));
+    /// // The default lease is renewed 5 s in.
+    /// tokio::time::sleep(Duration::from_secs(6)).await;
+    /// let seen = seen.lock().unwrap();
+    /// assert_eq!(seen.len(), 2, "once at registration, once at the renewal");
+    /// assert!(seen[0] < seen[1]);
+    /// assert_eq!(seen[1], test.term().valid_until());
+    /// # Ok(()) }
+    /// ```
+    pub fn on_renewal(&self, listener: impl Fn(Instant) + Send + Sync + 'static) {
+        self.lease.on_renewal(Box::new(listener));
+    }
+
     /// Runs `task` on the tokio runtime for this term only.
     ///
     /// When the term ends, the task first sees [`cancellation`](Self::cancellation) fire, like

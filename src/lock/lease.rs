@@ -88,6 +88,20 @@ impl Lease {
         self.shared.is_valid()
     }
 
+    /// Calls `listener` with [`valid_until`](Self::valid_until) at once, and again each time a
+    /// renewal moves it later, until the lease ends. For a mirror of the validity that
+    /// something outside this process must read the moment it changes — `tenure run`'s
+    /// watchdog process reads one from shared memory.
+    ///
+    /// The listener runs on the renewal scheduler's task while the lease's state is locked,
+    /// so no reader of the lease can see a validity the listener has not been given. It must
+    /// therefore be quick, must not block, and must not call into this lease (that would
+    /// deadlock). A listener that panics is logged; the lease and other listeners go on.
+    /// Registered after the lease ended, it is never called.
+    pub fn on_renewal(&self, listener: impl Fn(Instant) + Send + Sync + 'static) {
+        self.shared.on_renewal(Box::new(listener));
+    }
+
     /// How the lease ended, if it has.
     #[must_use]
     pub fn end(&self) -> Option<LeaseEnd> {
@@ -133,7 +147,7 @@ impl Lease {
         .map_err(|_| crate::backend::BackendError::timeout("renewal", s.plan.request_timeout))??;
         match answer {
             Renewed::Held => {
-                s.renewed(sent, sent.elapsed());
+                s.renewed(sent, Instant::now());
                 self.locker.inner.scheduler.renewed(s.key, sent);
                 Ok(())
             }

@@ -776,7 +776,7 @@ impl Task {
             match answer {
                 Ok(Renewed::Held) => {
                     renewed += 1;
-                    e.lease.renewed(sent, now - sent);
+                    e.lease.renewed(sent, now);
                     if sent > e.last_ok {
                         e.last_ok = sent;
                     }

@@ -64,6 +64,23 @@ struct LeaseState {
     /// Successful renewals so far, and the round-trip time of the latest (for metrics).
     renewals: u32,
     last_renew_latency: std::time::Duration,
+    /// Told each later `valid_until` while this lock is held, so that no reader of the state
+    /// can see a validity its listeners have not been told of (`LeaseShared::on_renewal`).
+    listeners: Vec<RenewalListener>,
+}
+
+/// A function told each later `valid_until` of a lease.
+pub(crate) type RenewalListener = Box<dyn Fn(Instant) + Send + Sync>;
+
+/// Tells each listener `valid_until`. A listener that panics is reported and the others are
+/// still told: listeners run on the renewal scheduler's task, which looks after every lease.
+fn tell(listeners: &[RenewalListener], valid_until: Instant) {
+    for listener in listeners {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(valid_until))).is_err()
+        {
+            tracing::error!("a renewal listener panicked");
+        }
+    }
 }
 
 impl LeaseState {
@@ -104,6 +121,7 @@ impl LeaseShared {
                 end: None,
                 renewals: 0,
                 last_renew_latency: std::time::Duration::ZERO,
+                listeners: Vec::new(),
             }),
             ended: Notify::new(),
             release: ReleaseOutcome::default(),
@@ -138,20 +156,44 @@ impl LeaseShared {
         self.state().valid_until
     }
 
-    /// Records a successful renewal sent at `sent`. Ignored once the lease has ended: a late
-    /// answer must not revive a lease the workload was already told it lost.
-    pub fn renewed(&self, sent: Instant, latency: std::time::Duration) {
-        // Not `state()`: settling needs the clock, and the scheduler calls this for every lease
-        // of a batch. A lease past its deadline is settled by the next reader anyway.
+    /// Records a successful renewal sent at `sent` whose answer came at `now`. Ignored once
+    /// the lease has ended, and an answer that comes after the renew deadline ends it first:
+    /// a late answer must not revive a lease the workload was (or, had it looked, would have
+    /// been) told it lost. The lease's view depends only on its clock, never on whether
+    /// anyone read the state between the deadline and the answer.
+    pub fn renewed(&self, sent: Instant, now: Instant) {
+        // Not `state()`: that reads the clock again, and the scheduler calls this for every
+        // lease of a batch with the instant the batch's answer came.
         let mut s = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.settle(now, &self.plan) {
+            tracing::warn!(lock = %self.name, fencing = %self.fencing, end = ?s.end, "lease lost");
+            drop(s);
+            self.ended.notify_waiters();
+            return;
+        }
+        if s.end.is_some() {
+            return;
+        }
+        let before = s.valid_until;
+        s.valid_until = s.valid_until.max(sent + self.plan.validity);
+        s.deadline = s.deadline.max(sent + self.plan.renew_deadline);
+        s.renewals = s.renewals.wrapping_add(1);
+        s.last_renew_latency = now.saturating_duration_since(sent);
+        if s.valid_until > before {
+            tell(&s.listeners, s.valid_until);
+        }
+    }
+
+    /// Calls `listener` with every later `valid_until` from now on, and once now with the
+    /// current one. See `Term::on_renewal`, which documents the contract.
+    pub fn on_renewal(&self, listener: RenewalListener) {
+        let mut s = self.state();
         if s.end.is_none() {
-            s.valid_until = s.valid_until.max(sent + self.plan.validity);
-            s.deadline = s.deadline.max(sent + self.plan.renew_deadline);
-            s.renewals = s.renewals.wrapping_add(1);
-            s.last_renew_latency = latency;
+            tell(std::slice::from_ref(&listener), s.valid_until);
+            s.listeners.push(listener);
         }
     }
 
@@ -246,5 +288,110 @@ impl LeaseShared {
                 () = tokio::time::sleep_until(deadline) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::LockOptions;
+
+    fn lease(sent: Instant) -> LeaseShared {
+        let plan = LockOptions::new().plan(true).expect("valid");
+        LeaseShared::new(
+            LeaseKey { slot: 0, id: 0 },
+            "state".into(),
+            HolderToken::random(),
+            FencingToken::new(1),
+            plan,
+            sent,
+        )
+    }
+
+    fn recorder() -> (Arc<Mutex<Vec<Instant>>>, RenewalListener) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mirror = Arc::clone(&seen);
+        let listener: RenewalListener =
+            Box::new(move |at| mirror.lock().expect("unpoisoned").push(at));
+        (seen, listener)
+    }
+
+    /// An answer that comes after the renew deadline ends the lease instead of moving its
+    /// validity, whether or not anyone looked at the lease in between.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_after_the_renew_deadline_does_not_revive_the_lease() {
+        let start = Instant::now();
+        let l = lease(start);
+        let (seen, listener) = recorder();
+        l.on_renewal(listener);
+        let before = l.state().valid_until;
+        let sent = start + l.plan.renew_deadline - Duration::from_millis(1);
+        l.renewed(
+            sent,
+            start + l.plan.renew_deadline + Duration::from_millis(1),
+        );
+        let s = l.state.lock().expect("unpoisoned");
+        assert_eq!(s.valid_until, before, "a late answer moved the validity");
+        assert!(
+            matches!(s.end, Some(LeaseEnd::Lost(LostReason::RenewDeadline))),
+            "{:?}",
+            s.end
+        );
+        assert_eq!(
+            seen.lock().expect("unpoisoned").len(),
+            1,
+            "listener told of a late answer"
+        );
+    }
+
+    /// Listeners hear the validity at once and then each later one, never an unchanged or an
+    /// earlier one, and nothing once the lease has ended; one that panics stops no other.
+    #[tokio::test(start_paused = true)]
+    async fn listeners_hear_each_later_validity_until_the_end() {
+        let start = Instant::now();
+        let l = lease(start);
+        let panics = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&panics);
+        l.on_renewal(Box::new(move |_| {
+            count.fetch_add(1, Ordering::Relaxed);
+            panic!("a listener's bug");
+        }));
+        let (seen, listener) = recorder();
+        l.on_renewal(listener);
+        let ms = Duration::from_millis;
+        l.renewed(start + ms(100), start + ms(110));
+        // An earlier send answered later (two requests in flight): no change, no call.
+        l.renewed(start + ms(50), start + ms(120));
+        l.renewed(start + ms(200), start + ms(210));
+        let validity = l.plan.validity;
+        assert_eq!(
+            *seen.lock().expect("unpoisoned"),
+            [
+                start + validity,
+                start + ms(100) + validity,
+                start + ms(200) + validity
+            ]
+        );
+        assert_eq!(
+            panics.load(Ordering::Relaxed),
+            3,
+            "the panicking listener stays registered"
+        );
+        let _ = l.end(LeaseEnd::Released);
+        l.renewed(start + ms(300), start + ms(310));
+        let (late, listener) = recorder();
+        l.on_renewal(listener);
+        assert_eq!(
+            seen.lock().expect("unpoisoned").len(),
+            3,
+            "told of a renewal after the end"
+        );
+        assert!(
+            late.lock().expect("unpoisoned").is_empty(),
+            "registered after the end"
+        );
     }
 }

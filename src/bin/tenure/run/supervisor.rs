@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend;
 use crate::error::CliError;
 use crate::process::child::{Child, exit_code};
+use crate::process::deadline::DeadlineCell;
 use crate::process::reaper;
 use crate::process::term_env::{ENV_FENCING_TOKEN, ENV_IDENTITY, ENV_LEASE};
 use crate::process::watchdog::Watchdog;
@@ -123,13 +124,20 @@ impl Supervisor {
             };
             // tenure's own credentials are not the command's business.
             let mut child = Child::spawn(&command, &env, &backend::secret_env_vars())?;
-            let deadline_term = term.clone();
-            watchdog.arm(child.group(), move || {
-                let until = deadline_term.valid_until().into_std();
-                until.checked_sub(stop_margin).unwrap_or(until)
-            })?;
+            // The kill deadline, moved by each renewal as the lease records it (the listener
+            // is told the current validity at once, before the watchdog is armed).
+            let cell = Arc::new(DeadlineCell::create().map_err(|e| CliError::Internal {
+                message: format!("cannot create the watchdog's deadline cell: {e}"),
+            })?);
+            let mirror = Arc::clone(&cell);
+            term.on_renewal(move |until| {
+                let until = until.into_std();
+                mirror.extend(until.checked_sub(stop_margin).unwrap_or(until));
+            });
+            watchdog.arm(child.group(), Arc::clone(&cell))?;
             let _disarm = Disarm {
                 watchdog: &watchdog,
+                cell: &cell,
                 group: child.group().id(),
                 lease: term.lease_name(),
                 token: &token,
@@ -206,9 +214,12 @@ fn shutdown_signal(
 }
 
 /// Disarms the watchdog for the term's group when the term's workload ends, however it
-/// ends, and kills what the command left behind outside its process group.
+/// ends (the elector drops a workload at once when it finds the term over: after a freeze,
+/// say), reports a kill by the watchdog, and kills what the command left behind outside its
+/// process group.
 struct Disarm<'a> {
     watchdog: &'a Watchdog,
+    cell: &'a DeadlineCell,
     group: libc::pid_t,
     lease: &'a str,
     token: &'a str,
@@ -217,6 +228,13 @@ struct Disarm<'a> {
 impl Drop for Disarm<'_> {
     fn drop(&mut self) {
         self.watchdog.disarm(self.group);
+        if let Some(kill) = self.cell.kill_report() {
+            tracing::warn!(
+                lease = %self.lease,
+                late = ?Duration::from_nanos(kill.late_ns),
+                "the watchdog killed the command: the term's validity ran out before a renewal moved it (tenure frozen, or starved of CPU past its renew deadline)"
+            );
+        }
         reaper::end_term(self.lease, self.token);
     }
 }
