@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The cell's words: the deadline, the instant of a kill (0: none), and the deadline that
 /// kill judged by; all absolute `CLOCK_MONOTONIC` nanoseconds.
@@ -41,9 +41,11 @@ unsafe impl Sync for DeadlineCell {}
 
 /// What a kill by the watchdog left in the cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KillReport {
-    /// How long past the deadline the kill came, in nanoseconds.
-    pub late_ns: u64,
+pub enum KillReport {
+    /// The deadline passed; the kill came this long after it.
+    Late(Duration),
+    /// No deadline was ever set: the term had ended before its command was guarded.
+    NoDeadline,
 }
 
 impl DeadlineCell {
@@ -151,8 +153,9 @@ impl DeadlineCell {
     /// The report of a kill by the watchdog, if either half killed the group.
     pub fn kill_report(&self) -> Option<KillReport> {
         let at = self.word(KILLED_AT).load(Ordering::Acquire);
-        (at != 0).then(|| KillReport {
-            late_ns: at.saturating_sub(self.word(KILLED_BY).load(Ordering::Acquire)),
+        (at != 0).then(|| match self.word(KILLED_BY).load(Ordering::Acquire) {
+            0 => KillReport::NoDeadline,
+            by => KillReport::Late(Duration::from_nanos(at.saturating_sub(by))),
         })
     }
 }
@@ -198,8 +201,6 @@ pub fn monotonic_ns(at: Instant) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[test]
@@ -227,11 +228,24 @@ mod tests {
         let at = Instant::now() + Duration::from_secs(5);
         tenure.extend(at);
         tenure.extend(at - Duration::from_secs(1));
-        assert_eq!(watchdog.deadline_ns(), monotonic_ns(at));
+        // Converting an `Instant` reads two clocks, so two conversions of one instant can
+        // differ by the time between the reads: compare to the microsecond.
+        let (seen, want) = (watchdog.deadline_ns(), monotonic_ns(at));
+        assert!(seen.abs_diff(want) < 1_000, "{seen} vs {want}");
         assert_eq!(tenure.kill_report(), None);
         watchdog.report_kill(1_000, 400);
         watchdog.report_kill(2_000, 100);
-        assert_eq!(tenure.kill_report(), Some(KillReport { late_ns: 600 }));
+        assert_eq!(
+            tenure.kill_report(),
+            Some(KillReport::Late(Duration::from_nanos(600)))
+        );
+    }
+
+    #[test]
+    fn a_kill_before_any_deadline_says_so() {
+        let cell = DeadlineCell::create().expect("memfd");
+        cell.report_kill(now_ns(), cell.deadline_ns());
+        assert_eq!(cell.kill_report(), Some(KillReport::NoDeadline));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend;
 use crate::error::CliError;
 use crate::process::child::{Child, exit_code};
-use crate::process::deadline::DeadlineCell;
+use crate::process::deadline::{DeadlineCell, KillReport};
 use crate::process::reaper;
 use crate::process::term_env::{ENV_FENCING_TOKEN, ENV_IDENTITY, ENV_LEASE};
 use crate::process::watchdog::Watchdog;
@@ -228,12 +228,17 @@ struct Disarm<'a> {
 impl Drop for Disarm<'_> {
     fn drop(&mut self) {
         self.watchdog.disarm(self.group);
-        if let Some(kill) = self.cell.kill_report() {
-            tracing::warn!(
+        match self.cell.kill_report() {
+            Some(KillReport::Late(late)) => tracing::warn!(
                 lease = %self.lease,
-                late = ?Duration::from_nanos(kill.late_ns),
+                ?late,
                 "the watchdog killed the command: the term's validity ran out before a renewal moved it (tenure frozen, or starved of CPU past its renew deadline)"
-            );
+            ),
+            Some(KillReport::NoDeadline) => tracing::warn!(
+                lease = %self.lease,
+                "the watchdog killed the command: the term had ended before the command was guarded"
+            ),
+            None => {}
         }
         reaper::end_term(self.lease, self.token);
     }
