@@ -105,7 +105,7 @@ fn blocked_and_ignored(pid: u32) -> (u64, u64) {
 /// Runs the scenario: A leads with the hostile command, which signals its group; then A's
 /// tenure is ended by `end_a` (kill -9 or SIGSTOP) and B takes over. The loop A's command left
 /// must be gone before B's command starts, and it must log no tick after that.
-fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> (Tenure, TempDir) {
+fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> (Tenure, TempDir, Duration) {
     let dir = TempDir::new(&format!("cli-watchdog-{tag}"));
     let (state, log) = (dir.path().join("state"), dir.path().join("log"));
     let looppid = dir.path().join("loop");
@@ -148,12 +148,14 @@ fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> (Tenure, Temp
         &[],
         dir.path().join("eb"),
     );
+    let ended = std::time::Instant::now();
     end_a(&a);
     wait_until(
         Duration::from_secs(10),
         "the loop of a's command to be killed",
         || !alive(loop_pid),
     );
+    let outlived = ended.elapsed();
     let gone = now_ns();
     let pid_b = read_pid_or_log(&dir.path().join("pb"), &b);
     let ev = events(&log);
@@ -175,18 +177,25 @@ fn hostile_command_then(tag: &str, end_a: impl FnOnce(&Tenure)) -> (Tenure, Temp
         "the loop never ran: {ev:?}"
     );
     drop(b);
-    (a, dir)
+    (a, dir, outlived)
 }
 
 #[test]
 fn a_command_signalling_its_own_group_cannot_outlive_a_killed_tenure() {
-    let (mut a, _dir) = hostile_command_then("kill9", |a| a.signal(libc::SIGKILL));
+    let (mut a, _dir, outlived) = hostile_command_then("kill9", |a| a.signal(libc::SIGKILL));
     a.wait(Duration::from_secs(5));
+    // At once, when the watchdog process sees its stdin close; not at the deadline it reads
+    // (2 s or more after the kill with these durations: lease 3 s, renewals every 500 ms,
+    // stop margin 500 ms), which is only the fallback.
+    assert!(
+        outlived < Duration::from_secs(1),
+        "the loop outlived the killed tenure by {outlived:?}: killed at the deadline, not when tenure died"
+    );
 }
 
 #[test]
 fn a_command_signalling_its_own_group_cannot_outlive_a_frozen_tenure() {
-    let (mut a, _dir) = hostile_command_then("frozen", |a| a.signal(libc::SIGSTOP));
+    let (mut a, _dir, _) = hostile_command_then("frozen", |a| a.signal(libc::SIGSTOP));
     a.signal(libc::SIGCONT);
     let status = a.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(3), "{status:?}: {}", a.log());
@@ -196,6 +205,49 @@ fn a_command_signalling_its_own_group_cannot_outlive_a_frozen_tenure() {
         a.log().contains("the watchdog killed the command"),
         "no report of the watchdog's kill:\n{}",
         a.log()
+    );
+}
+
+/// CPU time `pid` has used, user and system, in clock ticks (fields 14 and 15 of its stat).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    // After the command name: state is field 3, utime 14 and stime 15 (1-based).
+    let field = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
+    field(14).unwrap_or(0) + field(15).unwrap_or(0)
+}
+
+/// A leader with nothing to do uses next to no CPU: the watchdog thread sleeps until the
+/// earliest deadline (at most 200 ms), and the process half waits on its stdin. A thread that
+/// woke without sleeping (a deadline it misread, a sleep that returned at once) spins a core.
+#[test]
+fn an_idle_leader_and_its_watchdog_do_not_spin() {
+    let dir = TempDir::new("cli-watchdog-idle");
+    let (state, log) = (dir.path().join("state"), dir.path().join("log"));
+    let a = Tenure::start(
+        &run_args(&state, "a", worker(&log, &dir.path().join("pa"), -1.0, 0)),
+        &[],
+        dir.path().join("ea"),
+    );
+    let command = read_pid(&dir.path().join("pa"), Duration::from_secs(10));
+    let mut found = None;
+    wait_until(Duration::from_secs(5), "the watchdog process", || {
+        found = watchdog_in(command);
+        found.is_some()
+    });
+    let watchdog = found.unwrap_or_default();
+    let pids = [a.pid(), watchdog];
+    let before: u64 = pids.iter().map(|&p| cpu_ticks(p)).sum();
+    std::thread::sleep(Duration::from_secs(3));
+    let used: u64 = pids.iter().map(|&p| cpu_ticks(p)).sum::<u64>() - before;
+    assert!(alive(command), "the command must keep running: {}", a.log());
+    // Clock ticks are 10 ms (USER_HZ 100). Idle, both together used 0 or 1 in 3 s here; a
+    // thread that never slept got 40 while it shared the 2 cores with the load test's loops.
+    assert!(
+        used <= 15,
+        "tenure and its watchdog used {used} ticks of CPU in 3 s idle"
     );
 }
 

@@ -7,7 +7,7 @@
 //! (Fed over a pipe by a thread instead, a deadline could be stale: under CPU load the thread
 //! ran late, and the process killed commands whose terms had been renewed all along.)
 //!
-//! The cell is one page of a `memfd`, mapped shared by both processes and only ever touched
+//! The cell is a `memfd` of three words, mapped shared by both processes and only ever touched
 //! through atomics. Besides the deadline it holds the report of a kill (when, and by how
 //! much the deadline had passed), written by whichever half of the watchdog kills: the
 //! process is in the group it kills, so it cannot report on stderr afterwards, and must not

@@ -350,15 +350,22 @@ pub fn process_main(args: &[String]) -> u8 {
             signal_group(group, libc::SIGKILL);
             return 0;
         }
-        // Re-check the clock and the cell at least every 100 ms (so a stop of this process
-        // cannot stretch a wait past the deadline by more), and at once when stdin closes.
-        let wait_ms = ((deadline - now) / 1_000_000 + 1).min(100);
-        if stdin_closed(i32::try_from(wait_ms).unwrap_or(100)) {
+        if stdin_closed(poll_wait_ms(deadline, now)) {
             // tenure is gone or the term is over: nothing may run on without it.
             signal_group(group, libc::SIGKILL);
             return 0;
         }
     }
+}
+
+/// How long the process half waits for stdin before it looks at the clock and the cell again:
+/// until just past `deadline_ns` (rounded up to the millisecond, so it wakes after the
+/// deadline, not spinning just before it), and at most 100 ms, so that a stop of this process
+/// cannot stretch a wait past the deadline by more, and a deadline moved *earlier* is no
+/// concern (deadlines only move later).
+fn poll_wait_ms(deadline_ns: u64, now_ns: u64) -> i32 {
+    let left_ms = deadline_ns.saturating_sub(now_ns) / 1_000_000;
+    i32::try_from((left_ms + 1).min(100)).unwrap_or(100)
 }
 
 /// Waits up to `wait_ms` for stdin to close (tenure writes nothing to it). True at end of
@@ -412,6 +419,21 @@ fn sleep_until_ns(target: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_process_half_waits_just_past_the_deadline_and_at_most_100_ms() {
+        let now = 7_000_000_000;
+        let ms = 1_000_000;
+        assert_eq!(poll_wait_ms(now + 5 * ms + ms / 2, now), 6);
+        assert_eq!(
+            poll_wait_ms(now + ms / 5, now),
+            1,
+            "under a millisecond left"
+        );
+        assert_eq!(poll_wait_ms(now + 99 * ms, now), 100);
+        assert_eq!(poll_wait_ms(now + 10_000 * ms, now), 100);
+        assert_eq!(poll_wait_ms(now, now + ms), 1, "past: look again at once");
+    }
 
     #[test]
     fn the_process_half_rejects_bad_arguments() {

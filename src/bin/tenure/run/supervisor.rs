@@ -122,8 +122,6 @@ impl Supervisor {
                 }
                 None => None,
             };
-            // tenure's own credentials are not the command's business.
-            let mut child = Child::spawn(&command, &env, &backend::secret_env_vars())?;
             // The kill deadline, moved by each renewal as the lease records it (the listener
             // is told the current validity at once, before the watchdog is armed).
             let cell = Arc::new(DeadlineCell::create().map_err(|e| CliError::Internal {
@@ -134,6 +132,8 @@ impl Supervisor {
                 let until = until.into_std();
                 mirror.extend(until.checked_sub(stop_margin).unwrap_or(until));
             });
+            // tenure's own credentials are not the command's business.
+            let mut child = Child::spawn(&command, &env, &backend::secret_env_vars())?;
             watchdog.arm(child.group(), Arc::clone(&cell))?;
             let _disarm = Disarm {
                 watchdog: &watchdog,
