@@ -219,25 +219,32 @@ fn cpu_ticks(pid: u32) -> u64 {
     field(14).unwrap_or(0) + field(15).unwrap_or(0)
 }
 
+/// `tenure run` as `a` in `dir` (state in `state`, worker log in `log`), leading with a worker
+/// that runs until it is killed: tenure, the worker's pid, and the watchdog process in the
+/// worker's group.
+fn lead_until_killed(dir: &Path) -> (Tenure, u32, u32) {
+    let (state, log) = (dir.join("state"), dir.join("log"));
+    let a = Tenure::start(
+        &run_args(&state, "a", worker(&log, &dir.join("pa"), -1.0, 0)),
+        &[],
+        dir.join("ea"),
+    );
+    let command = read_pid(&dir.join("pa"), Duration::from_secs(10));
+    let mut found = None;
+    wait_until(Duration::from_secs(5), "the watchdog process", || {
+        found = watchdog_in(command);
+        found.is_some()
+    });
+    (a, command, found.unwrap_or_default())
+}
+
 /// A leader with nothing to do uses next to no CPU: the watchdog thread sleeps until the
 /// earliest deadline (at most 200 ms), and the process half waits on its stdin. A thread that
 /// woke without sleeping (a deadline it misread, a sleep that returned at once) spins a core.
 #[test]
 fn an_idle_leader_and_its_watchdog_do_not_spin() {
     let dir = TempDir::new("cli-watchdog-idle");
-    let (state, log) = (dir.path().join("state"), dir.path().join("log"));
-    let a = Tenure::start(
-        &run_args(&state, "a", worker(&log, &dir.path().join("pa"), -1.0, 0)),
-        &[],
-        dir.path().join("ea"),
-    );
-    let command = read_pid(&dir.path().join("pa"), Duration::from_secs(10));
-    let mut found = None;
-    wait_until(Duration::from_secs(5), "the watchdog process", || {
-        found = watchdog_in(command);
-        found.is_some()
-    });
-    let watchdog = found.unwrap_or_default();
+    let (a, command, watchdog) = lead_until_killed(dir.path());
     let pids = [a.pid(), watchdog];
     let before: u64 = pids.iter().map(|&p| cpu_ticks(p)).sum();
     std::thread::sleep(Duration::from_secs(3));
@@ -347,18 +354,7 @@ fn the_watchdog_process_judges_by_the_deadline_tenure_last_moved() {
 fn a_watchdog_process_killed_by_its_pid_is_started_again() {
     let dir = TempDir::new("cli-watchdog-respawn");
     let (state, log) = (dir.path().join("state"), dir.path().join("log"));
-    let a = Tenure::start(
-        &run_args(&state, "a", worker(&log, &dir.path().join("pa"), -1.0, 0)),
-        &[],
-        dir.path().join("ea"),
-    );
-    let pid_a = read_pid(&dir.path().join("pa"), Duration::from_secs(10));
-    let mut first = None;
-    wait_until(Duration::from_secs(5), "the watchdog process", || {
-        first = watchdog_in(pid_a);
-        first.is_some()
-    });
-    let first = first.unwrap_or_default();
+    let (a, pid_a, first) = lead_until_killed(dir.path());
     // SAFETY: signalling a process this test found in its own child's process group.
     assert_eq!(
         unsafe { libc::kill(libc::pid_t::try_from(first).unwrap_or(0), libc::SIGKILL) },

@@ -394,10 +394,7 @@ fn stdin_closed(wait_ms: i32) -> bool {
 /// Sleeps until `target` (absolute `CLOCK_MONOTONIC` nanoseconds), so that a SIGSTOP in
 /// between cannot stretch the sleep past that instant.
 fn sleep_until_ns(target: u64) {
-    let ts = libc::timespec {
-        tv_sec: i64::try_from(target / 1_000_000_000).unwrap_or(i64::MAX),
-        tv_nsec: i64::try_from(target % 1_000_000_000).unwrap_or(0),
-    };
+    let ts = timespec_of(target);
     loop {
         // SAFETY: clock_nanosleep reads the timespec we own; with TIMER_ABSTIME the remainder
         // argument is unused and may be null.
@@ -416,9 +413,25 @@ fn sleep_until_ns(target: u64) {
     }
 }
 
+/// Absolute nanoseconds as the seconds and nanoseconds of a `timespec`.
+fn timespec_of(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX),
+        tv_nsec: i64::try_from(ns % 1_000_000_000).unwrap_or(0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_splits_into_seconds_and_nanoseconds() {
+        let ts = timespec_of(56_751_907_095_784);
+        assert_eq!((ts.tv_sec, ts.tv_nsec), (56_751, 907_095_784));
+        let ts = timespec_of(u64::MAX);
+        assert_eq!((ts.tv_sec, ts.tv_nsec), (18_446_744_073, 709_551_615));
+    }
 
     #[test]
     fn the_process_half_waits_just_past_the_deadline_and_at_most_100_ms() {
