@@ -140,12 +140,17 @@ impl LeaseShared {
 
     /// The state, settled at the current instant.
     fn state(&self) -> MutexGuard<'_, LeaseState> {
+        self.state_at(Instant::now())
+    }
+
+    /// The state, settled at `now`.
+    fn state_at(&self, now: Instant) -> MutexGuard<'_, LeaseState> {
         // Nothing panics while this lock is held; recover rather than propagate a poison.
         let mut s = self
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if s.settle(Instant::now(), &self.plan) {
+        if s.settle(now, &self.plan) {
             tracing::warn!(lock = %self.name, fencing = %self.fencing, end = ?s.end, "lease lost");
             self.ended.notify_waiters();
         }
@@ -162,18 +167,9 @@ impl LeaseShared {
     /// been) told it lost. The lease's view depends only on its clock, never on whether
     /// anyone read the state between the deadline and the answer.
     pub fn renewed(&self, sent: Instant, now: Instant) {
-        // Not `state()`: that reads the clock again, and the scheduler calls this for every
-        // lease of a batch with the instant the batch's answer came.
-        let mut s = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if s.settle(now, &self.plan) {
-            tracing::warn!(lock = %self.name, fencing = %self.fencing, end = ?s.end, "lease lost");
-            drop(s);
-            self.ended.notify_waiters();
-            return;
-        }
+        // Settled at `now`, not by `state()`: that reads the clock again, and the scheduler
+        // calls this for every lease of a batch with the instant the batch's answer came.
+        let mut s = self.state_at(now);
         if s.end.is_some() {
             return;
         }
