@@ -40,7 +40,6 @@ use std::fs::File;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
 
 use crate::error::CliError;
 use crate::process::child::{ProcessGroup, signal_group};
@@ -148,9 +147,9 @@ impl Watchdog {
 }
 
 fn watch(shared: &Shared) {
-    // Bound each sleep so that a group armed meanwhile is looked at soon: the sleep below is
-    // on the clock, not on the condition variable.
-    const MAX_SLEEP: Duration = Duration::from_millis(200);
+    // Bound each sleep (200 ms) so that a group armed meanwhile is looked at soon: the sleep
+    // below is on the clock, not on the condition variable.
+    const MAX_SLEEP_NS: u64 = 200_000_000;
     loop {
         let mut armed = shared.armed.lock().unwrap_or_else(PoisonError::into_inner);
         while armed.is_empty() {
@@ -160,7 +159,7 @@ fn watch(shared: &Shared) {
                 .unwrap_or_else(PoisonError::into_inner);
         }
         let now = now_ns();
-        let mut wake = now.saturating_add(nanos(MAX_SLEEP));
+        let mut wake = now.saturating_add(MAX_SLEEP_NS);
         armed.retain(|&group, arm| {
             let deadline = arm.cell.deadline_ns();
             if now >= deadline {
@@ -177,10 +176,6 @@ fn watch(shared: &Shared) {
         drop(armed);
         sleep_until_ns(wake);
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Starts `tenure __watchdog` in `group`, reading its deadline from `cell`, and returns the
