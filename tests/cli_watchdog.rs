@@ -5,6 +5,8 @@
 //! again while tenure runs.
 
 mod cli_support;
+#[path = "support/clock.rs"]
+mod clock;
 #[path = "support/tempdir.rs"]
 mod tempdir;
 
@@ -12,6 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use cli_support::{Tenure, alive, events, now_ns, read_pid, strings, wait_until, worker};
+use clock::mono_ns;
 use tempdir::TempDir;
 
 /// Every signal a shell can ignore (all but KILL, STOP, CONT, CHLD, and 32/33, which glibc
@@ -258,18 +261,6 @@ fn an_idle_leader_and_its_watchdog_do_not_spin() {
     );
 }
 
-/// `CLOCK_MONOTONIC` now, in nanoseconds (the clock of the watchdog's deadlines).
-fn monotonic_now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY (test): clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    u64::try_from(ts.tv_sec).expect("after boot") * 1_000_000_000
-        + u64::try_from(ts.tv_nsec).expect("in range")
-}
-
 /// The watchdog process judges by the deadline in the memory it shares with tenure, read
 /// when it judges: a deadline moved 150 ms ahead every 20 ms keeps the group alive for
 /// seconds, with nothing ever written to the process's stdin; once the moves stop, the group
@@ -299,7 +290,7 @@ fn the_watchdog_process_judges_by_the_deadline_tenure_last_moved() {
         (fd, &*addr.cast::<[AtomicU64; 3]>())
     };
     let ahead = 150_000_000;
-    words[0].store(monotonic_now_ns() + ahead, Ordering::Release);
+    words[0].store(mono_ns() + ahead, Ordering::Release);
     let mut command = std::process::Command::new("sleep")
         .arg("30")
         .process_group(0)
@@ -314,7 +305,7 @@ fn the_watchdog_process_judges_by_the_deadline_tenure_last_moved() {
         .expect("start the watchdog process");
     let moving = std::time::Instant::now();
     while moving.elapsed() < Duration::from_millis(1500) {
-        words[0].store(monotonic_now_ns() + ahead, Ordering::Release);
+        words[0].store(mono_ns() + ahead, Ordering::Release);
         assert!(
             command.try_wait().expect("wait").is_none(),
             "killed after {:?} although the deadline was always {ahead} ns ahead",

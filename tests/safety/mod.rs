@@ -25,6 +25,10 @@ use std::time::Duration;
 use tenure::election::{ElectionConfig, LeaderElector};
 use tenure::{Backend, FencingToken, Locker};
 
+#[path = "../support/clock.rs"]
+mod clock;
+pub use clock::mono_ns;
+
 /// The durations every candidate uses: short, so that many rounds fit in a test.
 pub const LEASE: Duration = Duration::from_secs(2);
 pub const RENEW_DEADLINE: Duration = Duration::from_millis(1300);
@@ -37,18 +41,6 @@ pub fn config() -> ElectionConfig {
         .retry_period(RETRY)
         .stop_margin(Duration::from_millis(300))
         .rejoin(true)
-}
-
-/// Nanoseconds of CLOCK_MONOTONIC: one clock for every process on the machine.
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC is always available on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime failed");
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 /// A file-backed fenced register: `highest` holds the highest accepted token, `log` every
