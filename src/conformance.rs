@@ -42,6 +42,7 @@ macro_rules! conformance_tests {
             check_mutual_exclusion,
             check_fencing_rises,
             check_ownership,
+            check_release_as_checks_the_identity,
             check_expiry,
             check_replays_are_idempotent,
             check_lease_release_is_memoized,
@@ -188,6 +189,7 @@ impl Suite {
         self.check_mutual_exclusion().await;
         self.check_fencing_rises().await;
         self.check_ownership().await;
+        self.check_release_as_checks_the_identity().await;
         self.check_expiry().await;
         self.check_replays_are_idempotent().await;
         self.check_lease_release_is_memoized().await;
@@ -289,6 +291,67 @@ impl Suite {
             .release()
             .await
             .unwrap_or_else(|e| panic!("owner's release failed: {e}"));
+    }
+
+    /// [`Backend::release_as`] releases only what the store says the identity holds with the
+    /// token: the right token under another identity (a restart record carrying a token copied
+    /// from another replica's lease) releases nothing, nor does the right identity with another
+    /// token; both right, it releases.
+    pub async fn check_release_as_checks_the_identity(&self) {
+        let name = unique("release-as");
+        let b = &self.backend;
+        let holder = HolderToken::random();
+        let req = AcquireRequest {
+            name: name.as_str().into(),
+            holder,
+            identity: "replica-b".into(),
+            ttl: self.ttl * 10,
+        };
+        let granted = b
+            .try_acquire(&req)
+            .await
+            .unwrap_or_else(|e| panic!("acquire failed: {e}"));
+        assert!(
+            matches!(granted, Acquired::Granted { .. }),
+            "free lock not granted: {granted:?}"
+        );
+        assert_eq!(
+            b.release_as(&name, &holder, "replica-a").await.ok(),
+            Some(Released::NotHeld),
+            "the holder's token under another identity released the lock"
+        );
+        assert_eq!(
+            b.release_as(&name, &HolderToken::random(), "replica-b")
+                .await
+                .ok(),
+            Some(Released::NotHeld),
+            "another token under the holder's identity released the lock"
+        );
+        let record = b
+            .inspect(&name)
+            .await
+            .ok()
+            .flatten()
+            .expect("the lock is still held");
+        assert_eq!(record.identity, "replica-b");
+        assert_eq!(
+            b.renew(&name, &holder, self.ttl * 10).await.ok(),
+            Some(Renewed::Held),
+            "the holder still holds it"
+        );
+        assert_eq!(
+            b.release_as(&name, &holder, "replica-b").await.ok(),
+            Some(Released::Released)
+        );
+        assert!(
+            b.inspect(&name).await.ok().flatten().is_none(),
+            "released by its token under its identity"
+        );
+        assert_eq!(
+            b.release_as(&name, &holder, "replica-b").await.ok(),
+            Some(Released::NotHeld),
+            "nothing left to release"
+        );
     }
 
     /// A lease not renewed expires: its handle reports the loss no later than another

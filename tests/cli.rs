@@ -1469,6 +1469,63 @@ fn a_sharded_replica_restarted_after_kill_9_takes_its_shards_back_at_once() {
     );
 }
 
+/// The hostile probe's forged restart record, on the local backend: replica `b` leads; the
+/// holder token of its lease, readable by anyone who can read the state directory, is written
+/// into replica `w1`'s restart record under `w1`'s identity, and `w1` is started. Its restart
+/// lock is free, but the store does not name `w1` as the holder of that token: nothing is
+/// released, `b`'s command runs on alone, and `w1` does not start its command.
+#[test]
+fn a_forged_restart_record_does_not_end_another_replicas_term() {
+    let s = Scratch::new("restart-forged");
+    let log = s.path("log");
+    let mut b = Tenure::start(
+        &{
+            let mut args = strings(&["run", "--lease", "forged", "--state-dir", &s.state()]);
+            args.extend(strings(&["--identity", "b", "--"]));
+            args.extend(worker(&log, &s.path("pb"), -1.0, 0));
+            args
+        },
+        &[],
+        s.path("eb"),
+    );
+    let pid_b = read_pid(&s.path("pb"), Duration::from_secs(10));
+    let record = std::fs::read_to_string(s.path("state").join("forged.lease")).expect("read");
+    let b_holder = record
+        .lines()
+        .find_map(|l| l.strip_prefix("holder "))
+        .expect("b's holder token in the store")
+        .to_owned();
+    let restart = s.path("restart");
+    std::fs::create_dir_all(&restart).expect("mkdir");
+    std::fs::write(
+        restart.join("forged.restart"),
+        format!("tenure-restart v2\nholder {b_holder} 6 forged w1\n"),
+    )
+    .expect("write");
+    let mut a = Tenure::start(
+        &restartable(&s, "forged", &[], worker(&log, &s.path("pa"), -1.0, 0)),
+        &[],
+        s.path("ea"),
+    );
+    // Past a's restart lock and first campaign (both take milliseconds), well inside b's lease.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !s.path("pa").exists(),
+        "w1 started its command beside b's: {}",
+        a.log()
+    );
+    assert!(alive(pid_b), "b's command still runs");
+    assert!(!a.log().contains("previous process is gone"), "{}", a.log());
+    let still = std::fs::read_to_string(s.path("state").join("forged.lease")).expect("read");
+    assert!(still.contains(&format!("holder {b_holder}")), "{still}");
+    b.signal(libc::SIGTERM);
+    b.wait(Duration::from_secs(10));
+    // b's graceful release hands over at once.
+    read_pid(&s.path("pa"), Duration::from_secs(10));
+    a.signal(libc::SIGTERM);
+    a.wait(Duration::from_secs(10));
+}
+
 /// A frozen tenure keeps the restart lock: its restart gets none, ends nothing, and starts its
 /// command only after the frozen one's watchdog killed the old command and the lease expired.
 #[test]

@@ -1011,3 +1011,53 @@ async fn a_restart_while_the_previous_process_lives_waits_for_the_lease() {
     task.abort();
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// A restart record is a file: a holder token copied into it from another replica's lease
+/// (anyone who can read the store can read one) under this replica's identity must not end
+/// that replica's term. The restart releases only what the store says this identity holds
+/// with that token, so replica b keeps its lease and a leads only once b's lease is gone.
+#[tokio::test(start_paused = true)]
+async fn a_restart_record_naming_another_replicas_token_ends_nothing() {
+    let dir = restart_dir("forged");
+    let store = MemoryBackend::new();
+    // Replica b holds the lease with holder token `b_holder` (the forger read it).
+    let b_holder = tenure::backend::HolderToken::random();
+    let granted = store
+        .try_acquire(&tenure::backend::AcquireRequest {
+            name: "controller".into(),
+            holder: b_holder,
+            identity: "pod-b".into(),
+            ttl: Duration::from_secs(15),
+        })
+        .await
+        .expect("memory answers");
+    assert!(matches!(granted, tenure::backend::Acquired::Granted { .. }));
+    let b_token = token(&store);
+    // a's restart record, forged: b's token under a's identity.
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("controller.restart"),
+        format!(
+            "tenure-restart v2\nholder {} 10 controller pod-a\n",
+            b_holder.to_hex()
+        ),
+    )
+    .expect("write");
+    let lock = RestartLock::take(&dir, "controller", Duration::ZERO)
+        .await
+        .expect("takes")
+        .expect("free");
+    let a = elector(store.clone(), "pod-a", ElectionConfig::new()).with_restart_lock(lock);
+    let started = Instant::now();
+    let led = a
+        .run(|term| async move { (term.fencing_token().get(), started.elapsed()) })
+        .await
+        .expect("leads");
+    assert!(
+        led.1 >= Duration::from_secs(14),
+        "a led {:?} after its restart: the forged record ended b's term",
+        led.1
+    );
+    assert!(led.0 > b_token);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

@@ -237,6 +237,16 @@ impl Backend for FaultyBackend {
         Box::pin(self.run(move || self.inner.release(name, holder)))
     }
 
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        self.counts.release.fetch_add(1, Ordering::Relaxed);
+        Box::pin(self.run(move || self.inner.release_as(name, holder, identity)))
+    }
+
     fn inspect<'a>(
         &'a self,
         name: &'a str,

@@ -211,7 +211,9 @@ impl MemoryBackend {
         renew_in(&mut self.locked(), Instant::now(), name, holder, ttl)
     }
 
-    fn release_now(&self, name: &str, holder: &HolderToken) -> Released {
+    /// Releases `name` if `holder` holds it and, when `identity` is given, under that
+    /// identity (`release_as`: then a replay counts as not held).
+    fn release_now(&self, name: &str, holder: &HolderToken, identity: Option<&str>) -> Released {
         let now = Instant::now();
         let mut locks = self.locked();
         let Some(slot) = locks.get_mut(name) else {
@@ -219,11 +221,11 @@ impl MemoryBackend {
         };
         slot.acks
             .retain(|(_, at)| now.duration_since(*at) < RELEASE_ACK_TTL);
-        if slot.acks.iter().any(|(t, _)| t == holder) {
+        if identity.is_none() && slot.acks.iter().any(|(t, _)| t == holder) {
             return Released::Released;
         }
         match slot.live(now) {
-            Some(h) if h.holder == *holder => {
+            Some(h) if h.holder == *holder && identity.is_none_or(|i| *h.identity == *i) => {
                 slot.held = None;
                 if slot.acks.len() == RELEASE_ACKS_KEPT {
                     slot.acks.pop_front();
@@ -382,7 +384,16 @@ impl Backend for MemoryBackend {
         name: &'a str,
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
-        Box::pin(ready(Ok(self.release_now(name, holder))))
+        Box::pin(ready(Ok(self.release_now(name, holder, None))))
+    }
+
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(ready(Ok(self.release_now(name, holder, Some(identity)))))
     }
 
     fn inspect<'a>(

@@ -9,6 +9,7 @@
 //! | [`Backend::try_acquire`] | [`Acquired::Granted`] with a fencing token, or [`Acquired::Busy`] | the lock being free, or already ours (a replay) |
 //! | [`Backend::renew`] / [`Backend::renew_many`] | [`Renewed::Held`] or [`Renewed::NotHeld`] | the holder token |
 //! | [`Backend::release`] | [`Released::Released`] or [`Released::NotHeld`] | the holder token |
+//! | [`Backend::release_as`] | [`Released::Released`] or [`Released::NotHeld`] | the holder token *and* the holder's identity |
 //! | [`Backend::inspect`] | the current [`LeaseRecord`], if any | — |
 //! | [`Backend::observe`] | a stream of [`HolderChange`]s | — |
 //!
@@ -119,6 +120,34 @@ pub trait Backend: Send + Sync + 'static {
         name: &'a str,
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>>;
+
+    /// Gives the lock up only if `holder` holds it *and* the store names `identity` as its
+    /// holder: a compare-and-delete on both. For a holder token that comes from outside this
+    /// process — a replica's restart record ([`RestartLock`](crate::election::RestartLock)) —
+    /// which anyone who can read the store could have copied from another replica's lease:
+    /// the identity check keeps such a record from ending another replica's term.
+    ///
+    /// Unlike [`release`](Self::release), a replay after the release took effect may answer
+    /// [`Released::NotHeld`] (the caller learns nothing it needs from it).
+    ///
+    /// The default reads the lease ([`inspect`](Self::inspect)) and releases only when it
+    /// names `identity`. That is safe without atomicity because a holder token is drawn fresh
+    /// for each campaign by one process with one identity: if the lease named `identity` when
+    /// read, the token can only release that identity's term, or nothing. The built-in stores
+    /// override it to check both in the store's own atomic step.
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(async move {
+            match self.inspect(name).await? {
+                Some(record) if record.identity == identity => self.release(name, holder).await,
+                _ => Ok(Released::NotHeld),
+            }
+        })
+    }
 
     /// Reads who holds the lock now, if anyone.
     fn inspect<'a>(
@@ -265,6 +294,14 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         (**self).release(name, holder)
+    }
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        (**self).release_as(name, holder, identity)
     }
     fn inspect<'a>(
         &'a self,

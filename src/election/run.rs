@@ -196,7 +196,7 @@ impl LeaderElector {
         let timeout = self.inner.config.effective_request_timeout();
         let terms = vec![(name.to_owned(), holder)];
         let backend = self.inner.locker.backend().as_ref();
-        if super::end_recorded_terms(backend, terms, timeout).await == 1 {
+        if super::end_recorded_terms(backend, self.identity(), terms, timeout).await == 1 {
             tracing::info!(
                 lease = %name,
                 lock = %lock.path().display(),

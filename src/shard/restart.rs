@@ -28,7 +28,13 @@ pub(super) async fn end_previous_terms(
         return;
     }
     let recorded = previous.len();
-    let ended = end_recorded_terms(locker.backend().as_ref(), previous, timeout).await;
+    let ended = end_recorded_terms(
+        locker.backend().as_ref(),
+        locker.identity(),
+        previous,
+        timeout,
+    )
+    .await;
     tracing::info!(
         group,
         ended,

@@ -215,7 +215,20 @@ impl Backend for KubeBackend {
         name: &'a str,
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
-        Box::pin(async move { self.inner.release(&Arc::from(name), holder).await })
+        Box::pin(async move { self.inner.release(&Arc::from(name), holder, None).await })
+    }
+
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(async move {
+            self.inner
+                .release(&Arc::from(name), holder, Some(identity))
+                .await
+        })
     }
 
     fn inspect<'a>(

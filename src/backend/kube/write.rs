@@ -253,10 +253,14 @@ impl Inner {
         Err(self.contended("renew", name))
     }
 
+    /// Gives `name` up if `holder` holds it; with `identity`, only if the Lease also names
+    /// that identity as its holder (`release_as`: a replay then counts as not held). The
+    /// check and the write are one compare-and-swap on the version read.
     pub(super) async fn release(
         &self,
         name: &Arc<str>,
         holder: &HolderToken,
+        identity: Option<&str>,
     ) -> Result<Released, BackendError> {
         for round in 0..ROUNDS {
             let (cached, _) = self.own_view(name, holder);
@@ -269,6 +273,11 @@ impl Inner {
                 return Ok(Released::NotHeld);
             };
             let view = record::View::of(&seen.lease);
+            if identity.is_some()
+                && (view.token != Some(*holder) || view.holder.as_deref() != identity)
+            {
+                return Ok(Released::NotHeld);
+            }
             if view.token != Some(*holder) {
                 self.forget(name, holder);
                 return Ok(if view.released == Some(*holder) {

@@ -415,7 +415,21 @@ impl Backend for LocalBackend {
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         let (name, holder) = (name.to_owned(), *holder);
-        Box::pin(self.blocking(move |store, abandoned| store.release(&name, &holder, abandoned)))
+        Box::pin(
+            self.blocking(move |store, abandoned| store.release(&name, &holder, None, abandoned)),
+        )
+    }
+
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        let (name, holder, identity) = (name.to_owned(), *holder, identity.to_owned());
+        Box::pin(self.blocking(move |store, abandoned| {
+            store.release(&name, &holder, Some(&identity), abandoned)
+        }))
     }
 
     fn inspect<'a>(

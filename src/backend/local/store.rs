@@ -386,11 +386,14 @@ impl Store {
         Ok(Renewed::Held)
     }
 
-    /// Gives `name` up if `holder` holds it (or already gave it up).
+    /// Gives `name` up if `holder` holds it (or already gave it up); with `identity`, only if
+    /// the record also names that identity as the holder (`release_as`: a replay then counts
+    /// as not held).
     pub(super) fn release(
         &self,
         name: &str,
         holder: &HolderToken,
+        identity: Option<&str>,
         abandoned: &AtomicBool,
     ) -> Result<Released, BackendError> {
         let _lock = self.lock(name, abandoned)?;
@@ -398,10 +401,12 @@ impl Store {
         let Some(mut r) = self.read(name)? else {
             return Ok(Released::NotHeld);
         };
-        if r.acks.contains(holder) {
+        if identity.is_none() && r.acks.contains(holder) {
             return Ok(Released::Released);
         }
-        if r.live(&self.boot, now).is_none_or(|h| h.token != *holder) {
+        if r.live(&self.boot, now)
+            .is_none_or(|h| h.token != *holder || identity.is_some_and(|i| h.identity != i))
+        {
             return Ok(Released::NotHeld);
         }
         r.holder = None;

@@ -89,6 +89,8 @@ pub(crate) struct RenewEntry {
 pub(crate) struct ReleaseEntry {
     pub(crate) lock: String,
     pub(crate) holder: String,
+    /// The identity the lock must also name as its holder (`release_as`), if any.
+    pub(crate) identity: Option<String>,
     /// The lease may have less than the release-ack ttl left on the server: the tombstone's
     /// ttl must be raised to it.
     pub(crate) short: bool,
@@ -371,7 +373,10 @@ impl Engine {
                     .collect();
                 pipe.arg(ack_ms).arg(short);
                 for e in chunk {
-                    pipe.arg(&e.holder);
+                    match &e.identity {
+                        None => pipe.arg(&e.holder),
+                        Some(identity) => pipe.arg(format!("{}{identity}", e.holder)),
+                    };
                 }
             },
             |item| match as_i64(item) {

@@ -34,6 +34,33 @@ impl RedisBackend {
         }
     }
 
+    /// A release guarded by the holder token and, with `identity`, by the identity the lock
+    /// names (`release_as`); one script call either way (release.lua).
+    async fn release_checked(
+        &self,
+        name: &str,
+        holder: &HolderToken,
+        identity: Option<&str>,
+    ) -> Result<Released, BackendError> {
+        keys::validate_name(name).map_err(name_error)?;
+        if identity == Some("") {
+            // No lock names an empty identity (every identity is checked non-empty).
+            return Ok(Released::NotHeld);
+        }
+        let keys = &self.inner.engine.keys;
+        let entry = ReleaseEntry {
+            lock: keys.lock(name),
+            holder: hex(holder),
+            identity: identity.map(str::to_owned),
+            short: self
+                .inner
+                .expiries
+                .take_ends_within(holder, self.inner.engine.ack_ttl),
+        };
+        self.bounded("redis release", self.inner.release.call(entry, false))
+            .await
+    }
+
     /// Bounds `fut` by the request timeout.
     async fn bounded<T>(
         &self,
@@ -168,20 +195,16 @@ impl Backend for RedisBackend {
         name: &'a str,
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
-        Box::pin(async move {
-            keys::validate_name(name).map_err(name_error)?;
-            let keys = &self.inner.engine.keys;
-            let entry = ReleaseEntry {
-                lock: keys.lock(name),
-                holder: hex(holder),
-                short: self
-                    .inner
-                    .expiries
-                    .take_ends_within(holder, self.inner.engine.ack_ttl),
-            };
-            self.bounded("redis release", self.inner.release.call(entry, false))
-                .await
-        })
+        Box::pin(self.release_checked(name, holder, None))
+    }
+
+    fn release_as<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        identity: &'a str,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(self.release_checked(name, holder, Some(identity)))
     }
 
     fn inspect<'a>(

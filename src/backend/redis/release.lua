@@ -14,7 +14,10 @@
 -- ARGV:
 --   ARGV[1]     how long a release is remembered at least, in milliseconds
 --   ARGV[2]     one character per entry: '1' when the lease may have less than ARGV[1] left
---   ARGV[2+i]   the holder token of entry i, 32 lowercase hex digits
+--   ARGV[2+i]   the holder token of entry i, 32 lowercase hex digits; when followed by more
+--               text, that text is the identity the lock must name as its holder too
+--               (`release_as`: the token came from a restart record, not from this process),
+--               and a replay or a tombstone then answers 0
 --
 -- Returns an array with one entry per lock:
 --   1                 released now, or by an earlier call with the same holder token (a replay)
@@ -32,11 +35,19 @@ local ack_ttl = tonumber(ARGV[1])
 local short = ARGV[2]
 local out = {}
 for i = 1, #KEYS do
-  local lock, holder = KEYS[i], ARGV[2 + i]
+  local lock, holder, identity = KEYS[i], ARGV[2 + i], nil
+  if #holder > 32 then
+    holder, identity = string.sub(holder, 1, 32), string.sub(holder, 33)
+  end
   local cur = redis.pcall('GET', lock)
   if type(cur) == 'table' then
     out[i] = {-1, cur.err or 'error'}
   elseif not cur or not ours(cur) then
+    out[i] = 0
+  elseif identity and (string.byte(cur, 1) ~= 43 or string.find(cur, holder, 2, true) ~= 2
+      or string.sub(cur, string.find(cur, ':', 67, true) + 1) ~= identity) then
+    -- Not held, not by this token, or not under this identity (the identity follows the
+    -- first ':' after the fencing digits; `ours` checked that ':' is there).
     out[i] = 0
   elseif string.find(cur, holder, 2, true) == 2 then
     local state = string.byte(cur, 1)

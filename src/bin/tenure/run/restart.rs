@@ -2,21 +2,32 @@
 //! command alike, so that a restarted tenure finds it free only once all three are gone.
 
 use std::os::fd::{AsFd, AsRawFd};
-use std::path::Path;
 use std::time::Duration;
 
 use tenure::election::RestartLock;
 
+use crate::args::RunArgs;
 use crate::error::CliError;
 
 /// How long a restarted tenure waits for the lock: enough for the previous run's watchdog to
 /// kill its command and exit (milliseconds), short enough not to delay a normal start much.
 const WAIT: Duration = Duration::from_secs(1);
 
-/// Takes the lock in `dir` named after `lease` (a sharded replica's: its group), made
-/// inheritable; `None` while a live or frozen process of the previous run holds it (then
-/// nothing changes: the leases expire as usual).
-pub async fn take(dir: &Path, lease: &str) -> Result<Option<RestartLock>, CliError> {
+/// Takes the lock in `args.restart_dir` named after `lease` (a sharded replica's: its group),
+/// made inheritable; `None` without `--restart-dir`, or while a live or frozen process of the
+/// previous run holds it (then nothing changes: the leases expire as usual).
+pub async fn take(args: &RunArgs, lease: &str) -> Result<Option<RestartLock>, CliError> {
+    let Some(dir) = &args.restart_dir else {
+        return Ok(None);
+    };
+    if args.identity.is_none() && std::env::var_os("POD_NAME").is_none_or(|p| p.is_empty()) {
+        // The record names the identity that campaigned; the next process must have the same.
+        tracing::warn!(
+            "--restart-dir without --identity or $POD_NAME: the default identity \
+             (<hostname>-<pid>) changes with every process, so a restart can never match its \
+             record and always waits for the lease; set --identity to this replica's stable name"
+        );
+    }
     let lock = RestartLock::take(dir, lease, WAIT)
         .await
         .map_err(|e| CliError::Config {

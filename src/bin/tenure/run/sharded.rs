@@ -28,9 +28,7 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
         ShardedElector::new(locker, &args.lease, shards, config).map_err(shard_error)?;
     // One lock for the replica, named after the group: every shard's command copy and watchdog
     // inherit it, so it is free only once all of them are gone.
-    if let Some(dir) = &args.restart_dir
-        && let Some(lock) = restart::take(dir, &args.lease).await?
-    {
+    if let Some(lock) = restart::take(&args, &args.lease).await? {
         elector = elector.with_restart_lock(lock);
     }
     setup::probe(&connected, &lease_name(&args.lease, 0), args.retry_period).await?;

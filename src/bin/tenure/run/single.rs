@@ -16,9 +16,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let (config, stop_margin) = setup::election_config(&args);
     let (connected, locker, identity) = setup::connect(&args).await?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
-    if let Some(dir) = &args.restart_dir
-        && let Some(lock) = restart::take(dir, &args.lease).await?
-    {
+    if let Some(lock) = restart::take(&args, &args.lease).await? {
         elector = elector.with_restart_lock(lock);
     }
     setup::probe(&connected, &args.lease, args.retry_period).await?;

@@ -13,7 +13,11 @@
 //!
 //! Without the lock — another process has it — nothing is released and the lease is won the
 //! usual way, after it expires. A record that does not parse, or names another lease or
-//! identity, is ignored the same way.
+//! identity, is ignored the same way. A record is a file and may have been tampered with: the
+//! release is a compare-and-delete on the holder token *and* this replica's identity
+//! ([`Backend::release_as`]), so a token copied from another replica's lease ends nothing, and
+//! the file lives only where nobody else can write ([`private`]: a private directory,
+//! never through a symbolic link, only a regular file).
 //!
 //! One file serves every lease of a process: a sharded replica campaigns on many shard leases,
 //! each term with its own holder token, so the record is a log of entries (`holder TOKEN LEN
@@ -24,9 +28,10 @@
 //! which costs only the fast restart.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions, TryLockError};
+mod private;
+
+use std::fs::{File, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -131,40 +136,43 @@ struct Written {
 }
 
 impl RestartLock {
-    /// Takes the lock named after `lease` in `dir` (created if missing, mode 0700; the file
-    /// 0600), waiting up to `wait` while another process holds it — e.g. a watchdog still
-    /// killing the previous run's command. `Ok(None)` if it is still held then: some process
-    /// of a previous run is alive (or frozen), and only the leases' expiry may end its terms.
-    /// A sharded replica takes one lock, named after its group, for all its shards.
+    /// Takes the lock named after `lease` in `dir`, waiting up to `wait` while another
+    /// process holds it — e.g. a watchdog still killing the previous run's command. `Ok(None)`
+    /// if it is still held then: some process of a previous run is alive (or frozen), and only
+    /// the leases' expiry may end its terms. A sharded replica takes one lock, named after its
+    /// group, for all its shards.
+    ///
+    /// The record decides which lease the next process releases, so it is kept where only
+    /// this user can write: `dir` itself when it is owned by this process's effective user and
+    /// writable by nobody else (created 0700 if missing), else a private subdirectory
+    /// `tenure-<uid>` made in it (a Kubernetes `emptyDir` is 0777). The file (0600) is never
+    /// opened through a symbolic link, and must be a regular file of this user's; the opening
+    /// and reading happen off the runtime thread, bounded to 1 MiB.
     ///
     /// # Errors
     ///
-    /// [`RestartLockError`] naming the file if the directory or file cannot be made, opened or
-    /// locked (a read-only file system, no permission).
+    /// [`RestartLockError`] naming the path if the directory or file cannot be made, opened or
+    /// locked (a read-only file system, no permission), if a subdirectory `tenure-<uid>` exists
+    /// that is not private, or if the record is a symbolic link, a FIFO or anything but a
+    /// regular file owned by this user.
     pub async fn take(
         dir: impl AsRef<Path>,
         lease: &str,
         wait: Duration,
     ) -> Result<Option<Self>, RestartLockError> {
-        let dir = dir.as_ref();
-        let path = dir.join(file_name(lease));
-        let fail = |what: &str, e: std::io::Error| RestartLockError {
-            path: path.clone(),
-            message: format!("{what}: {e}"),
-        };
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| fail("cannot create its directory", e))?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| fail("cannot open it", e))?;
+        let dir = dir.as_ref().to_owned();
+        let name = file_name(lease);
+        // Off the runtime thread: file system calls can block (a slow or hung mount).
+        let opened = tokio::task::spawn_blocking(move || private::open_record(&dir, &name))
+            .await
+            .map_err(|e| RestartLockError {
+                path: PathBuf::new(),
+                message: format!("the task opening it failed: {e}"),
+            })?;
+        let (file, path) = opened.map_err(|e| RestartLockError {
+            path: e.path,
+            message: e.message,
+        })?;
         let give_up = tokio::time::Instant::now() + wait;
         loop {
             match file.try_lock() {
@@ -173,11 +181,26 @@ impl RestartLock {
                     tokio::time::sleep(POLL).await;
                 }
                 Err(TryLockError::WouldBlock) => return Ok(None),
-                Err(TryLockError::Error(e)) => return Err(fail("cannot lock it", e)),
+                Err(TryLockError::Error(e)) => {
+                    return Err(RestartLockError {
+                        path,
+                        message: format!("cannot lock it: {e}"),
+                    });
+                }
             }
         }
-        let (previous, current) = read_record(&mut file, &path);
-        let len = file.metadata().map_or(u64::MAX, |m| m.len());
+        let read_path = path.clone();
+        let (file, previous, current, len) = tokio::task::spawn_blocking(move || {
+            let mut file = file;
+            let (previous, current) = read_record(&mut file, &read_path);
+            let len = file.metadata().map_or(u64::MAX, |m| m.len());
+            (file, previous, current, len)
+        })
+        .await
+        .map_err(|e| RestartLockError {
+            path: path.clone(),
+            message: format!("the task reading it failed: {e}"),
+        })?;
         let latest = previous
             .iter()
             .map(|(lease, r)| (lease.clone(), entry(lease, &r.identity, r.holder)))
@@ -279,11 +302,13 @@ impl RestartLock {
 const ENDING_IN_FLIGHT: usize = 32;
 
 /// Ends the terms a previous process recorded — each lease released with the holder token
-/// recorded for it, so the store releases nothing the token no longer holds — and returns how
-/// many it ended. A store error or a timeout is logged and leaves that lease to expire, as
-/// without the lock.
+/// recorded for it, and only if the store names this replica's `identity` as its holder
+/// ([`Backend::release_as`]): a record is a file, and a holder token copied into it from
+/// another replica's lease must not end that replica's term — and returns how many it ended.
+/// A store error or a timeout is logged and leaves that lease to expire, as without the lock.
 pub(crate) async fn end_recorded_terms(
     backend: &dyn Backend,
+    identity: &str,
     terms: Vec<(String, HolderToken)>,
     timeout: Duration,
 ) -> usize {
@@ -293,13 +318,13 @@ pub(crate) async fn end_recorded_terms(
                 backend,
                 "release",
                 timeout,
-                backend.release(&lease, &holder),
+                backend.release_as(&lease, &holder, identity),
             )
             .await;
             match released {
                 Ok(Released::Released) => true,
                 Ok(Released::NotHeld) => {
-                    tracing::debug!(%lease, "the previous process's term had already ended");
+                    tracing::debug!(%lease, "no term held under this identity with the recorded token (it had already ended)");
                     false
                 }
                 Err(e) => {
@@ -634,6 +659,108 @@ mod tests {
         assert_ne!(file_name("a/b"), file_name("a/c"));
         // FNV-1a 64, stable across versions: a restart after an upgrade finds the same file.
         assert_eq!(file_name("a/b"), "x-e620c3190468cf61.restart");
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::symlink_metadata(p).expect("stat").permissions(),
+        ) & 0o7777
+    }
+
+    fn set_mode(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    }
+
+    fn euid() -> u32 {
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        unsafe { libc::geteuid() }
+    }
+
+    #[tokio::test]
+    async fn a_directory_others_can_write_is_not_used_but_a_private_subdirectory_of_it() {
+        let d = dir("open");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        set_mode(&d, 0o777);
+        // What a planter would leave: a record pointing elsewhere.
+        let target =
+            std::env::temp_dir().join(format!("tenure-restart-target-{}", std::process::id()));
+        std::fs::write(&target, "precious\n").expect("write");
+        std::os::unix::fs::symlink(&target, d.join(file_name("jobs"))).expect("symlink");
+        let lock = free_lock(&d).await;
+        let sub = d.join(format!("tenure-{}", euid()));
+        assert_eq!(lock.path(), sub.join(file_name("jobs")));
+        assert_eq!(mode(&sub), 0o700);
+        assert_eq!(mode(lock.path()), 0o600);
+        lock.record("jobs", "a", HolderToken::random())
+            .expect("records");
+        assert_eq!(
+            std::fs::read_to_string(&target).expect("read"),
+            "precious\n",
+            "the planted link's target is untouched"
+        );
+        drop(lock);
+        // The next process finds the same record.
+        let again = free_lock(&d).await;
+        assert!(again.take_previous("jobs", "a").is_some());
+        drop(again);
+        // A subdirectory that is not private is refused, naming why.
+        set_mode(&sub, 0o777);
+        let e = RestartLock::take(&d, "jobs", Duration::ZERO)
+            .await
+            .expect_err("an open subdirectory");
+        assert_eq!(e.path(), sub);
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        std::fs::remove_dir_all(&d).expect("cleanup");
+        std::fs::remove_file(&target).expect("cleanup");
+    }
+
+    #[tokio::test]
+    async fn a_private_directory_is_used_as_it_is() {
+        let d = dir("private");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        set_mode(&d, 0o750);
+        let lock = free_lock(&d).await;
+        assert_eq!(lock.path(), d.join(file_name("jobs")));
+        assert_eq!(mode(&d), 0o750, "left as it was");
+        drop(lock);
+        std::fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    #[tokio::test]
+    async fn a_record_that_is_a_link_a_fifo_or_a_directory_is_refused_at_once() {
+        let d = dir("special");
+        std::fs::create_dir_all(&d).expect("mkdir");
+        let target = d.join("target");
+        std::fs::write(&target, "precious\n").expect("write");
+        let record = d.join(file_name("jobs"));
+        std::os::unix::fs::symlink(&target, &record).expect("symlink");
+        let e = free_lock_err(&d).await;
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(&target).expect("read"),
+            "precious\n"
+        );
+        std::fs::remove_file(&record).expect("rm");
+        let fifo = std::ffi::CString::new(record.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        // A blocking open or read of a FIFO never returns: bounded here so the test fails.
+        let e = tokio::time::timeout(Duration::from_secs(10), free_lock_err(&d))
+            .await
+            .expect("a FIFO must not hang the start");
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        std::fs::remove_file(&record).expect("rm");
+        std::fs::create_dir(&record).expect("mkdir");
+        let e = free_lock_err(&d).await;
+        assert!(e.to_string().contains("directory"), "{e}");
+        std::fs::remove_dir_all(&d).expect("cleanup");
+    }
+
+    async fn free_lock_err(d: &Path) -> RestartLockError {
+        RestartLock::take(d, "jobs", Duration::ZERO)
+            .await
+            .expect_err("refused")
     }
 
     #[tokio::test]
