@@ -2175,14 +2175,14 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
     );
     assert_eq!(
         spec["matchConditions"][1]["name"],
-        "not-a-lease-but-the-probe"
+        "not-a-lease-but-a-probe"
     );
     let probe = spec["matchConditions"][1]["expression"]
         .as_str()
         .expect("probe condition");
     assert!(
         probe.starts_with("!(request.resource.group == 'coordination.k8s.io' && ")
-            && probe.ends_with(") || request.name == 'tenure-fence-probe.demo-tenure'"),
+            && probe.ends_with(") || request.name.startsWith('tenure-fence-probe.')"),
         "{probe}"
     );
     assert_eq!(policy.probe(), "tenure-fence-probe.demo-tenure");
@@ -2260,7 +2260,8 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
     assert_eq!(
         cluster_role["rules"],
         json!([{"apiGroups": ["authentication.k8s.io"],
-                "resources": ["userextras/tenure.dev/fencing-token"],
+                "resources": ["userextras/tenure.dev/fencing-token",
+                              "userextras/tenure.dev/fencing-election"],
                 "verbs": ["impersonate"]}])
     );
     let crb = one(&objs, "ClusterRoleBinding");

@@ -662,6 +662,138 @@ async fn tenure_policy_check_tells_a_live_fence_from_missing_pieces() {
     held.release().await.expect("release");
 }
 
+/// `tenure policy --check` as `kubeconfig`'s user.
+fn check_as(kubeconfig: &std::path::Path, ns: &str, lease: &str, extra: &[&str]) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["policy", "--check", "--lease", lease, "--namespace", ns])
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
+        .env("TENURE_LOG", "warn")
+        .output()
+        .expect("run tenure");
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The check of a user participant whose permissions come from a group proves as that user
+/// *with* the group (impersonated without it, the user may create nothing); a binding that
+/// reads another Lease is an open fence (5), not a check that could not run; a caller who may
+/// not read the policy is told so (4), not sent an impersonation hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenure_policy_check_proves_as_a_group_user_and_names_a_moved_binding_and_what_it_cannot_read()
+ {
+    let server = shared();
+    install_anchor().await;
+    let ns = unique("check-group");
+    server.namespace(&ns).await;
+    let lease = "ctl";
+    let admin = server.admin().await;
+    // carol may create leases only through her group.
+    apply(
+        &Api::<Role>::namespaced(admin.clone(), &ns),
+        "team",
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "team"},
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+        })),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(admin.clone(), &ns),
+        "team",
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "team"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "team"},
+            "subjects": [{"kind": "Group", "name": "team-ops", "apiGroup": "rbac.authorization.k8s.io"}]
+        })),
+    )
+    .await;
+    let policy = FencingPolicy::new(&ns, lease)
+        .and_then(|p| p.user("carol"))
+        .and_then(|p| p.resource("configmaps"))
+        .expect("valid");
+    let kubeconfig = server.admin_kubeconfig();
+    let carol = ["--user", "carol", "--group", "team-ops"];
+    // Not installed: open.
+    let (code, out) = check_as(&kubeconfig, &ns, lease, &carol);
+    assert_eq!(code, 5, "{out}");
+    Api::<Lease>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &policy.lease())
+        .await
+        .expect("the empty Lease");
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &policy.name(),
+        &policy.policy(),
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone()),
+        &policy.name(),
+        &policy.binding(),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let out = loop {
+        let (code, out) = check_as(&kubeconfig, &ns, lease, &carol);
+        if code == 0 {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "never enforced: {code} {out}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(out.contains("checked as carol (groups team-ops)"), "{out}");
+    // Without her group she may create nothing: the check cannot run, and says why.
+    let (code, out) = check_as(&kubeconfig, &ns, lease, &["--user", "carol"]);
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        out.contains("the dry run as carol was refused") && out.contains("each of its groups"),
+        "{out}"
+    );
+
+    // A binding that reads another Lease fences nothing of this election: open, naming it.
+    let mut moved = policy.binding();
+    if let Some(p) = moved.spec.param_ref.as_mut() {
+        p.name = Some("elsewhere".into());
+    }
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone()),
+        &policy.name(),
+        &moved,
+    )
+    .await;
+    let (code, out) = check_as(&kubeconfig, &ns, lease, &carol);
+    assert_eq!(code, 5, "{out}");
+    assert!(
+        out.contains(&format!("reads the Lease {ns}/elsewhere")),
+        "{out}"
+    );
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone()),
+        &policy.name(),
+        &policy.binding(),
+    )
+    .await;
+
+    // A caller that may not read ValidatingAdmissionPolicies: 4, saying so.
+    let (_, worker) = participant(&ns, "worker").await;
+    let (code, out) = check_as(&worker, &ns, lease, &carol);
+    assert_eq!(code, 4, "{out}");
+    assert!(
+        out.contains("cannot read the ValidatingAdmissionPolicy") && out.contains("cluster admin"),
+        "{out}"
+    );
+    assert!(!out.contains("ServiceError"), "{out}");
+}
+
 #[test]
 fn tenure_policy_refuses_to_govern_the_elections_own_resources() {
     for own in [

@@ -531,3 +531,72 @@ fn a_frozen_commands_writes_never_land_after_the_next_terms() {
         }
     }
 }
+
+/// A shutdown signal while a term's fence is being proven: the term ends before its command
+/// started, so none is started, and no verdict is logged — a proof cut short by the term's end
+/// says nothing about the fence (it used to log a false "NOT enforced" and start the command
+/// only to signal it 20 µs later). The policy is removed first, so the proof waits out its
+/// whole window (the lower token admitted) and the signal lands inside it.
+#[test]
+fn a_signal_during_the_fence_proof_starts_no_command() {
+    let rt = runtime();
+    let lease = "fenced-stop";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let policy = tenure::fence::kube::FencingPolicy::new(&ns, lease)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .name();
+    rt.block_on(async {
+        fencing::uninstall(&policy).await;
+        // Gone once the API server admits the worker's write without a token.
+        let worker = shared().client_from(&worker_kubeconfig).await;
+        let cms: Api<ConfigMap> = Api::namespaced(worker, &ns);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while cms
+            .create(&PostParams::default(), &fencing::cm("unfenced", "x"))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the policy still refuses 30 s after its removal"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let dir = kube_support::fresh_dir("fence-stop");
+    let marker = dir.join("started");
+    let kubeconfig = worker_kubeconfig.display().to_string();
+    let mut tenure = Tenure::start(
+        &cli_support::run_args(
+            lease,
+            &["--backend", "kube", "--namespace", &ns],
+            &["--identity", "a", "--fence"],
+            vec![
+                "sh".into(),
+                "-c".into(),
+                format!("touch {}; sleep 30", marker.display()),
+            ],
+        ),
+        &[("KUBECONFIG", &kubeconfig)],
+        dir.join("a.err"),
+    );
+    let admin = rt.block_on(shared().admin());
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin, &ns);
+    // The term began (the Lease names us): its proof now runs for up to 3 s.
+    wait_until(Duration::from_secs(30), "the grant", || {
+        rt.block_on(leases.get_opt(lease))
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec.and_then(|s| s.holder_identity))
+            .as_deref()
+            == Some("a")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    tenure.signal(libc::SIGTERM);
+    let status = tenure.wait(Duration::from_secs(20));
+    let log = tenure.log();
+    assert!(!marker.exists(), "the command was started: {log}");
+    assert!(!log.contains("NOT enforced"), "a false verdict: {log}");
+    assert!(log.contains("ended before its command started"), "{log}");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{log}");
+}

@@ -380,6 +380,7 @@ fn kube_controller_example_reconciles_as_pods_under_the_chart_rbac() {
                 &format!("test.tenure.dev/probe={value}"),
                 &format!("--as=system:serviceaccount:{CTRL_NS}:{CTRL_SA}"),
                 &format!("--as-user-extra=tenure.dev/fencing-token={token}"),
+                &format!("--as-user-extra=tenure.dev/fencing-election={CTRL_NS}/{CTRL_LEASE}"),
             ]),
             None,
         )

@@ -74,7 +74,7 @@ pub async fn participant(ns: &str, sa: &str) -> (kube::Client, PathBuf) {
         &obj(serde_json::json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": cluster_role},
-            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/tenure.dev/fencing-token"], "verbs": ["impersonate"]}]
+            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/tenure.dev/fencing-token", "userextras/tenure.dev/fencing-election"], "verbs": ["impersonate"]}]
         })),
     )
     .await;

@@ -125,6 +125,12 @@ pub struct PolicyArgs {
     #[arg(long = "user", value_name = "USER")]
     pub users: Vec<String>,
 
+    /// With --check and --user: a group the (first) user belongs to, impersonated with it;
+    /// repeatable. A user whose permissions come from a group (e.g. system:masters) is refused
+    /// everything when impersonated without it.
+    #[arg(long = "group", value_name = "GROUP", requires = "check")]
+    pub groups: Vec<String>,
+
     /// A governed resource, as `resource[.group]` (configmaps, deployments.apps); repeatable
     /// [default: every resource but Leases (except the probe), Events, Elections and access
     /// reviews]. Its subresources are governed too, CONNECT included (pods/exec, attach,
@@ -133,10 +139,12 @@ pub struct PolicyArgs {
     pub resources: Vec<String>,
 
     /// Instead of printing the policy, prove that the API server enforces it: the policy,
-    /// its binding and the Lease exist, and a dry-run write as the first participant
-    /// (impersonated) with a token below the Lease's floor is refused. Exit 0 enforced, 5
-    /// not (the line names the cause and the fix), 4 the check could not run. Proves only
-    /// the API server it reached: on an HA control plane, run it against each.
+    /// its binding (applying it with this Lease) and the Lease exist, and dry-run writes as
+    /// the first participant (impersonated, with --group's groups for a user): a token below
+    /// the Lease's floor is refused, the floor's own token admitted. Exit 0 enforced, 5 not
+    /// (the line names the cause and the fix), 4 the check could not run (the line says
+    /// which permission it lacked). Proves only the API server it reached: on an HA control
+    /// plane, run it against each.
     #[arg(long)]
     pub check: bool,
 }

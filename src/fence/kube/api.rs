@@ -3,6 +3,7 @@
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Arc;
 
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::core::Status;
@@ -29,12 +30,15 @@ use crate::FencingToken;
 pub struct FencedApi<K> {
     pub(super) api: Api<K>,
     pub(super) ours: FencingToken,
+    /// The election its requests name, `namespace/lease`.
+    pub(super) election: Arc<str>,
 }
 
 impl<K> Debug for FencedApi<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FencedApi")
             .field("ours", &self.ours)
+            .field("election", &self.election)
             .finish_non_exhaustive()
     }
 }
@@ -96,7 +100,7 @@ where
     {
         send(self.api.clone(), false)
             .await
-            .map_err(|e| classify(e, self.ours.get()))
+            .map_err(|e| classify(e, self.ours.get(), &self.election))
     }
 
     /// Creates `object` with the term's token stamped on it.

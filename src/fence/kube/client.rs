@@ -15,7 +15,7 @@ use kube::api::{Api, PostParams};
 use super::api::FencedApi;
 use super::error::{FenceError, FenceState};
 use super::proof::{DEFAULT_RECHECK, Proof, ProofSetup};
-use super::service::{Gate, Stamped, extra_header, impersonation_headers};
+use super::service::{Gate, Stamped, election_header, extra_header, impersonation_headers};
 use crate::FencingToken;
 use crate::election::Term;
 
@@ -124,39 +124,32 @@ impl Fencer {
         }
     }
 
-    /// A fencer that impersonates `user` (for [`check`](super::check), run by someone allowed
-    /// to impersonate a participant).
-    pub(crate) fn impersonating(client: kube::Client, user: &str) -> Result<Self, FenceError> {
-        let identity = Some(Arc::new(impersonation_headers(user, &[])?));
+    /// A fencer that impersonates `user` with `groups` (for [`check`](super::check), run by
+    /// someone allowed to impersonate a participant).
+    pub(crate) fn impersonating(
+        client: kube::Client,
+        user: &str,
+        groups: &[String],
+    ) -> Result<Self, FenceError> {
+        let identity = Some(Arc::new(impersonation_headers(user, groups)?));
         Ok(Self {
             identity,
             ..Self::without_policy(client)
         })
     }
 
-    /// An ungated `Api` for the probe in the Lease namespace, carrying `token` (`None`: no
-    /// token at all).
+    /// An ungated `Api` for the probe in the Lease namespace, naming the election `lease` and
+    /// carrying `token` (`None`: no token, as a participant that is not a tenure replica
+    /// would write).
     pub(crate) fn probe_api(
         &self,
+        lease: &str,
         token: Option<u64>,
     ) -> Api<k8s_openapi::api::coordination::v1::Lease> {
-        let client = match token {
-            Some(t) => self.build(FencingToken::new(t), None, None),
-            None => {
-                let headers = self.identity.as_deref().cloned().unwrap_or_default();
-                let namespace = self.client.default_namespace().to_owned();
-                kube::Client::new(
-                    Stamped {
-                        inner: self.client.clone(),
-                        headers: Arc::new(headers),
-                        term: None,
-                        gate: None,
-                    },
-                    namespace,
-                )
-            }
-        };
-        Api::namespaced(client, &self.lease_namespace)
+        Api::namespaced(
+            self.build_headers(lease, token.map(FencingToken::new), None, None),
+            &self.lease_namespace,
+        )
     }
 
     /// The namespace of the elections' Leases, where the probe is created (default: the
@@ -240,7 +233,12 @@ impl Fencer {
     #[must_use]
     pub fn client(&self, term: &Term) -> kube::Client {
         let proof = self.proof(term.lease_name(), term.fencing_token(), Some(term));
-        self.build(term.fencing_token(), Some(term.clone()), proof)
+        self.build(
+            term.lease_name(),
+            term.fencing_token(),
+            Some(term.clone()),
+            proof,
+        )
     }
 
     /// A kube client whose requests carry `token` of the election `lease`, with no local
@@ -250,7 +248,7 @@ impl Fencer {
     #[must_use]
     pub fn client_with_token(&self, lease: &str, token: FencingToken) -> kube::Client {
         let proof = self.proof(lease, token, None);
-        self.build(token, None, proof)
+        self.build(lease, token, None, proof)
     }
 
     /// The proof of (lease, token), started on first use; `None` without a request token.
@@ -265,7 +263,7 @@ impl Fencer {
         }
         let probe = |t: u64| {
             Api::namespaced(
-                self.build(FencingToken::new(t), None, None),
+                self.build(lease, FencingToken::new(t), None, None),
                 &self.lease_namespace,
             )
         };
@@ -289,17 +287,45 @@ impl Fencer {
         Some(proof)
     }
 
+    /// The election a request of `lease` names: `NAMESPACE/LEASE`.
+    pub(super) fn election(&self, lease: &str) -> String {
+        format!("{}/{lease}", self.lease_namespace)
+    }
+
+    /// A client whose requests carry `token` and name the election `lease` (when this fencer
+    /// sends tokens), gated by `proof` and checked against `term`.
     fn build(
         &self,
+        lease: &str,
         token: FencingToken,
         term: Option<Term>,
         proof: Option<Arc<Proof>>,
     ) -> kube::Client {
+        self.build_headers(lease, Some(token), term, proof)
+    }
+
+    /// [`build`](Self::build) with the token optional: without one, the requests still name
+    /// the election (a proof's probe of what a token-less participant write gets).
+    fn build_headers(
+        &self,
+        lease: &str,
+        token: Option<FencingToken>,
+        term: Option<Term>,
+        proof: Option<Arc<Proof>>,
+    ) -> kube::Client {
         let mut headers = self.identity.as_deref().cloned().unwrap_or_default();
-        if self.identity.is_some()
-            && let Ok(value) = HeaderValue::from_str(&token.get().to_string())
-        {
-            headers.insert(extra_header(), value);
+        if self.identity.is_some() {
+            // Both are plain ASCII (digits; a DNS label, '/', a DNS subdomain), so always
+            // valid header values; a namespace given by hand that is not leaves the election
+            // out, which the policy refuses (fail closed).
+            if let Some(value) =
+                token.and_then(|t| HeaderValue::from_str(&t.get().to_string()).ok())
+            {
+                headers.insert(extra_header(), value);
+            }
+            if let Ok(value) = HeaderValue::from_str(&self.election(lease)) {
+                headers.insert(election_header(), value);
+            }
         }
         let namespace = self.client.default_namespace().to_owned();
         kube::Client::new(
@@ -333,6 +359,7 @@ impl Fencer {
         FencedApi {
             api: Api::namespaced(self.client_with_token(lease, token), namespace),
             ours: token,
+            election: self.election(lease).into(),
         }
     }
 
@@ -346,6 +373,7 @@ impl Fencer {
         FencedApi {
             api: Api::namespaced(self.client(term), namespace),
             ours: term.fencing_token(),
+            election: self.election(term.lease_name()).into(),
         }
     }
 
@@ -360,6 +388,7 @@ impl Fencer {
         FencedApi {
             api: Api::all(self.client(term)),
             ours: term.fencing_token(),
+            election: self.election(term.lease_name()).into(),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use kube::core::Status;
 
-use super::{REFUSAL_PREFIX, REQUEST_TOKEN_EXTRA};
+use super::{REFUSAL_PREFIX, REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
 /// Why a fenced write did not happen.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +42,24 @@ pub enum FenceError {
     /// [`Fencer::without_policy`](super::Fencer::without_policy) client while the policy is installed) or it did not arrive.
     #[error("refused by the fencing policy: {message}")]
     MissingToken {
+        /// The API server's message.
+        message: String,
+    },
+    /// Another election's fencing policy refused this write although it names this
+    /// election: that policy judges every election's writes of its participants (as policies
+    /// of a tenure whose elections did not compose did), so it refuses any live term of
+    /// another election whose token is below its own floor. Re-apply that election's policy
+    /// from this tenure (`tenure policy`). Nothing says this term is stale.
+    #[error(
+        "refused by the fencing policy of another election (lease {lease}), although the write \
+         names election {election}: re-apply that election's policy with this tenure's \
+         `tenure policy` so it judges only its own writes ({message})"
+    )]
+    OtherElection {
+        /// The election whose policy refused, `namespace/name`.
+        lease: String,
+        /// The election this write names, `namespace/name`.
+        election: String,
         /// The API server's message.
         message: String,
     },
@@ -147,10 +165,11 @@ impl FenceState {
     }
 }
 
-/// Turns a kube error from a fenced request into a [`FenceError`].
-pub(super) fn classify(error: kube::Error, ours: u64) -> FenceError {
+/// Turns a kube error from a fenced request of `election` (`namespace/name`) into a
+/// [`FenceError`].
+pub(super) fn classify(error: kube::Error, ours: u64, election: &str) -> FenceError {
     match error {
-        kube::Error::Api(status) => classify_status(*status, ours),
+        kube::Error::Api(status) => classify_status(*status, ours, election),
         kube::Error::Service(e) if e.is::<Ended>() => FenceError::TermEnded { ours },
         kube::Error::Service(e) if e.is::<Gated>() => match e.downcast::<Gated>() {
             Ok(gated) => gated.into_error(ours),
@@ -160,7 +179,7 @@ pub(super) fn classify(error: kube::Error, ours: u64) -> FenceError {
     }
 }
 
-fn classify_status(status: Status, ours: u64) -> FenceError {
+fn classify_status(status: Status, ours: u64, election: &str) -> FenceError {
     let message = status.message.clone();
     let Some(at) = message.find(REFUSAL_PREFIX) else {
         if status.code == 403 && message.contains("impersonate") {
@@ -168,8 +187,8 @@ fn classify_status(status: Status, ours: u64) -> FenceError {
                 message: format!(
                     "{message} (a fenced client impersonates its own identity to carry the \
                      token: grant `impersonate` on its own serviceaccount and on \
-                     userextras/{REQUEST_TOKEN_EXTRA} in apiGroup authentication.k8s.io, or use \
-                     Fencer::without_policy)"
+                     userextras/{REQUEST_TOKEN_EXTRA} and userextras/{REQUEST_ELECTION_EXTRA} in \
+                     apiGroup authentication.k8s.io, or use Fencer::without_policy)"
                 ),
             };
         }
@@ -183,6 +202,13 @@ fn classify_status(status: Status, ours: u64) -> FenceError {
         .strip_prefix("lease ")
         .and_then(|r| r.split(": ").next())
         .map(str::to_owned);
+    if let Some(other) = lease.as_deref().filter(|l| *l != election) {
+        return FenceError::OtherElection {
+            lease: other.to_owned(),
+            election: election.to_owned(),
+            message,
+        };
+    }
     if rest.contains(": missing token") {
         return FenceError::MissingToken { message };
     }
@@ -285,6 +311,7 @@ mod tests {
                 &format!("{prefix} {REFUSAL_PREFIX} lease ns/x: stale: token 5 < current 9"),
             ),
             5,
+            "ns/x",
         );
         assert!(
             matches!(&e, FenceError::Stale { lease: Some(l), ours: 5, current: Current::Term(9) } if l == "ns/x"),
@@ -296,6 +323,7 @@ mod tests {
                 &format!("{prefix} {REFUSAL_PREFIX} lease ns/x: stale: token 5 < object 7"),
             ),
             5,
+            "ns/x",
         );
         assert!(
             matches!(
@@ -315,6 +343,7 @@ mod tests {
                 ),
             ),
             5,
+            "ns/x",
         );
         assert!(
             matches!(&e, FenceError::Stale { current: Current::ForeignHolder(h), .. } if h == "go-1"),
@@ -326,6 +355,7 @@ mod tests {
                 &format!("{prefix} {REFUSAL_PREFIX} lease ns/x: missing token: …"),
             ),
             5,
+            "ns/x",
         );
         assert!(matches!(e, FenceError::MissingToken { .. }), "{e:?}");
         let e = classify_status(
@@ -334,15 +364,34 @@ mod tests {
                 "users \"x\" is forbidden: User \"y\" cannot impersonate resource \"serviceaccounts\"",
             ),
             5,
+            "ns/x",
         );
         assert!(
             matches!(&e, FenceError::Forbidden { message } if message.contains("userextras")),
             "{e:?}"
         );
+        // Another election's policy refusing a write that names this one: not stale.
+        let e = classify_status(
+            status(
+                403,
+                &format!("{prefix} {REFUSAL_PREFIX} lease ns/y: stale: token 5 < current 9"),
+            ),
+            5,
+            "ns/x",
+        );
+        assert!(
+            matches!(&e, FenceError::OtherElection { lease, election, .. } if lease == "ns/y" && election == "ns/x"),
+            "{e:?}"
+        );
+        assert!(!e.is_stale());
         // A plain RBAC refusal is not an impersonation problem.
-        let e = classify_status(status(403, "configmaps is forbidden: User \"x\""), 5);
+        let e = classify_status(
+            status(403, "configmaps is forbidden: User \"x\""),
+            5,
+            "ns/x",
+        );
         assert!(matches!(e, FenceError::Kube(kube::Error::Api(_))), "{e:?}");
-        let e = classify_status(status(409, "conflict"), 5);
+        let e = classify_status(status(409, "conflict"), 5, "ns/x");
         assert!(matches!(e, FenceError::Kube(kube::Error::Api(_))), "{e:?}");
         assert!(e.to_string().contains("conflict"));
     }

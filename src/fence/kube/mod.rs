@@ -111,7 +111,7 @@ mod rbac;
 mod service;
 
 pub use api::FencedApi;
-pub use check::{CheckVerdict, OpenCause, check};
+pub use check::{CheckError, CheckVerdict, OpenCause, Participant, check};
 pub use client::Fencer;
 pub use error::{Current, FenceError, FenceState};
 pub use policy::{ANCHOR_NAME, FencingPolicy, PolicyError};
@@ -122,6 +122,13 @@ pub use rbac::{TOKEN_EXTRA_ROLE, WorkerRbac};
 /// The user extra that carries a request's fencing token (sent as
 /// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.
 pub const REQUEST_TOKEN_EXTRA: &str = "tenure.dev/fencing-token";
+
+/// The user extra that names the election a fenced request belongs to, `NAMESPACE/LEASE`
+/// (sent as `Impersonate-Extra-tenure.dev%2ffencing-election`): each election's policy judges
+/// only the requests that name it, so one participant may take part in any number of
+/// elections (tokens are resourceVersions, ordered across all Leases: judged against another
+/// election's floor, a live term's token would be refused).
+pub const REQUEST_ELECTION_EXTRA: &str = "tenure.dev/fencing-election";
 
 /// The annotation a fenced write stamps on the object: the token of the last term that
 /// wrote it. The policy refuses a write with a lower token.

@@ -10,7 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{OBJECT_TOKEN_ANNOTATION, REFUSAL_PREFIX, REQUEST_TOKEN_EXTRA};
+use super::{OBJECT_TOKEN_ANNOTATION, REFUSAL_PREFIX, REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 use crate::backend::kube::record;
 
 /// A write to a governed object that the policy checks. CONNECT is pods/exec, attach,
@@ -74,9 +74,17 @@ const ELECTION_OWN: [(&str, &str, &str); 4] = [
 ///   value a term could have issued is at most the floor, which the write already passed,
 ///   and any other value (set by a person, another election, a copied manifest) must not
 ///   lock later terms out;
-/// - one more Lease is governed: the probe `tenure-fence-probe.<lease>` ([`probe`](Self::probe)),
-///   which no one creates — a term's dry-run creates of it prove the policy is live
-///   ([`Fencer`](super::Fencer)).
+/// - each request names its election (the user extra `tenure.dev/fencing-election`,
+///   `NAMESPACE/LEASE`, which [`Fencer`](super::Fencer) sends beside the token) and the policy
+///   judges only the requests naming its own: a participant may take part in any number of
+///   elections, each judged by its own floor (tokens are resourceVersions, ordered across all
+///   Leases, so another election's floor would refuse a live term). A write carrying a token
+///   but naming no election is refused;
+/// - one more kind of Lease is governed: the probes `tenure-fence-probe.<lease>`
+///   ([`probe`](Self::probe)), which no one creates — a term's dry-run creates of its own probe
+///   prove the policy is live ([`Fencer`](super::Fencer)). Every election's policy judges every
+///   probe (passing those naming another election), so a probe meets every policy a real
+///   write of the participant would, and one that would refuse it is seen.
 ///
 /// Install the [`anchor`](Self::anchor) too, and never delete it: on Kubernetes 1.30–1.36
 /// an API server stops reading Lease parameters for good once no Lease-parameter policy has a
@@ -357,7 +365,7 @@ impl FencingPolicy {
                         expression: self.participant_expression(),
                     },
                     MatchCondition {
-                        name: "not-a-lease-but-the-probe".to_owned(),
+                        name: "not-a-lease-but-a-probe".to_owned(),
                         expression: self.probe_expression(),
                     },
                 ]),
@@ -444,12 +452,13 @@ impl FencingPolicy {
     }
 
     /// Leases are the election's own (its Lease, shard and member Leases), written without a
-    /// token; the one governed Lease is this election's probe. (A condition, not an
-    /// exclusion rule: exclusions cannot spare one name.)
+    /// token; the governed Leases are the probes — every election's, not only this one's, so
+    /// that a probe goes through every policy a real write of its participant would (each
+    /// passes a probe naming another election; one that refuses it is seen by the proof).
+    /// (A condition, not an exclusion rule: exclusions cannot spare one name.)
     fn probe_expression(&self) -> String {
         format!(
-            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases') || request.name == '{}'",
-            self.probe()
+            "!(request.resource.group == 'coordination.k8s.io' && request.resource.resource == 'leases') || request.name.startsWith('{PROBE_PREFIX}')"
         )
     }
 
@@ -554,9 +563,12 @@ impl FencingPolicy {
     }
 }
 
+/// How every probe Lease's name begins.
+const PROBE_PREFIX: &str = "tenure-fence-probe.";
+
 /// The probe Lease of the election whose Lease is `lease` (see [`FencingPolicy::probe`]).
 pub(crate) fn probe_name(lease: &str) -> String {
-    format!("tenure-fence-probe.{lease}")
+    format!("{PROBE_PREFIX}{lease}")
 }
 
 /// The anchor policy and binding under `name` (the chart names one per release, so that two
@@ -683,6 +695,22 @@ fn variables() -> Vec<Variable> {
             ),
         ),
         var("tokenOk", canonical("variables.token")),
+        // The election the request names (`NAMESPACE/LEASE`): a participant of several
+        // elections sends each election's token with its name, and each policy judges only
+        // the requests naming it — tokens are resourceVersions, ordered across every Lease,
+        // so judged by another election's floor a live term's token would be refused.
+        var(
+            "election",
+            format!(
+                "has(request.userInfo.extra) && '{REQUEST_ELECTION_EXTRA}' in \
+                 request.userInfo.extra && size(request.userInfo.extra['{REQUEST_ELECTION_EXTRA}']) \
+                 == 1 ? request.userInfo.extra['{REQUEST_ELECTION_EXTRA}'][0] : ''"
+            ),
+        ),
+        var(
+            "otherElection",
+            "variables.election != '' && variables.election != variables.lease".to_owned(),
+        ),
         // token >= floor, both canonical.
         var(
             "current",
@@ -719,6 +747,10 @@ fn validations() -> Vec<Validation> {
          sent for a command by tenure run --fence (write through its KUBECONFIG), by \
          tenure::fence::kube::Fencer, or as the headers Impersonate-User and \
          Impersonate-Extra-tenure.dev%2Ffencing-token)' \
+         : variables.election == '' ? {head}missing election: a write carrying a fencing \
+         token must name its election (the user extra {REQUEST_ELECTION_EXTRA}, NAMESPACE/LEASE, \
+         sent by tenure run --fence and by tenure::fence::kube::Fencer; a client of an older \
+         tenure sends none)' \
          : !variables.tokenOk ? {head}malformed token: ' + {token} + ' (a fencing token is a \
          decimal number without sign or leading zeros)' \
          : !variables.floorOk ? {head}broken floor: the Lease\\'s annotation {floor} is \"' + \
@@ -735,12 +767,14 @@ fn validations() -> Vec<Validation> {
         stamp = shown("variables.stamp"),
     );
     vec![Validation {
-        // A tokened write: well formed, a well-formed floor, no foreign holder, not below the
-        // term's token, and no foreign object token set. A token-less one: only while a
-        // foreign holder (client-go) leads.
-        expression: "variables.token != '' ? (variables.tokenOk && variables.floorOk && \
+        // A write naming another election: that election's policy judges it. A tokened
+        // write: naming this election, well formed, a well-formed floor, no foreign holder,
+        // not below the term's token, and no foreign object token set. A token-less one:
+        // only while a foreign holder (client-go) leads.
+        expression: "variables.otherElection || (variables.token != '' ? \
+                     (variables.election != '' && variables.tokenOk && variables.floorOk && \
                      !variables.foreignHolder && variables.current && variables.stampOk) \
-                     : variables.foreignHolder"
+                     : variables.foreignHolder)"
             .to_owned(),
         message_expression: Some(message),
         message: None,
@@ -836,7 +870,7 @@ mod tests {
                         "statefulsets/*".into()
                     ]
                 ),
-                // The probe (only its name passes the second match condition).
+                // The probes (only their names pass the second match condition).
                 (vec!["coordination.k8s.io".into()], vec!["leases".into()]),
             ]
         );
@@ -890,7 +924,7 @@ mod tests {
     }
 
     #[test]
-    fn leases_are_spared_but_the_probe() {
+    fn leases_are_spared_but_the_probes() {
         let p = FencingPolicy::new("ns", "ctl").expect("valid");
         assert_eq!(p.probe(), "tenure-fence-probe.ctl");
         let conditions = p
@@ -901,7 +935,7 @@ mod tests {
         assert!(
             conditions[1]
                 .expression
-                .ends_with("|| request.name == 'tenure-fence-probe.ctl'"),
+                .ends_with("|| request.name.startsWith('tenure-fence-probe.')"),
             "{}",
             conditions[1].expression
         );

@@ -18,9 +18,9 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::REFUSAL_PREFIX;
 use super::error::{Current, FenceState, parse_current};
 use super::policy::probe_name;
+use super::{REFUSAL_PREFIX, REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
 /// How long a term's proof may take to see the lower token refused: the API server's Lease
 /// informer catches up with the grant within milliseconds when healthy; a server that still
@@ -137,17 +137,38 @@ async fn run(setup: ProofSetup, tx: watch::Sender<FenceState>) {
 }
 
 /// What one dry-run create of the probe got.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Answer {
-    /// Past admission (created, or the probe exists: the store said so after admission).
+    /// Past admission: created, or the probe exists (a 409 comes from the store, after
+    /// every admission policy passed the request).
     Admitted,
     /// Refused as stale by this election's policy.
     Stale(Option<Current>),
-    /// Refused by this election's policy for another reason (missing, malformed, broken floor).
+    /// Refused by this election's policy for another reason (missing token or election,
+    /// malformed, broken floor).
     Refused(String),
+    /// Refused by another election's fencing policy: one that judges requests naming this
+    /// election (written by a tenure whose policies did not compose), so it would refuse this
+    /// term's writes too.
+    OtherElection {
+        /// The other election's Lease, `namespace/name`.
+        lease: String,
+        /// The API server's message.
+        message: String,
+    },
+    /// Refused by an admission policy or webhook that is not tenure's.
+    OtherAdmission(String),
     /// Not allowed (RBAC, impersonation): asking again will not help.
     Denied(String),
     /// Anything else: a transport failure, a timeout, a server error.
     Failed(String),
+}
+
+/// Which dry run of the proof: the token below the term's, or the term's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Probe {
+    Below,
+    At,
 }
 
 pub(super) async fn dry_create(api: &Api<Lease>, probe: &str, lease: &str) -> Answer {
@@ -165,86 +186,156 @@ pub(super) async fn dry_create(api: &Api<Lease>, probe: &str, lease: &str) -> An
     match tokio::time::timeout(REQUEST_TIMEOUT, api.create(&pp, &object)).await {
         Err(_) => Answer::Failed(format!("no answer within {REQUEST_TIMEOUT:?}")),
         Ok(Ok(_)) => Answer::Admitted,
-        Ok(Err(kube::Error::Api(s))) if s.code == 409 => Answer::Admitted,
-        Ok(Err(kube::Error::Api(s)))
-            if s.message.contains(REFUSAL_PREFIX)
-                && s.message.contains(&format!("lease {lease}: ")) =>
-        {
-            if s.message.contains(&format!("lease {lease}: stale")) {
-                Answer::Stale(parse_current(&s.message))
-            } else {
-                Answer::Refused(s.message)
-            }
-        }
-        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => {
-            Answer::Denied(format!("{} ({})", s.message, s.code))
-        }
-        Ok(Err(kube::Error::Api(s))) => Answer::Failed(format!("{} ({})", s.message, s.code)),
+        Ok(Err(kube::Error::Api(s))) => classify(s.code, &s.message, lease),
         Ok(Err(e)) => Answer::Failed(e.to_string()),
     }
 }
 
+/// What an API server's error answer to a probe of election `lease` (`namespace/name`) means.
+///
+/// The order matters: a refusal by a ValidatingAdmissionPolicy is a 403 like an RBAC one, so
+/// the policies' messages are recognised first, and only a refusal whose message names *this*
+/// election (`tenure fencing: lease NS/NAME: `) counts as this election's answer — another
+/// election's refusal must never pass for proof of this one.
+pub(super) fn classify(code: u16, message: &str, lease: &str) -> Answer {
+    if code == 409 {
+        return Answer::Admitted;
+    }
+    if let Some(at) = message.find(REFUSAL_PREFIX) {
+        let rest = message[at + REFUSAL_PREFIX.len()..].trim_start();
+        let named = rest.strip_prefix("lease ").and_then(|r| r.split_once(": "));
+        return match named {
+            Some((l, tail)) if l == lease => {
+                if tail.starts_with("stale") {
+                    Answer::Stale(parse_current(message))
+                } else {
+                    Answer::Refused(message.to_owned())
+                }
+            }
+            Some((other, _)) => Answer::OtherElection {
+                lease: other.to_owned(),
+                message: message.to_owned(),
+            },
+            None => Answer::OtherAdmission(message.to_owned()),
+        };
+    }
+    if message.contains("ValidatingAdmissionPolicy '") || message.contains("admission webhook") {
+        return Answer::OtherAdmission(format!("{message} ({code})"));
+    }
+    if code == 401 || code == 403 {
+        return Answer::Denied(format!("{message} ({code})"));
+    }
+    Answer::Failed(format!("{message} ({code})"))
+}
+
 /// One proof: `None` when a recheck could not get an answer (the state stays as it was; a
 /// server that cannot be reached refuses writes by itself).
+async fn prove(setup: &ProofSetup, first: bool, open: bool) -> Option<FenceState> {
+    let probe = probe_name(&setup.lease_name);
+    let facts = Facts {
+        lease: &setup.lease,
+        lease_namespace: &setup.lease_namespace,
+        ours: setup.ours,
+    };
+    decide(&facts, first, open, |which| {
+        let api = match which {
+            Probe::Below => &setup.below,
+            Probe::At => &setup.at,
+        };
+        dry_create(api, &probe, &setup.lease)
+    })
+    .await
+}
+
+/// What a proof's verdict is about.
+pub(super) struct Facts<'a> {
+    /// `namespace/name` of the election's Lease.
+    pub(super) lease: &'a str,
+    pub(super) lease_namespace: &'a str,
+    /// The term's token.
+    pub(super) ours: u64,
+}
+
+/// The proof's decisions, given a way to `ask` each dry run: `None` when a recheck could not
+/// get an answer.
 ///
 /// The lower token may be admitted for a few milliseconds after a grant (the API server's
 /// informer lags): the first proof asks again every 10 ms, a recheck every 100 ms, both
 /// within [`PROOF_WINDOW`]; a recheck of a fence already found open asks once, so an open
 /// fence costs the API server two requests per recheck period, not a stream of them.
-async fn prove(setup: &ProofSetup, first: bool, open: bool) -> Option<FenceState> {
-    let probe = probe_name(&setup.lease_name);
-    let below = setup.ours.saturating_sub(1);
+pub(super) async fn decide<F, Fut>(
+    facts: &Facts<'_>,
+    first: bool,
+    open: bool,
+    mut ask: F,
+) -> Option<FenceState>
+where
+    F: FnMut(Probe) -> Fut,
+    Fut: std::future::Future<Output = Answer>,
+{
+    let below = facts.ours.saturating_sub(1);
+    let unenforced = |cause: String| Some(FenceState::Unenforced { cause });
     let deadline = tokio::time::Instant::now() + PROOF_WINDOW;
     // The lower token first: refused once the server's copy of the Lease has our floor.
     loop {
         let late = tokio::time::Instant::now() >= deadline;
-        match dry_create(&setup.below, &probe, &setup.lease).await {
+        match ask(Probe::Below).await {
             Answer::Stale(_) => break,
             Answer::Admitted if late || open => {
-                return Some(FenceState::Unenforced {
-                    cause: open_cause(&setup.lease, below, setup.ours),
-                });
+                return unenforced(open_cause(facts.lease, below, facts.ours));
             }
             Answer::Admitted if first => tokio::time::sleep(RETRY).await,
             Answer::Admitted => tokio::time::sleep(RETRY * 10).await,
-            Answer::Refused(message) => {
-                return Some(FenceState::Unenforced {
-                    cause: format!("the API server refuses this election's writes: {message}"),
-                });
-            }
-            Answer::Denied(message) => {
-                return Some(FenceState::Unenforced {
-                    cause: cannot_prove(&setup.lease_namespace, &message),
-                });
-            }
             Answer::Failed(message) if late => {
-                tracing::warn!(lease = %setup.lease, "fence proof got no answer: {message}");
+                tracing::warn!(lease = %facts.lease, "fence proof got no answer: {message}");
                 return first.then(|| FenceState::Unenforced {
                     cause: format!(
                         "no answer within {PROOF_WINDOW:?}: {}",
-                        cannot_prove(&setup.lease_namespace, &message)
+                        cannot_prove(facts.lease_namespace, &message)
                     ),
                 });
             }
             // A transport failure: ask again, less often.
             Answer::Failed(_) => tokio::time::sleep(RETRY * 10).await,
+            other => return unenforced(refused_cause(facts, &other, "writes")),
         }
     }
     // Then ours: admitted, unless a newer term has raised the floor past it.
-    match dry_create(&setup.at, &probe, &setup.lease).await {
+    match ask(Probe::At).await {
         Answer::Admitted => Some(FenceState::Enforced),
         Answer::Stale(current) => Some(FenceState::Superseded {
             current: current.unwrap_or(Current::Term(0)),
         }),
-        Answer::Refused(message) => Some(FenceState::Unenforced {
-            cause: format!("the API server refuses this term's own token: {message}"),
-        }),
-        Answer::Denied(message) => Some(FenceState::Unenforced {
-            cause: cannot_prove(&setup.lease_namespace, &message),
-        }),
         Answer::Failed(message) => first.then(|| FenceState::Unenforced {
             cause: format!("the fence could not be proven: {message}"),
         }),
+        other => unenforced(refused_cause(facts, &other, "own token")),
+    }
+}
+
+/// The cause for a refusal that proves nothing: `what` the server refused (this election's
+/// "writes", or this term's "own token").
+fn refused_cause(facts: &Facts<'_>, answer: &Answer, what: &str) -> String {
+    match answer {
+        Answer::Refused(message) => {
+            format!("the API server refuses this election's {what}: {message}")
+        }
+        Answer::OtherElection { lease, message } => format!(
+            "the fencing policy of another election (lease {lease}) refuses this election's \
+             {what}: it judges requests that name election {}, as policies of a tenure whose \
+             elections did not compose did; re-apply that election's policy from this tenure \
+             (`tenure policy`): {message}",
+            facts.lease
+        ),
+        Answer::OtherAdmission(message) => format!(
+            "an admission policy or webhook that is not this election's refuses the probe, so \
+             the fence cannot be proven (and may refuse this term's writes too): {message}"
+        ),
+        Answer::Denied(message) => cannot_prove(facts.lease_namespace, message),
+        Answer::Failed(message) => format!("the fence could not be proven: {message}"),
+        Answer::Admitted | Answer::Stale(_) => {
+            format!("the fence could not be proven: unexpected answer {answer:?}")
+        }
     }
 }
 
@@ -253,7 +344,8 @@ fn cannot_prove(lease_namespace: &str, message: &str) -> String {
     format!(
         "the fence could not be proven: {message} (a participant needs `create` on leases in \
          {lease_namespace}, and `impersonate` on itself and on \
-         userextras/tenure.dev/fencing-token in apiGroup authentication.k8s.io)"
+         userextras/{REQUEST_TOKEN_EXTRA} and userextras/{REQUEST_ELECTION_EXTRA} in apiGroup \
+         authentication.k8s.io)"
     )
 }
 
@@ -364,4 +456,301 @@ async fn lease_event(
         .create(&PostParams::default(), &event)
         .await
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const LEASE: &str = "ops/ctl";
+
+    fn facts() -> Facts<'static> {
+        Facts {
+            lease: LEASE,
+            lease_namespace: "ops",
+            ours: 50,
+        }
+    }
+
+    /// A scripted server: the answers to give in order (the last one repeated), and when each
+    /// dry run was asked, relative to the start.
+    struct Script {
+        answers: Mutex<VecDeque<(Probe, Answer)>>,
+        asked: Mutex<Vec<(Probe, Duration)>>,
+        start: Instant,
+    }
+
+    impl Script {
+        fn new(answers: Vec<(Probe, Answer)>) -> Self {
+            Self {
+                answers: Mutex::new(answers.into()),
+                asked: Mutex::new(Vec::new()),
+                start: Instant::now(),
+            }
+        }
+
+        fn ask(&self, which: Probe) -> std::future::Ready<Answer> {
+            self.asked
+                .lock()
+                .expect("lock")
+                .push((which, self.start.elapsed()));
+            let mut answers = self.answers.lock().expect("lock");
+            let (expected, answer) = if answers.len() > 1 {
+                answers.pop_front().expect("scripted")
+            } else {
+                answers.front().cloned().expect("scripted")
+            };
+            assert_eq!(
+                which, expected,
+                "asked {which:?} where the script has {expected:?}"
+            );
+            std::future::ready(answer)
+        }
+
+        fn asked(&self) -> Vec<(Probe, Duration)> {
+            self.asked.lock().expect("lock").clone()
+        }
+
+        async fn run(&self, first: bool, open: bool) -> Option<FenceState> {
+            decide(&facts(), first, open, |p| self.ask(p)).await
+        }
+    }
+
+    fn stale() -> Answer {
+        Answer::Stale(Some(Current::Term(50)))
+    }
+
+    fn cause_of(state: Option<FenceState>) -> String {
+        match state {
+            Some(FenceState::Unenforced { cause }) => cause,
+            other => panic!("expected Unenforced, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_answer_is_classified_and_only_this_elections_refusal_is_its_proof() {
+        let vap = "leases.coordination.k8s.io \"tenure-fence-probe.ctl\" is forbidden: \
+                   ValidatingAdmissionPolicy 'tenure-fencing.ops.ctl' with binding \
+                   'tenure-fencing.ops.ctl' denied request:";
+        assert_eq!(
+            classify(
+                403,
+                &format!("{vap} tenure fencing: lease ops/ctl: stale: token 49 < current 50"),
+                LEASE
+            ),
+            Answer::Stale(Some(Current::Term(50)))
+        );
+        let missing = format!("{vap} tenure fencing: lease ops/ctl: missing token: …");
+        assert_eq!(
+            classify(403, &missing, LEASE),
+            Answer::Refused(missing.clone())
+        );
+        // Another election's refusal, even a stale one, is never this one's proof.
+        let other = format!("{vap} tenure fencing: lease ops/other: stale: token 49 < current 60");
+        assert_eq!(
+            classify(403, &other, LEASE),
+            Answer::OtherElection {
+                lease: "ops/other".into(),
+                message: other.clone()
+            }
+        );
+        // A lease whose name this one starts with is another election.
+        let longer = format!("{vap} tenure fencing: lease ops/ctl-2: stale: token 1 < current 2");
+        assert!(
+            matches!(classify(403, &longer, LEASE), Answer::OtherElection { lease, .. } if lease == "ops/ctl-2")
+        );
+        let foreign = "leases \"x\" is forbidden: ValidatingAdmissionPolicy 'no-leases' with binding 'b' denied request: nope";
+        assert!(
+            matches!(classify(403, foreign, LEASE), Answer::OtherAdmission(m) if m.contains("no-leases"))
+        );
+        let webhook = "admission webhook \"guard.example.com\" denied the request: no";
+        assert!(matches!(
+            classify(400, webhook, LEASE),
+            Answer::OtherAdmission(_)
+        ));
+        let rbac = "leases.coordination.k8s.io is forbidden: User \"system:serviceaccount:ops:w\" cannot create resource \"leases\"";
+        assert!(matches!(classify(403, rbac, LEASE), Answer::Denied(m) if m.contains("(403)")));
+        assert!(matches!(
+            classify(401, "Unauthorized", LEASE),
+            Answer::Denied(_)
+        ));
+        // The probe exists: the store answered, after every admission policy passed it.
+        assert_eq!(classify(409, "already exists", LEASE), Answer::Admitted);
+        assert!(
+            matches!(classify(500, "etcd down", LEASE), Answer::Failed(m) if m.contains("(500)"))
+        );
+        assert!(matches!(
+            classify(429, "slow down", LEASE),
+            Answer::Failed(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_proof_sees_the_lower_token_refused_then_its_own_admitted() {
+        let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, Answer::Admitted)]);
+        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        let probes: Vec<Probe> = s.asked().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(probes, [Probe::Below, Probe::At]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_proof_waits_out_a_lagging_informer_every_10_ms() {
+        let s = Script::new(vec![
+            (Probe::Below, Answer::Admitted),
+            (Probe::Below, Answer::Admitted),
+            (Probe::Below, Answer::Admitted),
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Admitted),
+        ]);
+        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
+        assert_eq!(
+            at,
+            [0, 10, 20, 30, 30].map(Duration::from_millis),
+            "asked again every RETRY"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recheck_waits_out_a_lagging_informer_every_100_ms() {
+        let s = Script::new(vec![
+            (Probe::Below, Answer::Admitted),
+            (Probe::Below, Answer::Admitted),
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Admitted),
+        ]);
+        assert_eq!(s.run(false, false).await, Some(FenceState::Enforced));
+        let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
+        assert_eq!(at, [0, 100, 200, 200].map(Duration::from_millis));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lower_token_admitted_for_the_whole_window_is_an_open_fence() {
+        let s = Script::new(vec![(Probe::Below, Answer::Admitted)]);
+        let cause = cause_of(s.run(true, false).await);
+        let asked = s.asked();
+        let last = asked.last().expect("asked").1;
+        assert!(
+            last >= PROOF_WINDOW && last < PROOF_WINDOW + RETRY * 2,
+            "gave up at {last:?}, not at the window's end"
+        );
+        assert!(asked.len() >= 300, "asked {} times", asked.len());
+        assert!(
+            asked.iter().all(|(p, _)| *p == Probe::Below),
+            "never its own token"
+        );
+        assert!(
+            cause.contains("admitted a dry-run write with token 49, below this term's 50")
+                && cause.contains("tenure-fencing.ops.ctl")
+                && cause.contains("#130887")
+                && cause.contains("anchor"),
+            "{cause}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recheck_of_an_open_fence_asks_once() {
+        let s = Script::new(vec![(Probe::Below, Answer::Admitted)]);
+        let cause = cause_of(s.run(false, true).await);
+        assert_eq!(s.asked().len(), 1);
+        assert!(cause.contains("token 49"), "{cause}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_answer_fails_a_first_proof_and_keeps_a_rechecks_state() {
+        let s = Script::new(vec![(
+            Probe::Below,
+            Answer::Failed("connection refused".into()),
+        )]);
+        let cause = cause_of(s.run(true, false).await);
+        assert!(
+            cause.starts_with(
+                "no answer within 3s: the fence could not be proven: connection refused"
+            ),
+            "{cause}"
+        );
+        let asked = s.asked();
+        assert!(asked.last().expect("asked").1 >= PROOF_WINDOW);
+        assert!(
+            asked.windows(2).all(|w| w[1].1 - w[0].1 == RETRY * 10),
+            "a transport failure is asked again every 100 ms"
+        );
+        let s = Script::new(vec![(Probe::Below, Answer::Failed("timeout".into()))]);
+        assert_eq!(s.run(false, false).await, None, "a recheck keeps the state");
+        let s = Script::new(vec![
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Failed("timeout".into())),
+        ]);
+        assert_eq!(s.run(false, false).await, None);
+        let s = Script::new(vec![
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Failed("timeout".into())),
+        ]);
+        assert!(cause_of(s.run(true, false).await).contains("could not be proven: timeout"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_that_prove_nothing_fail_closed_at_once_naming_their_cause() {
+        let cases = [
+            (
+                Answer::Refused("tenure fencing: lease ops/ctl: missing election".into()),
+                "refuses this election's writes: tenure fencing",
+            ),
+            (
+                Answer::OtherElection {
+                    lease: "ops/other".into(),
+                    message: "m".into(),
+                },
+                "another election (lease ops/other) refuses this election's writes: it judges requests that name election ops/ctl",
+            ),
+            (
+                Answer::OtherAdmission("webhook says no".into()),
+                "not this election's refuses the probe",
+            ),
+            (
+                Answer::Denied("cannot impersonate (403)".into()),
+                "could not be proven: cannot impersonate (403) (a participant needs `create` on leases in ops, and `impersonate` on itself and on userextras/tenure.dev/fencing-token and userextras/tenure.dev/fencing-election",
+            ),
+        ];
+        for (answer, expected) in cases {
+            let s = Script::new(vec![(Probe::Below, answer.clone())]);
+            let cause = cause_of(s.run(true, false).await);
+            assert!(cause.contains(expected), "{answer:?}: {cause}");
+            assert_eq!(s.asked().len(), 1, "{answer:?}: asked again");
+            // The same answer to the term's own token.
+            let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, answer.clone())]);
+            let cause = cause_of(s.run(false, false).await);
+            let own = expected.replace("writes", "own token");
+            assert!(cause.contains(&own), "{answer:?} (own token): {cause}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn its_own_token_refused_as_stale_means_a_newer_term() {
+        let s = Script::new(vec![
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Stale(Some(Current::Term(77)))),
+        ]);
+        assert_eq!(
+            s.run(true, false).await,
+            Some(FenceState::Superseded {
+                current: Current::Term(77)
+            })
+        );
+        let s = Script::new(vec![
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Stale(None)),
+        ]);
+        assert_eq!(
+            s.run(true, false).await,
+            Some(FenceState::Superseded {
+                current: Current::Term(0)
+            })
+        );
+    }
 }

@@ -608,9 +608,10 @@ mod tests {
         let held = crate::election::TestTerm::begin("jobs", "me")
             .await
             .expect("a term");
-        let fencer = Fencer::impersonating(unreachable_client(), "system:serviceaccount:ops:w")
-            .expect("valid user")
-            .lease_namespace("ops");
+        let fencer =
+            Fencer::impersonating(unreachable_client(), "system:serviceaccount:ops:w", &[])
+                .expect("valid user")
+                .lease_namespace("ops");
         let proxy = FenceProxy::start(&fencer, &held.term(), None)
             .await
             .expect("bound");

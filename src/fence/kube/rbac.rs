@@ -10,11 +10,11 @@ use k8s_openapi::api::rbac::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::REQUEST_TOKEN_EXTRA;
 use super::policy::FencingPolicy;
+use super::{REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
-/// The cluster-scoped role every fenced participant shares: impersonating the token's user
-/// extra, which grants nothing else.
+/// The cluster-scoped role every fenced participant shares: impersonating the user extras
+/// that carry the token and name the election, which grants nothing else.
 pub const TOKEN_EXTRA_ROLE: &str = "tenure-fence-token";
 
 /// What [`FencingPolicy::worker_rbac`] gives: Roles (with their bindings) in the Lease's
@@ -60,7 +60,8 @@ impl FencingPolicy {
     /// token: get, list, watch and update on the Lease by name, create on leases, create on
     /// events (the Role `tenure-worker.<lease>` in the Lease's namespace); `impersonate` on
     /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
-    /// `impersonate` on `userextras/tenure.dev/fencing-token` ([`TOKEN_EXTRA_ROLE`]).
+    /// `impersonate` on `userextras/tenure.dev/fencing-token` and
+    /// `userextras/tenure.dev/fencing-election` ([`TOKEN_EXTRA_ROLE`]).
     /// Impersonating yourself grants nothing you did not have. The workload's own access
     /// (what its command writes) is not included.
     #[must_use]
@@ -136,12 +137,15 @@ impl FencingPolicy {
         let token_extra = (!by_namespace.is_empty()).then(|| {
             let role = ClusterRole {
                 metadata: meta(TOKEN_EXTRA_ROLE, None),
-                rules: Some(vec![rule(
-                    "authentication.k8s.io",
-                    &format!("userextras/{REQUEST_TOKEN_EXTRA}"),
-                    &[],
-                    &["impersonate"],
-                )]),
+                rules: Some(vec![PolicyRule {
+                    api_groups: Some(vec!["authentication.k8s.io".to_owned()]),
+                    resources: Some(vec![
+                        format!("userextras/{REQUEST_TOKEN_EXTRA}"),
+                        format!("userextras/{REQUEST_ELECTION_EXTRA}"),
+                    ]),
+                    verbs: vec!["impersonate".to_owned()],
+                    ..PolicyRule::default()
+                }]),
                 ..ClusterRole::default()
             };
             let binding = ClusterRoleBinding {
@@ -187,7 +191,8 @@ impl FencingPolicy {
         let mut out = format!(
             "# What each participant of lease {}/{} needs to lead and carry its fencing token\n\
              # (tenure run, with --fence or a Fencer): its Lease and Events, impersonating itself,\n\
-             # and the token's user extra ({TOKEN_EXTRA_ROLE} is shared by every election).\n\
+             # and the user extras of the token and the election ({TOKEN_EXTRA_ROLE} is shared by\n\
+             # every election).\n\
              # Its command's own access is yours to add.\n",
             self.namespace(),
             self.lease_name()
@@ -195,7 +200,7 @@ impl FencingPolicy {
         out.push_str(&docs.join("---\n"));
         for user in &rbac.users_left_out {
             out.push_str(&format!(
-                "# participant {user:?} is a user: grant it impersonate on users/{user:?} (and on each of its groups) and on userextras/{REQUEST_TOKEN_EXTRA} yourself\n"
+                "# participant {user:?} is a user: grant it impersonate on users/{user:?} (and on each of its groups) and on userextras/{REQUEST_TOKEN_EXTRA} and userextras/{REQUEST_ELECTION_EXTRA} yourself\n"
             ));
         }
         out
@@ -283,7 +288,10 @@ mod tests {
         assert_eq!(extra_rule.api_groups, one("authentication.k8s.io"));
         assert_eq!(
             extra_rule.resources,
-            one("userextras/tenure.dev/fencing-token")
+            Some(vec![
+                "userextras/tenure.dev/fencing-token".to_owned(),
+                "userextras/tenure.dev/fencing-election".to_owned()
+            ])
         );
         assert_eq!(extra_rule.verbs, ["impersonate"]);
         assert_eq!(

@@ -20,6 +20,11 @@ pub(super) fn extra_header() -> HeaderName {
     HeaderName::from_static("impersonate-extra-tenure.dev%2ffencing-token")
 }
 
+/// `Impersonate-Extra-tenure.dev%2ffencing-election`: the election the request names.
+pub(super) fn election_header() -> HeaderName {
+    HeaderName::from_static("impersonate-extra-tenure.dev%2ffencing-election")
+}
+
 /// The headers that impersonate `user` (with `groups`) exactly: a ServiceAccount's groups
 /// follow from its name, so only the user is sent; anyone else's groups are sent too
 /// (`system:authenticated` is added by the server).

@@ -56,13 +56,23 @@ impl CommandFence {
     }
 
     /// Proves `term`'s fence, starts its endpoint and writes its files; the environment the
-    /// command gets, and the guard that ends all of it.
+    /// command gets, and the guard that ends all of it. `None` when the term ended during the
+    /// proof (a shutdown signal): then nothing is started, and no verdict is logged, since a
+    /// proof stopped by the term's end says nothing about the fence.
     pub async fn begin(
         &self,
         term: &Term,
-    ) -> Result<(TermFence, Vec<(&'static str, String)>), CliError> {
+    ) -> Result<Option<(TermFence, Vec<(&'static str, String)>)>, CliError> {
         let lease = format!("{}/{}", self.namespace, term.lease_name());
-        match self.fencer.prove(term).await {
+        let state = tokio::select! {
+            biased;
+            () = term.cancellation().cancelled() => return Ok(None),
+            state = self.fencer.prove(term) => state,
+        };
+        if term.cancellation().is_cancelled() {
+            return Ok(None);
+        }
+        match state {
             FenceState::Enforced => {
                 tracing::info!(%lease, fencing_token = %term.fencing_token(), "fence proven: the command's writes are fenced");
             }
@@ -92,7 +102,7 @@ impl CommandFence {
         written.map_err(|e| CliError::Internal {
             message: format!("--fence: cannot write the term's kubeconfig: {e}"),
         })?;
-        Ok((guard, env))
+        Ok(Some((guard, env)))
     }
 }
 

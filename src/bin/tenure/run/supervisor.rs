@@ -115,13 +115,20 @@ impl Supervisor {
             env.extend(extra);
             // Held until the command is gone: the endpoint stops and its files go with it.
             let _fenced = match &fence {
-                Some(fence) => {
-                    let (guard, vars) = fence.begin(&term).await?;
-                    env.extend(vars);
-                    Some(guard)
-                }
+                Some(fence) => match fence.begin(&term).await? {
+                    Some((guard, vars)) => {
+                        env.extend(vars);
+                        Some(guard)
+                    }
+                    None => return Ok(not_started(&term, &received)),
+                },
                 None => None,
             };
+            // A term that ended while it was being prepared (a signal during the fence's
+            // proof) starts nothing: its command would only be signalled at once.
+            if term.cancellation().is_cancelled() {
+                return Ok(not_started(&term, &received));
+            }
             // The kill deadline, moved by each renewal as the lease records it (the listener
             // is told the current validity at once, before the watchdog is armed).
             let cell = Arc::new(DeadlineCell::create().map_err(|e| CliError::Internal {
@@ -178,6 +185,20 @@ impl Supervisor {
             tracing::info!(lease = %term.lease_name(), %status, "the command exited");
             Ok(exit_code(status))
         }
+    }
+}
+
+/// The outcome of a term whose command was never started because the term ended first: the
+/// code of a stop by that signal (a lost lease is reported by the elector, whatever this is).
+fn not_started(term: &Term, received: &AtomicI32) -> u8 {
+    tracing::info!(
+        lease = %term.lease_name(),
+        fencing_token = %term.fencing_token(),
+        "the term ended before its command started: not starting it"
+    );
+    match received.load(Ordering::Acquire) {
+        0 => 1,
+        signo => u8::try_from(128 + signo).unwrap_or(1),
     }
 }
 
