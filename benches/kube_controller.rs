@@ -2,10 +2,10 @@
 //! takes from its grant to its first reconcile, with 1,000, 10,000 and 100,000 watched
 //! ConfigMaps, for
 //!
-//! - tenure warm: `tenure::controller::Cache` (`CacheMode::Warm`) + `LeaderElector`, the
+//! - tenure warm: `tenure::controller::Controller` (`CacheMode::Warm`) + `LeaderElector`, the
 //!   store kept current on the follower and its controller on standby (every object queued,
 //!   each reconcile parked until the grant);
-//! - tenure warm without standby: the same with `Cache::standby(false)`: the store is warm,
+//! - tenure warm without standby: the same with `Controller::standby(false)`: the store is warm,
 //!   the new leader queues every object after its grant;
 //! - tenure cold: the same with `CacheMode::Cold`, the watch started per term;
 //! - controller-runtime warm: a manager with Lease leader election and a controller
@@ -134,9 +134,9 @@ async fn reconcile(
     Ok(kube::runtime::controller::Action::await_change())
 }
 
-/// tenure: a `Cache` (warm or cold) and a `LeaderElector` on the kube backend; each term runs
-/// `Cache::run` until it ends. SIGTERM shuts the elector down (the controller stops, the Lease
-/// is released).
+/// tenure: a `Controller` (warm or cold) run with a `LeaderElector` on the kube backend; each
+/// term's context is made at its grant. SIGTERM shuts it down gracefully (the controller stops,
+/// the Lease is released).
 async fn tenure_candidate(
     mode: &str,
     kubeconfig: &str,
@@ -148,7 +148,7 @@ async fn tenure_candidate(
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::controller::Action;
     use kube::runtime::watcher;
-    use tenure::controller::{Cache, CacheMode, CacheState};
+    use tenure::controller::{CacheMode, CacheState, Controller, per_term};
     use tokio::signal::unix::{SignalKind, signal};
 
     let config = config_as(kubeconfig, identity).await?;
@@ -160,56 +160,53 @@ async fn tenure_candidate(
         "cold" => (CacheMode::Cold, false),
         other => return Err(format!("unknown mode {other}")),
     };
-    let cache = Cache::with_mode(
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let controller = Controller::new(
         kube::Api::<ConfigMap>::namespaced(client, NS),
         watcher::Config::default().labels(SELECTOR),
-        mode,
     )
-    .standby(standby);
-    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    .cache_mode(mode)
+    .standby(standby)
+    .graceful_shutdown_on(async move {
+        sigterm.recv().await;
+    });
     event("READY", identity);
     if mode == CacheMode::Warm {
-        let (cache, identity) = (cache.clone(), identity.to_owned());
+        let (status, identity) = (controller.status(), identity.to_owned());
         tokio::spawn(async move {
             // With a standby, ready once every object is parked for the grant.
-            while cache.state() != CacheState::Warm || (standby && !cache.standby_ready()) {
+            while status.state() != CacheState::Warm || (standby && !status.standby_ready()) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             event("WARM", &identity);
         });
     }
-    elector
-        .run_until(
-            async move {
-                sigterm.recv().await;
-            },
-            |term| {
-                let cache = cache.clone();
-                let identity = identity.to_owned();
-                async move {
-                    event("GRANT", &identity);
-                    let ctx = Arc::new(TermCtx {
-                        identity,
-                        expect,
-                        first: AtomicBool::new(false),
-                        seen: Mutex::new(HashSet::new()),
-                        all: AtomicBool::new(false),
-                    });
-                    cache
-                        .run(&term, reconcile, |_, _, _| Action::await_change(), ctx)
-                        .for_each(|r| {
-                            if let Err(e) = r {
-                                eprintln!("controller: {e}");
-                            }
-                            async {}
-                        })
-                        .await;
-                }
-            },
-        )
-        .await
-        .map(|_returned_or_stopped| ())
-        .map_err(|e| e.to_string())
+    let who = identity.to_owned();
+    let context = per_term(move |_| {
+        event("GRANT", &who);
+        Arc::new(TermCtx {
+            identity: who.clone(),
+            expect,
+            first: AtomicBool::new(false),
+            seen: Mutex::new(HashSet::new()),
+            all: AtomicBool::new(false),
+        })
+    });
+    let mut failed = None;
+    let mut results = std::pin::pin!(controller.run(
+        &elector,
+        reconcile,
+        |_, _, _| Action::await_change(),
+        context
+    ));
+    while let Some(r) = results.next().await {
+        match r {
+            Err(kube::runtime::controller::Error::QueueError(e)) => failed = Some(e.to_string()),
+            Err(e) => eprintln!("controller: {e}"),
+            Ok(_) => {}
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// The four configurations.
@@ -233,9 +230,9 @@ const KINDS: [Kind; 5] = [
 impl Kind {
     fn label(self) -> &'static str {
         match self {
-            Kind::TenureWarm => "tenure Cache, warm (standby)",
-            Kind::TenureQueued => "tenure Cache, warm, no standby",
-            Kind::TenureCold => "tenure Cache, cold",
+            Kind::TenureWarm => "tenure Controller, warm (standby)",
+            Kind::TenureQueued => "tenure Controller, warm, no standby",
+            Kind::TenureCold => "tenure Controller, cold",
             Kind::CrWarm => "controller-runtime 0.24.1, EnableWarmup",
             Kind::CrCold => "controller-runtime 0.24.1, no warm-up",
         }

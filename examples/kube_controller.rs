@@ -2,8 +2,10 @@
 //! cache, lets reconciles in flight finish at a hand-off, and fences every write.
 //!
 //! It reconciles ConfigMaps labelled `app=tenure-demo` by recording this replica's identity
-//! in them. `tenure::controller::Cache` watches them from the start on every replica, so a
-//! follower that wins reconciles at once, without listing anything. Every write goes through
+//! in them. `tenure::controller::Controller` watches them from the start on every replica, so
+//! a follower that wins reconciles at once, without listing anything; a `Replica` runs an
+//! always-on part beside it (the controller's `runner` takes the terms the replica's election
+//! gives it). Every write goes through
 //! `tenure::fence::kube::FencedApi`: it carries the term's fencing token (the API server's
 //! fencing policy, `tenure policy`, refuses it once a newer term exists, on every object),
 //! stamps it on the object (`tenure.dev/fencing-token`), and is not sent once the term has
@@ -27,7 +29,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::watcher;
 use tenure::Locker;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
-use tenure::controller::{Cache, Replica};
+use tenure::controller::{Controller, Replica, per_term};
 use tenure::election::{ElectionConfig, LeaderElector};
 use tenure::fence::kube::{FenceError, FencedApi, Fencer};
 
@@ -87,11 +89,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         "tenure-demo-controller",
         ElectionConfig::new(),
     )?;
+    // Each term's context: its fenced ConfigMaps (every write carries the term's token).
+    let ns = namespace.clone();
+    let context = per_term(move |term| {
+        println!(
+            "{} leads with fencing token {}",
+            term.identity(),
+            term.fencing_token()
+        );
+        let ctx = Arc::new(Ctx {
+            api: fencer.namespaced(term, &ns),
+            identity: term.identity().to_owned(),
+            stamped: AtomicU64::new(0),
+        });
+        // A side task of the term: aborted when the term ends, before the lease is released
+        // (a `tokio::spawn`ed one would report on into the next term).
+        let progress = ctx.clone();
+        term.spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(10));
+            loop {
+                every.tick().await;
+                let n = progress.stamped.load(Ordering::Relaxed);
+                println!("{}: {n} objects stamped this term", progress.identity);
+            }
+        });
+        ctx
+    });
     // Watched from now on, on every replica: warm when this one wins.
-    let cache = Cache::new(
+    let controller = Controller::new(
         Api::<ConfigMap>::namespaced(client, &namespace),
         watcher::Config::default().labels("app=tenure-demo"),
     );
+    let status = controller.status();
+    let runner = controller.runner(reconcile, error_policy, context);
 
     let stop = async {
         match std::env::var("DEMO_SECONDS")
@@ -118,50 +148,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             }
         }
     };
-    let cached = cache.clone();
     Replica::new(elector)
         // Runs on every replica, leader or not, through hand-offs.
         .always("cache report", move |stop| async move {
             let mut every = tokio::time::interval(Duration::from_secs(10));
             while stop.run_until_cancelled(every.tick()).await.is_some() {
-                let n = cached.store().map_or(0, |s| s.state().len());
-                println!("{n} objects cached ({:?})", cached.state());
+                let n = status.store().map_or(0, |s| s.state().len());
+                println!("{n} objects cached ({:?})", status.state());
             }
             Ok(())
         })
-        // Runs only while leading.
-        .run_until(stop, |term| {
-            let (cache, fencer, namespace) = (cache.clone(), fencer.clone(), namespace.clone());
-            async move {
-                println!(
-                    "{} leads with fencing token {}",
-                    term.identity(),
-                    term.fencing_token()
-                );
-                let ctx = Arc::new(Ctx {
-                    api: fencer.namespaced(&term, &namespace),
-                    identity: term.identity().to_owned(),
-                    stamped: AtomicU64::new(0),
-                });
-                // A side task of the term: aborted when the term ends, before the lease is
-                // released (a `tokio::spawn`ed one would report on into the next term).
-                let progress = ctx.clone();
-                term.spawn(async move {
-                    let mut every = tokio::time::interval(Duration::from_secs(10));
-                    loop {
-                        every.tick().await;
-                        let n = progress.stamped.load(Ordering::Relaxed);
-                        println!("{}: {n} objects stamped this term", progress.identity);
-                    }
-                });
-                // Until the term ends; then reconciles in flight finish, and only then is
-                // the lease released.
-                cache
-                    .run(&term, reconcile, error_policy, ctx)
-                    .for_each(|_| async {})
-                    .await;
-            }
-        })
+        // Runs only while leading: until the term ends; then reconciles in flight finish, and
+        // only then is the lease released.
+        .run_until(stop, |term| runner.term(&term).for_each(|_| async {}))
         .await?;
     Ok(())
 }

@@ -20,7 +20,7 @@ use kube::runtime::watcher;
 use kube_support::{Launch, Server, free_port, fresh_dir, unique};
 use tenure::Locker;
 use tenure::backend::kube::{KubeBackend, KubeOptions};
-use tenure::controller::{Cache, CacheMode, ControllerError, Replica};
+use tenure::controller::{CacheMode, Controller, ControllerError, Replica};
 use tenure::election::{ElectionError, LeaderElector};
 
 const CHILD_KUBECONFIG: &str = "TENURE_CTRL_KUBECONFIG";
@@ -119,10 +119,22 @@ async fn candidate() -> bool {
     } else {
         CacheMode::Warm
     };
-    let cache = Cache::with_mode(
+    let ctx = Arc::new(Ctx {
+        identity: identity.clone(),
+        log: log.clone(),
+    });
+    // Started here (the watch warm from now on); reconciling during the terms the Replica's
+    // election gives it.
+    let controller = Controller::new(
         Api::<ConfigMap>::namespaced(client, &ns),
         watcher::Config::default().labels(LABEL),
-        mode,
+    )
+    .cache_mode(mode);
+    let status = controller.status();
+    let runner = controller.runner(
+        reconcile,
+        |_, _, _| Action::requeue(Duration::from_secs(1)),
+        ctx,
     );
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("port")))
         .await
@@ -130,12 +142,8 @@ async fn candidate() -> bool {
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm");
     let warm_log = log.clone();
-    let (warm_cache, warm_id) = (cache.clone(), identity.clone());
+    let warm_id = identity.clone();
     let answer = identity.clone();
-    let ctx = Arc::new(Ctx {
-        identity: identity.clone(),
-        log: log.clone(),
-    });
     let out = Replica::new(elector)
         .always("identity endpoint", move |stop| async move {
             use tokio::io::AsyncWriteExt;
@@ -152,7 +160,7 @@ async fn candidate() -> bool {
         })
         .always("warm reporter", move |stop| async move {
             // Reports once the warm cache has listed: the parent waits for it.
-            while warm_cache.state() != tenure::controller::CacheState::Warm {
+            while status.state() != tenure::controller::CacheState::Warm {
                 tokio::select! {
                     () = stop.cancelled() => return Ok(()),
                     () = tokio::time::sleep(Duration::from_millis(20)) => {}
@@ -166,7 +174,7 @@ async fn candidate() -> bool {
                 sigterm.recv().await;
             },
             |term| {
-                let (cache, ctx, log) = (cache.clone(), ctx.clone(), log.clone());
+                let (runner, log) = (runner.clone(), log.clone());
                 async move {
                     append(
                         &log,
@@ -177,13 +185,8 @@ async fn candidate() -> bool {
                             unix_ns()
                         ),
                     );
-                    cache
-                        .run(
-                            &term,
-                            reconcile,
-                            |_, _, _| Action::requeue(Duration::from_secs(1)),
-                            ctx,
-                        )
+                    runner
+                        .term(&term)
                         .for_each(|r| {
                             if let Err(e) = r {
                                 eprintln!("controller: {e}");
@@ -514,45 +517,43 @@ async fn a_refused_watch_ends_the_term_with_an_error_instead_of_a_silent_followe
     )
     .expect("elector");
     // Secrets: the participant has no rights on them.
-    let cache = Cache::new(
+    let controller = Controller::new(
         Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client, &ns),
         watcher::Config::default(),
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !matches!(
-        cache.state(),
-        tenure::controller::CacheState::Failing { refused: true, .. }
-    ) {
-        assert!(std::time::Instant::now() < deadline, "{:?}", cache.state());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let first = tokio::time::timeout(
+    let status = controller.status();
+    let items: Vec<_> = tokio::time::timeout(
         Duration::from_secs(30),
-        elector.run(|term| {
-            let cache = cache.clone();
-            async move {
-                let mut items = std::pin::pin!(cache.run(
-                    &term,
-                    |_, _: Arc<()>| async { Ok::<_, Never>(Action::await_change()) },
-                    |_, _, _| Action::await_change(),
-                    Arc::new(()),
-                ));
-                items.next().await
-            }
-        }),
+        controller
+            .run(
+                &elector,
+                |_, _: Arc<()>| async { Ok::<_, Never>(Action::await_change()) },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            )
+            .collect(),
     )
     .await
-    .expect("the term does not hang on a refused watch")
-    .expect("ran");
+    .expect("the run does not hang on a refused watch");
     assert!(
         matches!(
-            first,
+            items.first(),
             Some(Err(kube::runtime::controller::Error::QueueError(
                 ControllerError::Refused { .. }
             )))
         ),
-        "{first:?}"
+        "{items:?}"
     );
+    assert_eq!(items.len(), 1, "the run ends with the refusal: {items:?}");
+    assert!(
+        matches!(
+            status.state(),
+            tenure::controller::CacheState::Failing { refused: true, .. }
+        ),
+        "{:?}",
+        status.state()
+    );
+    assert!(!elector.is_leader(), "the lease was released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -575,33 +576,31 @@ async fn a_panicking_reconcile_ends_the_term_and_surfaces_from_run() {
         safety::config(),
     )
     .expect("elector");
-    let cache = Cache::new(api, watcher::Config::default());
-    let result = tokio::time::timeout(
+    let items: Vec<_> = tokio::time::timeout(
         Duration::from_secs(30),
-        elector.run(|term| {
-            let cache = cache.clone();
-            async move {
-                cache
-                    .run(
-                        &term,
-                        |_, _: Arc<()>| async {
-                            panic!("reconcile bug");
-                            #[allow(unreachable_code)]
-                            Ok::<_, Never>(Action::await_change())
-                        },
-                        |_, _, _| Action::await_change(),
-                        Arc::new(()),
-                    )
-                    .for_each(|_| async {})
-                    .await
-            }
-        }),
+        Controller::new(api, watcher::Config::default())
+            .run(
+                &elector,
+                |_, _: Arc<()>| async {
+                    panic!("reconcile bug");
+                    #[allow(unreachable_code)]
+                    Ok::<_, Never>(Action::await_change())
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            )
+            .collect(),
     )
     .await
     .expect("a panic does not hang the term");
     assert!(
-        matches!(&result, Err(ElectionError::WorkloadPanicked { message }) if message.contains("reconcile bug")),
-        "{result:?}"
+        matches!(
+            items.last(),
+            Some(Err(kube::runtime::controller::Error::QueueError(
+                ControllerError::Election(ElectionError::WorkloadPanicked { message })
+            ))) if message.contains("reconcile bug")
+        ),
+        "{items:?}"
     );
     assert!(!elector.is_leader());
 }
@@ -637,58 +636,40 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
             safety::config(),
         )
         .expect("elector");
-        let cache = Cache::new(api.clone(), watcher::Config::default());
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let seen = seen.clone();
         let s = sharded.clone();
-        let controller = tokio::spawn({
-            let mut stopped = stopped.clone();
-            async move {
-                cache
-                    .run_sharded(
-                        &s,
-                        async move {
-                            let _ = stopped.wait_for(|v| *v).await;
-                        },
-                        move |cm: Arc<ConfigMap>, term, shards: Arc<ShardedElector>| {
-                            let seen = seen.clone();
-                            async move {
-                                let key = tenure::controller::object_key(&*cm);
-                                let shard = shard_of(&key, SHARDS);
-                                let owned = shards.term(shard).is_some_and(|t| {
-                                    t.fencing_token() == term.fencing_token() && t.is_valid()
-                                });
-                                seen.lock().expect("not poisoned").push((
-                                    who.to_owned(),
-                                    key,
-                                    owned,
-                                ));
-                                Ok::<_, Never>(Action::await_change())
-                            }
-                        },
-                        |_, _, _| Action::await_change(),
-                        Arc::new(s.clone()),
-                    )
-                    .for_each(|_| async {})
-                    .await;
-            }
+        let mut stopped = stopped.clone();
+        // The shard's term reaches the reconcile through the context, as in single mode.
+        let context = tenure::controller::per_term(move |term| {
+            Arc::new((term.clone(), s.clone(), seen.clone()))
         });
-        let mut stopped = stopped;
-        let elector = sharded.clone();
-        let run = tokio::spawn(async move {
-            elector
-                .run_until(
-                    async move {
-                        let _ = stopped.wait_for(|v| *v).await;
-                    },
-                    |_, term| async move { term.cancellation().cancelled().await },
-                )
-                .await
-        });
-        (sharded, stop, controller, run)
+        let controller = Controller::new(api.clone(), watcher::Config::default())
+            .graceful_shutdown_on(async move {
+                let _ = stopped.wait_for(|v| *v).await;
+            })
+            .run_sharded(
+                &sharded,
+                move |cm: Arc<ConfigMap>, ctx: Arc<(tenure::Term, ShardedElector, Seen)>| async move {
+                    let (term, shards, seen) = &*ctx;
+                    let key = tenure::controller::object_key(&*cm);
+                    let shard = shard_of(&key, SHARDS);
+                    let owned = shards.term(shard).is_some_and(|t| {
+                        t.fencing_token() == term.fencing_token() && t.is_valid()
+                    });
+                    seen.lock()
+                        .expect("not poisoned")
+                        .push((who.to_owned(), key, owned));
+                    Ok::<_, Never>(Action::await_change())
+                },
+                |_, _, _| Action::await_change(),
+                context,
+            );
+        let run = tokio::spawn(controller.collect::<Vec<_>>());
+        (sharded, stop, run)
     };
-    let (a, _stop_a, _ctrl_a, _run_a) = replica("shard-a");
-    let (b, stop_b, ctrl_b, run_b) = replica("shard-b");
+    let (a, _stop_a, _run_a) = replica("shard-a");
+    let (b, stop_b, run_b) = replica("shard-b");
     let all = |who: &str, seen: &Seen| -> usize {
         let s = seen.lock().expect("not poisoned");
         let keys: std::collections::BTreeSet<&String> = s
@@ -713,8 +694,11 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
     // b leaves gracefully: a reconciles b's objects at once, from its warm store.
     let left = std::time::Instant::now();
     stop_b.send_replace(true);
-    run_b.await.expect("joined").expect("b left");
-    ctrl_b.await.expect("joined");
+    let items = run_b.await.expect("joined");
+    assert!(
+        items.iter().all(Result::is_ok),
+        "b left without an error: {items:?}"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while all("shard-a", &seen) < OBJECTS {
         assert!(
@@ -759,7 +743,20 @@ async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_ag
             .await
             .expect("configmap");
     }
-    let cache = Cache::new(api.clone(), watcher::Config::default());
+    // One shared record of (name, version seen), cleared at each term's start.
+    let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let runner = Controller::new(api.clone(), watcher::Config::default()).runner(
+        move |cm: Arc<ConfigMap>, seen: Arc<Mutex<Vec<(String, String)>>>| async move {
+            let name = cm.metadata.name.clone().unwrap_or_default();
+            seen.lock()
+                .expect("not poisoned")
+                .push((name, version(&cm)));
+            Ok::<_, Never>(Action::await_change())
+        },
+        |_, _, _| Action::await_change(),
+        seen.clone(),
+    );
+    let status = runner.status().clone();
     let until = |what: &'static str, ok: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while !ok() {
@@ -767,7 +764,7 @@ async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_ag
             std::thread::sleep(Duration::from_millis(10));
         }
     };
-    until("the standby is ready", &|| cache.standby_ready());
+    until("the standby is ready", &|| status.standby_ready());
 
     // While it stands by: five objects change, one is deleted, one is created.
     let changed: BTreeSet<String> = (1..6).map(|i| format!("obj-{i}")).collect();
@@ -786,7 +783,7 @@ async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_ag
     api.create(&PostParams::default(), &put("obj-new".into(), "1"))
         .await
         .expect("create");
-    let store = cache.store().expect("warm");
+    let store = status.store().expect("warm");
     until("the store sees the changes", &|| {
         let get =
             |name: &str| store.get(&kube::runtime::reflector::ObjectRef::new(name).within(&ns));
@@ -796,7 +793,7 @@ async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_ag
                 .iter()
                 .all(|n| get(n).is_some_and(|cm| version(&cm) == "1"))
     });
-    assert!(cache.standby_ready());
+    assert!(status.standby_ready());
 
     let elector = LeaderElector::new(
         Locker::with_identity(MemoryBackend::new(), "standby").expect("identity"),
@@ -806,23 +803,13 @@ async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_ag
     .expect("elector");
     // One term: every live object reconciled; returns (name, version seen) in order.
     let term = || {
-        let cache = cache.clone();
+        let (runner, seen) = (runner.clone(), seen.clone());
         elector.run(move |term| {
-            let cache = cache.clone();
+            let (runner, seen) = (runner.clone(), seen.clone());
             async move {
-                let seen: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
-                let mut items =
-                    std::pin::pin!(cache.run(
-                &term,
-                move |cm: Arc<ConfigMap>, seen: Arc<Mutex<Vec<(String, String)>>>| async move {
-                    let name = cm.metadata.name.clone().unwrap_or_default();
-                    seen.lock().expect("not poisoned").push((name, version(&cm)));
-                    Ok::<_, Never>(Action::await_change())
-                },
-                |_, _, _| Action::await_change(),
-                seen.clone(),
-            ));
-                let taken = cache.standby_ready();
+                seen.lock().expect("not poisoned").clear();
+                let mut items = std::pin::pin!(runner.term(&term));
+                let taken = runner.status().standby_ready();
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 loop {
                     let distinct: BTreeSet<String> = seen
@@ -867,7 +854,7 @@ async fn a_standby_reconciles_each_object_as_it_is_at_the_grant_and_stands_by_ag
         );
     }
 
-    until("the next standby is ready", &|| cache.standby_ready());
+    until("the next standby is ready", &|| status.standby_ready());
     let (second, _) = tokio::time::timeout(Duration::from_secs(60), term())
         .await
         .expect("term 2")

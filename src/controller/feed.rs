@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::{FutureExt, Stream, StreamExt};
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::controller::{Action, ReconcileRequest};
+use kube::runtime::controller::{Action, ReconcileReason, ReconcileRequest};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::runtime::{WatchStreamExt, reflector::store::Writer};
@@ -16,10 +16,11 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 
 use super::ControllerError;
+use super::triggers::Trigger;
 
 /// Changes held for a term's queue while it catches up; a queue further behind resyncs from
 /// the store instead (every object is reconciled again, nothing is missed).
-const CHANGES_BUFFER: usize = 4096;
+pub(super) const CHANGES_BUFFER: usize = 4096;
 
 /// How the cache's watch is doing, as [`Cache::state`](super::Cache::state) reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,10 +159,13 @@ fn is_refusal(e: &watcher::Error) -> bool {
     matches!(client, kube::Error::Api(status) if matches!(status.code, 401 | 403 | 404))
 }
 
-/// The reconcile requests over `running`: once `ready` (the store is current), every object,
-/// then each change, until `until` completes; `ready`'s error instead, as the only item.
+/// The reconcile requests over `running` and `triggers`: once `ready` (the store is current),
+/// every object, then each change of the primary kind and each trigger (an owned or watched
+/// object's change, `reconcile_all_on`, `reconcile_on`), until `until` completes; `ready`'s
+/// error instead, as the only item.
 pub(super) fn requests<K>(
     running: Running<K>,
+    triggers: broadcast::Sender<Trigger<K>>,
     ready: impl Future<Output = Result<(), ControllerError>> + Send + 'static,
     until: impl Future<Output = ()> + Send + 'static,
 ) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send
@@ -170,47 +174,134 @@ where
 {
     // Subscribed before the snapshot is read, so no change between the two is lost (one seen
     // twice is reconciled once: the applier's scheduler merges requests for one object).
-    let changes = running.changes.subscribe();
+    let live = Live::new(&running, &triggers);
     let store = running.store.clone();
     futures::stream::once(ready)
         .flat_map(move |ready| -> futures::stream::BoxStream<'static, _> {
             match ready {
                 Err(e) => Box::pin(futures::stream::iter([Err(e)])),
                 Ok(()) => {
-                    let all: Vec<ObjectRef<K>> = store
-                        .state()
-                        .iter()
-                        .map(|o| ObjectRef::from_obj(&**o))
-                        .collect();
-                    let store = store.clone();
-                    let live = futures::stream::unfold(changes.resubscribe(), move |mut rx| {
-                        let store = store.clone();
-                        async move {
-                            match rx.recv().await {
-                                Ok(r) => Some((vec![r], rx)),
-                                // Behind by more than the buffer: request everything again.
-                                Err(broadcast::error::RecvError::Lagged(_)) => {
-                                    let all = store
-                                        .state()
-                                        .iter()
-                                        .map(|o| ObjectRef::from_obj(&**o))
-                                        .collect();
-                                    Some((all, rx))
-                                }
-                                Err(broadcast::error::RecvError::Closed) => None,
-                            }
-                        }
-                    })
-                    .flat_map(futures::stream::iter);
+                    let all = every_object(&store, &ReconcileReason::ObjectUpdated);
+                    let live = live.resubscribe();
                     Box::pin(
                         paced(all)
-                            .chain(live)
-                            .map(|r| Ok(ReconcileRequest::from(r))),
+                            .chain(
+                                futures::stream::unfold(live, |mut live| async move {
+                                    live.next().await.map(|requests| (requests, live))
+                                })
+                                .flat_map(futures::stream::iter),
+                            )
+                            .map(Ok),
                     )
                 }
             }
         })
         .take_until(until)
+}
+
+/// A request for every object in `store`, for `reason`.
+pub(super) fn every_object<K>(
+    store: &Store<K>,
+    reason: &ReconcileReason,
+) -> Vec<ReconcileRequest<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .state()
+        .iter()
+        .map(|o| ReconcileRequest {
+            obj_ref: ObjectRef::from_obj(&**o),
+            reason: reason.clone(),
+        })
+        .collect()
+}
+
+/// The live half of a queue: the primary kind's changes and the triggers, each until its
+/// sender is gone.
+pub(super) struct Live<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    changes: Option<broadcast::Receiver<ObjectRef<K>>>,
+    triggers: Option<broadcast::Receiver<Trigger<K>>>,
+    store: Store<K>,
+}
+
+impl<K> Live<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    pub(super) fn new(running: &Running<K>, triggers: &broadcast::Sender<Trigger<K>>) -> Self {
+        Self {
+            changes: Some(running.changes.subscribe()),
+            triggers: Some(triggers.subscribe()),
+            store: running.store.clone(),
+        }
+    }
+
+    /// The same channels, from where these are now (for a stream built from a closure that
+    /// may run more than once).
+    fn resubscribe(&self) -> Self {
+        Self {
+            changes: self.changes.as_ref().map(broadcast::Receiver::resubscribe),
+            triggers: self.triggers.as_ref().map(broadcast::Receiver::resubscribe),
+            store: self.store.clone(),
+        }
+    }
+
+    /// The next requests: one for a change or trigger, every object for `reconcile_all_on` or
+    /// after falling more than the buffer behind; `None` once both channels are closed.
+    ///
+    /// Cancel safe: a request received is returned by the call that received it.
+    pub(super) async fn next(&mut self) -> Option<Vec<ReconcileRequest<K>>> {
+        use broadcast::error::RecvError;
+        loop {
+            let got = tokio::select! {
+                got = recv(self.changes.as_mut()) => match got {
+                    Ok(r) => Ok(vec![ReconcileRequest::from(r)]),
+                    Err(RecvError::Closed) => Err(Closed::Changes),
+                    Err(RecvError::Lagged(_)) => Ok(self.lagged()),
+                },
+                got = recv(self.triggers.as_mut()) => match got {
+                    Ok(Trigger::One(r)) => Ok(vec![r]),
+                    Ok(Trigger::All) => {
+                        Ok(every_object(&self.store, &ReconcileReason::BulkReconcile))
+                    }
+                    Err(RecvError::Closed) => Err(Closed::Triggers),
+                    Err(RecvError::Lagged(_)) => Ok(self.lagged()),
+                },
+            };
+            match got {
+                Ok(requests) => return Some(requests),
+                Err(Closed::Changes) => self.changes = None,
+                Err(Closed::Triggers) => self.triggers = None,
+            }
+            if self.changes.is_none() && self.triggers.is_none() {
+                return None;
+            }
+        }
+    }
+
+    /// Behind by more than the buffer: every object again, so nothing is missed.
+    fn lagged(&self) -> Vec<ReconcileRequest<K>> {
+        every_object(&self.store, &ReconcileReason::BulkReconcile)
+    }
+}
+
+enum Closed {
+    Changes,
+    Triggers,
+}
+
+/// Receives from `rx`, or waits for ever without one (a closed channel already taken out).
+async fn recv<T: Clone>(
+    rx: Option<&mut broadcast::Receiver<T>>,
+) -> Result<T, broadcast::error::RecvError> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// How many requests of a snapshot are queued before the queue lets others run.

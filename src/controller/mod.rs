@@ -28,18 +28,24 @@
 //! holds — plus, while no term runs, nothing else: changes are dropped for lack of a reader.
 //! `benches/kube_controller.rs` measures it against cold mode.
 
+mod builder;
 mod cache;
+mod context;
 mod feed;
 mod replica;
 mod sharded;
 mod standby;
+mod triggers;
 
-pub use cache::{Cache, CacheMode};
+pub use builder::{Controller, RunItem, Runner, Status};
+pub use cache::CacheMode;
+pub use context::{PerTerm, TermContext, per_term};
 pub use feed::CacheState;
 pub use replica::{PartError, Replica};
 pub use sharded::object_key;
 
 use crate::election::ElectionError;
+use crate::shard::ShardError;
 
 /// Why a term's controller could not start, as the first item of [`Cache::run`]'s stream.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +69,13 @@ pub enum ControllerError {
     /// The cache's watch stopped (its last handle was dropped).
     #[error("the cache's watch stopped")]
     WatchStopped,
+    /// The election ended ([`Controller::run`]): a lost term without `rejoin`, a store that
+    /// refuses it for good, or a reconcile's panic; the run ends with it.
+    #[error("the election ended: {0}")]
+    Election(#[source] ElectionError),
+    /// The sharded election ended ([`Controller::run_sharded`]).
+    #[error("the sharded election ended: {0}")]
+    Sharded(#[source] ShardError),
 }
 
 /// Why [`Replica::run_until`] failed.
