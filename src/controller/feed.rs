@@ -22,7 +22,8 @@ use super::triggers::Trigger;
 /// the store instead (every object is reconciled again, nothing is missed).
 pub(super) const CHANGES_BUFFER: usize = 4096;
 
-/// How the cache's watch is doing, as [`Cache::state`](super::Cache::state) reports it.
+/// How the controller's primary watch is doing, as [`Status::state`](super::Status::state)
+/// reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CacheState {

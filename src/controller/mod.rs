@@ -1,32 +1,43 @@
-//! kube-runtime controllers under leadership (feature `kube`): caches kept warm on followers,
-//! reconciles that finish when a term ends, and always-on parts beside the leader-only one.
+//! kube-runtime controllers under leadership (feature `kube`): [`Controller`], kube-runtime's
+//! builder with the same methods, reconciler and error policy, which reconciles only during
+//! this replica's terms, with every watched kind kept warm on followers; and [`Replica`] for
+//! always-on parts beside it.
 //!
 //! An operator built on [`LeaderElector::run`](crate::LeaderElector::run) alone builds a new
 //! kube-runtime `Controller` every term: the new leader lists and watches everything before
 //! its first reconcile, so a takeover grows with the number of objects, and cutting the
-//! controller off at the term's end aborts reconciles in flight. This module fixes both:
+//! controller off at the term's end aborts reconciles in flight. [`Controller`] fixes both:
 //!
-//! - [`Cache`] watches one kind from the moment the process starts, on every replica, and
-//!   keeps a kube-runtime reflector store current. [`Cache::run`] reconciles from that store
-//!   with kube-runtime's `applier` for as long as a term lasts: a new leader reconciles every
-//!   object at once, without a list request. [`CacheMode::Cold`] starts the watch per term
-//!   instead, for memory-tight deployments.
-//! - When the term ends, no new reconcile starts and the ones in flight finish (kube-runtime's
+//! - its watches — the primary kind's store, and the owned and watched kinds' triggers — run
+//!   on every replica from the start of [`Controller::run`], and a follower keeps the next
+//!   term's controller ready with every object parked for the grant: a new leader reconciles
+//!   at once, without a list request. [`CacheMode::Cold`] starts the primary watch per term
+//!   instead, for memory-tight deployments;
+//! - when the term ends, no new reconcile starts and the ones in flight finish (kube-runtime's
 //!   graceful shutdown) before the elector releases the lease; the elector's stop deadline
-//!   still bounds a reconcile that hangs.
-//! - [`Cache::run_sharded`] does the same under sharded leadership ([`crate::shard`]): one
-//!   applier per replica, fed the objects of the shards held here, each reconcile a task of
-//!   its shard's term; when a shard moves here its objects are reconciled at once from the
-//!   warm store.
-//! - [`Replica`] runs always-on parts (webhooks, metrics, a status reader) on every replica
-//!   beside the leader-only part, with one shutdown: leadership is handed over first, then
-//!   the always-on parts stop.
+//!   still bounds a reconcile that hangs;
+//! - each term's reconciles can get a context made for the term ([`per_term`]): its fenced
+//!   clients ([`crate::fence::kube::FencedApi`]), its fencing token;
+//! - [`Controller::run_sharded`] does the same under sharded leadership ([`crate::shard`]):
+//!   one applier per replica, fed the objects of the shards held here, each reconcile a task
+//!   of its shard's term; when a shard moves here its objects are reconciled at once from the
+//!   warm store;
+//! - [`Controller::runner`] starts it for an election loop of your own, and [`Replica`] runs
+//!   always-on parts (webhooks, metrics, a status reader) on every replica beside the
+//!   leader-only part, with one shutdown: leadership is handed over first, then the always-on
+//!   parts stop.
+//!
+//! # Porting a kube-rs controller
+//!
+//! Change the `Controller` import to `tenure::controller::Controller`, make a
+//! [`LeaderElector`](crate::LeaderElector), and pass it to `run`; see `docs/operator.md` and
+//! `examples/configmapgen.rs` (kube-rs's `configmapgen_controller`, ported).
 //!
 //! # What a warm cache costs a follower
 //!
-//! One watch connection per cache and the store's objects in memory — the same as the leader
-//! holds — plus, while no term runs, nothing else: changes are dropped for lack of a reader.
-//! `benches/kube_controller.rs` measures it against cold mode.
+//! One watch connection per watched kind and the primary store's objects in memory — the
+//! same as the leader holds — plus the standby's parked reconciles (one per slot of the
+//! applier's concurrency). `benches/kube_controller.rs` measures it against cold mode.
 
 mod builder;
 mod cache;
@@ -47,7 +58,8 @@ pub use sharded::object_key;
 use crate::election::ElectionError;
 use crate::shard::ShardError;
 
-/// Why a term's controller could not start, as the first item of [`Cache::run`]'s stream.
+/// Why a term's controller could not run, or the run ended: [`Controller::run`]'s queue error
+/// (where kube-runtime's `run` has its watch error).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ControllerError {
