@@ -28,7 +28,7 @@
 //! as this crate's doc tests):
 //!
 //! - `docs/singleton.md` — run a command as a singleton: `tenure run` and the Helm chart;
-//! - `docs/operator.md` — write an operator: [`Locker`], [`LeaderElector`], `Cache`;
+//! - `docs/operator.md` — write an operator: [`Locker`], [`LeaderElector`], `Controller`;
 //! - `docs/fencing.md` and `docs/fencing-kubernetes.md` — fence writes: SQL, Redis, the
 //!   Kubernetes API server;
 //! - `docs/sharding.md` — split work: sharded leadership.
