@@ -78,6 +78,9 @@
 
 #![deny(rustdoc::broken_intra_doc_links)]
 #![warn(missing_docs, missing_debug_implementations)]
+// docs.rs builds with `--cfg docsrs` on nightly: every feature-gated item then carries a badge
+// naming its feature. Each also says so in its own documentation, for other builds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]

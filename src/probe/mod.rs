@@ -147,7 +147,8 @@ enum Probed {
 }
 
 /// A metrics registry the application and the probe server share: the application keeps
-/// registering (and updating) its own metrics in it while `/metrics` serves them all.
+/// registering (and updating) its own metrics in it while `/metrics` serves them all. Needs
+/// the `metrics` feature.
 #[cfg(feature = "metrics")]
 pub type SharedRegistry = std::sync::Arc<std::sync::Mutex<prometheus_client::registry::Registry>>;
 
