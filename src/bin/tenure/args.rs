@@ -153,7 +153,11 @@ pub struct PolicyArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lease's name; every replica of one singleton uses the same name.
-    #[arg(long, value_name = "NAME")]
+    ///
+    /// Kubernetes' rule for object names on every backend (so a job moves between backends
+    /// unchanged): at most 253 lowercase letters, digits, '-' or '.', each '.'-separated part
+    /// starting and ending with a letter or digit. Example: --lease nightly-report
+    #[arg(long, value_name = "NAME", value_parser = parse_lease)]
     pub lease: String,
 
     #[command(flatten)]
@@ -312,6 +316,44 @@ pub fn one_line(rendered: &str, subcommand: Option<&str>) -> String {
     format!("{message} ({})", tips.join("; "))
 }
 
+/// `--lease`: one rule on every backend, Kubernetes' for object names (a DNS-1123 subdomain of
+/// at most 253 characters), so a job that runs on one backend runs on every other with the same
+/// name (Redis and the local backend take more, Kubernetes refuses the rest).
+pub fn parse_lease(s: &str) -> Result<String, String> {
+    if is_dns1123(s, 253, true) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a lease name: at most 253 lowercase letters, digits, '-' or '.', each '.'-separated part starting and ending with a letter or digit (Kubernetes' rule for object names, applied on every backend so a job moves between backends unchanged); e.g. {:?}",
+            suggest_lease(s)
+        ))
+    }
+}
+
+/// A lease name close to `s` that the rule accepts: lowercase, other characters as '-'.
+fn suggest_lease(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars().take(253) {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    let trimmed = out
+        .split('.')
+        .map(|p| p.trim_matches('-'))
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(".");
+    if trimmed.is_empty() {
+        "my-job".to_owned()
+    } else {
+        trimmed
+    }
+}
+
 /// `--election`: a Kubernetes object name (a DNS-1123 subdomain of at most 253 characters).
 pub fn parse_election(s: &str) -> Result<String, String> {
     if is_dns1123(s, 253, true) {
@@ -363,8 +405,8 @@ impl RunArgs {
 /// `tenure status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The lease's name.
-    #[arg(long, value_name = "NAME")]
+    /// The lease's name (the same rule as `tenure run --lease`).
+    #[arg(long, value_name = "NAME", value_parser = parse_lease)]
     pub lease: String,
 
     #[command(flatten)]
