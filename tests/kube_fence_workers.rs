@@ -545,24 +545,7 @@ fn a_signal_during_the_fence_proof_starts_no_command() {
     let policy = tenure::fence::kube::FencingPolicy::new(&ns, lease)
         .unwrap_or_else(|e| panic!("{e}"))
         .name();
-    rt.block_on(async {
-        fencing::uninstall(&policy).await;
-        // Gone once the API server admits the worker's write without a token.
-        let worker = shared().client_from(&worker_kubeconfig).await;
-        let cms: Api<ConfigMap> = Api::namespaced(worker, &ns);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while cms
-            .create(&PostParams::default(), &fencing::cm("unfenced", "x"))
-            .await
-            .is_err()
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the policy still refuses 30 s after its removal"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
+    rt.block_on(remove_policy(&policy, &worker_kubeconfig, &ns));
     let dir = kube_support::fresh_dir("fence-stop");
     let marker = dir.join("started");
     let kubeconfig = worker_kubeconfig.display().to_string();
@@ -599,4 +582,105 @@ fn a_signal_during_the_fence_proof_starts_no_command() {
     assert!(!log.contains("NOT enforced"), "a false verdict: {log}");
     assert!(log.contains("ended before its command started"), "{log}");
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{log}");
+}
+
+/// `--fence` refuses to run unfenced: without the RBAC to carry its token (no `impersonate`),
+/// or with no policy installed, the proof fails and the command never starts; tenure exits 8
+/// naming what is missing (it used to run the command, log two errors, and exit 0 having
+/// written nothing).
+#[test]
+fn a_fence_that_cannot_be_proven_starts_no_command_and_exits_8() {
+    let rt = runtime();
+    let lease = "fenced-closed";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-closed");
+    // A ServiceAccount that may lead (the Lease, Events) but not impersonate itself.
+    let bare = rt.block_on(async {
+        let admin = shared().admin().await;
+        apply(
+            &Api::<Role>::namespaced(admin.clone(), &ns),
+            "bare",
+            &obj(serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "bare"},
+                "rules": [
+                    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+                ]
+            })),
+        )
+        .await;
+        apply(
+            &Api::<RoleBinding>::namespaced(admin, &ns),
+            "bare",
+            &obj(serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "bare"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bare"},
+                "subjects": [{"kind": "ServiceAccount", "name": "bare", "namespace": ns}]
+            })),
+        )
+        .await;
+        fencing::service_account(&ns, "bare").await.1
+    });
+    let run = |kubeconfig: &Path, lease: &str, who: &str| {
+        let marker = dir.join(format!("{who}-started"));
+        let mut tenure = Tenure::start(
+            &cli_support::run_args(
+                lease,
+                &["--backend", "kube", "--namespace", &ns],
+                &["--identity", who, "--fence"],
+                vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!("touch {}; sleep 30", marker.display()),
+                ],
+            ),
+            &[("KUBECONFIG", &kubeconfig.display().to_string())],
+            dir.join(format!("{who}.err")),
+        );
+        let status = tenure.wait(Duration::from_secs(30));
+        (status, tenure.log(), marker.exists())
+    };
+    // No impersonation RBAC.
+    let (status, log, started) = run(&bare, "fenced-bare", "bare");
+    assert!(!started, "the command was started: {log}");
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains("the command was not started") && log.contains("impersonate"),
+        "{log}"
+    );
+    // The policy of this election removed: nothing refuses the lower token.
+    let policy = tenure::fence::kube::FencingPolicy::new(&ns, lease)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .name();
+    rt.block_on(remove_policy(&policy, &worker_kubeconfig, &ns));
+    let (status, log, started) = run(&worker_kubeconfig, lease, "worker");
+    assert!(!started, "the command was started: {log}");
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains(&format!("tenure-fencing.{ns}.{lease}")),
+        "{log}"
+    );
+}
+
+/// Removes the policy named `policy` and waits until the API server no longer enforces it:
+/// the worker's write without a token is admitted.
+async fn remove_policy(policy: &str, worker_kubeconfig: &Path, ns: &str) {
+    fencing::uninstall(policy).await;
+    let worker = shared().client_from(worker_kubeconfig).await;
+    let cms: Api<ConfigMap> = Api::namespaced(worker, ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while cms
+        .create(&PostParams::default(), &fencing::cm("unfenced", "x"))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the policy still refuses 30 s after its removal"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = cms.delete("unfenced", &Default::default()).await;
 }

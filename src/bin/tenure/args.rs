@@ -15,6 +15,8 @@ Exit codes:
   3        the lease was lost and --rejoin is off; the command was stopped
   4        the backend could not be used (unreachable, credentials, permissions)
   5        tenure policy --check: the fence is not enforced (the line says why and what to do)
+  6        --try / --timeout: the lease was not won in time (held elsewhere); CMD did not run
+  8        --fence: the term's fence could not be proven; CMD did not start
   126/127  the command could not be run / was not found
   128 + N  tenure stopped by signal N while it was not leading
 With --shards: 0 after SIGTERM or SIGINT (the copies' own exit codes are logged only).";
@@ -47,7 +49,7 @@ pub enum Command {
     ///
     /// Example: tenure run --lease mailer --shards 8 --backend kube -- ./mailer
     #[command(after_long_help = EXIT_CODES)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds a lease (with --shards, each shard's lease and the group's members).
     ///
     /// Example: tenure status --lease nightly-report --backend redis://127.0.0.1:6379
@@ -194,6 +196,18 @@ pub struct RunArgs {
     /// After losing the lease, campaign again and rerun the command instead of exiting.
     #[arg(long)]
     pub rejoin: bool,
+
+    /// Take the lease now or exit 6 without running the command: one campaign, ended as soon
+    /// as another holder is seen (or after --retry-period without an answer). For a job that
+    /// must not queue behind another replica's run. Like `consul lock -try`.
+    #[arg(long = "try", conflicts_with_all = ["timeout", "shards"])]
+    pub try_once: bool,
+
+    /// Give up waiting for the lease after DURATION: exit 6 without running the command if no
+    /// term began by then. Once a term began it is not cut short.
+    /// Example: --timeout 10m
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "shards")]
+    pub timeout: Option<Duration>,
 
     /// Serve GET /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090).
     #[arg(long, value_name = "ADDR", env = "TENURE_LISTEN")]
