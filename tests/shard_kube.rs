@@ -7,6 +7,7 @@ mod safety;
 mod shard_e2e;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 
@@ -88,6 +89,27 @@ async fn a_rolling_update_from_8_to_12_shards_never_runs_two_counts_at_once() {
 const THOUSAND: &str = "TENURE_SHARD_THOUSAND";
 const THOUSAND_SHARDS: u32 = 1000;
 
+/// The child's timings. This test is about open files, not throughput, so they leave the
+/// replica room to renew 1,000 leases on a loaded machine: at the defaults (a renewal every
+/// 5 s, each request bounded at 1 s including its wait for one of the backend's 32 slots) a
+/// burst of 1,000 renewals needs ~30 ms per request, and a debug build on two busy cores did
+/// not manage it — it lost and retook leases for 15 minutes without ever holding all 1,000.
+/// Here a lease renews every 15 s and a request may wait 5 s: up to ~160 ms per request.
+fn thousand_config() -> tenure::ElectionConfig {
+    tenure::ElectionConfig::new()
+        .lease_duration(Duration::from_secs(45))
+        .renew_deadline(Duration::from_secs(30))
+        .retry_period(Duration::from_secs(6))
+        .request_timeout(THOUSAND_REQUEST_TIMEOUT)
+}
+
+/// The request bound of the child's elector and backend.
+const THOUSAND_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the child may take to hold every shard and renew each lease twice before the test
+/// stops it and fails (with what it printed) rather than waiting forever.
+const THOUSAND_LIMIT: Duration = Duration::from_secs(300);
+
 /// Issue #26: a replica's load does not grow with its shards. One process holds 1,000 shard
 /// Leases under the default limit of 1,024 open files, with one watch for all of them and
 /// requests in flight bounded: its open files stay a small constant.
@@ -97,9 +119,13 @@ async fn a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit() 
         thousand_shards().await;
         return;
     }
-    let (_dir, env) = setting("thousand").await;
+    let (dir, env) = setting("thousand").await;
     let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
+    let (out_path, err_path) = (dir.join("child.out"), dir.join("child.err"));
+    let file = |p: &PathBuf| {
+        std::fs::File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()))
+    };
+    let mut child = std::process::Command::new(exe)
         .args([
             "a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit",
             "--exact",
@@ -107,15 +133,29 @@ async fn a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit() 
         ])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env(THOUSAND, "1")
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(file(&out_path))
+        .stderr(file(&err_path))
+        .spawn()
         .expect("child ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if started.elapsed() > THOUSAND_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let status = status.unwrap_or_else(|| {
+        panic!("the replica did not finish within {THOUSAND_LIMIT:?}:\n{stdout}\n{stderr}")
+    });
+    assert!(status.success(), "{status}\n{stdout}\n{stderr}");
     let line = stdout
         .lines()
         .find(|l| l.starts_with("THOUSAND "))
@@ -151,16 +191,17 @@ async fn thousand_shards() {
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .expect("config");
-    let backend = KubeBackend::from_config(config, KubeOptions::new().namespace(var(CHILD_NS)))
-        .expect("backend");
-    let locker = tenure::Locker::with_identity(backend, "solo").expect("identity");
-    let elector = tenure::shard::ShardedElector::new(
-        locker,
-        "thousand",
-        THOUSAND_SHARDS,
-        tenure::ElectionConfig::new(),
+    let backend = KubeBackend::from_config(
+        config,
+        KubeOptions::new()
+            .namespace(var(CHILD_NS))
+            .request_timeout(THOUSAND_REQUEST_TIMEOUT),
     )
-    .expect("elector");
+    .expect("backend");
+    let locker = tenure::Locker::with_identity(backend, "solo").expect("identity");
+    let elector =
+        tenure::shard::ShardedElector::new(locker, "thousand", THOUSAND_SHARDS, thousand_config())
+            .expect("elector");
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sampler = {
         let peak = peak.clone();
@@ -168,11 +209,22 @@ async fn thousand_shards() {
             loop {
                 let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
                 peak.fetch_max(open, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
     };
     let started = std::time::Instant::now();
+    // What a failure shows: how many shards the replica held as time went by.
+    let progress = {
+        let owned = elector.owned();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let held = owned.borrow().len();
+                println!("held {held} shards after {:?}", started.elapsed());
+            }
+        })
+    };
     let mut owned = elector.owned();
     let shutdown = async {
         let all = owned
@@ -180,8 +232,8 @@ async fn thousand_shards() {
             .await
             .is_ok();
         assert!(all, "the elector stopped before holding every shard");
-        // Two renewals of every lease at the default timings.
-        tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+        // Two renewals of every lease (one each lease_duration / 3), and a little more.
+        tokio::time::sleep(Duration::from_secs(33)).await;
     };
     let took = std::cell::Cell::new(None);
     let run = elector.run_until(shutdown, |_shard, _term| std::future::pending::<()>());
@@ -198,6 +250,7 @@ async fn thousand_shards() {
         () = watcher => unreachable!(),
     };
     sampler.abort();
+    progress.abort();
     result.expect("the group ran");
     println!(
         "THOUSAND owned={} peak_fds={} took_ms={}",
