@@ -1028,19 +1028,36 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
     }
 
     // status --shards: b holds every shard, with the token its copy got; b is the only member.
-    let (c, out, err) = run_to_end(
-        &[
-            "status",
-            "--lease",
-            "mail",
-            "--shards",
-            "4",
-            "--state-dir",
-            &s.state(),
-        ],
-        &[],
-    );
-    assert_eq!(c, 0, "{err}");
+    // b announces the shards it holds as soon as they change, but in a write of its own that
+    // can land after its copies started (their logs are what the wait above saw): poll until
+    // the membership shows all four.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let (c, out, err) = run_to_end(
+            &[
+                "status",
+                "--lease",
+                "mail",
+                "--shards",
+                "4",
+                "--state-dir",
+                &s.state(),
+            ],
+            &[],
+        );
+        assert_eq!(c, 0, "{err}");
+        if out
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b", "4", "0,1,2,3"])
+        {
+            break out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's membership never showed all four shards:\n{out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let r = running(&events(&log));
     for (shard, e) in &r {
         let row = out
@@ -1059,11 +1076,6 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
             "{out}"
         );
     }
-    assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b", "4", "0,1,2,3"]),
-        "{out}"
-    );
     assert!(
         out.contains("GROUP RECORD: 4 shards (generation 1)"),
         "{out}"
