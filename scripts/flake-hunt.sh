@@ -50,6 +50,9 @@ done
 out="${out:-$(mktemp -d /tmp/flake-hunt.XXXXXX)}"
 mkdir -p "$out"
 
+# What is under test: the commit, and whether the work tree differed from it, at build time.
+built_from="$(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes')"
+
 # Build once; cargo names each test executable on stderr.
 echo "== building ${targets[*]} (all features)"
 build_log="$out/build.log"
@@ -153,7 +156,7 @@ elapsed=$(( $(date +%s) - started ))
 stop_load
 
 {
-  echo "flake hunt: ${targets[*]} × $runs run(s), load: $([ "$load" = 1 ] && echo "$cores busy loop(s) on $cores core(s)" || echo none), $(date -u +%Y-%m-%dT%H:%M:%SZ), ${elapsed}s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "flake hunt: ${targets[*]} × $runs run(s), load: $([ "$load" = 1 ] && echo "$cores busy loop(s) on $cores core(s)" || echo none), $(date -u +%Y-%m-%dT%H:%M:%SZ), ${elapsed}s, built from $built_from"
   echo
   printf '%-16s %5s %5s %5s %6s\n' target runs ok fail tests
   printf '%s\n' "${table[@]}"
