@@ -1031,20 +1031,16 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
     // b announces the shards it holds as soon as they change, but in a write of its own that
     // can land after its copies started (their logs are what the wait above saw): poll until
     // the membership shows all four.
+    let state = s.state();
+    let mail_status = |extra: &[&str]| {
+        let mut args = vec!["status", "--lease", "mail", "--shards", "4"];
+        args.extend(["--state-dir", &state]);
+        args.extend(extra);
+        run_to_end(&args, &[])
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     let out = loop {
-        let (c, out, err) = run_to_end(
-            &[
-                "status",
-                "--lease",
-                "mail",
-                "--shards",
-                "4",
-                "--state-dir",
-                &s.state(),
-            ],
-            &[],
-        );
+        let (c, out, err) = mail_status(&[]);
         assert_eq!(c, 0, "{err}");
         if out
             .lines()
@@ -1085,20 +1081,7 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
     let status = b.wait(Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", b.log());
     assert!(running(&events(&log)).is_empty(), "{:?}", events(&log));
-    let (c, out, err) = run_to_end(
-        &[
-            "status",
-            "--lease",
-            "mail",
-            "--shards",
-            "4",
-            "--state-dir",
-            &s.state(),
-            "-o",
-            "json",
-        ],
-        &[],
-    );
+    let (c, out, err) = mail_status(&["-o", "json"]);
     assert_eq!(c, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let leases = v["shardLeases"].as_array().map_or(0, Vec::len);
