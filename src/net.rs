@@ -107,6 +107,7 @@ impl Acceptor {
 /// secret cannot push out the requests of one that has it.
 #[derive(Debug)]
 pub(crate) struct Open {
+    cap: usize,
     /// One permit per socket held: taken at admission, given back when the connection's
     /// [`Slot`] is dropped (after its socket is closed), so a closed connection's place is
     /// only reused once its descriptor is free.
@@ -126,10 +127,21 @@ struct Conns {
 impl Open {
     /// A cap of `cap` connections (at least 1).
     pub(crate) fn new(cap: usize) -> Self {
+        let cap = cap.clamp(1, Semaphore::MAX_PERMITS);
         Self {
-            permits: Arc::new(Semaphore::new(cap.clamp(1, Semaphore::MAX_PERMITS))),
+            cap,
+            permits: Arc::new(Semaphore::new(cap)),
             conns: Mutex::new(Conns::default()),
         }
+    }
+
+    /// How many connections hold a socket at most.
+    #[cfg_attr(
+        not(feature = "kube"),
+        allow(dead_code, reason = "only the fenced endpoint tells its cap")
+    )]
+    pub(crate) fn cap(&self) -> usize {
+        self.cap
     }
 
     /// Registers a new connection; at the cap it first closes the oldest stranger (or, with
@@ -139,7 +151,9 @@ impl Open {
             if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
                 break permit;
             }
-            // Nothing to close: every permit is held by a connection already closing.
+            // At the cap. The connection closed here lets go of its permit once its socket is
+            // closed; if every holder is closing already there is none to close, and the
+            // first of them to finish lets this one in.
             self.close_oldest();
             if let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await {
                 break permit;
@@ -325,6 +339,8 @@ mod tests {
     #[tokio::test]
     async fn a_closed_connection_frees_its_place() {
         let open = Arc::new(Open::new(2));
+        assert_eq!(open.cap(), 2);
+        assert_eq!(Open::new(0).cap(), 1, "at least one");
         let a = open.admit().await;
         let b = open.admit().await;
         drop(a);

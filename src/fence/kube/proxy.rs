@@ -80,14 +80,16 @@ type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// bearer token, because client-go (kubectl, Helm) never sends a token over plain HTTP.
 /// Upgraded connections (exec, attach, port-forward) are refused.
 ///
+/// # Connection cap
+///
 /// The endpoints of a process hold at most a quarter of its open-file limit
-/// (`RLIMIT_NOFILE`; at most 1,024) in connections between them. At the cap a new connection
-/// closes the oldest one whose client has not shown the secret (or, when every one has, the
-/// oldest): idle or slow strangers cannot take the descriptors the elector, the command's
-/// writes or a probe endpoint need, nor push out a request that is being forwarded. The
-/// connection of a request refused with 401 is closed after the answer. If accepting fails
-/// (out of descriptors) the endpoint pauses, 10 ms doubling up to 1 s, and warns at most
-/// every 10 s.
+/// (`RLIMIT_NOFILE`; at most 1,024: [`connection_cap`](Self::connection_cap)) in connections
+/// between them. At the cap a new connection closes the oldest one whose client has not shown
+/// the secret (or, when every one has, the oldest): idle or slow strangers cannot take the
+/// descriptors the elector, the command's writes or a probe endpoint need, nor push out a
+/// request that is being forwarded. The connection of a request refused with 401 is closed
+/// after the answer. If accepting fails (out of descriptors) the endpoint pauses, 10 ms
+/// doubling up to 1 s, and warns at most every 10 s.
 ///
 /// # Example
 ///
@@ -204,6 +206,14 @@ impl FenceProxy {
     #[must_use]
     pub fn url(&self) -> String {
         format!("http://{}{PATH_PREFIX}{}", self.addr, self.secret.0)
+    }
+
+    /// How many connections the endpoints of this process hold open between them: a quarter
+    /// of its open-file limit (`RLIMIT_NOFILE`), at most 1,024 — read once, when the first
+    /// endpoint starts (or this is first called). See [the cap](Self#connection-cap).
+    #[must_use]
+    pub fn connection_cap() -> usize {
+        open_connections().cap()
     }
 
     /// The address the endpoint listens on.
