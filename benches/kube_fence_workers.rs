@@ -204,18 +204,48 @@ const MODES: [&str; 4] = [
 ];
 const OBJECTS: [&str; 4] = ["lat-direct", "lat-proxy", "lat-kubectl", "lat-admin"];
 
+/// A term held by an elector of this process in a [`fenced_namespace`], its fencer and what
+/// its proof found; `end` ends the term.
+struct FencedTerm {
+    ns: String,
+    term: tenure::Term,
+    fencer: Fencer,
+    fence: String,
+    end_term: tokio::sync::oneshot::Sender<()>,
+    election: tokio::task::JoinHandle<()>,
+}
+
+impl FencedTerm {
+    async fn begin(prefix: &str, lease: &str, objects: &[&str]) -> Self {
+        let (ns, client, _) = fenced_namespace(prefix, lease, objects).await;
+        let (term, end_term, election) = elect(&client, &ns, lease).await;
+        let fencer = Fencer::new(client.clone())
+            .await
+            .unwrap_or_else(|e| panic!("fencer: {e}"))
+            .lease_namespace(&ns);
+        let fence = match fencer.prove(&term).await {
+            FenceState::Enforced => "proven".to_owned(),
+            other => format!("NOT PROVEN: {other:?}"),
+        };
+        Self {
+            ns,
+            term,
+            fencer,
+            fence,
+            end_term,
+            election,
+        }
+    }
+
+    async fn end(self) {
+        let _ = self.end_term.send(());
+        let _ = self.election.await;
+    }
+}
+
 async fn latency(dir: &Path, writes: usize, kubectl_writes: usize) -> Latency {
-    let lease = "latency";
-    let (ns, client, _) = fenced_namespace("bench-fw-lat", lease, &OBJECTS).await;
-    let (term, end_term, election) = elect(&client, &ns, lease).await;
-    let fencer = Fencer::new(client.clone())
-        .await
-        .unwrap_or_else(|e| panic!("fencer: {e}"))
-        .lease_namespace(&ns);
-    let fence = match fencer.prove(&term).await {
-        FenceState::Enforced => "proven".to_owned(),
-        other => format!("NOT PROVEN: {other:?}"),
-    };
+    let held = FencedTerm::begin("bench-fw-lat", "latency", &OBJECTS).await;
+    let (ns, term, fencer) = (held.ns.clone(), held.term.clone(), held.fencer.clone());
     let direct: Api<ConfigMap> = Api::namespaced(fencer.client(&term), &ns);
     let proxy = FenceProxy::start(&fencer, &term, None)
         .await
@@ -297,8 +327,8 @@ async fn latency(dir: &Path, writes: usize, kubectl_writes: usize) -> Latency {
     }
     drop(proxy);
     drop((direct, proxied, fencer));
-    let _ = end_term.send(());
-    let _ = election.await;
+    let fence = held.fence.clone();
+    held.end().await;
     Latency {
         samples,
         errors,
@@ -881,19 +911,10 @@ async fn patch_on_new_connection(
 }
 
 async fn crowd(dir: &Path, rounds: usize) -> Crowd {
-    let lease = "crowd";
-    let (ns, client, _) = fenced_namespace("bench-fw-crowd", lease, &CROWD_OBJECTS).await;
-    let (term, end_term, election) = elect(&client, &ns, lease).await;
-    let fencer = Fencer::new(client.clone())
-        .await
-        .unwrap_or_else(|e| panic!("fencer: {e}"))
-        .lease_namespace(&ns);
-    if let other @ (FenceState::Unenforced { .. } | FenceState::Superseded { .. }) =
-        fencer.prove(&term).await
-    {
-        panic!("the crowd's fence: {other:?}");
-    }
-    let proxy = FenceProxy::start(&fencer, &term, None)
+    let held = FencedTerm::begin("bench-fw-crowd", "crowd", &CROWD_OBJECTS).await;
+    assert_eq!(held.fence, "proven", "part 4's term");
+    let ns = held.ns.clone();
+    let proxy = FenceProxy::start(&held.fencer, &held.term, None)
         .await
         .unwrap_or_else(|e| panic!("proxy: {e}"));
     let kept = proxy_client(&proxy, &dir.join("crowd.kubeconfig"), &ns).await;
@@ -961,10 +982,8 @@ async fn crowd(dir: &Path, rounds: usize) -> Crowd {
             }
         }
     }
-    drop(proxy);
-    drop((kept, fencer));
-    let _ = end_term.send(());
-    let _ = election.await;
+    drop((proxy, kept));
+    held.end().await;
     out
 }
 

@@ -304,6 +304,12 @@ mod tests {
         slot.closed.is_cancelled()
     }
 
+    /// A newcomer at the cap, admitted on a task of its own (it waits for a place).
+    fn admit_later(open: &Arc<Open>) -> tokio::task::JoinHandle<Slot> {
+        let open = Arc::clone(open);
+        tokio::spawn(async move { open.admit().await })
+    }
+
     #[tokio::test]
     async fn the_cap_closes_the_oldest_connections_first() {
         let open = Arc::new(Open::new(2));
@@ -311,10 +317,7 @@ mod tests {
         let b = open.admit().await;
         assert!(!closed(&a) && !closed(&b));
         // At the cap the newcomer waits for the oldest to let go of its socket.
-        let admitting = tokio::spawn({
-            let open = Arc::clone(&open);
-            async move { open.admit().await }
-        });
+        let admitting = admit_later(&open);
         a.evicted().await;
         assert!(!closed(&b), "only the oldest is closed");
         tokio::task::yield_now().await;
@@ -325,10 +328,7 @@ mod tests {
         drop(a);
         let c = admitting.await.expect("admitted");
         assert!(!closed(&b) && !closed(&c));
-        let admitting = tokio::spawn({
-            let open = Arc::clone(&open);
-            async move { open.admit().await }
-        });
+        let admitting = admit_later(&open);
         b.evicted().await;
         assert!(!closed(&c), "then the next oldest");
         drop(b);
@@ -358,29 +358,20 @@ mod tests {
         let other_client = open.admit().await;
         other_client.vouch();
         // Newcomers at the cap close the stranger, though it is younger than `client`.
-        let admitting = tokio::spawn({
-            let open = Arc::clone(&open);
-            async move { open.admit().await }
-        });
+        let admitting = admit_later(&open);
         stranger.evicted().await;
         assert!(!closed(&client) && !closed(&other_client));
         drop(stranger);
         let newcomer = admitting.await.expect("admitted");
         // The newcomer is a stranger: the next one closes it, not a vouched client.
-        let admitting = tokio::spawn({
-            let open = Arc::clone(&open);
-            async move { open.admit().await }
-        });
+        let admitting = admit_later(&open);
         newcomer.evicted().await;
         assert!(!closed(&client) && !closed(&other_client));
         drop(newcomer);
         let last = admitting.await.expect("admitted");
         last.vouch();
         // With no stranger left, the oldest vouched connection goes.
-        let admitting = tokio::spawn({
-            let open = Arc::clone(&open);
-            async move { open.admit().await }
-        });
+        let admitting = admit_later(&open);
         client.evicted().await;
         assert!(!closed(&other_client) && !closed(&last));
         drop(client);

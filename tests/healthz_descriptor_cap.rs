@@ -4,27 +4,16 @@
 //! A test binary of its own, with a single test, because it lowers the limit for the whole
 //! process.
 
+#[path = "support/open_files.rs"]
+mod open_files;
+
 use std::time::Duration;
 
+use open_files::limit_open_files;
 use tenure::Locker;
 use tenure::backend::memory::MemoryBackend;
 use tenure::election::{ElectionConfig, LeaderElector, ProbeServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Lowers this process's soft limit on open files to at most `max`.
-fn limit_open_files(max: libc::rlim_t) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
-    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
-    assert_eq!(read, 0, "getrlimit: {}", std::io::Error::last_os_error());
-    lim.rlim_cur = lim.rlim_cur.min(max);
-    // SAFETY: as above.
-    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) };
-    assert_eq!(set, 0, "setrlimit: {}", std::io::Error::last_os_error());
-}
 
 /// Whether the server closes `stream` (end of stream, no answer) within 10 s.
 async fn closed_by_server(stream: &mut tokio::net::TcpStream) -> bool {
