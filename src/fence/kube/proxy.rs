@@ -448,8 +448,8 @@ fn gated_status(shared: &Shared, gated: &Gated) -> Response<ProxyBody> {
 }
 
 /// The answer to a client without the term's secret: names nothing of the term (a stranger
-/// learns no lease), and the connection is closed after it, so a stranger holds no
-/// connection longer than one request.
+/// learns no lease), and the connection is closed after it: a stranger's connection carries
+/// one request at most.
 fn unauthorized() -> Response<ProxyBody> {
     let mut response = status(
         StatusCode::UNAUTHORIZED,
