@@ -92,6 +92,8 @@ pub mod crd;
 pub mod election;
 pub mod fence;
 pub mod lock;
+#[cfg(any(feature = "healthz", feature = "kube"))]
+mod net;
 #[cfg(feature = "healthz")]
 pub mod probe;
 pub mod shard;
