@@ -188,7 +188,13 @@ fn text(v: &redis::Value) -> String {
 /// still migrating, the old node answers `ASK`; once the move is final, `MOVED`. The holder's
 /// renewals follow both, the lock stays held with the same token, and after the `MOVED` the
 /// calls go to the new node directly.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// On one thread: the batches of eight renewals must all be sent before any answer is read.
+/// With the connections' tasks on other threads, a loaded machine could run a renewal's round
+/// trips — to the old node, its `MOVED`, the new node — within the renewal's first poll,
+/// before the next renewal was polled, which then read the new map instead of meeting
+/// `MOVED` (one run in four failed so).
+#[tokio::test]
 async fn a_held_lock_follows_its_slot_to_another_node() {
     let cluster = RedisCluster::start(3);
     let b = connect(&cluster).await;
@@ -571,15 +577,17 @@ fn connections_made(listeners: &[std::net::TcpListener]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_map_with_thousands_of_masters_is_refused_unopened() {
     const MASTERS: usize = 4000;
+    // On 127.0.0.2: the other tests reconnect to ports on 127.0.0.1 that their killed nodes
+    // freed, which a listener here could have taken.
     let listeners: Vec<std::net::TcpListener> = (0..MASTERS)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}")))
+        .map(|_| std::net::TcpListener::bind("127.0.0.2:0").unwrap_or_else(|e| panic!("{e}")))
         .collect();
     let mut map = format!("*{MASTERS}\r\n").into_bytes();
     for (slot, l) in listeners.iter().enumerate() {
         let port = l.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
         map.extend_from_slice(
             format!(
-                "*3\r\n:{slot}\r\n:{slot}\r\n*3\r\n$9\r\n127.0.0.1\r\n:{port}\r\n$40\r\n{}\r\n",
+                "*3\r\n:{slot}\r\n:{slot}\r\n*3\r\n$9\r\n127.0.0.2\r\n:{port}\r\n$40\r\n{}\r\n",
                 "f".repeat(40)
             )
             .as_bytes(),

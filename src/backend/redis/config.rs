@@ -253,7 +253,8 @@ impl RedisConfig {
     /// 10 s while calls still find it silent), and so is a change of the masters. A slot map
     /// entry that does not parse is skipped with a warning. The tests move a held lock's slot
     /// between masters (`ASK`, then `MOVED`), and freeze (SIGSTOP) or kill a master with a
-    /// replica: a waiting follower is granted the lease at the first try after the promotion.
+    /// replica: a waiting follower is granted the lease by its first call sent after the
+    /// promotion.
     ///
     /// # Credentials
     ///
