@@ -67,7 +67,10 @@
 //! (default 11; p50 is the sample at index round(0.5·(n−1)) of the sorted samples),
 //! `TENURE_BENCH_COUNTS` the grant part's object counts (default `1000,10000,100000`),
 //! `TENURE_BENCH_OWNED_COUNTS` the owned part's (default `1000,10000`),
-//! `TENURE_BENCH_DELETES` the child deletions per configuration and count (default 25).
+//! `TENURE_BENCH_DELETES` the child deletions per configuration and count (default 25);
+//! `TENURE_BENCH_CONCURRENCY` sets tenure's applier concurrency (its default otherwise),
+//! `TENURE_BENCH_BASELINE` adds another build's tenure warm (see [`baseline`]), and
+//! `TENURE_BENCH_PERF=DIR` records each next leader with `perf` (see [`profile`]).
 //! All candidates run with the same short durations (lease 6 s, renew deadline 4 s, retry
 //! 1 s), printed with the results.
 
@@ -258,6 +261,14 @@ async fn tenure_candidate(mode: &str, role: &Role<'_>) -> Result<(), String> {
     if owns {
         controller = controller.owns(kube::Api::<Secret>::namespaced(client, ns), wc);
     }
+    // For trying the applier's concurrency out (tenure's default when unset).
+    if let Some(n) = std::env::var("TENURE_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        controller =
+            controller.with_config(kube::runtime::controller::Config::default().concurrency(n));
+    }
     event("READY", identity);
     if mode == CacheMode::Warm {
         let (status, identity) = (controller.status(), identity.to_owned());
@@ -349,6 +360,8 @@ enum Kind {
     TenureCold,
     CrWarm,
     CrCold,
+    /// tenure warm as another build of this bench runs it (`TENURE_BENCH_BASELINE`).
+    TenureWarmBaseline,
     /// The owned part's.
     OwnedKubeRuntime,
     OwnedTenure,
@@ -371,6 +384,7 @@ impl Kind {
     fn label(self) -> &'static str {
         match self {
             Kind::TenureWarm => "tenure Controller, warm (standby)",
+            Kind::TenureWarmBaseline => "tenure Controller, warm (standby), baseline build",
             Kind::TenureQueued => "tenure Controller, warm, no standby",
             Kind::TenureCold => "tenure Controller, cold",
             Kind::CrWarm => "controller-runtime 0.24.1, EnableWarmup",
@@ -383,6 +397,7 @@ impl Kind {
     fn key(self) -> &'static str {
         match self {
             Kind::TenureWarm => "tenure-warm",
+            Kind::TenureWarmBaseline => "tenure-warm-baseline",
             Kind::TenureQueued => "tenure-warm-nostandby",
             Kind::TenureCold => "tenure-cold",
             Kind::CrWarm => "cr-warm",
@@ -396,6 +411,7 @@ impl Kind {
         matches!(
             self,
             Kind::TenureWarm
+                | Kind::TenureWarmBaseline
                 | Kind::TenureQueued
                 | Kind::CrWarm
                 | Kind::OwnedTenure
@@ -426,6 +442,16 @@ impl Kind {
     fn selected(self) -> bool {
         support::env::selected("TENURE_BENCH_ONLY", self.key())
     }
+}
+
+/// `TENURE_BENCH_BASELINE`: another build of this bench (a copy of its binary, from
+/// `target/release/deps/kube_controller-*`, taking the same `--role` arguments), whose tenure
+/// warm candidate runs as one more configuration of the grant part, interleaved with this
+/// build's: a before / after under the same load.
+fn baseline() -> Option<PathBuf> {
+    std::env::var_os("TENURE_BENCH_BASELINE")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
 }
 
 /// The controller-runtime peer, built (or found in the cache) by `kube-testenv.sh
@@ -485,6 +511,16 @@ impl Candidate {
                 if kind.owned() {
                     c.arg("--owns-secrets");
                 }
+                c
+            }
+            Kind::TenureWarmBaseline => {
+                let mut c = Command::new(baseline().expect("TENURE_BENCH_BASELINE is set"));
+                c.args(["--role", "warm"]).arg(&kubeconfig).args([
+                    ns,
+                    lease,
+                    identity,
+                    &expect.to_string(),
+                ]);
                 c
             }
             Kind::TenureWarm
@@ -1096,7 +1132,11 @@ fn orchestrate() {
     let handoff_rounds = knob("TENURE_BENCH_HANDOFFS", 11).max(1);
     let deletes = knob("TENURE_BENCH_DELETES", 25);
     let grant_kinds: Vec<Kind> = if part("grant") {
-        KINDS.into_iter().filter(|k| k.selected()).collect()
+        let mut kinds = KINDS.to_vec();
+        if baseline().is_some() {
+            kinds.insert(1, Kind::TenureWarmBaseline);
+        }
+        kinds.into_iter().filter(|k| k.selected()).collect()
     } else {
         Vec::new()
     };
@@ -1476,6 +1516,26 @@ fn report_grant(groups: &[Group], counts: &[usize], ratios: &mut Value, goals: &
             ),
             at.all(Kind::TenureWarm, n),
             at.all(Kind::CrWarm, n),
+        );
+        ratio(
+            ratios,
+            n,
+            (
+                "baseline build's tenure warm / controller-runtime warm",
+                "all_baseline_tenure_warm_over_cr_warm",
+            ),
+            at.all(Kind::TenureWarmBaseline, n),
+            at.all(Kind::CrWarm, n),
+        );
+        ratio(
+            ratios,
+            n,
+            (
+                "tenure warm / baseline build's",
+                "all_tenure_warm_over_baseline",
+            ),
+            at.all(Kind::TenureWarm, n),
+            at.all(Kind::TenureWarmBaseline, n),
         );
     }
     if let (Some(&lo), Some(&hi)) = (counts.first(), counts.last())
