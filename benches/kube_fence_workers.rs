@@ -37,12 +37,26 @@
 //!    refusal from the policy or the proof's gate, the endpoint gone), and the time from the
 //!    freeze to the other command's first admitted write.
 //!
+//! 4. **Per-write latency beside a crowd of idle strangers** (issue #40). One term's
+//!    `FenceProxy` as in part 1; in each round, in a new random order, the same writes
+//!    (merge patch of one annotation) quiet and crowded: with twice the endpoint's connection
+//!    cap ([`FenceProxy::connection_cap`], from this process's `RLIMIT_NOFILE`) of silent
+//!    TCP connections held open to it by a client without the secret, opened before the
+//!    writes (and waited on until the endpoint has closed all but a cap of them). Two clients
+//!    write in random order: the plain kube client of part 1 (its connection kept alive),
+//!    and a new connection per write (raw HTTP/1.1 with `Connection: close`, as urllib or a
+//!    kubectl process connects). p50 / p99 quiet and crowded, and how many strangers the
+//!    endpoint had closed.
+//!
 //! Prints one table per part and writes `target/bench/kube_fence_workers.json`. Run with
-//! `cargo bench --all-features --bench kube_fence_workers` (about 6 minutes on 2 cores).
+//! `cargo bench --all-features --bench kube_fence_workers` (about 6 minutes on 2 cores);
+//! `TENURE_BENCH_ONLY=latency,handover,takeovers,crowd` runs only those parts (the others'
+//! tables are then empty).
 //! `TENURE_BENCH_WRITES` sets the writes per mode of part 1 (default 1000),
 //! `TENURE_BENCH_KUBECTL_WRITES` kubectl's (default 40 per mode), `TENURE_BENCH_HANDOVERS` the
 //! hand-overs of part 2 (default 24), `TENURE_BENCH_FREEZES` the takeovers per client of part 3
-//! (default 22). The `tenure` binary is `support::proc::tenure_bin`'s. Python
+//! (default 22), `TENURE_BENCH_CROWD_ROUNDS` the rounds of part 4 (default 40, each 25 writes
+//! per client quiet and as many crowded). The `tenure` binary is `support::proc::tenure_bin`'s. Python
 //! is `python3` resolved once to its real interpreter (a pyenv shim would add a shell's
 //! start-up to every command).
 
@@ -59,7 +73,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::env::knob;
+use support::env::{knob, selected};
 use support::kube_harness::fencing::{apply, cm, elect, install, participant};
 use support::kube_harness::{child_process_groups, fresh_dir, kubectl, shared, unique};
 use support::out::{Say, save_json};
@@ -125,7 +139,23 @@ async fn fenced_namespace(
     (ns, client, kubeconfig)
 }
 
-/// The merge patch every mode of part 1 sends: one annotation.
+/// ConfigMaps of `ns` through `proxy`, by a plain kube client from its kubeconfig (written to
+/// `kubeconfig`, as a command reads it).
+async fn proxy_client(proxy: &FenceProxy, kubeconfig: &Path, ns: &str) -> Api<ConfigMap> {
+    std::fs::write(kubeconfig, proxy.kubeconfig(ns)).unwrap_or_else(|e| panic!("{e}"));
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|e| panic!("the proxy's kubeconfig: {e}"));
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("the proxy's kubeconfig: {e}"));
+    Api::namespaced(
+        kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}")),
+        ns,
+    )
+}
+
+/// The merge patch every mode of parts 1 and 4 sends: one annotation.
 fn annotation(value: &str) -> Value {
     json!({"metadata": {"annotations": {"w": value}}})
 }
@@ -174,34 +204,54 @@ const MODES: [&str; 4] = [
 ];
 const OBJECTS: [&str; 4] = ["lat-direct", "lat-proxy", "lat-kubectl", "lat-admin"];
 
+/// A term held by an elector of this process in a [`fenced_namespace`], its fencer and what
+/// its proof found; `end` ends the term.
+struct FencedTerm {
+    ns: String,
+    term: tenure::Term,
+    fencer: Fencer,
+    fence: String,
+    end_term: tokio::sync::oneshot::Sender<()>,
+    election: tokio::task::JoinHandle<()>,
+}
+
+impl FencedTerm {
+    async fn begin(prefix: &str, lease: &str, objects: &[&str]) -> Self {
+        let (ns, client, _) = fenced_namespace(prefix, lease, objects).await;
+        let (term, end_term, election) = elect(&client, &ns, lease).await;
+        let fencer = Fencer::new(client.clone())
+            .await
+            .unwrap_or_else(|e| panic!("fencer: {e}"))
+            .lease_namespace(&ns);
+        let fence = match fencer.prove(&term).await {
+            FenceState::Enforced => "proven".to_owned(),
+            other => format!("NOT PROVEN: {other:?}"),
+        };
+        Self {
+            ns,
+            term,
+            fencer,
+            fence,
+            end_term,
+            election,
+        }
+    }
+
+    async fn end(self) {
+        let _ = self.end_term.send(());
+        let _ = self.election.await;
+    }
+}
+
 async fn latency(dir: &Path, writes: usize, kubectl_writes: usize) -> Latency {
-    let lease = "latency";
-    let (ns, client, _) = fenced_namespace("bench-fw-lat", lease, &OBJECTS).await;
-    let (term, end_term, election) = elect(&client, &ns, lease).await;
-    let fencer = Fencer::new(client.clone())
-        .await
-        .unwrap_or_else(|e| panic!("fencer: {e}"))
-        .lease_namespace(&ns);
-    let fence = match fencer.prove(&term).await {
-        FenceState::Enforced => "proven".to_owned(),
-        other => format!("NOT PROVEN: {other:?}"),
-    };
+    let held = FencedTerm::begin("bench-fw-lat", "latency", &OBJECTS).await;
+    let (ns, term, fencer) = (held.ns.clone(), held.term.clone(), held.fencer.clone());
     let direct: Api<ConfigMap> = Api::namespaced(fencer.client(&term), &ns);
     let proxy = FenceProxy::start(&fencer, &term, None)
         .await
         .unwrap_or_else(|e| panic!("proxy: {e}"));
     let proxy_kubeconfig = dir.join("proxy.kubeconfig");
-    std::fs::write(&proxy_kubeconfig, proxy.kubeconfig(&ns)).unwrap_or_else(|e| panic!("{e}"));
-    let kc = kube::config::Kubeconfig::read_from(&proxy_kubeconfig)
-        .unwrap_or_else(|e| panic!("the proxy's kubeconfig: {e}"));
-    let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("the proxy's kubeconfig: {e}"));
-    let proxied: Api<ConfigMap> = Api::namespaced(
-        kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}")),
-        &ns,
-    );
+    let proxied = proxy_client(&proxy, &proxy_kubeconfig, &ns).await;
 
     let mut samples: [Vec<Duration>; 4] = Default::default();
     let mut errors: [Vec<String>; 4] = Default::default();
@@ -277,8 +327,8 @@ async fn latency(dir: &Path, writes: usize, kubectl_writes: usize) -> Latency {
     }
     drop(proxy);
     drop((direct, proxied, fencer));
-    let _ = end_term.send(());
-    let _ = election.await;
+    let fence = held.fence.clone();
+    held.end().await;
     Latency {
         samples,
         errors,
@@ -774,6 +824,169 @@ async fn takeovers(client: Client, dir: &Path, python: &Path, freezes: usize) ->
 // ---------------------------------------------------------------------------------------------
 // The run and the report.
 
+// ---------------------------------------------------------------------------------------------
+// Part 4: per-write latency beside a crowd of idle strangers.
+
+/// Writes per client in each quiet and each crowded round of part 4.
+const CROWD_WRITES: usize = 25;
+
+struct Crowd {
+    /// The endpoint's connection cap, and the strangers held open in a crowded round.
+    cap: usize,
+    strangers: usize,
+    /// By client (kept-alive kube client, new connection per write), then quiet / crowded.
+    samples: [[Vec<Duration>; 2]; 2],
+    errors: [[Vec<String>; 2]; 2],
+    /// In each crowded round: strangers the endpoint had closed before the writes, and when
+    /// they were done.
+    closed_before: Vec<usize>,
+    closed_after: Vec<usize>,
+}
+
+const CROWD_CLIENTS: [&str; 2] = [
+    "plain kube client, connection kept alive",
+    "new connection per write (raw HTTP/1.1)",
+];
+const CROWD_OBJECTS: [&str; 2] = ["crowd-kept", "crowd-fresh"];
+
+/// Silent connections to `addr`, as a local process without the secret holds them.
+async fn strangers(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("a stranger's connect: {e}")),
+        );
+    }
+    held
+}
+
+/// How many of `held` the endpoint has closed (end of stream, or reset).
+fn closed(held: &[tokio::net::TcpStream]) -> usize {
+    let mut buf = [0u8; 1];
+    held.iter()
+        .filter(|s| match s.try_read(&mut buf) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        })
+        .count()
+}
+
+/// One merge patch of `name` through `proxy` on a connection of its own: Ok when admitted.
+async fn patch_on_new_connection(
+    proxy: &FenceProxy,
+    ns: &str,
+    name: &str,
+    value: &str,
+) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = proxy.url();
+    let prefix = &url[url.find("/term/").unwrap_or(0)..];
+    let body = annotation(value).to_string();
+    let request = format!(
+        "PATCH {prefix}/api/v1/namespaces/{ns}/configmaps/{name} HTTP/1.1\r\nHost: x\r\nContent-Type: application/merge-patch+json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(proxy.local_addr())
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
+        .await
+        .map_err(|_| "no answer within 20 s".to_owned())?
+        .map_err(|e| format!("read: {e}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    if answer.starts_with("HTTP/1.1 200 ") {
+        Ok(())
+    } else {
+        Err(answer.chars().take(300).collect())
+    }
+}
+
+async fn crowd(dir: &Path, rounds: usize) -> Crowd {
+    let held = FencedTerm::begin("bench-fw-crowd", "crowd", &CROWD_OBJECTS).await;
+    assert_eq!(held.fence, "proven", "part 4's term");
+    let ns = held.ns.clone();
+    let proxy = FenceProxy::start(&held.fencer, &held.term, None)
+        .await
+        .unwrap_or_else(|e| panic!("proxy: {e}"));
+    let kept = proxy_client(&proxy, &dir.join("crowd.kubeconfig"), &ns).await;
+    let cap = FenceProxy::connection_cap();
+    let n_strangers = 2 * cap;
+    let mut out = Crowd {
+        cap,
+        strangers: n_strangers,
+        samples: Default::default(),
+        errors: Default::default(),
+        closed_before: Vec::new(),
+        closed_after: Vec::new(),
+    };
+    let pp = PatchParams::default();
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut i = 0usize;
+    // Round 0 warms up (connections, caches) and is not counted.
+    for round in 0..=rounds {
+        let modes = if next(&mut rng) & 1 == 0 {
+            [0, 1]
+        } else {
+            [1, 0]
+        };
+        for crowded in modes {
+            let held = if crowded == 1 {
+                let held = strangers(proxy.local_addr(), n_strangers).await;
+                // Steady state: the endpoint has closed all but a cap of them.
+                wait_for(Duration::from_secs(30), || {
+                    closed(&held) >= n_strangers - cap
+                })
+                .await;
+                out.closed_before.push(closed(&held));
+                held
+            } else {
+                Vec::new()
+            };
+            for _ in 0..CROWD_WRITES {
+                let order = if next(&mut rng) & 1 == 0 {
+                    [0, 1]
+                } else {
+                    [1, 0]
+                };
+                for client in order {
+                    i += 1;
+                    let value = format!("c{i}");
+                    let start = Instant::now();
+                    let r = if client == 0 {
+                        kept.patch(CROWD_OBJECTS[0], &pp, &Patch::Merge(annotation(&value)))
+                            .await
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    } else {
+                        patch_on_new_connection(&proxy, &ns, CROWD_OBJECTS[1], &value).await
+                    };
+                    let took = start.elapsed();
+                    match r {
+                        Ok(()) if round > 0 => out.samples[client][crowded].push(took),
+                        Ok(()) => {}
+                        Err(e) => out.errors[client][crowded].push(e),
+                    }
+                }
+            }
+            if crowded == 1 {
+                out.closed_after.push(closed(&held));
+            }
+        }
+    }
+    drop((proxy, kept));
+    held.end().await;
+    out
+}
+
 fn fmt(v: f64) -> String {
     table::fmt_ms(v, 1, 2)
 }
@@ -795,6 +1008,9 @@ async fn run() {
     let kubectl_writes = knob("TENURE_BENCH_KUBECTL_WRITES", 40);
     let rounds = knob("TENURE_BENCH_HANDOVERS", 24);
     let freezes = knob("TENURE_BENCH_FREEZES", 22);
+    let crowd_rounds = knob("TENURE_BENCH_CROWD_ROUNDS", 40);
+    // For trying things out: TENURE_BENCH_ONLY=latency,handover,takeovers,crowd (default all).
+    let want = |part: &str| selected("TENURE_BENCH_ONLY", part);
     let t_run = Instant::now();
     let dir = fresh_dir("bench-fence-workers");
     std::fs::write(dir.join("loop.py"), LOOP_PY).unwrap_or_else(|e| panic!("{e}"));
@@ -807,21 +1023,42 @@ async fn run() {
     );
 
     let t1 = Instant::now();
-    let lat = latency(&dir, writes, kubectl_writes).await;
+    let lat = if want("latency") {
+        latency(&dir, writes, kubectl_writes).await
+    } else {
+        Latency {
+            samples: Default::default(),
+            errors: Default::default(),
+            fence: "not run".into(),
+        }
+    };
     let secs1 = t1.elapsed().as_secs_f64();
     let t2 = Instant::now();
-    let (hand, hand_problems) = handovers(&dir, &python, rounds).await;
+    let (hand, hand_problems) = if want("handover") {
+        handovers(&dir, &python, rounds).await
+    } else {
+        Default::default()
+    };
     let secs2 = t2.elapsed().as_secs_f64();
     let t3 = Instant::now();
     let mut loops = Vec::new();
     for client in [Client::Kubectl, Client::Python] {
-        loops.push(takeovers(client, &dir, &python, freezes).await);
+        if want("takeovers") {
+            loops.push(takeovers(client, &dir, &python, freezes).await);
+        }
     }
     let secs3 = t3.elapsed().as_secs_f64();
+    let t4 = Instant::now();
+    let crowded = if want("crowd") {
+        Some(crowd(&dir, crowd_rounds).await)
+    } else {
+        None
+    };
+    let secs4 = t4.elapsed().as_secs_f64();
 
     // ---- 1 ----
     println!(
-        "\n== tenure run --fence on a real kube-apiserver ({:.0} s: {secs1:.0} + {secs2:.0} + {secs3:.0}) ==",
+        "\n== tenure run --fence on a real kube-apiserver ({:.0} s: {secs1:.0} + {secs2:.0} + {secs3:.0} + {secs4:.0}) ==",
         t_run.elapsed().as_secs_f64()
     );
     println!(
@@ -977,7 +1214,11 @@ async fn run() {
         }
     }
 
+    // ---- 4 ----
+    let crowd_json = crowded.as_ref().map_or(Value::Null, report_crowd);
+
     let json = json!({
+        "crowd": crowd_json,
         "latency_ms": {
             "direct": stats_json(Stats::of_ms(&lat.samples[0])),
             "proxy": stats_json(Stats::of_ms(&lat.samples[1])),
@@ -1028,4 +1269,77 @@ async fn run() {
         "seconds": round2(t_run.elapsed().as_secs_f64()),
     });
     save_json("kube_fence_workers.json", &json, Say::Stdout);
+}
+
+/// Part 4's table; its JSON.
+fn report_crowd(c: &Crowd) -> Value {
+    println!(
+        "\n4. per-write latency through the endpoint, quiet vs beside {} idle strangers (2 × its connection cap of {}), rounds interleaved; merge patch of one annotation\n",
+        c.strangers, c.cap
+    );
+    println!(
+        "{}",
+        table::header(&["client", "mode", "n", "p50", "p99", "max", "errors"], 5)
+    );
+    let mut json = serde_json::Map::new();
+    for (client, name) in CROWD_CLIENTS.iter().enumerate() {
+        let mut p99s = [0.0; 2];
+        for (crowded, mode) in ["quiet", "crowded"].iter().enumerate() {
+            let samples = &c.samples[client][crowded];
+            let (p50, p99) = p50_p99(samples.clone());
+            p99s[crowded] = ms(p99);
+            let max = samples.iter().max().copied().unwrap_or_default();
+            println!(
+                "{}",
+                table::row(&[
+                    (*name).to_owned(),
+                    (*mode).to_owned(),
+                    samples.len().to_string(),
+                    fmt(ms(p50)),
+                    fmt(ms(p99)),
+                    fmt(ms(max)),
+                    c.errors[client][crowded].len().to_string(),
+                ])
+            );
+            json.insert(
+                format!("{}_{mode}", CROWD_OBJECTS[client]),
+                json!({
+                    "stats_ms": stats_json(Stats::of_ms(samples)),
+                    "p99_ms": round3(ms(p99)),
+                    "errors": c.errors[client][crowded].len(),
+                }),
+            );
+        }
+        println!(
+            "{name}: p99 crowded / quiet {:.2}×",
+            p99s[1] / p99s[0].max(1e-9)
+        );
+        for (crowded, errs) in c.errors[client].iter().enumerate() {
+            if let Some(first) = errs.first() {
+                println!(
+                    "errors ({name}, crowded={crowded}): {} (first: {first})",
+                    errs.len()
+                );
+            }
+        }
+    }
+    let median = |v: &[usize]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0)
+    };
+    println!(
+        "strangers closed by the endpoint per crowded round (median): {} of {} before the writes, {} after",
+        median(&c.closed_before),
+        c.strangers,
+        median(&c.closed_after)
+    );
+    json.insert("cap".into(), json!(c.cap));
+    json.insert("strangers".into(), json!(c.strangers));
+    json.insert(
+        "closed_before_median".into(),
+        json!(median(&c.closed_before)),
+    );
+    json.insert("closed_after_median".into(), json!(median(&c.closed_after)));
+    Value::Object(json)
 }

@@ -28,7 +28,7 @@
 //! as this crate's doc tests):
 //!
 //! - `docs/singleton.md` — run a command as a singleton: `tenure run` and the Helm chart;
-//! - `docs/operator.md` — write an operator: [`Locker`], [`LeaderElector`], `Cache`;
+//! - `docs/operator.md` — write an operator: [`Locker`], [`LeaderElector`], `Controller`;
 //! - `docs/fencing.md` and `docs/fencing-kubernetes.md` — fence writes: SQL, Redis, the
 //!   Kubernetes API server;
 //! - `docs/sharding.md` — split work: sharded leadership.
@@ -78,6 +78,9 @@
 
 #![deny(rustdoc::broken_intra_doc_links)]
 #![warn(missing_docs, missing_debug_implementations)]
+// docs.rs builds with `--cfg docsrs` on nightly: every feature-gated item then carries a badge
+// naming its feature. Each also says so in its own documentation, for other builds.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 #[cfg(any(test, feature = "conformance"))]
@@ -89,6 +92,8 @@ pub mod crd;
 pub mod election;
 pub mod fence;
 pub mod lock;
+#[cfg(any(feature = "healthz", feature = "kube"))]
+mod net;
 #[cfg(feature = "healthz")]
 pub mod probe;
 pub mod shard;

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use cli_support::{
     Event, FAST, TENURE as TENURE_BIN, Tenure, alive, assert_one_at_a_time, events, identity_of,
-    now_ns, read_pid, run_bounded, run_to_end, shard_of, shard_worker, strings, wait_until, worker,
+    logging_shell, now_ns, read_pid, run_bounded, run_to_end, shard_of, shard_worker, strings,
+    wait_until, worker,
 };
 use tempdir::TempDir;
 
@@ -1027,19 +1028,32 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
     }
 
     // status --shards: b holds every shard, with the token its copy got; b is the only member.
-    let (c, out, err) = run_to_end(
-        &[
-            "status",
-            "--lease",
-            "mail",
-            "--shards",
-            "4",
-            "--state-dir",
-            &s.state(),
-        ],
-        &[],
-    );
-    assert_eq!(c, 0, "{err}");
+    // b announces the shards it holds as soon as they change, but in a write of its own that
+    // can land after its copies started (their logs are what the wait above saw): poll until
+    // the membership shows all four.
+    let state = s.state();
+    let mail_status = |extra: &[&str]| {
+        let mut args = vec!["status", "--lease", "mail", "--shards", "4"];
+        args.extend(["--state-dir", &state]);
+        args.extend(extra);
+        run_to_end(&args, &[])
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        let (c, out, err) = mail_status(&[]);
+        assert_eq!(c, 0, "{err}");
+        if out
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b", "4", "0,1,2,3"])
+        {
+            break out;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's membership never showed all four shards:\n{out}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let r = running(&events(&log));
     for (shard, e) in &r {
         let row = out
@@ -1059,11 +1073,6 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
         );
     }
     assert!(
-        out.lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["b", "4", "0,1,2,3"]),
-        "{out}"
-    );
-    assert!(
         out.contains("GROUP RECORD: 4 shards (generation 1)"),
         "{out}"
     );
@@ -1072,20 +1081,7 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
     let status = b.wait(Duration::from_secs(20));
     assert_eq!(status.code(), Some(0), "{}", b.log());
     assert!(running(&events(&log)).is_empty(), "{:?}", events(&log));
-    let (c, out, err) = run_to_end(
-        &[
-            "status",
-            "--lease",
-            "mail",
-            "--shards",
-            "4",
-            "--state-dir",
-            &s.state(),
-            "-o",
-            "json",
-        ],
-        &[],
-    );
+    let (c, out, err) = mail_status(&["-o", "json"]);
     assert_eq!(c, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let leases = v["shardLeases"].as_array().map_or(0, Vec::len);
@@ -1097,19 +1093,102 @@ fn sharded_replicas_split_the_shards_and_a_leaver_hands_its_own_over_gracefully(
     assert_eq!(v["members"], serde_json::json!([]), "{out}");
 }
 
+/// Whether process `pid` has a handler for `signal` (`SigCgt` in /proc/PID/status).
+fn catches(pid: u32, signal: libc::c_int) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| mask >> (signal - 1) & 1 == 1)
+}
+
+/// A copy that tenure stops while it starts (its group was still settling) is an expected
+/// event, never a broken log: the worker writes whole lines only. A `date` on `PATH` that takes
+/// two seconds holds a worker that asks `date` for its start time in that state long enough to
+/// signal its process group there, as tenure does; the copy still logs its `start` (unless the
+/// signal came first), then `term` and `end`, each a whole line with its token, pid, shard and
+/// a time between launch and exit.
+#[test]
+fn a_shard_copy_stopped_while_it_starts_logs_whole_lines() {
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::os::unix::process::CommandExt as _;
+    let s = Scratch::new("stopped-at-start");
+    let bin = s.path("bin");
+    std::fs::create_dir(&bin).unwrap_or_else(|e| panic!("{e}"));
+    let date = bin.join("date");
+    std::fs::write(&date, "#!/bin/sh\nsleep 2\nexec /bin/date \"$@\"\n")
+        .and_then(|()| std::fs::set_permissions(&date, std::fs::Permissions::from_mode(0o755)))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", date.display()));
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let log = s.path("log");
+    let command = shard_worker(&log, 0.0);
+    let launched = now_ns();
+    let mut copy = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("PATH", path)
+        .envs([
+            ("TENURE_FENCING_TOKEN", "41"),
+            ("TENURE_SHARD", "2"),
+            ("TENURE_SHARDS", "4"),
+            ("TENURE_LEASE", "crawl-2"),
+            ("TENURE_IDENTITY", "a"),
+        ])
+        .stderr(std::fs::File::create(s.path("err")).unwrap_or_else(|e| panic!("stderr file: {e}")))
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
+    let pid = copy.id();
+    // Signalled before its trap is set, the copy would just die, logging nothing.
+    wait_until(Duration::from_secs(10), "the copy to trap SIGTERM", || {
+        catches(pid, libc::SIGTERM)
+    });
+    // Past its trap, it starts: well inside a slow `date` called there.
+    std::thread::sleep(Duration::from_millis(300));
+    let group = libc::pid_t::try_from(pid).unwrap_or(0);
+    assert!(group > 1);
+    // SAFETY: killpg only sends a signal, to the process group of our own child.
+    assert_eq!(unsafe { libc::killpg(group, libc::SIGTERM) }, 0);
+    wait_until(Duration::from_secs(10), "the stopped copy to exit", || {
+        copy.try_wait().ok().flatten().is_some()
+    });
+    let exited = now_ns();
+    let ev = events(&log);
+    let kinds: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
+    let said = std::fs::read_to_string(s.path("err")).unwrap_or_default();
+    // Mostly all three; `term` and `end` only if the signal beat the first line.
+    assert!(
+        kinds == ["start", "term", "end"] || kinds == ["term", "end"],
+        "{ev:?}\nstderr: {said}"
+    );
+    for e in &ev {
+        assert_eq!((e.token, e.pid), (41, pid), "{e:?}");
+        assert_eq!((shard_of(e), identity_of(e)), (2, "a"), "{e:?}");
+        // The log keeps microseconds: launch time rounded down to them.
+        assert!(
+            launched / 1000 * 1000 <= e.at_ns && e.at_ns <= exited,
+            "{e:?} not between {launched} and {exited}"
+        );
+    }
+}
+
 #[test]
 fn a_copy_that_exits_ends_its_shards_term_and_the_shard_is_taken_again() {
     let s = Scratch::new("shard-exit");
     let log = s.path("log");
-    let script = format!(
-        r#"echo "start $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_IDENTITY" >> {log}
+    let command = logging_shell(
+        &log,
+        r#"log start "$TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_IDENTITY"
 sleep 0.3
-echo "end $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_SHARD" >> {log}
+log end "$TENURE_SHARD"
 exit 3"#,
-        log = log.display()
     );
     let mut t = Tenure::start(
-        &shard_args(&s, "brief", "2", "solo", strings(&["sh", "-c", &script])),
+        &shard_args(&s, "brief", "2", "solo", command),
         &[],
         s.path("err"),
     );

@@ -13,7 +13,9 @@ mod tempdir;
 use std::path::Path;
 use std::time::Duration;
 
-use cli_support::{Tenure, alive, events, now_ns, read_pid, strings, wait_until, worker};
+use cli_support::{
+    Tenure, alive, events, logging_shell, now_ns, read_pid, strings, wait_until, worker,
+};
 use clock::mono_ns;
 use tempdir::TempDir;
 
@@ -30,18 +32,17 @@ const GROUP_SIGNALS: &str =
 fn hostile(log: &Path, pidfile: &Path, looppid: &Path) -> Vec<String> {
     let body = format!(
         r#"for n in {sigs}; do trap "" $n; done
-echo "start $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_LEASE $TENURE_IDENTITY" >> {log}
+log start "$TENURE_LEASE $TENURE_IDENTITY"
 echo $$ > {pid}.tmp && mv {pid}.tmp {pid}
 for n in {sigs}; do kill -$n 0; done
-sh -c 'while :; do echo "tick $TENURE_FENCING_TOKEN $$ $(date +%s%N)" >> {log}; sleep 0.1; done' &
+(while :; do log tick; sleep 0.1; done) &
 echo $! > {looppid}.tmp && mv {looppid}.tmp {looppid}
 wait"#,
         sigs = GROUP_SIGNALS,
-        log = log.display(),
         pid = pidfile.display(),
         looppid = looppid.display(),
     );
-    vec!["sh".into(), "-c".into(), body]
+    logging_shell(log, &body)
 }
 
 fn run_args(state: &Path, identity: &str, command: Vec<String>) -> Vec<String> {

@@ -3,10 +3,14 @@
 //! A test binary of its own, with a single test, because it lowers `RLIMIT_NOFILE` and uses
 //! up every descriptor of the process.
 
+#[path = "support/open_files.rs"]
+mod open_files;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use open_files::limit_open_files;
 use tenure::Locker;
 use tenure::backend::memory::MemoryBackend;
 use tenure::election::{ElectionConfig, LeaderElector, ProbeServer};
@@ -30,21 +34,6 @@ impl Log {
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
     }
-}
-
-/// Lowers this process's soft limit on open files to at most `max`.
-fn limit_open_files(max: libc::rlim_t) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct passed to them.
-    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
-    assert_eq!(read, 0, "getrlimit: {}", std::io::Error::last_os_error());
-    lim.rlim_cur = lim.rlim_cur.min(max);
-    // SAFETY: as above.
-    let set = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) };
-    assert_eq!(set, 0, "setrlimit: {}", std::io::Error::last_os_error());
 }
 
 /// Opens files until the process has no descriptor left.

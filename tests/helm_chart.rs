@@ -1017,7 +1017,7 @@ fn bad_values_fail_with_a_clear_message() {
         (
             &["--set", "election.leaseDuration=30s"],
             &[
-                "election.renewDeadline (10s) must be longer than a third of election.leaseDuration (30s)",
+                "election.renewDeadline (10s) must be longer than a third of election.leaseDuration (30s): the leader first renews a third of the way into the lease, so a renew deadline no longer than that ends every term before its first renewal; set election.renewDeadline to about two thirds of the lease (20000ms for 30s)",
             ],
         ),
         // 1.2 × 1m40s is exactly 2m: not longer.

@@ -6,7 +6,8 @@
 //! bypasses it is refused by the policy; after a freeze and a takeover the old command's
 //! writes never land after the new term's (a watch of the object is the judge); an ended
 //! term's kubeconfig no longer works; the endpoint refuses a wrong secret and, after its
-//! term, answers with a message that names tenure and the tokens.
+//! term, answers with a message that names tenure and the tokens; a crowd of idle strangers
+//! larger than tenure's descriptor limit starves neither the command's writes nor the probe.
 
 mod cli_support;
 mod kube_support;
@@ -281,7 +282,8 @@ echo done"#,
     assert!(!ok, "an ended term's kubeconfig must not work: {text}");
 }
 
-/// The endpoint itself: a URL with a wrong secret gets 401; after its term has ended (the lease lost
+/// The endpoint itself: a URL with a wrong secret gets 401 (naming no lease, and not a panic
+/// for a path that splits a character where the secret ends); after its term has ended (the lease lost
 /// while the command could still call), every request gets 403 naming tenure and the term's
 /// token — and the current term's once the elector has seen it.
 #[test]
@@ -365,6 +367,35 @@ fn the_endpoint_refuses_strangers_and_everything_after_its_term() {
         assert!(get(url.clone()).await.starts_with("200"), "the term's own URL is served");
         let stranger = get(format!("{}x", &url[..url.len() - 1])).await;
         assert!(stranger.starts_with("401") && stranger.contains("tenure"), "{stranger}");
+        assert!(
+            !stranger.contains(lease) && !stranger.contains(&ns),
+            "a client without the secret learns no lease: {stranger}"
+        );
+        // A two-byte character straddling the secret's last byte (issue #40): 401, as raw
+        // bytes on the wire (urllib would not send them), and the endpoint still serves.
+        let (host, secret_path) = url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split_once('/'))
+            .unwrap_or_else(|| panic!("an endpoint URL: {url}"));
+        let split = format!("/term/{}é/api", "a".repeat(secret_path.len() - "term/".len() - 1));
+        let answer = {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(host)
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}"));
+            stream
+                .write_all(format!("GET {split} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+                .await
+                .unwrap_or_else(|e| panic!("send: {e}"));
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+                .await
+                .unwrap_or_else(|_| panic!("no answer to {split}"))
+                .unwrap_or_else(|e| panic!("read: {e}"));
+            String::from_utf8_lossy(&answer).into_owned()
+        };
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{split}: {answer:?}");
+        assert!(get(url.clone()).await.starts_with("200"), "still served");
 
         // a's store goes silent: its term ends by the renew deadline; b takes over.
         faulty.set(Fault::Fail);
@@ -545,24 +576,7 @@ fn a_signal_during_the_fence_proof_starts_no_command() {
     let policy = tenure::fence::kube::FencingPolicy::new(&ns, lease)
         .unwrap_or_else(|e| panic!("{e}"))
         .name();
-    rt.block_on(async {
-        fencing::uninstall(&policy).await;
-        // Gone once the API server admits the worker's write without a token.
-        let worker = shared().client_from(&worker_kubeconfig).await;
-        let cms: Api<ConfigMap> = Api::namespaced(worker, &ns);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while cms
-            .create(&PostParams::default(), &fencing::cm("unfenced", "x"))
-            .await
-            .is_err()
-        {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the policy still refuses 30 s after its removal"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    });
+    rt.block_on(remove_policy(&policy, &worker_kubeconfig, &ns));
     let dir = kube_support::fresh_dir("fence-stop");
     let marker = dir.join("started");
     let kubeconfig = worker_kubeconfig.display().to_string();
@@ -599,4 +613,245 @@ fn a_signal_during_the_fence_proof_starts_no_command() {
     assert!(!log.contains("NOT enforced"), "a false verdict: {log}");
     assert!(log.contains("ended before its command started"), "{log}");
     assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{log}");
+}
+
+/// `--fence` refuses to run unfenced: without the RBAC to carry its token (no `impersonate`),
+/// or with no policy installed, the proof fails and the command never starts; tenure exits 8
+/// naming what is missing (it used to run the command, log two errors, and exit 0 having
+/// written nothing).
+#[test]
+fn a_fence_that_cannot_be_proven_starts_no_command_and_exits_8() {
+    let rt = runtime();
+    let lease = "fenced-closed";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-closed");
+    // A ServiceAccount that may lead (the Lease, Events) but not impersonate itself.
+    let bare = rt.block_on(async {
+        let admin = shared().admin().await;
+        apply(
+            &Api::<Role>::namespaced(admin.clone(), &ns),
+            "bare",
+            &obj(serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "bare"},
+                "rules": [
+                    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+                ]
+            })),
+        )
+        .await;
+        apply(
+            &Api::<RoleBinding>::namespaced(admin, &ns),
+            "bare",
+            &obj(serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "bare"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bare"},
+                "subjects": [{"kind": "ServiceAccount", "name": "bare", "namespace": ns}]
+            })),
+        )
+        .await;
+        fencing::service_account(&ns, "bare").await.1
+    });
+    let run = |kubeconfig: &Path, lease: &str, who: &str| {
+        let marker = dir.join(format!("{who}-started"));
+        let mut tenure = Tenure::start(
+            &cli_support::run_args(
+                lease,
+                &["--backend", "kube", "--namespace", &ns],
+                &["--identity", who, "--fence"],
+                vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!("touch {}; sleep 30", marker.display()),
+                ],
+            ),
+            &[("KUBECONFIG", &kubeconfig.display().to_string())],
+            dir.join(format!("{who}.err")),
+        );
+        let status = tenure.wait(Duration::from_secs(30));
+        (status, tenure.log(), marker.exists())
+    };
+    // No impersonation RBAC.
+    let (status, log, started) = run(&bare, "fenced-bare", "bare");
+    assert!(!started, "the command was started: {log}");
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains("the command was not started") && log.contains("impersonate"),
+        "{log}"
+    );
+    // The policy of this election removed: nothing refuses the lower token.
+    let policy = tenure::fence::kube::FencingPolicy::new(&ns, lease)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .name();
+    rt.block_on(remove_policy(&policy, &worker_kubeconfig, &ns));
+    let (status, log, started) = run(&worker_kubeconfig, lease, "worker");
+    assert!(!started, "the command was started: {log}");
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains(&format!("tenure-fencing.{ns}.{lease}")),
+        "{log}"
+    );
+}
+
+/// Removes the policy named `policy` and waits until the API server no longer enforces it:
+/// the worker's write without a token is admitted.
+async fn remove_policy(policy: &str, worker_kubeconfig: &Path, ns: &str) {
+    fencing::uninstall(policy).await;
+    let worker = shared().client_from(worker_kubeconfig).await;
+    let cms: Api<ConfigMap> = Api::namespaced(worker, ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while cms
+        .create(&PostParams::default(), &fencing::cm("unfenced", "x"))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the policy still refuses 30 s after its removal"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = cms.delete("unfenced", &Default::default()).await;
+}
+
+/// A term's command that writes through the endpoint on a signal: it publishes the endpoint's
+/// URL in `DIR/url`, waits for `DIR/go`, creates `N` ConfigMaps (a fresh connection each, as
+/// urllib opens them), prints `ok I` or `failed I: …` for each, touches `DIR/done` and exits
+/// once `DIR/finish` exists.
+const CROWD_WRITER: &str = r#"
+import json, os, sys, time, urllib.request, urllib.error
+server, token = os.environ["TENURE_KUBE_SERVER"], os.environ["TENURE_FENCING_TOKEN"]
+out, ns, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(out + "/url.tmp", "w") as f:
+    f.write(server)
+os.rename(out + "/url.tmp", out + "/url")
+while not os.path.exists(out + "/go"):
+    time.sleep(0.02)
+for i in range(n):
+    body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "crowd-%d" % i},
+                       "data": {"token": token}}).encode()
+    req = urllib.request.Request(server + "/api/v1/namespaces/" + ns + "/configmaps", data=body,
+                                 method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            print("ok", i, r.status, flush=True)
+    except Exception as e:
+        print("failed", i, repr(e), flush=True)
+open(out + "/done", "w").close()
+while not os.path.exists(out + "/finish"):
+    time.sleep(0.02)
+"#;
+
+/// Issue #40: a local process without the secret holds more idle connections to the endpoint
+/// than `tenure` has file descriptors (its `RLIMIT_NOFILE` lowered to 256, so the endpoint's
+/// cap is 64 and the probe's 16). The command's writes through the endpoint all succeed,
+/// `--listen`'s `/healthz` answers every poll throughout, and failed accepts (if any) are
+/// not logged one by one.
+#[test]
+fn idle_strangers_beyond_the_descriptor_limit_starve_neither_writes_nor_probe() {
+    const OPEN_FILES: usize = 256;
+    const STRANGERS: usize = OPEN_FILES + 44;
+    const WRITES: usize = 30;
+    let rt = runtime();
+    let lease = "fenced-crowd";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-crowd");
+    let writer = dir.join("writer.py");
+    std::fs::write(&writer, CROWD_WRITER).unwrap_or_else(|e| panic!("{e}"));
+    let port = cli_support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "-c".to_owned(),
+        format!("ulimit -n {OPEN_FILES} && exec \"$0\" \"$@\""),
+        cli_support::TENURE.to_owned(),
+    ];
+    args.extend(cli_support::run_args(
+        lease,
+        &["--backend", "kube", "--namespace", &ns],
+        &["--identity", "crowded", "--fence", "--listen", &listen],
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "python3 {} {} {ns} {WRITES} > {} 2>&1",
+                writer.display(),
+                dir.display(),
+                dir.join("out").display()
+            ),
+        ],
+    ));
+    let kubeconfig = worker_kubeconfig.display().to_string();
+    let mut tenure = Tenure::start_bin(
+        Path::new("/bin/sh"),
+        &args,
+        &[("KUBECONFIG", &kubeconfig)],
+        dir.join("err"),
+    );
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    wait_until(
+        Duration::from_secs(60),
+        "the command's endpoint URL",
+        || !read("url").is_empty(),
+    );
+    let url = read("url");
+    let endpoint = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("an endpoint URL: {url}"))
+        .to_owned();
+
+    // The strangers: connected, silent, held to the end of the test.
+    let strangers: Vec<std::net::TcpStream> = (0..STRANGERS)
+        .map(|_| std::net::TcpStream::connect(&endpoint).unwrap_or_else(|e| panic!("connect: {e}")))
+        .collect();
+    // /healthz polled every 100 ms: for 2 s beside the strangers, through the writes, and
+    // 2 s after them.
+    let mut probes = Vec::new();
+    let mut poll_for = |limit: Duration, until: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit && !until() {
+            probes.push(cli_support::http_get(port, "/healthz"));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let started = std::time::Instant::now();
+    poll_for(Duration::from_secs(2), &|| false);
+    std::fs::write(dir.join("go"), "").unwrap_or_else(|e| panic!("{e}"));
+    poll_for(Duration::from_secs(90), &|| dir.join("done").exists());
+    poll_for(Duration::from_secs(2), &|| false);
+    std::fs::write(dir.join("finish"), "").unwrap_or_else(|e| panic!("{e}"));
+    let status = tenure.wait(Duration::from_secs(60));
+    let elapsed = started.elapsed();
+    drop(strangers);
+    let said = read("out");
+    let log = tenure.log();
+    assert_eq!(status.code(), Some(0), "command: {said}\ntenure: {log}");
+    let written = said.lines().filter(|l| l.starts_with("ok ")).count();
+    assert_eq!(
+        written, WRITES,
+        "every write through the endpoint succeeds beside {STRANGERS} idle strangers: {said}\ntenure: {log}"
+    );
+    assert!(probes.len() >= 40, "{} polls", probes.len());
+    let unanswered: Vec<usize> = (0..probes.len())
+        .filter(|&i| !matches!(probes[i], Some((200, _))))
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "/healthz failed {} of {} polls (the first: {:?})\ntenure: {log}",
+        unanswered.len(),
+        probes.len(),
+        &unanswered[..unanswered.len().min(10)]
+    );
+    // One warning at once, then at most one every 10 s.
+    let warnings = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("accept"))
+        .count();
+    let allowed = 1 + usize::try_from(elapsed.as_secs() / 10).unwrap_or(usize::MAX);
+    assert!(
+        warnings <= allowed,
+        "{warnings} accept warnings in {elapsed:?}: {log}"
+    );
 }

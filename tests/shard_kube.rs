@@ -7,6 +7,7 @@ mod safety;
 mod shard_e2e;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 
@@ -34,6 +35,12 @@ async fn as_replica() -> bool {
     true
 }
 
+/// Held by each test while it runs: one at a time. They share one apiserver on what may be a
+/// two-core machine, and the thousand-shards replica keeps all 32 of its request slots busy
+/// for a minute or more; beside it, under CPU load, the 32-shard scenario's replicas (whose
+/// requests time out after 1 s) started no shard in 60 s (2 of 5 runs in a flake hunt).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A fresh namespace and register directory, and the replicas' environment.
 async fn setting(what: &str) -> (PathBuf, [(&'static str, String); 3]) {
     let server = kube_support::shared();
@@ -57,6 +64,7 @@ async fn thirty_two_shards_over_three_five_two_three_replicas_and_a_kill() {
     if as_replica().await {
         return;
     }
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (dir, env) = setting("shards").await;
     let times = shard_e2e::scenario(
         "thirty_two_shards_over_three_five_two_three_replicas_and_a_kill",
@@ -71,6 +79,7 @@ async fn a_rolling_update_from_8_to_12_shards_never_runs_two_counts_at_once() {
     if as_replica().await {
         return;
     }
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (dir, env) = setting("resize").await;
     let took = shard_e2e::resize_scenario(
         "a_rolling_update_from_8_to_12_shards_never_runs_two_counts_at_once",
@@ -88,6 +97,28 @@ async fn a_rolling_update_from_8_to_12_shards_never_runs_two_counts_at_once() {
 const THOUSAND: &str = "TENURE_SHARD_THOUSAND";
 const THOUSAND_SHARDS: u32 = 1000;
 
+/// The child's timings. This test is about open files, not throughput, so they leave the
+/// replica room to renew 1,000 leases on a loaded machine: at the defaults (a renewal every
+/// 5 s, each request bounded at 1 s including its wait for one of the backend's 32 slots) a
+/// burst of 1,000 renewals needs ~30 ms per request, and a debug build beside two busy loops
+/// held 0 to 200 of its 1,000 shards at any time for 300 s (15 minutes in a flake hunt). Here
+/// a lease renews every 20 s and a request may wait 7 s: ~220 ms per request, 50 renewals a
+/// second (at 15 s and 5 s the replica still lost shards on a machine at load 13).
+fn thousand_config() -> tenure::ElectionConfig {
+    tenure::ElectionConfig::new()
+        .lease_duration(Duration::from_secs(60))
+        .renew_deadline(Duration::from_secs(40))
+        .retry_period(Duration::from_secs(8))
+        .request_timeout(THOUSAND_REQUEST_TIMEOUT)
+}
+
+/// The request bound of the child's elector and backend.
+const THOUSAND_REQUEST_TIMEOUT: Duration = Duration::from_secs(7);
+
+/// How long the child may take to hold every shard and renew each lease twice before the test
+/// stops it and fails (with what it printed) rather than waiting forever.
+const THOUSAND_LIMIT: Duration = Duration::from_secs(600);
+
 /// Issue #26: a replica's load does not grow with its shards. One process holds 1,000 shard
 /// Leases under the default limit of 1,024 open files, with one watch for all of them and
 /// requests in flight bounded: its open files stay a small constant.
@@ -97,9 +128,14 @@ async fn a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit() 
         thousand_shards().await;
         return;
     }
-    let (_dir, env) = setting("thousand").await;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (dir, env) = setting("thousand").await;
     let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
+    let (out_path, err_path) = (dir.join("child.out"), dir.join("child.err"));
+    let file = |p: &PathBuf| {
+        std::fs::File::create(p).unwrap_or_else(|e| panic!("create {}: {e}", p.display()))
+    };
+    let mut child = std::process::Command::new(exe)
         .args([
             "a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit",
             "--exact",
@@ -107,15 +143,29 @@ async fn a_thousand_shards_in_one_process_stay_far_under_the_default_fd_limit() 
         ])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env(THOUSAND, "1")
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(file(&out_path))
+        .stderr(file(&err_path))
+        .spawn()
         .expect("child ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            break Some(status);
+        }
+        if started.elapsed() > THOUSAND_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let status = status.unwrap_or_else(|| {
+        panic!("the replica did not finish within {THOUSAND_LIMIT:?}:\n{stdout}\n{stderr}")
+    });
+    assert!(status.success(), "{status}\n{stdout}\n{stderr}");
     let line = stdout
         .lines()
         .find(|l| l.starts_with("THOUSAND "))
@@ -151,16 +201,17 @@ async fn thousand_shards() {
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .expect("config");
-    let backend = KubeBackend::from_config(config, KubeOptions::new().namespace(var(CHILD_NS)))
-        .expect("backend");
-    let locker = tenure::Locker::with_identity(backend, "solo").expect("identity");
-    let elector = tenure::shard::ShardedElector::new(
-        locker,
-        "thousand",
-        THOUSAND_SHARDS,
-        tenure::ElectionConfig::new(),
+    let backend = KubeBackend::from_config(
+        config,
+        KubeOptions::new()
+            .namespace(var(CHILD_NS))
+            .request_timeout(THOUSAND_REQUEST_TIMEOUT),
     )
-    .expect("elector");
+    .expect("backend");
+    let locker = tenure::Locker::with_identity(backend, "solo").expect("identity");
+    let elector =
+        tenure::shard::ShardedElector::new(locker, "thousand", THOUSAND_SHARDS, thousand_config())
+            .expect("elector");
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let sampler = {
         let peak = peak.clone();
@@ -168,11 +219,22 @@ async fn thousand_shards() {
             loop {
                 let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64);
                 peak.fetch_max(open, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
     };
     let started = std::time::Instant::now();
+    // What a failure shows: how many shards the replica held as time went by.
+    let progress = {
+        let owned = elector.owned();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let held = owned.borrow().len();
+                println!("held {held} shards after {:?}", started.elapsed());
+            }
+        })
+    };
     let mut owned = elector.owned();
     let shutdown = async {
         let all = owned
@@ -180,8 +242,8 @@ async fn thousand_shards() {
             .await
             .is_ok();
         assert!(all, "the elector stopped before holding every shard");
-        // Two renewals of every lease at the default timings.
-        tokio::time::sleep(std::time::Duration::from_secs(12)).await;
+        // Two renewals of every lease (one each lease_duration / 3), and a little more.
+        tokio::time::sleep(Duration::from_secs(43)).await;
     };
     let took = std::cell::Cell::new(None);
     let run = elector.run_until(shutdown, |_shard, _term| std::future::pending::<()>());
@@ -198,6 +260,7 @@ async fn thousand_shards() {
         () = watcher => unreachable!(),
     };
     sampler.abort();
+    progress.abort();
     result.expect("the group ran");
     println!(
         "THOUSAND owned={} peak_fds={} took_ms={}",

@@ -86,7 +86,9 @@ pub async fn serve_healthz(
 /// (each has a builder method):
 ///
 /// - at most [`max_connections`](Self::max_connections) connections at once (default
-///   [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), 64). At the cap a new
+///   [`DEFAULT_MAX_CONNECTIONS`](Self::DEFAULT_MAX_CONNECTIONS), 64), and never more than a
+///   sixteenth of the process's open-file limit (`RLIMIT_NOFILE`: 64 of the usual 1,024), so
+///   clients cannot take the descriptors the rest of the process needs. At the cap a new
 ///   connection closes the oldest open one: a probe always gets a connection of its own at
 ///   once, however many idle or slow clients (slowloris) hold the others.
 /// - a request's headers must arrive within [`header_timeout`](Self::header_timeout)
@@ -147,7 +149,8 @@ enum Probed {
 }
 
 /// A metrics registry the application and the probe server share: the application keeps
-/// registering (and updating) its own metrics in it while `/metrics` serves them all.
+/// registering (and updating) its own metrics in it while `/metrics` serves them all. Needs
+/// the `metrics` feature.
 #[cfg(feature = "metrics")]
 pub type SharedRegistry = std::sync::Arc<std::sync::Mutex<prometheus_client::registry::Registry>>;
 
@@ -241,8 +244,9 @@ impl ProbeServer {
         self
     }
 
-    /// How many connections are served at once (default 64; at least 1). A connection above
-    /// it closes the oldest open one.
+    /// How many connections are served at once (default 64; at least 1; at most a sixteenth
+    /// of the process's open-file limit whatever is set here). A connection above it closes
+    /// the oldest open one.
     pub fn max_connections(mut self, max: usize) -> Self {
         self.limits.max_connections = max.max(1);
         self

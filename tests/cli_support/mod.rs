@@ -37,30 +37,47 @@ pub fn run_args(
     args
 }
 
-/// Wall-clock nanoseconds, comparable with the `date +%s%N` stamps the commands log.
+/// Wall-clock nanoseconds, comparable with the times the workers log.
 pub fn now_ns() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
 }
 
-/// A shell command that logs `start <token> <pid> <ns>` to `log`, writes its pid to
-/// `<pidfile>`, works for `seconds` (a negative value: forever), then logs `end …` and exits
-/// with `code`.
+/// `bash -c <body>` where `body` may call `log KIND [MORE]`: appends `KIND <token> <pid> <ns>
+/// [MORE]` (token from `TENURE_FENCING_TOKEN`, pid of the calling (sub)shell, wall-clock time)
+/// to `log` as one line in one write, the format [`events`] reads.
+///
+/// A line is written whole or not at all, however the command is stopped: the time is bash's
+/// own clock (`$EPOCHREALTIME`, microseconds, logged as nanoseconds), not a `$(date +%s%N)`
+/// child. tenure signals the whole process group, so such a child, still running while a copy
+/// that was just started is stopped, died with the group, and a shell that traps the signal
+/// logged its line with an empty time. With no child, nothing stops half-way; `echo` to a
+/// line-buffered stream is one `write` of the whole line.
+pub fn logging_shell(log: &Path, body: &str) -> Vec<String> {
+    let function = format!(
+        r#"log() {{ t=${{EPOCHREALTIME:?the worker log needs bash 5}}; echo "$1 $TENURE_FENCING_TOKEN $BASHPID ${{t//[!0-9]/}}000${{2:+ $2}}" >> {log}; }}"#,
+        log = log.display(),
+    );
+    vec!["bash".into(), "-c".into(), format!("{function}\n{body}")]
+}
+
+/// A shell command that logs `start <token> <pid> <ns> <lease> <identity>` to `log`, writes its
+/// pid to `<pidfile>`, works for `seconds` (a negative value: forever), then logs
+/// `end <token> <pid> <ns>` and exits with `code`.
 pub fn worker(log: &Path, pidfile: &Path, seconds: f64, code: i32) -> Vec<String> {
     let body = format!(
-        r#"echo "start $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_LEASE $TENURE_IDENTITY" >> {log}
+        r#"log start "$TENURE_LEASE $TENURE_IDENTITY"
 echo $$ > {pid}.tmp && mv {pid}.tmp {pid}
 if [ "{forever}" = 1 ]; then while :; do sleep 0.1; done; fi
 sleep {seconds}
-echo "end $TENURE_FENCING_TOKEN $$ $(date +%s%N)" >> {log}
+log end
 exit {code}"#,
-        log = log.display(),
         pid = pidfile.display(),
         forever = u8::from(seconds < 0.0),
         seconds = seconds.max(0.0),
     );
-    vec!["sh".into(), "-c".into(), body]
+    logging_shell(log, &body)
 }
 
 /// One line of a worker log.
@@ -340,16 +357,17 @@ pub fn strings(args: &[&str]) -> Vec<String> {
 /// A shell command for `tenure run --shards`: logs `start <token> <pid> <ns> <shard> <shards>
 /// <lease> <identity>` to `log`, works until SIGTERM or SIGINT, then logs `term …`, takes `exit_after`
 /// seconds (its grace), logs `end …` and exits 0. [`events`] reads the log; an event's `rest`
-/// is `<shard> <shards> <lease> <identity>`.
+/// is `<shard> <shards> <lease> <identity>`. A copy stopped while it starts logs whole lines
+/// (see [`logging_shell`]): its `start`, `term` and `end`, or nothing if the signal came
+/// before its trap was set.
 pub fn shard_worker(log: &Path, exit_after: f64) -> Vec<String> {
     let body = format!(
-        r#"log() {{ echo "$1 $TENURE_FENCING_TOKEN $$ $(date +%s%N) $TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_IDENTITY" >> {log}; }}
-trap 'log term; sleep {exit_after}; log end; exit 0' TERM INT
-log start
+        r#"about="$TENURE_SHARD $TENURE_SHARDS $TENURE_LEASE $TENURE_IDENTITY"
+trap 'log term "$about"; sleep {exit_after}; log end "$about"; exit 0' TERM INT
+log start "$about"
 while :; do sleep 0.1; done"#,
-        log = log.display(),
     );
-    vec!["sh".into(), "-c".into(), body]
+    logging_shell(log, &body)
 }
 
 /// The shard of a [`shard_worker`] event.

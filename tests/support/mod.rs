@@ -143,6 +143,10 @@ pub struct Options {
     tls: bool,
     acl_users: Vec<String>,
     cluster: bool,
+    /// `cluster-node-timeout` in ms (2000 unless set).
+    node_timeout_ms: Option<u64>,
+    /// A replica's first sync starts at once (no diskless-sync delay).
+    quick_sync: bool,
 }
 
 impl Options {
@@ -165,15 +169,23 @@ impl Options {
         self
     }
 
+    /// `cluster-node-timeout`: how long a node may not answer before the others count it as
+    /// failing (then a replica of a failed master is promoted about a second later).
+    pub fn cluster_node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
     pub fn start(self) -> RedisServer {
         RedisServer::start_with(self)
     }
 }
 
-/// A Redis Cluster of private servers on loopback, each serving a share of the 16384 slots,
-/// without replicas; killed on drop.
+/// A Redis Cluster of private servers on loopback, each master serving a share of the 16384
+/// slots, with or without replicas; killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
+    /// The masters first (as created), then the replicas, if any.
     pub nodes: Vec<RedisServer>,
 }
 
@@ -185,6 +197,19 @@ impl RedisCluster {
 
     /// Like [`start`](Self::start), every node with `opts` (e.g. ACL users).
     pub fn start_with(n: usize, opts: &Options) -> Self {
+        Self::create(n, 0, opts)
+    }
+
+    /// Starts `masters` masters with one replica each, `cluster-node-timeout` 1 s: a master
+    /// that stops answering is failed over to its replica within a few seconds.
+    pub fn start_replicated(masters: usize) -> Self {
+        let mut opts = Options::default().cluster_node_timeout(Duration::from_secs(1));
+        opts.quick_sync = true;
+        Self::create(masters, 1, &opts)
+    }
+
+    fn create(masters: usize, replicas: usize, opts: &Options) -> Self {
+        let n = masters * (1 + replicas);
         let nodes: Vec<RedisServer> = (0..n).map(|_| opts.clone().cluster().start()).collect();
         let mut create = Command::new("redis-cli");
         if !opts.acl_users.is_empty() {
@@ -195,7 +220,7 @@ impl RedisCluster {
             create.arg(format!("127.0.0.1:{}", node.port()));
         }
         let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .unwrap_or_else(|e| panic!("cannot run redis-cli (Debian package redis-tools): {e}"));
         assert!(
@@ -204,12 +229,14 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let cluster = Self { nodes };
+        let mut cluster = Self { nodes };
         let deadline = Instant::now() + Duration::from_secs(30);
         let known = Some(cluster.nodes.len().to_string());
         while !cluster.nodes.iter().all(|n| {
             n.cluster_info("cluster_state").as_deref() == Some("ok")
                 && n.cluster_info("cluster_known_nodes") == known
+                && (n.info_field("replication", "role").as_deref() == Some("master")
+                    || n.info_field("replication", "master_link_status").as_deref() == Some("up"))
         }) {
             assert!(
                 Instant::now() < deadline,
@@ -218,6 +245,67 @@ impl RedisCluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         cluster
+            .nodes
+            .sort_by_key(|n| n.info_field("replication", "role").as_deref() != Some("master"));
+        let masters_seen = cluster
+            .nodes
+            .iter()
+            .filter(|n| n.info_field("replication", "role").as_deref() == Some("master"))
+            .count();
+        assert_eq!(
+            masters_seen, masters,
+            "{n} nodes, {masters} of them masters"
+        );
+        cluster
+    }
+
+    /// The index in [`nodes`](Self::nodes) of the master serving `slot`, as node `via` sees it
+    /// (ask one that answers).
+    pub fn master_of(&self, via: usize, slot: u16) -> usize {
+        let redis::Value::Array(ranges) = self.nodes[via].cmd(&["CLUSTER", "SLOTS"]) else {
+            panic!("CLUSTER SLOTS is not an array");
+        };
+        for range in ranges {
+            let redis::Value::Array(parts) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(lo)),
+                Some(redis::Value::Int(hi)),
+                Some(redis::Value::Array(master)),
+            ) = (parts.first(), parts.get(1), parts.get(2))
+            else {
+                continue;
+            };
+            if (*lo..=*hi).contains(&i64::from(slot))
+                && let Some(redis::Value::Int(port)) = master.get(1)
+            {
+                return self.index_of(u16::try_from(*port).unwrap_or(0));
+            }
+        }
+        panic!("no node serves slot {slot}");
+    }
+
+    /// The index of the replica of master `master`.
+    pub fn replica_of(&self, master: usize) -> usize {
+        let port = self.nodes[master].port().to_string();
+        (0..self.nodes.len())
+            .find(|&i| {
+                i != master
+                    && self.nodes[i]
+                        .info_field("replication", "master_port")
+                        .as_deref()
+                        == Some(port.as_str())
+            })
+            .unwrap_or_else(|| panic!("node {master} has no replica"))
+    }
+
+    /// The index of the node listening on `port`.
+    pub fn index_of(&self, port: u16) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no node on port {port}"))
     }
 
     /// A seed node's URL.
@@ -333,9 +421,13 @@ impl RedisServer {
             None => c.push_str(&format!("port {}\n", self.port)),
         }
         if self.opts.cluster {
-            c.push_str(
-                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 2000\n",
-            );
+            c.push_str(&format!(
+                "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout {}\n",
+                self.opts.node_timeout_ms.unwrap_or(2000)
+            ));
+        }
+        if self.opts.quick_sync {
+            c.push_str("repl-diskless-sync-delay 0\n");
         }
         if !self.opts.acl_users.is_empty() {
             c.push_str(&format!("user default on >{ADMIN_PASSWORD} ~* &* +@all\n"));

@@ -198,7 +198,7 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- fail (printf "election.renewDeadline (%s) must be longer than 1.2 × election.retryPeriod (%s)" $e.renewDeadline $e.retryPeriod) -}}
 {{- end -}}
 {{- if le (mul $deadline 3) $lease -}}
-{{- fail (printf "election.renewDeadline (%s) must be longer than a third of election.leaseDuration (%s): the leader's first renewal is a third of the lease in" $e.renewDeadline $e.leaseDuration) -}}
+{{- fail (printf "election.renewDeadline (%s) must be longer than a third of election.leaseDuration (%s): the leader first renews a third of the way into the lease, so a renew deadline no longer than that ends every term before its first renewal; set election.renewDeadline to about two thirds of the lease (%dms for %s)" $e.renewDeadline $e.leaseDuration (div (mul $lease 2) 3000000) $e.leaseDuration) -}}
 {{- end -}}
 {{- $valid := sub $lease (add (div $lease 100) 2000000) -}}
 {{- if gt $deadline $valid -}}

@@ -34,7 +34,7 @@ pub fn damaged_records() -> u64 {
 }
 
 /// Registers `tenure_kube_unparseable_lease_records_total` in `registry`: the count of
-/// [`damaged_records`], read at each scrape.
+/// [`damaged_records`], read at each scrape. Needs the `metrics` feature.
 ///
 /// ```
 /// let mut registry = prometheus_client::registry::Registry::default();

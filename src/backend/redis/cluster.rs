@@ -10,14 +10,29 @@
 //!
 //! Topology changes are followed the way a cluster tells its clients: a `MOVED` reply sends
 //! the call to the named node at once and marks the map stale; an `ASK` reply (a slot being
-//! migrated) sends it once to the named node after `ASKING`; a node that cannot be reached marks
-//! the map stale too. The next call after a stale mark reads the map again (one read at a
-//! time; callers waiting meanwhile share it), from the known masters and the seed in turn.
+//! migrated) sends it once to the named node after `ASKING`; a node that cannot be reached, or
+//! that a call gave up waiting for (a frozen node keeps its connections open and answers
+//! nothing, so the caller's bound runs out first), marks the map stale too and becomes a
+//! *suspect*. The next call after a stale mark reads the map again (one read at a time;
+//! callers waiting meanwhile share it), asking the nodes that answer first and the suspects
+//! last, and asking the next node too whenever one has not answered within a quarter of the
+//! request timeout: so a frozen master costs a map read a quarter of the call's bound, not the
+//! whole of it, and a failover is followed at the first call after the cluster promoted a
+//! replica. A suspect is logged as a warning, and again every 10 s while calls still find it
+//! silent.
+//!
+//! Every node connection carries the configured credentials, and the nodes are whatever the
+//! slot map and the redirects name — not only the seed the operator gave. So a map naming more
+//! than [`MAX_CLUSTER_MASTERS`] masters is refused, the connections one client holds are
+//! capped, and a password over plain TCP is warned about when the cluster connection is made.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use ::redis::{ErrorKind, Pipeline, RedisError, ServerErrorKind, Value};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use super::server::{ConnError, Connector, Managed};
 
@@ -27,6 +42,24 @@ const MAX_REDIRECTS: usize = 5;
 
 /// The number of hash slots of a Redis Cluster.
 const SLOTS: u16 = 16384;
+
+/// The most masters a slot map may name: Redis Cluster is designed for at most 1,000 nodes, so
+/// a map naming more is not a real cluster's, and tenure refuses it (keeping the map it had)
+/// rather than open a connection — carrying the credentials — to each of its masters.
+pub const MAX_CLUSTER_MASTERS: usize = 1000;
+
+/// The most node connections one client holds: the masters, the seed, and the nodes
+/// redirects named since the map was last read (each `MOVED` makes the next call read it
+/// again, which drops the connections to nodes that are no masters).
+const MAX_CONNECTIONS: usize = MAX_CLUSTER_MASTERS + 64;
+
+/// A map read asks one more node each time this share of the request timeout passes without
+/// an answer (a quarter: a call that met a frozen master still has most of its bound left for
+/// the new master once the map names it).
+const ASK_SHARE: u32 = 4;
+
+/// How often a node that calls still find silent is logged again.
+const SILENT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A master, as the cluster announces it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -58,14 +91,14 @@ impl SlotMap {
         (slot <= *end).then_some(node)
     }
 
+    /// The masters, each once, in slot order.
     fn masters(&self) -> Vec<Node> {
-        let mut out: Vec<Node> = Vec::new();
-        for (_, _, node) in &self.ranges {
-            if !out.contains(node) {
-                out.push(node.clone());
-            }
-        }
-        out
+        let mut seen: HashSet<&Node> = HashSet::new();
+        self.ranges
+            .iter()
+            .filter(|(_, _, node)| seen.insert(node))
+            .map(|(_, _, node)| node.clone())
+            .collect()
     }
 }
 
@@ -105,6 +138,18 @@ fn parse_slots(reply: &Value, asked: &Node) -> Result<SlotMap, String> {
         map.ranges.push(range);
     }
     Ok(map)
+}
+
+/// Refuses a map (read from `asked`) naming more than [`MAX_CLUSTER_MASTERS`] masters.
+fn within_cap(map: &SlotMap, asked: &Node) -> Result<(), ConnError> {
+    let masters = map.masters().len();
+    if masters > MAX_CLUSTER_MASTERS {
+        return Err(hostile_answer(format!(
+            "node {asked}'s slot map names {masters} masters; tenure accepts at most \
+             {MAX_CLUSTER_MASTERS} (MAX_CLUSTER_MASTERS) and connects to none of them"
+        )));
+    }
+    Ok(())
 }
 
 /// One `[start, end, [host, port, id, ...], replicas...]` entry.
@@ -248,6 +293,23 @@ fn cluster_error(what: String) -> ConnError {
     )))
 }
 
+/// A node's answer that no real cluster gives, in the redis crate's form (a protocol error).
+fn hostile_answer(what: String) -> ConnError {
+    ConnError::Redis(RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        "redis cluster",
+        what,
+    )))
+}
+
+/// A node that did not answer its last request.
+struct Suspect {
+    /// When it first did not answer.
+    since: Instant,
+    /// When that was last logged (calls log it; map reads only count it).
+    logged: Option<Instant>,
+}
+
 /// What the connection knows of the cluster.
 #[derive(Default)]
 struct State {
@@ -256,8 +318,23 @@ struct State {
     map: SlotMap,
     stale: bool,
     /// A connection per node (the masters of the map, the seed, redirect targets until the
-    /// next read), made when first used.
+    /// next read), made when first used; at most [`MAX_CONNECTIONS`].
     conns: HashMap<Node, Arc<Managed>>,
+    /// Nodes (of `conns`) whose last request went unanswered: asked last for the map.
+    suspects: HashMap<Node, Suspect>,
+}
+
+impl State {
+    /// Whom to ask for the map, in order: the masters and the seed that answer, in slot order;
+    /// then the suspects, the one that went silent last asked last.
+    fn map_sources(&self, seed: &Node) -> Vec<Node> {
+        let mut nodes = self.map.masters();
+        if !nodes.contains(seed) {
+            nodes.push(seed.clone());
+        }
+        nodes.sort_by_key(|n| self.suspects.get(n).map(|s| s.since));
+        nodes
+    }
 }
 
 /// A Redis Cluster connection: cheap to share, safe to use from many tasks.
@@ -275,6 +352,13 @@ impl Cluster {
         let (host, port) = seed
             .host_port()
             .ok_or_else(|| cluster_error("a cluster's seed must be a TCP address".to_owned()))?;
+        if seed.password_in_clear() {
+            tracing::warn!(
+                "redis cluster: the password goes over plain TCP (redis://) to every node the \
+                 cluster names in its slot map or in a MOVED/ASK redirect, not only to the seed \
+                 {host}:{port}; use rediss:// with a CA that vouches only for your nodes"
+            );
+        }
         let cluster = Arc::new(Self {
             seed,
             seed_node: Node { host, port },
@@ -289,11 +373,18 @@ impl Cluster {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The connection to `node`, made on first use.
+    /// The connection to `node`, made on first use (unless [`MAX_CONNECTIONS`] are open).
     fn conn(&self, node: &Node) -> Result<Arc<Managed>, ConnError> {
         let mut state = self.lock();
         if let Some(c) = state.conns.get(node) {
             return Ok(c.clone());
+        }
+        if state.conns.len() >= MAX_CONNECTIONS {
+            state.stale = true;
+            return Err(cluster_error(format!(
+                "node {node}: not connecting, {MAX_CONNECTIONS} node connections are open already \
+                 (the slot map and redirects named that many nodes)"
+            )));
         }
         let connector = self
             .seed
@@ -304,40 +395,157 @@ impl Cluster {
         Ok(conn)
     }
 
+    /// A call to `node` went unanswered (`why`): the map is read again before the next call,
+    /// from other nodes first. Logged as a warning, and again every [`SILENT_LOG_EVERY`] while
+    /// calls still find the node silent.
+    fn call_unanswered(&self, node: &Node, why: &str) {
+        let now = Instant::now();
+        let silent_since = {
+            let mut state = self.lock();
+            state.stale = true;
+            let suspect = state.suspects.entry(node.clone()).or_insert(Suspect {
+                since: now,
+                logged: None,
+            });
+            let first = match suspect.logged {
+                Some(t) if now.duration_since(t) < SILENT_LOG_EVERY => return,
+                Some(_) => false,
+                None => true,
+            };
+            suspect.logged = Some(now);
+            (!first).then(|| now.duration_since(suspect.since))
+        };
+        match silent_since {
+            None => tracing::warn!(
+                %node,
+                "redis cluster: node {node} did not answer ({why}); reading the slot map again, \
+                 from other nodes first. Calls for its slots fail until it answers or the \
+                 cluster promotes a replica"
+            ),
+            Some(d) => tracing::warn!(
+                %node,
+                "redis cluster: node {node} has not answered for {d:.0?} ({why}), and the slot \
+                 map still names it; waiting for it to answer or for the cluster to promote a \
+                 replica"
+            ),
+        }
+    }
+
+    /// A map read got no answer from `node` in time: asked last next time, not logged (the
+    /// read went on to another node).
+    fn ask_unanswered(&self, node: &Node) {
+        self.lock().suspects.entry(node.clone()).or_insert(Suspect {
+            since: Instant::now(),
+            logged: None,
+        });
+    }
+
+    /// `node` answered: no longer a suspect.
+    fn answered(&self, node: &Node) {
+        let was = self.lock().suspects.remove(node);
+        if let Some(Suspect {
+            since,
+            logged: Some(_),
+        }) = was
+        {
+            tracing::info!(%node, "redis cluster: node {node} answers again after {:.1?}", since.elapsed());
+        }
+    }
+
     /// Reads the map again unless another caller did since `seen` (a generation).
     async fn read_map(&self, seen: u64) -> Result<(), ConnError> {
         let _reading = self.reading.lock().await;
-        let mut candidates = {
+        let sources = {
             let state = self.lock();
             if state.generation != seen {
                 return Ok(());
             }
-            state.map.masters()
+            state.map_sources(&self.seed_node)
         };
-        if !candidates.contains(&self.seed_node) {
-            candidates.push(self.seed_node.clone());
+        let (from, map) = self.ask_for_map(sources).await?;
+        let mut state = self.lock();
+        let (old, new) = (state.map.masters(), map.masters());
+        if state.generation > 0 && old != new {
+            let gone: Vec<String> = old
+                .iter()
+                .filter(|n| !new.contains(n))
+                .map(Node::to_string)
+                .collect();
+            let added: Vec<String> = new
+                .iter()
+                .filter(|n| !old.contains(n))
+                .map(Node::to_string)
+                .collect();
+            tracing::info!(
+                node = %from,
+                "redis cluster: the slot map changed: masters {added:?} new, {gone:?} gone"
+            );
         }
+        let seed = &self.seed_node;
+        state.conns.retain(|n, _| new.contains(n) || n == seed);
+        state.suspects.retain(|n, _| new.contains(n) || n == seed);
+        state.map = map;
+        state.stale = false;
+        state.generation += 1;
+        Ok(())
+    }
+
+    /// How long a node may take to answer before it counts as silent: a share of the request
+    /// timeout.
+    fn ask_budget(&self) -> Duration {
+        self.seed.request_timeout() / ASK_SHARE
+    }
+
+    /// Asks `sources` for the map in turn, the next one also whenever no answer came within a
+    /// share of the request timeout, or at once when one failed; the first map wins.
+    async fn ask_for_map(&self, sources: Vec<Node>) -> Result<(Node, SlotMap), ConnError> {
+        let budget = self.ask_budget();
+        let mut sources = sources.into_iter();
+        let mut asking = FuturesUnordered::new();
+        let mut waiting_on: Vec<Node> = Vec::new();
         let mut last = None;
-        for node in candidates {
-            match self.read_map_from(&node).await {
-                Ok(map) => {
-                    let mut state = self.lock();
-                    let masters = map.masters();
-                    state
-                        .conns
-                        .retain(|n, _| masters.contains(n) || *n == self.seed_node);
-                    state.map = map;
-                    state.stale = false;
-                    state.generation += 1;
-                    return Ok(());
+        let mut ask_next = true;
+        loop {
+            if ask_next && let Some(node) = sources.next() {
+                waiting_on.push(node.clone());
+                asking.push(async move {
+                    let read = self.read_map_from(&node).await;
+                    (node, read)
+                });
+            }
+            if asking.is_empty() {
+                return Err(last.unwrap_or_else(|| {
+                    cluster_error("no node to read the slot map from".to_owned())
+                }));
+            }
+            tokio::select! {
+                Some((node, read)) = asking.next() => {
+                    waiting_on.retain(|n| *n != node);
+                    match read {
+                        Ok(map) => {
+                            self.answered(&node);
+                            return Ok((node, map));
+                        }
+                        Err(e) => {
+                            tracing::debug!(%node, "redis cluster: cannot read the slot map here");
+                            if unreachable(&e) {
+                                self.ask_unanswered(&node);
+                            } else {
+                                self.answered(&node);
+                            }
+                            last = Some(e);
+                            ask_next = true;
+                        }
+                    }
                 }
-                Err(e) => {
-                    tracing::debug!(%node, "redis cluster: cannot read the slot map here");
-                    last = Some(e);
+                () = tokio::time::sleep(budget) => {
+                    for node in &waiting_on {
+                        self.ask_unanswered(node);
+                    }
+                    ask_next = true;
                 }
             }
         }
-        Err(last.unwrap_or_else(|| cluster_error("no node to read the slot map from".to_owned())))
     }
 
     async fn read_map_from(&self, node: &Node) -> Result<SlotMap, ConnError> {
@@ -357,6 +565,7 @@ impl Cluster {
         if map.ranges.is_empty() {
             return Err(cluster_error(format!("node {node} knows no slot's master")));
         }
+        within_cap(&map, node)?;
         Ok(map)
     }
 
@@ -378,6 +587,11 @@ impl Cluster {
                 None => (self.route(slot).await?, false),
             };
             let conn = self.conn(&node)?;
+            let call = InFlight {
+                cluster: self,
+                node: &node,
+                sent: Instant::now(),
+            };
             let answer = if ask {
                 conn.send(&asking(pipe), count * 2)
                     .await
@@ -385,11 +599,8 @@ impl Cluster {
             } else {
                 conn.send(pipe, count).await
             };
-            let replies = answer.inspect_err(|e| {
-                if unreachable(e) {
-                    self.lock().stale = true;
-                }
-            })?;
+            call.settle(answer.as_ref().err());
+            let replies = answer?;
             match redirect(&replies) {
                 None => return Ok(replies),
                 Some(Redirect::Moved(to)) => {
@@ -445,6 +656,43 @@ impl Cluster {
             first.get_or_insert(replies);
         }
         first.ok_or_else(|| cluster_error("no master to load the scripts on".to_owned()))
+    }
+}
+
+/// A call on its way to `node`. Dropped unsettled after the ask budget, its caller stopped
+/// waiting for the answer — the caller's bound ran out, which is how a frozen node shows (its
+/// connection stays open, the answer never comes) — so the node counts as not answering. (A
+/// caller that leaves sooner, say at shutdown, says nothing about the node.)
+struct InFlight<'a> {
+    cluster: &'a Cluster,
+    node: &'a Node,
+    sent: Instant,
+}
+
+impl InFlight<'_> {
+    /// The call ended: with an answer, or with `error`.
+    fn settle(self, error: Option<&ConnError>) {
+        // Not dropped: the outcome is known (it holds only references, nothing leaks).
+        let this = std::mem::ManuallyDrop::new(self);
+        match error {
+            Some(e) if unreachable(e) => {
+                let why = match e {
+                    ConnError::Redis(e) if e.is_timeout() => "the request timed out",
+                    _ => "the connection failed",
+                };
+                this.cluster.call_unanswered(this.node, why);
+            }
+            _ => this.cluster.answered(this.node),
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.sent.elapsed() >= self.cluster.ask_budget() {
+            self.cluster
+                .call_unanswered(self.node, "the caller stopped waiting for the answer");
+        }
     }
 }
 
@@ -599,6 +847,116 @@ mod tests {
         // Messages name nodes the way addresses are written.
         assert_eq!(node("10.0.0.1", 7000).to_string(), "10.0.0.1:7000");
         assert_eq!(node("::1", 7000).to_string(), "[::1]:7000");
+    }
+
+    /// A map of `n` one-slot masters on distinct ports.
+    fn one_slot_masters(n: u16) -> SlotMap {
+        SlotMap {
+            ranges: (0..n).map(|i| (i, i, node("10.0.0.1", 1000 + i))).collect(),
+        }
+    }
+
+    #[test]
+    fn a_map_naming_more_masters_than_the_cap_is_refused() {
+        let asked = node("10.0.0.1", 7000);
+        let cap = u16::try_from(MAX_CLUSTER_MASTERS).expect("a slot count");
+        assert!(within_cap(&one_slot_masters(cap), &asked).is_ok());
+        // Many ranges of few masters are fine: the cap counts masters.
+        let mut few = one_slot_masters(cap);
+        few.ranges
+            .extend((cap..SLOTS).map(|i| (i, i, node("10.0.0.1", 1000))));
+        assert_eq!(few.masters().len(), MAX_CLUSTER_MASTERS);
+        assert!(within_cap(&few, &asked).is_ok());
+        let Err(ConnError::Redis(e)) = within_cap(&one_slot_masters(cap + 1), &asked) else {
+            panic!("one master too many was taken");
+        };
+        assert_eq!(
+            e.kind(),
+            ErrorKind::UnexpectedReturnType,
+            "a protocol error"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("10.0.0.1:7000's slot map names 1001 masters"),
+            "{text}"
+        );
+    }
+
+    fn cluster() -> Cluster {
+        let info = ::redis::IntoConnectionInfo::into_connection_info("redis://127.0.0.1:1")
+            .expect("a URL");
+        let seed = Connector::new(info, None, Duration::from_secs(1), Duration::from_secs(1))
+            .expect("no TLS");
+        Cluster {
+            seed,
+            seed_node: node("127.0.0.1", 1),
+            state: Mutex::default(),
+            reading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    #[test]
+    fn a_client_holds_at_most_max_connections() {
+        let cluster = cluster();
+        let ports = 1..=u16::try_from(MAX_CONNECTIONS).expect("a port count");
+        for port in ports.clone() {
+            cluster
+                .conn(&node("10.0.0.1", port))
+                .expect("under the cap");
+        }
+        assert!(!cluster.lock().stale);
+        let Err(ConnError::Redis(e)) = cluster.conn(&node("10.0.0.2", 1)) else {
+            panic!("a connection over the cap");
+        };
+        assert!(
+            e.to_string().contains("node connections are open already"),
+            "{e}"
+        );
+        assert!(
+            cluster.lock().stale,
+            "the next call reads the map (and prunes)"
+        );
+        assert_eq!(cluster.lock().conns.len(), MAX_CONNECTIONS);
+        // Those already open stay usable.
+        assert!(cluster.conn(&node("10.0.0.1", 1)).is_ok());
+    }
+
+    #[test]
+    fn the_map_is_asked_of_silent_nodes_last() {
+        let cluster = cluster();
+        let (a, b, c, seed) = (
+            node("10.0.0.1", 1),
+            node("10.0.0.2", 1),
+            node("10.0.0.3", 1),
+            node("127.0.0.1", 1),
+        );
+        cluster.lock().map = SlotMap {
+            ranges: vec![(0, 9, a.clone()), (10, 19, b.clone()), (20, 29, c.clone())],
+        };
+        let sources = || cluster.lock().map_sources(&cluster.seed_node);
+        assert_eq!(sources(), [a.clone(), b.clone(), c.clone(), seed.clone()]);
+        // a went silent first, then the seed: both last, the seed (silent last) at the end.
+        // (A millisecond apart: the order is by when each went silent.)
+        let tick = || std::thread::sleep(Duration::from_millis(1));
+        cluster.call_unanswered(&a, "test");
+        tick();
+        cluster.ask_unanswered(&seed);
+        assert!(cluster.lock().stale, "a call's silence marks the map stale");
+        assert_eq!(sources(), [b.clone(), c.clone(), a.clone(), seed.clone()]);
+        // A map read's silence does not mark it stale; an answer clears a suspect.
+        cluster.lock().stale = false;
+        tick();
+        cluster.ask_unanswered(&b);
+        assert!(!cluster.lock().stale);
+        cluster.answered(&a);
+        assert_eq!(sources(), [a, c, seed, b]);
+        // A seed that serves slots is asked once.
+        cluster
+            .lock()
+            .map
+            .ranges
+            .push((30, 39, node("127.0.0.1", 1)));
+        assert_eq!(sources().len(), 4);
     }
 
     #[test]

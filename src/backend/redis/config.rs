@@ -245,11 +245,29 @@ impl RedisConfig {
     /// [`MAX_REPLY_BYTES`](super::MAX_REPLY_BYTES), TLS verifying each node's announced host)
     /// and sends each call to the master serving the lock's slot. A slot being migrated is
     /// followed through `ASK`, a moved slot through `MOVED` (the map is then read again), and
-    /// a master that cannot be reached makes the next call read the map again, from the known
-    /// masters and the seed in turn — so a failover is followed once the cluster has promoted
-    /// a replica. A slot map entry that does not parse is skipped with a warning. The tests
-    /// move a held lock's slot between masters (`ASK`, then `MOVED`); they do not fail a
-    /// master over.
+    /// a master that cannot be reached, or does not answer within the request timeout (a
+    /// frozen one), makes the next call read the map again — asking the nodes that answer
+    /// first, and the next node as well whenever one has not answered within a quarter of the
+    /// request timeout — so a failover is followed at the first call after the cluster has
+    /// promoted a replica. A master that does not answer is logged as a warning (again every
+    /// 10 s while calls still find it silent), and so is a change of the masters. A slot map
+    /// entry that does not parse is skipped with a warning. The tests move a held lock's slot
+    /// between masters (`ASK`, then `MOVED`), and freeze (SIGSTOP) or kill a master with a
+    /// replica: a waiting follower is granted the lease by its first call sent after the
+    /// promotion.
+    ///
+    /// # Credentials
+    ///
+    /// Every node connection authenticates with this config's user and password, and the
+    /// nodes are the ones the cluster names — in its slot map and in `MOVED`/`ASK` redirects —
+    /// not only the seed. With `redis://` the password crosses the network in the clear to
+    /// each of them, so [`RedisBackend::connect`] logs a warning when a cluster is reached
+    /// with a password over plain TCP; with `rediss://` each node's certificate is verified
+    /// for the host the cluster names, so only hosts your CA vouches for receive it. A slot
+    /// map naming more than [`MAX_CLUSTER_MASTERS`](super::MAX_CLUSTER_MASTERS) masters (no
+    /// real cluster does) is refused with [`BackendErrorKind::Protocol`] before any of them is
+    /// contacted, and one backend holds at most that many node connections, plus a few for
+    /// the seed and redirect targets.
     ///
     /// In a cluster every script call carries one lock (the keys of different locks hash to
     /// different slots), so concurrent operations are not coalesced and

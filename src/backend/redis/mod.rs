@@ -148,7 +148,10 @@
 //! - Redis Cluster ([`RedisConfig::cluster`]): one script call per lock, no group commit, so a
 //!   cluster serves fewer locks per second per node than a single server does. The subscriber
 //!   connection goes to the seed node only; if that node is down, waiters fall back to their
-//!   timers until it is back.
+//!   timers until it is back. The credentials go to every node the cluster names (its slot
+//!   map, `MOVED`/`ASK` redirects), in the clear over `redis://` — a warning says so at
+//!   connect; use `rediss://` (see [`RedisConfig::cluster`]). A map naming more than
+//!   [`MAX_CLUSTER_MASTERS`] masters is refused.
 //! - Expiry follows the server's clock (PX); a server clock that jumps forward ends leases early.
 //!   Keep NTP slewing.
 //! - One reply may hold at most [`MAX_REPLY_BYTES`]: a bigger or malformed one (a broken or
@@ -187,6 +190,7 @@ use self::observe::Hub;
 use super::BackendErrorKind;
 use super::{Acquired, Released, Renewed};
 
+pub use self::cluster::MAX_CLUSTER_MASTERS;
 pub use self::config::{DEFAULT_KEY_PREFIX, RedisConfig};
 pub use self::keys::MAX_NAME_LEN;
 pub use self::limit::MAX_REPLY_BYTES;

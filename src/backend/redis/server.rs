@@ -91,6 +91,16 @@ impl Connector {
         }
     }
 
+    /// The bound on each request's answer.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// Whether AUTH sends a password that only the network protects (no TLS).
+    pub(crate) fn password_in_clear(&self) -> bool {
+        self.tls.is_none() && self.info.redis_settings().password().is_some()
+    }
+
     /// A connector to another node of the same cluster: the same credentials, timeouts and
     /// trust, TLS verifying `host`.
     pub(crate) fn for_node(&self, host: &str, port: u16) -> Result<Self, String> {

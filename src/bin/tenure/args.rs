@@ -15,6 +15,8 @@ Exit codes:
   3        the lease was lost and --rejoin is off; the command was stopped
   4        the backend could not be used (unreachable, credentials, permissions)
   5        tenure policy --check: the fence is not enforced (the line says why and what to do)
+  6        --try / --timeout: the lease was not won in time (held elsewhere); CMD did not run
+  8        --fence: the term's fence could not be proven; CMD did not start
   126/127  the command could not be run / was not found
   128 + N  tenure stopped by signal N while it was not leading
 With --shards: 0 after SIGTERM or SIGINT (the copies' own exit codes are logged only).";
@@ -47,7 +49,7 @@ pub enum Command {
     ///
     /// Example: tenure run --lease mailer --shards 8 --backend kube -- ./mailer
     #[command(after_long_help = EXIT_CODES)]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds a lease (with --shards, each shard's lease and the group's members).
     ///
     /// Example: tenure status --lease nightly-report --backend redis://127.0.0.1:6379
@@ -153,7 +155,11 @@ pub struct PolicyArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The lease's name; every replica of one singleton uses the same name.
-    #[arg(long, value_name = "NAME")]
+    ///
+    /// Kubernetes' rule for object names on every backend (so a job moves between backends
+    /// unchanged): at most 253 lowercase letters, digits, '-' or '.', each '.'-separated part
+    /// starting and ending with a letter or digit. Example: --lease nightly-report
+    #[arg(long, value_name = "NAME", value_parser = parse_lease)]
     pub lease: String,
 
     #[command(flatten)]
@@ -190,6 +196,18 @@ pub struct RunArgs {
     /// After losing the lease, campaign again and rerun the command instead of exiting.
     #[arg(long)]
     pub rejoin: bool,
+
+    /// Take the lease now or exit 6 without running the command: one campaign, ended as soon
+    /// as another holder is seen (or after --retry-period without an answer). For a job that
+    /// must not queue behind another replica's run. Like `consul lock -try`.
+    #[arg(long = "try", conflicts_with_all = ["timeout", "shards"])]
+    pub try_once: bool,
+
+    /// Give up waiting for the lease after DURATION: exit 6 without running the command if no
+    /// term began by then. Once a term began it is not cut short.
+    /// Example: --timeout 10m
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "shards")]
+    pub timeout: Option<Duration>,
 
     /// Serve GET /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090).
     #[arg(long, value_name = "ADDR", env = "TENURE_LISTEN")]
@@ -312,6 +330,44 @@ pub fn one_line(rendered: &str, subcommand: Option<&str>) -> String {
     format!("{message} ({})", tips.join("; "))
 }
 
+/// `--lease`: one rule on every backend, Kubernetes' for object names (a DNS-1123 subdomain of
+/// at most 253 characters), so a job that runs on one backend runs on every other with the same
+/// name (Redis and the local backend take more, Kubernetes refuses the rest).
+pub fn parse_lease(s: &str) -> Result<String, String> {
+    if is_dns1123(s, 253, true) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a lease name: at most 253 lowercase letters, digits, '-' or '.', each '.'-separated part starting and ending with a letter or digit (Kubernetes' rule for object names, applied on every backend so a job moves between backends unchanged); e.g. {:?}",
+            suggest_lease(s)
+        ))
+    }
+}
+
+/// A lease name close to `s` that the rule accepts: lowercase, other characters as '-'.
+fn suggest_lease(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars().take(253) {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' {
+            out.push(c);
+        } else if !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    let trimmed = out
+        .split('.')
+        .map(|p| p.trim_matches('-'))
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(".");
+    if trimmed.is_empty() {
+        "my-job".to_owned()
+    } else {
+        trimmed
+    }
+}
+
 /// `--election`: a Kubernetes object name (a DNS-1123 subdomain of at most 253 characters).
 pub fn parse_election(s: &str) -> Result<String, String> {
     if is_dns1123(s, 253, true) {
@@ -363,8 +419,8 @@ impl RunArgs {
 /// `tenure status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The lease's name.
-    #[arg(long, value_name = "NAME")]
+    /// The lease's name (the same rule as `tenure run --lease`).
+    #[arg(long, value_name = "NAME", value_parser = parse_lease)]
     pub lease: String,
 
     #[command(flatten)]

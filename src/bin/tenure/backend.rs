@@ -67,13 +67,14 @@ impl Connected {
     }
 }
 
-/// Connects to the configured backend; `warn_local` prints the single-host warning when the
-/// local backend was chosen by default.
-pub async fn connect(args: &BackendArgs, warn_local: bool) -> Result<Connected, CliError> {
+/// Connects to the configured backend. `campaigning` (`tenure run`) prints the single-host
+/// warning when the local backend was chosen by default, and refuses a Kubernetes namespace
+/// nobody chose.
+pub async fn connect(args: &BackendArgs, campaigning: bool) -> Result<Connected, CliError> {
     match args.backend.as_deref().map(str::trim) {
         None | Some("") => {
             let c = local(args)?;
-            if warn_local {
+            if campaigning {
                 eprintln!(
                     "tenure: warning: no --backend given: using the local backend ({}); it gives NO mutual exclusion across hosts. Use --backend kube or --backend redis://… for replicas on several machines.",
                     crate::error::printable(&c.description)
@@ -82,7 +83,7 @@ pub async fn connect(args: &BackendArgs, warn_local: bool) -> Result<Connected, 
             Ok(c)
         }
         Some("local") => local(args),
-        Some("kube" | "kubernetes") => kube(args).await,
+        Some("kube" | "kubernetes") => kube(args, campaigning).await,
         Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
             redis(url, args).await
         }
@@ -110,6 +111,28 @@ fn local(args: &BackendArgs) -> Result<Connected, CliError> {
     })
 }
 
+/// Outside a pod, the kubeconfig's current context when it names no namespace (kube-rs would
+/// then use `default`); `None` in a pod (the service account's namespace is the pod's), with a
+/// namespace in the context, or when no kubeconfig can be read (connecting reports that).
+fn unnamespaced_context() -> Option<String> {
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        return None;
+    }
+    let kubeconfig = kube::config::Kubeconfig::read().ok()?;
+    let current = kubeconfig.current_context.clone()?;
+    let context = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == current)?
+        .context
+        .as_ref()?;
+    context
+        .namespace
+        .as_deref()
+        .is_none_or(str::is_empty)
+        .then_some(current)
+}
+
 /// A Kubernetes client from the in-cluster service account, `$KUBECONFIG` or
 /// `~/.kube/config`, for the commands that use the API beside a lease store (`purpose` names
 /// them in the error); its default namespace is the config's.
@@ -124,10 +147,19 @@ pub async fn kube_client(purpose: &str) -> Result<kube::Client, CliError> {
     })
 }
 
-async fn kube(args: &BackendArgs) -> Result<Connected, CliError> {
+async fn kube(args: &BackendArgs, campaigning: bool) -> Result<Connected, CliError> {
     let mut options = KubeOptions::new();
     if let Some(ns) = &args.namespace {
         options = options.namespace(ns.clone());
+    } else if campaigning && let Some(context) = unnamespaced_context() {
+        // Every replica must campaign on the same Lease: one that falls back to `default`
+        // while another runs with --namespace or another kubeconfig campaigns on a different
+        // Lease, and both lead.
+        return Err(CliError::Config {
+            message: format!(
+                "--backend kube: no namespace chosen: --namespace and $POD_NAMESPACE are unset and the kubeconfig's context {context:?} names none, so the Lease's namespace would silently be `default`, where a replica started with another kubeconfig or --namespace would not campaign; give --namespace NS (every replica the same), or set the context's namespace (kubectl config set-context --current --namespace NS)"
+            ),
+        });
     }
     let backend = KubeBackend::infer(options)
         .await

@@ -39,6 +39,18 @@ pub enum CliError {
         /// What was seen, the likely cause and the fix.
         message: String,
     },
+    /// `--try` or `--timeout`: the lease was not won in time; the command did not run.
+    #[error("{message}")]
+    NotAcquired {
+        /// Who holds it, or why it could not be known.
+        message: String,
+    },
+    /// `--fence`: the term's fence could not be proven; the command did not start.
+    #[error("{message}")]
+    Unfenced {
+        /// What the proof saw, and the fix.
+        message: String,
+    },
     /// Something tenure itself could not do (a thread, a socket, a signal handler).
     #[error("{message}")]
     Internal {
@@ -55,6 +67,8 @@ impl CliError {
             Self::Lost { .. } => 3,
             Self::Backend { .. } => 4,
             Self::FenceOpen { .. } => 5,
+            Self::NotAcquired { .. } => 6,
+            Self::Unfenced { .. } => 8,
             Self::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 127,
             Self::Spawn { .. } => 126,
             Self::Internal { .. } => 1,

@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
+            Command::Run(args) => run::run(*args).await,
             Command::Status(args) => status::status(args).await,
             Command::Crd => {
                 print!("{}", tenure::crd::crd_yaml());

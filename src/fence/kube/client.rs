@@ -183,7 +183,7 @@ impl Fencer {
     }
 
     /// Reports every proof into `metrics`: `tenure_fence_enforced{name}` (1 proven, 0 not)
-    /// and `tenure_fence_checks_total{name,result}`.
+    /// and `tenure_fence_checks_total{name,result}`. Needs the `metrics` feature.
     #[cfg(feature = "metrics")]
     #[must_use]
     pub fn with_metrics(mut self, metrics: crate::election::ElectionMetrics) -> Self {

@@ -417,6 +417,8 @@ impl FencingPolicy {
 
     /// The anchor ([`anchor`](Self::anchor)), the Lease, the policy and the binding as one
     /// YAML stream, ready for `kubectl apply -f -` (what `tenure policy` prints).
+    ///
+    /// Needs the `crd` feature (its YAML writer), besides `kube`.
     #[cfg(feature = "crd")]
     #[must_use]
     pub fn to_yaml(&self) -> String {

@@ -13,7 +13,7 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,6 +32,7 @@ use super::REFUSAL_PREFIX;
 use super::client::Fencer;
 use super::error::{Ended, FenceState, Gated};
 use crate::election::{Leader, Term};
+use crate::net::{Acceptor, Open, Slot, descriptor_share};
 
 /// The largest request body the proxy forwards (the API server's own limit for an object is
 /// 3 MiB; a bigger body is refused with 413 before anything is sent).
@@ -42,6 +43,26 @@ const PATH_PREFIX: &str = "/term/";
 
 /// How long a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The endpoints of a process hold at most this fraction of its open-file limit in
+/// connections (a quarter: 256 of the usual 1,024). A connection being forwarded may hold a
+/// second descriptor, to the API server; the rest is left to the elector, the command and
+/// the probe endpoint (a sixteenth).
+const DESCRIPTOR_SHARE: u64 = 4;
+
+/// The most connections the endpoints of a process hold, whatever the open-file limit.
+const MAX_CONNECTIONS: usize = 1024;
+
+/// The connections of every endpoint of this process: one cap, since the terms of a sharded
+/// run each have an endpoint and all draw on the same descriptors.
+fn open_connections() -> Arc<Open> {
+    static OPEN: OnceLock<Arc<Open>> = OnceLock::new();
+    Arc::clone(OPEN.get_or_init(|| {
+        let cap = descriptor_share(DESCRIPTOR_SHARE)
+            .map_or(MAX_CONNECTIONS, |share| share.min(MAX_CONNECTIONS));
+        Arc::new(Open::new(cap))
+    }))
+}
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -58,6 +79,17 @@ type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 /// `GET {url}/api/v1/namespaces/default/configmaps`). The secret is in the path, not in a
 /// bearer token, because client-go (kubectl, Helm) never sends a token over plain HTTP.
 /// Upgraded connections (exec, attach, port-forward) are refused.
+///
+/// # Connection cap
+///
+/// The endpoints of a process hold at most a quarter of its open-file limit
+/// (`RLIMIT_NOFILE`; at most 1,024: [`connection_cap`](Self::connection_cap)) in connections
+/// between them. At the cap a new connection closes the oldest one whose client has not shown
+/// the secret (or, when every one has, the oldest): idle or slow strangers cannot take the
+/// descriptors the elector, the command's writes or a probe endpoint need, nor push out a
+/// request that is being forwarded. The connection of a request refused with 401 is closed
+/// after the answer. If accepting fails (out of descriptors) the endpoint pauses, 10 ms
+/// doubling up to 1 s, and warns at most every 10 s.
 ///
 /// # Example
 ///
@@ -97,7 +129,7 @@ impl Secret {
     }
 
     /// The rest of `path` after `/term/<this secret>`, if it begins so (the secret compared
-    /// in constant time); `/` when nothing follows.
+    /// as bytes, in constant time); `/` when nothing follows.
     fn strip<'p>(&self, path: &'p str) -> Option<&'p str> {
         let rest = path.strip_prefix(PATH_PREFIX)?;
         let want = self.0.as_bytes();
@@ -107,11 +139,14 @@ impl Secret {
             .zip(want)
             .fold(0u8, |diff, (a, b)| diff | (a ^ b))
             == 0;
-        let after = &rest[want.len()..];
-        match after {
-            _ if !same => None,
+        if !same {
+            return None;
+        }
+        // The secret is ASCII, so after a match its end is a character boundary; `get`
+        // rather than indexing all the same: a client's path never panics this.
+        match rest.get(want.len()..)? {
             "" => Some("/"),
-            _ if after.starts_with('/') => Some(after),
+            after if after.starts_with('/') => Some(after),
             _ => None,
         }
     }
@@ -140,6 +175,16 @@ impl FenceProxy {
         term: &Term,
         leader: Option<watch::Receiver<Option<Leader>>>,
     ) -> std::io::Result<Self> {
+        Self::start_under(fencer, term, leader, open_connections()).await
+    }
+
+    /// [`start`](Self::start) with its connections under `open`'s cap.
+    async fn start_under(
+        fencer: &Fencer,
+        term: &Term,
+        leader: Option<watch::Receiver<Option<Leader>>>,
+        open: Arc<Open>,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let secret = Secret::new()?;
@@ -151,7 +196,8 @@ impl FenceProxy {
             secret: secret.clone(),
             leader,
         });
-        tokio::spawn(serve(listener, shared, stop.clone()));
+        let acceptor = Acceptor::new(listener, open, "the fenced endpoint");
+        tokio::spawn(serve(acceptor, shared, stop.clone()));
         Ok(Self { addr, secret, stop })
     }
 
@@ -160,6 +206,14 @@ impl FenceProxy {
     #[must_use]
     pub fn url(&self) -> String {
         format!("http://{}{PATH_PREFIX}{}", self.addr, self.secret.0)
+    }
+
+    /// How many connections the endpoints of this process hold open between them: a quarter
+    /// of its open-file limit (`RLIMIT_NOFILE`), at most 1,024 — read once, when the first
+    /// endpoint starts (or this is first called). See [the cap](Self#connection-cap).
+    #[must_use]
+    pub fn connection_cap() -> usize {
+        open_connections().cap()
     }
 
     /// The address the endpoint listens on.
@@ -201,27 +255,24 @@ impl Drop for FenceProxy {
     }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+async fn serve(mut acceptor: Acceptor, shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let stream = tokio::select! {
+        let (stream, slot) = tokio::select! {
             () = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of descriptors, mostly: pause rather than spin.
-                    tracing::warn!(error = %e, "fence proxy: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            admitted = acceptor.accept() => admitted,
         };
         let _ = stream.set_nodelay(true);
         let shared = Arc::clone(&shared);
         let stop = stop.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(forward(&shared, request).await) }
+            let slot = Arc::new(slot);
+            let service = service_fn({
+                let slot = Arc::clone(&slot);
+                move |request| {
+                    let shared = Arc::clone(&shared);
+                    let slot = Arc::clone(&slot);
+                    async move { Ok::<_, Infallible>(forward(&shared, &slot, request).await) }
+                }
             });
             // Half-close: `nc` and other simple clients shut their write side once the request
             // is sent; hyper would otherwise drop the connection before it answers.
@@ -233,7 +284,13 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationTok
             tokio::select! {
                 _ = conn => {}
                 () = stop.cancelled() => {}
+                () = slot.evicted() => {
+                    tracing::debug!("fenced endpoint: a connection closed, the oldest at the connection cap");
+                }
             }
+            // The socket is closed (with the service's copy of `slot`); the last copy goes
+            // here and frees the connection's place.
+            drop(slot);
         });
     }
 }
@@ -256,17 +313,11 @@ fn forwarded(name: &HeaderName) -> bool {
     ) && !name.as_str().starts_with("impersonate-")
 }
 
-async fn forward(shared: &Shared, request: Request<Incoming>) -> Response<ProxyBody> {
+async fn forward(shared: &Shared, slot: &Slot, request: Request<Incoming>) -> Response<ProxyBody> {
     let Some(path) = shared.secret.strip(request.uri().path()) else {
-        return status(
-            StatusCode::UNAUTHORIZED,
-            "Unauthorized",
-            format!(
-                "tenure: this endpoint serves one term of lease {} under its secret URL ($TENURE_KUBE_SERVER, the server in $KUBECONFIG); a past term's URL is refused",
-                shared.lease
-            ),
-        );
+        return unauthorized();
     };
+    slot.vouch();
     let path = path.to_owned();
     if !shared.term.is_valid() {
         return ended(shared);
@@ -396,6 +447,21 @@ fn gated_status(shared: &Shared, gated: &Gated) -> Response<ProxyBody> {
     }
 }
 
+/// The answer to a client without the term's secret: names nothing of the term (a stranger
+/// learns no lease), and the connection is closed after it: a stranger's connection carries
+/// one request at most.
+fn unauthorized() -> Response<ProxyBody> {
+    let mut response = status(
+        StatusCode::UNAUTHORIZED,
+        "Unauthorized",
+        "tenure: this endpoint serves a term's requests under its secret URL ($TENURE_KUBE_SERVER, the server in $KUBECONFIG); a past term's URL is refused".into(),
+    );
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 fn bad_gateway(error: &str) -> Response<ProxyBody> {
     status(
         StatusCode::BAD_GATEWAY,
@@ -454,6 +520,29 @@ mod tests {
         ] {
             assert_eq!(secret.strip(wrong), None, "{wrong}");
         }
+    }
+
+    /// A multi-byte character where the secret would end: refused, not a panic (the probe's
+    /// `/term/<63 × a>é/…` against a 64-byte secret).
+    #[test]
+    fn a_path_that_splits_a_character_at_the_secrets_end_is_refused() {
+        let secret = Secret("abc123".into());
+        for path in [
+            "/term/abc12é/api",
+            "/term/abc12é",
+            "/term/ab€/api",
+            "/term/é",
+        ] {
+            assert_eq!(secret.strip(path), None, "{path}");
+        }
+        let secret = Secret::new().expect("randomness");
+        let path = format!("/term/{}é/api/v1/pods", "a".repeat(secret.0.len() - 1));
+        assert_eq!(secret.strip(&path), None);
+        assert_eq!(
+            secret.strip(&format!("/term/{}/é", secret.0)),
+            Some("/é"),
+            "after the secret, any character is the API's business"
+        );
     }
 
     /// One request on a fresh connection: (status code, body). With `half_close` the client
@@ -530,6 +619,17 @@ mod tests {
             body.contains("\"kind\":\"Status\"") && body.contains("tenure"),
             "{body}"
         );
+        assert!(
+            !body.contains("jobs") && !body.contains("ops"),
+            "a stranger learns no lease: {body}"
+        );
+        // A character split where the secret ends: 401, and the endpoint is still up.
+        let split = format!(
+            "/term/{}é/api",
+            "a".repeat(prefix.len() - "/term/".len() - 1)
+        );
+        let (code, body) = call(addr, &get(&split, "")).await;
+        assert_eq!(code, 401, "{body}");
 
         let (code, body) = call(
             addr,
@@ -629,6 +729,124 @@ mod tests {
         let (code, body) = call(proxy.local_addr(), &get(&format!("{prefix}/api"), "")).await;
         assert_eq!(code, 502, "a read is not held: {body}");
         held.end().await.expect("ended");
+    }
+
+    /// Reads from `stream` until the server closes it (within 10 s).
+    async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+            .await
+            .expect("the endpoint closed the connection")
+            .expect("read");
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// A stranger's keep-alive connection gets one 401 and is closed: the request pipelined
+    /// after it is never answered.
+    #[tokio::test]
+    async fn a_connection_is_closed_after_its_401() {
+        use tokio::io::AsyncWriteExt;
+        let held = crate::election::TestTerm::begin("jobs", "me")
+            .await
+            .expect("a term");
+        let fencer = Fencer::without_policy(unreachable_client()).lease_namespace("ops");
+        let proxy = FenceProxy::start(&fencer, &held.term(), None)
+            .await
+            .expect("bound");
+        let mut stream = tokio::net::TcpStream::connect(proxy.local_addr())
+            .await
+            .expect("connect");
+        let request = "GET /term/wrong/api HTTP/1.1\r\nHost: x\r\n\r\n";
+        stream
+            .write_all(format!("{request}{request}").as_bytes())
+            .await
+            .expect("send");
+        let answer = read_until_closed(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 401 "), "{answer}");
+        assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        held.end().await.expect("ended");
+    }
+
+    /// More idle strangers than the cap: the oldest are closed as newer ones come, a client
+    /// with the secret is served, and its connection outlives the strangers that follow it.
+    #[tokio::test]
+    async fn idle_strangers_above_the_cap_are_closed_oldest_first() {
+        use tokio::io::AsyncWriteExt;
+        const CAP: usize = 4;
+        let held = crate::election::TestTerm::begin("jobs", "me")
+            .await
+            .expect("a term");
+        let fencer = Fencer::without_policy(unreachable_client()).lease_namespace("ops");
+        let proxy = FenceProxy::start_under(&fencer, &held.term(), None, Arc::new(Open::new(CAP)))
+            .await
+            .expect("bound");
+        let addr = proxy.local_addr();
+        let base = proxy.url();
+        let prefix = &base[base.find("/term/").expect("secret path")..];
+        let connect = || async { tokio::net::TcpStream::connect(addr).await.expect("connect") };
+        let mut idle = Vec::new();
+        for _ in 0..3 * CAP {
+            idle.push(connect().await);
+        }
+        // The first 2 × CAP were closed to make room for the last CAP.
+        for stream in &mut idle[..2 * CAP] {
+            assert_eq!(
+                read_until_closed(stream).await,
+                "",
+                "closed without an answer"
+            );
+        }
+        let (code, body) = call(addr, &get(&format!("{prefix}/api"), "")).await;
+        assert_eq!(code, 502, "served beside a full cap of strangers: {body}");
+
+        // A client that showed the secret keeps its keep-alive connection while strangers
+        // come and go; the strangers close each other.
+        let mut client = connect().await;
+        let request = format!("GET {prefix}/api HTTP/1.1\r\nHost: x\r\n\r\n");
+        client.write_all(request.as_bytes()).await.expect("send");
+        // Answered: the secret was seen before any stranger below connects.
+        let mut first = Vec::new();
+        while !String::from_utf8_lossy(&first).ends_with("\"status\":\"Failure\"}") {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::io::AsyncReadExt::read(&mut client, &mut chunk)
+                .await
+                .expect("read");
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&first));
+            first.extend_from_slice(&chunk[..n]);
+        }
+        let mut strangers = Vec::new();
+        for _ in 0..2 * CAP {
+            strangers.push(connect().await);
+        }
+        client
+            .write_all(
+                format!("GET {prefix}/api HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .expect("send");
+        let answer = read_until_closed(&mut client).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 502 "),
+            "the second request answered on the kept connection: {answer}"
+        );
+        held.end().await.expect("ended");
+    }
+
+    /// A quarter of the soft limit the kernel shows for this process, at most 1,024.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_cap_is_a_quarter_of_the_open_file_limit_up_to_1024() {
+        let limits = std::fs::read_to_string("/proc/self/limits").expect("/proc/self/limits");
+        let soft: usize = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("a finite soft limit on open files");
+        assert_eq!(FenceProxy::connection_cap(), (soft / 4).clamp(1, 1024));
     }
 
     #[test]

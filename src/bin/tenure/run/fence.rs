@@ -72,15 +72,26 @@ impl CommandFence {
         if term.cancellation().is_cancelled() {
             return Ok(None);
         }
+        // The command starts only with its writes fenced: a fence that cannot be proven fails
+        // the term (exit 8) rather than run a job whose writes would all be refused, or
+        // worse, report success having written nothing.
         match state {
             FenceState::Enforced => {
                 tracing::info!(%lease, fencing_token = %term.fencing_token(), "fence proven: the command's writes are fenced");
             }
             FenceState::Unenforced { cause } => {
-                tracing::error!(%lease, "the fence is NOT enforced: the command's writes are refused until a recheck proves it: {cause}");
+                return Err(CliError::Unfenced {
+                    message: format!(
+                        "--fence: the fence on lease {lease} is not enforced, so the command was not started: {cause}"
+                    ),
+                });
             }
             other => {
-                tracing::warn!(%lease, state = ?other, "the term's fence is not proven");
+                return Err(CliError::Unfenced {
+                    message: format!(
+                        "--fence: the fence on lease {lease} could not be proven ({other:?}), so the command was not started"
+                    ),
+                });
             }
         }
         let proxy = FenceProxy::start(&self.fencer, term, self.leader.clone())

@@ -76,8 +76,11 @@ pub fn duration_rule(lease: Duration, deadline: Duration, retry: Duration) -> Op
             "--renew-deadline ({d}) must be longer than 1.2 × --retry-period ({r})"
         ))
     } else if deadline <= lease / 3 {
+        // Two thirds of the lease: client-go's ratio (15s / 10s), and always within the rules
+        // below for leases this long.
+        let suggested = lease * 2 / 3;
         Some(format!(
-            "--renew-deadline ({d}) must be longer than a third of --lease-duration ({l}): the leader's first renewal is a third of the lease in"
+            "--renew-deadline ({d}) must be longer than a third of --lease-duration ({l}): the leader first renews a third of the way into the lease, so a renew deadline no longer than that ends every term before its first renewal; set --renew-deadline to about two thirds of the lease ({suggested:?} for {l})"
         ))
     } else if deadline > lease.saturating_sub(drift) {
         Some(format!(

@@ -1,6 +1,9 @@
 //! `tenure run` on one lease: a [`LeaderElector`] whose workload, for each term won, is the
 //! command under the [`Supervisor`]; the probe endpoint and the status publisher beside it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
 use tenure::election::{ElectionMetrics, LeaderElector};
 
 use crate::args::RunArgs;
@@ -44,6 +47,12 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     };
 
     let fence = setup::fence(&args, &connected).await?;
+    let limits = Limits {
+        lease: args.lease.clone(),
+        try_once: args.try_once,
+        timeout: args.timeout,
+        retry_period: args.retry_period,
+    };
     let (mut supervisor, shutdown) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::One)?;
     if let Some(fence) = fence {
@@ -55,9 +64,29 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         backend = %connected.description,
         "campaigning"
     );
+    // --try / --timeout: the campaign's own deadline, disarmed by the first term.
+    let began = Arc::new(AtomicBool::new(false));
+    let gave_up = Arc::new(Mutex::new(None::<String>));
+    let limit = campaign_limit(limits, &elector, began.clone(), gave_up.clone());
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = limit => {}
+        }
+    };
     let outcome = elector
-        .run_until(shutdown, |term| supervisor.term(term, Vec::new()))
+        .run_until(shutdown, |term| {
+            began.store(true, Ordering::Release);
+            supervisor.term(term, Vec::new())
+        })
         .await;
+    if let Some(message) = gave_up
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    {
+        return Err(CliError::NotAcquired { message });
+    }
     if let Some(publishing) = publishing {
         publishing.finish().await;
     }
@@ -93,4 +122,69 @@ async fn check_permissions(connected: &backend::Connected, lease: &str) -> Resul
             Ok(())
         }
     }
+}
+
+/// `--try` and `--timeout`, and what their messages name.
+struct Limits {
+    lease: String,
+    try_once: bool,
+    timeout: Option<std::time::Duration>,
+    retry_period: std::time::Duration,
+}
+
+/// Completes when `--try` or `--timeout` gives up the campaign, with the reason in `gave_up`;
+/// never once a term has begun (`began`), nor without either flag.
+async fn campaign_limit(
+    args: Limits,
+    elector: &LeaderElector,
+    began: Arc<AtomicBool>,
+    gave_up: Arc<Mutex<Option<String>>>,
+) {
+    let lease = args.lease.clone();
+    let me = elector.identity().to_owned();
+    let mut leader = elector.leader();
+    let give_up = |message: String| {
+        *gave_up.lock().unwrap_or_else(PoisonError::into_inner) = Some(message);
+    };
+    if args.try_once {
+        // One campaign: another holder seen (the first attempt answered busy), or no answer
+        // within a retry period.
+        let seen = tokio::time::timeout(
+            args.retry_period,
+            leader.wait_for(|l| l.as_ref().is_some_and(|l| l.identity != me)),
+        )
+        .await;
+        if began.load(Ordering::Acquire) {
+            return std::future::pending().await;
+        }
+        match seen {
+            Ok(Ok(l)) => {
+                let holder = l.as_ref().map(|l| l.identity.clone()).unwrap_or_default();
+                give_up(format!(
+                    "--try: lease {lease} is held by {}: not run",
+                    crate::error::printable(&holder)
+                ));
+            }
+            _ => give_up(format!(
+                "--try: lease {lease} was not won within --retry-period ({:?}) (the store did not answer, or the holder had not released it): not run",
+                args.retry_period
+            )),
+        }
+        return;
+    }
+    let Some(timeout) = args.timeout else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep(timeout).await;
+    if began.load(Ordering::Acquire) {
+        return std::future::pending().await;
+    }
+    let holder = leader
+        .borrow()
+        .as_ref()
+        .map(|l| crate::error::printable(&l.identity).into_owned());
+    give_up(match holder {
+        Some(h) => format!("--timeout {timeout:?}: lease {lease} is still held by {h}: not run"),
+        None => format!("--timeout {timeout:?}: lease {lease} was not won in time: not run"),
+    });
 }
