@@ -3931,3 +3931,38 @@ fn the_dashboard_renders_for_the_release_and_queries_its_series() {
         kinds(&plain)
     );
 }
+
+/// `helm package` makes the chart's archive (what a chart repository serves), and the
+/// chart's `kubeVersion` range is enforced: a cluster below it is refused by name, the one
+/// the suites run (1.36) is accepted.
+#[test]
+fn the_chart_packages_and_holds_to_its_kube_version_range() {
+    let dir = kube_support::fresh_dir("helm-package");
+    let out = run(
+        helm_cmd()
+            .arg("package")
+            .arg(chart())
+            .arg("--destination")
+            .arg(&dir),
+        None,
+    )
+    .expect_ok();
+    let archive = dir.join("tenure-0.1.0.tgz");
+    assert!(archive.is_file(), "{out}");
+    // The archive renders as the directory does.
+    let from_archive = run(
+        helm_cmd()
+            .args(["template", "r"])
+            .arg(&archive)
+            .args(["--namespace", "jobs"]),
+        None,
+    )
+    .expect_ok();
+    let from_dir = template("r", "jobs", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(from_archive, from_dir);
+    let old = template("r", "jobs", &["--kube-version", "1.24.0"]);
+    let err = old.expect_err("a 1.24 cluster is below the chart's kubeVersion");
+    assert!(err.contains("kubeVersion"), "{err}");
+    template("r", "jobs", &["--kube-version", "1.36.0"])
+        .unwrap_or_else(|e| panic!("1.36 is in range: {e}"));
+}
