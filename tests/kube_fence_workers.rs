@@ -450,10 +450,79 @@ fn the_endpoint_refuses_strangers_and_everything_after_its_term() {
 /// the API server's order), and what the old command hears names tenure and its token.
 #[test]
 fn a_frozen_commands_writes_never_land_after_the_next_terms() {
+    freeze_and_thaw("fenced-loop", |dir, _ns, id| {
+        let log = dir.join(format!("{id}.log"));
+        let command = kube_support::kubectl_writer_loop(&dir.join(format!("{id}-home")), &log);
+        (log, command)
+    });
+}
+
+/// The Python `kubernetes` client (PyPI; `e2e/scripts/python-kubernetes.sh` installs it),
+/// writing in a loop: `load_kube_config()` reads the KUBECONFIG `tenure run --fence` gives
+/// each term's command. Prints lines as the kubectl loop does.
+const PYTHON_CLIENT_WRITER: &str = r#"
+import os, sys, time
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+ns, log = sys.argv[1], sys.argv[2]
+token = os.environ["TENURE_FENCING_TOKEN"]
+config.load_kube_config()
+api = client.CoreV1Api()
+with open(log, "a", buffering=1) as out:
+    i = 0
+    while True:
+        i += 1
+        patch = {"metadata": {"annotations": {"w": "%s-%d" % (token, i)}}}
+        try:
+            api.patch_namespaced_config_map("target", ns, patch, _request_timeout=10)
+            out.write("ok %s %d\n" % (token, i))
+        except ApiException as e:
+            body = (e.body or "").replace("\n", " ")
+            out.write("refused %s %d %s %s\n" % (token, i, e.status, body))
+        except Exception as e:
+            # The term's endpoint gone (its term over): not an answer from the API server.
+            out.write("failed %s %d %r\n" % (token, i, e))
+            time.sleep(0.2)
+"#;
+
+/// As above, with the Python `kubernetes` client writing (issue #45).
+#[test]
+fn a_frozen_python_clients_writes_never_land_after_the_next_terms() {
+    let out = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/scripts/python-kubernetes.sh"))
+        .output()
+        .unwrap_or_else(|e| panic!("python-kubernetes.sh: {e}"));
+    assert!(
+        out.status.success(),
+        "installing the Python kubernetes client (PyPI) failed: {out:?}"
+    );
+    let site = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    freeze_and_thaw("fenced-python", |dir, ns, id| {
+        let log = dir.join(format!("{id}.log"));
+        let script = dir.join("writer.py");
+        std::fs::write(&script, PYTHON_CLIENT_WRITER).unwrap_or_else(|e| panic!("{e}"));
+        let command = vec![
+            "env".into(),
+            format!("PYTHONPATH={site}"),
+            "python3".into(),
+            script.display().to_string(),
+            ns.to_owned(),
+            log.display().to_string(),
+        ];
+        (log, command)
+    });
+}
+
+/// Two `tenure run --fence --rejoin` replicas whose commands (from `writer(dir, namespace,
+/// id)`: its log and command line) write `w=<token>-<i>` to one ConfigMap nonstop; three
+/// rounds freeze the leader until the other has written. 0 stale writes accepted.
+fn freeze_and_thaw(
+    lease: &str,
+    writer: impl Fn(&Path, &str, &str) -> (std::path::PathBuf, Vec<String>),
+) {
     let rt = runtime();
-    let lease = "fenced-loop";
     let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
-    let dir = kube_support::fresh_dir("fence-loop");
+    let dir = kube_support::fresh_dir(lease);
     let admin = rt.block_on(shared().admin());
     let cms: Api<ConfigMap> = Api::namespaced(admin, &ns);
     rt.block_on(cms.create(&PostParams::default(), &fencing::cm("target", "0")))
@@ -479,11 +548,7 @@ fn a_frozen_commands_writes_never_land_after_the_next_terms() {
         }
     });
 
-    let writer = |id: &str| {
-        let log = dir.join(format!("{id}.log"));
-        let command = kube_support::kubectl_writer_loop(&dir.join(format!("{id}-home")), &log);
-        (log, command)
-    };
+    let writer = |id: &str| writer(&dir, &ns, id);
     let kubeconfig = worker_kubeconfig.display().to_string();
     let start = |id: &str, command: Vec<String>| {
         Tenure::start(
