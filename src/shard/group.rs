@@ -14,7 +14,10 @@
 //!    with an old count never reverts a group that runs a newer one.
 //! 3. Under `Draining`, every lease `0..N` must be seen free, each seen *after* the draining
 //!    record was written; then the record becomes `Active(M, g+1)` (any member of count `M`
-//!    may do it, and another may finish what one started).
+//!    may do it, and another may finish what one started). A lease is seen free by taking it:
+//!    the keeper is granted a term of it and releases it at once ([`Keeper::fence_off`]), so
+//!    its fencing token — on Kubernetes, the floor a fencing policy refuses below — is above
+//!    every term of the old count before the new count starts.
 //! 4. A shard term's workload starts only after a fresh read of the record, made after its
 //!    lease was granted, finds it active with the member's count ([`admits`]).
 //!
@@ -23,12 +26,27 @@
 //! lease free only after the term ended (released, or run out — the lease's own guarantee).
 //! A lease of the old count taken after the draining record was written fails step 4. So
 //! every term of `M` begins after every term of `N` ended.
+//!
+//! Why fence the old leases off, when their terms have ended: a term that ended may not know
+//! it yet (a frozen replica, a partition), and a fenced store judges a write by the token of
+//! the lease it names. A lease of the old count that the new count never takes again (a
+//! shard beyond `M`), or takes only later (its new owner slow to start), would keep the old
+//! term's token as the current one, so that term's late writes would still pass — after the
+//! new count's first write elsewhere. Taken once by the keeper, every old lease has a newer
+//! token before `Active(M)` is written, so no old term's write passes once a term of `M` can
+//! have begun (a fenced Kubernetes write is judged by the shard Lease it names:
+//! `tenure::fence::kube::FencingPolicy::shards`).
 
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use crate::backend::{Backend, BackendError, GroupRead, GroupRecord, Member};
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendError, GroupRead, GroupRecord, HolderToken, Member,
+};
+
+/// How many old leases a drain takes (and releases) at once.
+const FENCE_OFF_IN_FLIGHT: u32 = 16;
 
 /// Where this replica stands in its group, as its last read of the group record says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -61,6 +79,8 @@ pub enum GroupStatus {
 pub(super) struct Keeper<'a> {
     pub backend: &'a dyn Backend,
     pub group: &'a str,
+    /// This replica's identity, the holder of the keeper's brief terms of old leases.
+    pub identity: &'a str,
     pub shards: u32,
     pub lease: Duration,
     pub retry: Duration,
@@ -153,12 +173,26 @@ impl Keeper<'_> {
             if drained.0 != record.generation {
                 *drained = (record.generation, 0);
             }
-            while drained.1 < from {
-                let lease = super::lease_name(self.group, drained.1);
-                if self.timed(self.backend.inspect(&lease)).await?.is_some() {
-                    return Ok(self.retry);
+            if drained.1 < from {
+                // On Kubernetes a shard Lease is taken only by a process that follows its
+                // group's leases: the old count's, here, for the drain.
+                let old: Vec<String> = (drained.1..from)
+                    .map(|shard| super::lease_name(self.group, shard))
+                    .collect();
+                let _following = self.backend.follow_shard_leases(self.group, &old);
+                while drained.1 < from {
+                    let end = from.min(drained.1.saturating_add(FENCE_OFF_IN_FLIGHT));
+                    let taken = futures::future::join_all(
+                        (drained.1..end).map(|shard| self.fence_off(shard)),
+                    )
+                    .await;
+                    for result in taken {
+                        if !result? {
+                            return Ok(self.retry);
+                        }
+                        drained.1 += 1;
+                    }
                 }
-                drained.1 += 1;
             }
             let active = GroupRecord {
                 draining_from: None,
@@ -210,6 +244,32 @@ impl Keeper<'_> {
             );
         }
         Ok(Duration::ZERO)
+    }
+
+    /// Takes the old count's lease of `shard` for a moment if it is free — a grant, whose
+    /// fencing token is above every earlier term's, then its release — and answers whether it
+    /// was (see the module docs: the drain's fence). A release that fails leaves the brief term
+    /// to run out, which only delays the new count's term of that lease.
+    async fn fence_off(&self, shard: u32) -> Result<bool, BackendError> {
+        let request = AcquireRequest {
+            name: super::lease_name(self.group, shard).into(),
+            holder: HolderToken::random(),
+            identity: self.identity.into(),
+            ttl: self.lease,
+        };
+        match self.timed(self.backend.try_acquire(&request)).await? {
+            Acquired::Busy { .. } => Ok(false),
+            Acquired::Granted { fencing } => {
+                tracing::debug!(group = self.group, lease = %request.name, %fencing, "fenced off a lease of the old shard count");
+                let released = self
+                    .timed(self.backend.release(&request.name, &request.holder))
+                    .await;
+                if let Err(e) = released {
+                    tracing::warn!(group = self.group, lease = %request.name, error = %e, "cannot release the drain's term of an old lease; it runs out after one lease");
+                }
+                Ok(true)
+            }
+        }
     }
 
     /// Publishes that this replica waits on `record`, saying why once per record.
@@ -311,6 +371,7 @@ mod tests {
         Keeper {
             backend: store,
             group: "g",
+            identity: "keeper",
             shards,
             lease: Duration::from_secs(15),
             retry: Duration::from_secs(2),

@@ -58,7 +58,10 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 impl FencingPolicy {
     /// The RBAC each participant ServiceAccount needs to lead this election and carry its
     /// token: get, list, watch and update on the Lease by name, create on leases, create on
-    /// events (the Role `tenure-worker.<lease>` in the Lease's namespace); `impersonate` on
+    /// events (the Role `tenure-worker.<lease>` in the Lease's namespace) — for a sharded
+    /// group ([`shards`](Self::shards)), get, list, watch, update, create and delete on
+    /// leases of any name (its shard, record and member Leases), as `tenure run --shards`
+    /// needs; `impersonate` on
     /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
     /// `impersonate` on `userextras/tenure.dev/fencing-token` and
     /// `userextras/tenure.dev/fencing-election` ([`TOKEN_EXTRA_ROLE`]).
@@ -103,7 +106,19 @@ impl FencingPolicy {
         let mut roles = Vec::new();
         for ns in namespaces {
             let mut rules = Vec::new();
-            if ns == lease_ns {
+            if ns == lease_ns && self.shard_count().is_some() {
+                // A sharded group: its shard Leases, its record `<lease>-group` and one member
+                // Lease per replica, named after its identity (unknown in advance) and found by
+                // a label-selected list and watch, deleted when the replica leaves. No
+                // resourceNames can list them (the chart's Role is the same).
+                rules.push(rule(
+                    "coordination.k8s.io",
+                    "leases",
+                    &[],
+                    &["get", "list", "watch", "update", "create", "delete"],
+                ));
+                rules.push(rule("", "events", &[], &["create"]));
+            } else if ns == lease_ns {
                 let lease = [self.lease_name().to_owned()];
                 rules.push(rule(
                     "coordination.k8s.io",
@@ -188,8 +203,13 @@ impl FencingPolicy {
                 "ClusterRoleBinding",
             ));
         }
+        let what = if self.shard_count().is_some() {
+            "sharded group"
+        } else {
+            "lease"
+        };
         let mut out = format!(
-            "# What each participant of lease {}/{} needs to lead and carry its fencing token\n\
+            "# What each participant of {what} {}/{} needs to lead and carry its fencing token\n\
              # (tenure run, with --fence or a Fencer): its Lease and Events, impersonating itself,\n\
              # and the user extras of the token and the election ({TOKEN_EXTRA_ROLE} is shared by\n\
              # every election).\n\
