@@ -436,6 +436,87 @@ mod tests {
         assert_eq!(drained, (4, 1));
     }
 
+    /// A drain takes every old lease once and gives it back before the record becomes
+    /// active: each gets a term newer than every old one (on Kubernetes, a floor that a
+    /// fencing policy refuses every old copy's token below), and is left free for the new
+    /// count. A lease the new count never uses again (here g-4 and g-5, shrinking from 6 to
+    /// 4) is fenced too.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_takes_every_old_lease_once_and_leaves_it_free() {
+        use crate::backend::faulty::FaultyBackend;
+        use crate::backend::{AcquireRequest, HolderToken};
+        let memory = MemoryBackend::with_own_tokens();
+        let store = FaultyBackend::new(memory.clone());
+        write(&memory, GroupRecord::first(6)).await;
+        // The old count's last term of g-5, ended (released).
+        let old = AcquireRequest {
+            name: "g-5".into(),
+            holder: HolderToken::random(),
+            identity: "old".into(),
+            ttl: Duration::from_secs(60),
+        };
+        let Acquired::Granted { fencing: old_token } =
+            memory.try_acquire(&old).await.expect("acquire")
+        else {
+            panic!("free");
+        };
+        memory.release("g-5", &old.holder).await.expect("release");
+        write(
+            &memory,
+            GroupRecord {
+                shards: 4,
+                generation: 2,
+                draining_from: Some(6),
+            },
+        )
+        .await;
+        let (status, _) = watch::channel(GroupStatus::Joining);
+        let k = keeper(&store, 4);
+        let mut drained = (0, 0);
+        let pause = k
+            .step(&status, Some(&[]), &mut drained)
+            .await
+            .expect("step");
+        assert_eq!(pause, Duration::ZERO, "the record was changed");
+        assert_eq!(drained, (2, 6));
+        assert_eq!(
+            record(&memory).await,
+            GroupRecord {
+                shards: 4,
+                generation: 2,
+                draining_from: None,
+            }
+        );
+        let counts = store.counts();
+        assert_eq!(
+            (counts.acquire, counts.release),
+            (6, 6),
+            "each old lease taken and given back once"
+        );
+        for shard in 0..6 {
+            let lease = format!("g-{shard}");
+            assert!(
+                memory.inspect(&lease).await.expect("inspect").is_none(),
+                "{lease} left free"
+            );
+        }
+        // The next term of g-5 comes seven grants after the old one: the drain's six between.
+        let next = AcquireRequest {
+            holder: HolderToken::random(),
+            identity: "new".into(),
+            ..old
+        };
+        let Acquired::Granted { fencing } = memory.try_acquire(&next).await.expect("acquire")
+        else {
+            panic!("free");
+        };
+        assert_eq!(
+            fencing.get(),
+            old_token.get() + 7,
+            "{fencing} after {old_token}"
+        );
+    }
+
     /// Once the record runs this replica's count, the run loop is told at once (it stops
     /// waiting and assigns shards); reading the same record again tells it nothing.
     #[tokio::test(start_paused = true)]

@@ -1182,6 +1182,163 @@ mod tests {
         );
     }
 
+    fn sharded() -> FencingPolicy {
+        FencingPolicy::new("ops", "orders")
+            .and_then(|p| p.service_account("ops", "w"))
+            .and_then(|p| p.shards(16))
+            .expect("valid")
+    }
+
+    /// The CEL variable `name` of `policy`.
+    fn variable(policy: &FencingPolicy, name: &str) -> String {
+        policy
+            .policy()
+            .spec
+            .and_then(|s| s.variables)
+            .and_then(|v| v.into_iter().find(|v| v.name == name))
+            .map(|v| v.expression)
+            .unwrap_or_else(|| panic!("no variable {name}"))
+    }
+
+    #[test]
+    fn a_sharded_groups_binding_selects_its_shard_leases_by_label() {
+        let p = sharded();
+        assert_eq!(p.shard_count(), Some(16));
+        assert_eq!(p.shard_lease(3), "orders-3");
+        assert_eq!(p.name(), "tenure-fencing.ops.orders");
+        let param = p.binding().spec.param_ref.expect("paramRef");
+        assert_eq!(param.name, None, "a selector, not one Lease");
+        assert_eq!(param.namespace.as_deref(), Some("ops"));
+        assert_eq!(param.parameter_not_found_action.as_deref(), Some("Allow"));
+        let labels = param
+            .selector
+            .and_then(|s| s.match_labels)
+            .expect("matchLabels");
+        assert_eq!(
+            labels,
+            BTreeMap::from([("tenure.dev/shard-group".to_owned(), "orders".to_owned())])
+        );
+        // The label is the one the backend writes on every shard Lease.
+        assert_eq!(
+            labels
+                .get(crate::backend::kube::SHARD_GROUP_LABEL)
+                .map(String::as_str),
+            Some(crate::backend::kube::group_label_value("orders").as_str())
+        );
+        // A plain election's binding names its Lease.
+        let plain = FencingPolicy::new("ops", "orders")
+            .expect("valid")
+            .binding();
+        let param = plain.spec.param_ref.expect("paramRef");
+        assert_eq!(param.name.as_deref(), Some("orders"));
+        assert!(param.selector.is_none());
+        for bad in [0, crate::shard::MAX_SHARDS + 1] {
+            let e = FencingPolicy::new("ops", "orders")
+                .and_then(|p| p.shards(bad))
+                .expect_err("bad count");
+            assert!(
+                matches!(
+                    &e,
+                    PolicyError::Invalid {
+                        what: "shard count",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert!(
+            FencingPolicy::new("ops", "orders")
+                .and_then(|p| p.shards(crate::shard::MAX_SHARDS))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_sharded_groups_cel_judges_its_own_shard_exactly_and_refuses_no_shard() {
+        let p = sharded();
+        let plain = FencingPolicy::new("ops", "orders")
+            .and_then(|p| p.service_account("ops", "w"))
+            .expect("valid");
+        // The same match conditions and resources: only the CEL differs.
+        let spec = p.policy().spec.expect("spec");
+        let plain_spec = plain.policy().spec.expect("spec");
+        assert_eq!(spec.match_conditions, plain_spec.match_conditions);
+        assert_eq!(spec.match_constraints, plain_spec.match_constraints);
+        assert_eq!(spec.param_kind, plain_spec.param_kind);
+        // Another shard of the group passes an evaluation; the group itself does not.
+        assert_eq!(
+            variable(&p, "otherElection"),
+            "variables.election != '' && variables.election != variables.lease && \
+             !variables.lease.startsWith(variables.election + '-')"
+        );
+        assert_eq!(
+            variable(&plain, "otherElection"),
+            "variables.election != '' && variables.election != variables.lease"
+        );
+        // Exactly the shard's term's token; a plain election's at least.
+        assert_eq!(
+            variable(&p, "current"),
+            "variables.token == variables.floor"
+        );
+        assert!(variable(&plain, "current").contains(">="));
+        // The group and shard for messages, from the parameter's name.
+        assert_eq!(
+            variable(&p, "group"),
+            "variables.lease.lastIndexOf('-') > 0 ? variables.lease.substring(0, \
+             variables.lease.lastIndexOf('-')) : variables.lease"
+        );
+        assert_eq!(
+            variable(&p, "shard"),
+            "variables.lease.lastIndexOf('-') > 0 ? \
+             variables.lease.substring(variables.lease.lastIndexOf('-') + 1) : ''"
+        );
+        let validation = &spec.validations.expect("validations")[0];
+        assert_eq!(
+            validation.expression,
+            "variables.otherElection || (variables.token != '' && variables.election == \
+             variables.lease && variables.tokenOk && variables.floorOk && \
+             !variables.foreignHolder && variables.current && variables.stampOk)"
+        );
+        let message = validation.message_expression.as_deref().expect("message");
+        for says in [
+            "'tenure fencing: group ' + variables.group + ': missing token:",
+            "'tenure fencing: group ' + variables.group + ': missing election:",
+            "variables.election != variables.lease ? 'tenure fencing: group ' + variables.group + ': missing shard:",
+            "? 'tenure fencing: lease ' + variables.lease + ': stale: token ' + variables.token + ' < current ' + variables.floor + ' (shard ' + variables.shard + ' of group ' + variables.group + ')'",
+            ": !variables.current ? 'tenure fencing: lease ' + variables.lease + ': not this shard\\'s term: token ' + variables.token + ', current ' + variables.floor + ' (shard ",
+        ] {
+            assert!(message.contains(says), "{says}\nnot in\n{message}");
+        }
+        assert!(
+            message.contains(&super::super::proof::NOT_THIS_SHARDS_TERM.replace('\'', "\\'")),
+            "the proof's marker is the policy's wording"
+        );
+        // Every part of a sharded group's policy but its CEL and binding is a plain election's.
+        assert_eq!(p.policy().metadata, plain.policy().metadata);
+    }
+
+    #[cfg(feature = "crd")]
+    #[test]
+    fn a_sharded_groups_yaml_has_no_lease_and_names_its_count() {
+        let yaml = sharded().to_yaml();
+        assert!(
+            yaml.starts_with("# tenure fencing policy for sharded group ops/orders (16 shards: Leases orders-0 to orders-15"),
+            "{yaml}"
+        );
+        assert!(!yaml.contains("\nkind: Lease\n"), "{yaml}");
+        assert_eq!(
+            yaml.matches("\nkind: ValidatingAdmissionPolicy\n").count(),
+            2,
+            "{yaml}"
+        );
+        assert!(yaml.contains("tenure.dev/shard-group: orders"), "{yaml}");
+        let plain = FencingPolicy::new("ops", "orders")
+            .expect("valid")
+            .to_yaml();
+        assert!(plain.contains("\nkind: Lease\n"), "{plain}");
+    }
+
     #[test]
     fn participants_are_matched_by_user_name() {
         let p = FencingPolicy::new("ns", "x")

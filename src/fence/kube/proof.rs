@@ -648,6 +648,102 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_sharded_groups_answers_are_classified_for_its_shards() {
+        let vap = "ValidatingAdmissionPolicy 'tenure-fencing.ops.orders' with binding \
+                   'tenure-fencing.ops.orders' denied request:";
+        let shard = "ops/orders-3";
+        let stale = format!(
+            "{vap} tenure fencing: lease ops/orders-3: stale: token 49 < current 50 (shard 3 of group ops/orders)"
+        );
+        assert_eq!(
+            classify(403, &stale, shard),
+            Answer::Stale(Some(Current::Term(50)))
+        );
+        // A token the shard's Lease has not reached: the cache lags, to the proof.
+        let ahead = format!(
+            "{vap} tenure fencing: lease ops/orders-3: not this shard's term: token 51, current 50 (shard 3 of group ops/orders): …"
+        );
+        assert_eq!(classify(403, &ahead, shard), Answer::Unseen(ahead.clone()));
+        // The group's refusal of a request naming no shard: this shard's group's.
+        let no_shard = format!("{vap} tenure fencing: group ops/orders: missing shard: …");
+        assert_eq!(
+            classify(403, &no_shard, shard),
+            Answer::Refused(no_shard.clone())
+        );
+        // Another group's, or a group whose name this lease only starts with: not ours.
+        for other in ["ops/payments", "ops/order"] {
+            let message = format!("{vap} tenure fencing: group {other}: missing token: …");
+            assert_eq!(
+                classify(403, &message, shard),
+                Answer::OtherElection {
+                    lease: other.to_owned(),
+                    message: message.clone()
+                }
+            );
+        }
+        let junk = format!("{vap} tenure fencing: something else");
+        assert!(matches!(
+            classify(403, &junk, shard),
+            Answer::OtherAdmission(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_groups_policy_that_has_not_seen_the_term_is_waited_out_then_fails_closed() {
+        let unseen = || {
+            Answer::Unseen(
+                "tenure fencing: lease ops/ctl: not this shard's term: token 49, current 40".into(),
+            )
+        };
+        let s = Script::new(vec![
+            (Probe::Below, unseen()),
+            (Probe::Below, unseen()),
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Admitted),
+        ]);
+        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
+        assert_eq!(at, [0, 10, 20, 20].map(Duration::from_millis));
+        // Never reached within the window: closed, saying what was seen and why.
+        let s = Script::new(vec![(Probe::Below, unseen())]);
+        let cause = cause_of(s.run(true, false).await);
+        let asked = s.asked();
+        let last = asked.last().expect("asked").1;
+        assert!(
+            last >= PROOF_WINDOW && last < PROOF_WINDOW + RETRY * 2,
+            "gave up at {last:?}"
+        );
+        assert!(
+            cause.contains("has not reached this term's grant (token 50)")
+                && cause.contains("#130887")
+                && cause.contains("not this shard's term"),
+            "{cause}"
+        );
+        // A recheck of a fence found open asks once.
+        let s = Script::new(vec![(Probe::Below, unseen())]);
+        let cause = cause_of(s.run(false, true).await);
+        assert_eq!(s.asked().len(), 1);
+        assert!(cause.contains("token 50"), "{cause}");
+        // Its own token unseen after the lower one was refused: closed at once.
+        let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, unseen())]);
+        assert!(cause_of(s.run(true, false).await).contains("has not reached"));
+    }
+
+    #[test]
+    fn an_open_fence_names_the_groups_policy_for_a_shard_lease() {
+        let cause = open_cause("ops/orders-3", 49, 50);
+        assert!(
+            cause.contains("tenure-fencing.ops.orders (the policy of sharded group orders, for its shard 3; or, for an election of that name, tenure-fencing.ops.orders-3)"),
+            "{cause}"
+        );
+        let cause = open_cause("ops/ctl", 49, 50);
+        assert!(
+            cause.contains("binding tenure-fencing.ops.ctl is missing"),
+            "{cause}"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_proof_sees_the_lower_token_refused_then_its_own_admitted() {
         let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, Answer::Admitted)]);

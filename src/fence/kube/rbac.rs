@@ -326,6 +326,33 @@ mod tests {
         assert!(yaml.contains("kind: ClusterRoleBinding"), "{yaml}");
         assert!(yaml.contains("participant \"alice\" is a user"), "{yaml}");
 
+        // A sharded group: its shard, record and member Leases, named or not.
+        let group = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .and_then(|p| p.shards(8))
+            .expect("valid policy")
+            .worker_rbac();
+        let rules = group.roles[0].0.rules.clone().unwrap_or_default();
+        assert_eq!(rules.len(), 3, "{rules:?}");
+        assert_eq!(rules[0].resources, one("leases"));
+        assert_eq!(rules[0].resource_names, None);
+        assert_eq!(
+            rules[0].verbs,
+            ["get", "list", "watch", "update", "create", "delete"]
+        );
+        assert_eq!(rules[1].resources, one("events"));
+        assert_eq!(rules[2].resource_names, one("worker"));
+        assert!(group.token_extra.is_some());
+        let yaml = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .and_then(|p| p.shards(8))
+            .expect("valid policy")
+            .worker_rbac_yaml();
+        assert!(
+            yaml.starts_with("# What each participant of sharded group jobs/nightly"),
+            "{yaml}"
+        );
+
         // Only users: nothing to bind, so no ClusterRole either.
         let users = FencingPolicy::new("jobs", "nightly")
             .and_then(|p| p.user("bob"))
