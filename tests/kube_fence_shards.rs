@@ -715,7 +715,7 @@ async fn sixteen_fenced_shards_on_three_replicas_frozen_killed_and_thawed_accept
                     && fleet.last_ok(s).is_some_and(|(_, t)| t >= now[&s])
             })
         });
-        eprintln!("round {who} {how}: moved {theirs:?}");
+        eprintln!("round {who} {how}: it held shards {theirs:?}");
     }
     std::thread::sleep(Duration::from_secs(2));
 
@@ -767,7 +767,9 @@ async fn sixteen_fenced_shards_on_three_replicas_frozen_killed_and_thawed_accept
     );
 
     // The group's binding deleted: the running copies' writes fail closed within a recheck,
-    // and a shard taken over starts no copy: its replica exits 8 naming the group's policy.
+    // and a shard term that begins starts no copy: its replica exits 8 naming the group's
+    // policy. (On a loaded machine terms move meanwhile, and a replica whose new term cannot
+    // prove its fence leaves with its copies: a shard whose copy went that way is done too.)
     let admin = shared().admin().await;
     let policy = group_policy(&fleet.ns, SHARDS);
     Api::<ValidatingAdmissionPolicyBinding>::all(admin)
@@ -778,38 +780,63 @@ async fn sixteen_fenced_shards_on_three_replicas_frozen_killed_and_thawed_accept
         .iter()
         .map(|&s| (s, fleet.log(s).len()))
         .collect();
-    wait_until(
-        Duration::from_secs(60),
-        "every copy's writes refused as unfenced",
-        || {
-            every_shard.iter().all(|&s| {
-                fleet.log(s)[marks[&s]..]
-                    .lines()
-                    .any(|l| l.starts_with("refused ") && l.contains("not enforced"))
-            })
-        },
-    );
-    replicas
-        .get_mut("r1")
-        .map(|r| r.signal(libc::SIGKILL))
-        .expect("r1");
-    let mut exited = Vec::new();
-    wait_until(Duration::from_secs(120), "a survivor exits 8", || {
-        for who in ["r2", "r3"] {
-            if let Some(r) = replicas.get_mut(who)
+    let mut exited: BTreeMap<&str, (Option<i32>, String)> = BTreeMap::new();
+    let check_exits = |replicas: &mut BTreeMap<&'static str, Tenure>,
+                       exited: &mut BTreeMap<&str, (Option<i32>, String)>| {
+        for (who, r) in replicas.iter_mut() {
+            if !exited.contains_key(who)
                 && let Ok(Some(status)) = r.child.try_wait()
             {
-                exited.push((who, status.code(), r.log()));
+                exited.insert(*who, (status.code(), r.log()));
             }
         }
-        !exited.is_empty()
-    });
-    let (who, code, log) = &exited[0];
-    assert_eq!(*code, Some(8), "{who}: {log}");
-    assert!(
-        log.contains("the command was not started")
-            && log.contains(&format!("tenure-fencing.{}.{GROUP}", fleet.ns)),
-        "{who}: {log}"
+    };
+    let refused_unfenced = |s: u32| {
+        fleet.log(s)[marks[&s]..]
+            .lines()
+            .any(|l| l.starts_with("refused ") && l.contains("not enforced"))
+    };
+    wait_until(
+        Duration::from_secs(90),
+        "every copy's writes refused as unfenced, or its replica gone",
+        || {
+            check_exits(&mut replicas, &mut exited);
+            exited.len() == replicas.len() || every_shard.iter().all(|&s| refused_unfenced(s))
+        },
+    );
+    let refused_shards = every_shard.iter().filter(|&&s| refused_unfenced(s)).count();
+    let mut killed = None;
+    if exited.is_empty() {
+        // Every copy refused and every replica running: r1 killed, its shards' next terms
+        // cannot prove their fence.
+        let groups = kube_support::child_process_groups(replicas["r1"].pid());
+        replicas["r1"].signal(libc::SIGKILL);
+        for g in groups {
+            // SAFETY: signalling process groups our child created.
+            unsafe { libc::kill(-g, libc::SIGKILL) };
+        }
+        killed = Some("r1");
+        wait_until(Duration::from_secs(120), "a survivor exits 8", || {
+            check_exits(&mut replicas, &mut exited);
+            exited.keys().any(|w| Some(*w) != killed)
+        });
+    }
+    let stopped: Vec<_> = exited.iter().filter(|(w, _)| Some(**w) != killed).collect();
+    assert!(!stopped.is_empty());
+    for (who, (code, log)) in stopped {
+        assert_eq!(*code, Some(8), "{who}: {log}");
+        assert!(
+            log.contains("the command was not started")
+                && log.contains(&format!("tenure-fencing.{}.{GROUP}", fleet.ns)),
+            "{who}: {log}"
+        );
+    }
+    eprintln!(
+        "binding deleted: {refused_shards} of {SHARDS} shards' copies refused as unfenced; replicas exited 8: {:?}",
+        exited
+            .keys()
+            .filter(|w| Some(**w) != killed)
+            .collect::<Vec<_>>()
     );
     drop(replicas);
     fleet.watch.abort();
