@@ -409,6 +409,9 @@ while True:
     time.sleep(0.3)
 "#;
 
+/// Every version of each object, by name, in the API server's order: (writer's token, its I).
+type History = Arc<Mutex<BTreeMap<String, Vec<(u64, u64)>>>>;
+
 /// A namespace for `tenure run --shards --fence` replicas: the participant `ctl`, the
 /// group's policy from `tenure policy --shards` applied with kubectl, the objects the copies
 /// write (`key-0` … labelled `fence-test`), and a watch recording every version of each.
@@ -417,7 +420,7 @@ struct Fleet {
     dir: PathBuf,
     kubeconfig: PathBuf,
     /// Every version of each object, in the API server's order: (writer's token, its I).
-    history: Arc<Mutex<BTreeMap<String, Vec<(u64, u64)>>>>,
+    history: History,
     watch: tokio::task::JoinHandle<()>,
 }
 
@@ -463,7 +466,7 @@ impl Fleet {
                 .await
                 .expect("create an object");
         }
-        let history: Arc<Mutex<BTreeMap<String, Vec<(u64, u64)>>>> = Arc::default();
+        let history: History = Arc::default();
         let seen = history.clone();
         let watch = tokio::spawn(async move {
             let mut stream = kube::runtime::watcher(
