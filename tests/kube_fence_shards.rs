@@ -70,8 +70,10 @@ async fn apply_policy(policy: &FencingPolicy) {
     .await;
 }
 
-/// One replica of the group `GROUP` with `shards` shards as `client` (fast timings), run in
-/// the background: each shard term it begins is sent on the channel; the sender ends it.
+/// One replica of the group `GROUP` with `shards` shards as `client`, run in the background:
+/// each shard term it begins is sent on the channel; the sender ends it. Leases of 15 s: the
+/// test wants its terms to last (a term lost to a slow renewal on a loaded machine would
+/// make its live token stale under the test's feet).
 fn replica(
     client: &kube::Client,
     ns: &str,
@@ -82,10 +84,9 @@ fn replica(
         .expect("backend");
     let locker = Locker::with_identity(backend, identity).expect("identity");
     let config = ElectionConfig::new()
-        .lease_duration(Duration::from_secs(4))
-        .renew_deadline(Duration::from_secs(3))
-        .retry_period(Duration::from_millis(500))
-        .stop_margin(Duration::from_millis(500));
+        .lease_duration(Duration::from_secs(15))
+        .renew_deadline(Duration::from_secs(10))
+        .retry_period(Duration::from_millis(500));
     let elector = ShardedElector::new(locker, GROUP, shards, config).expect("elector");
     let (terms, begun) = mpsc::unbounded_channel();
     let (stop, stopped) = oneshot::channel::<()>();
