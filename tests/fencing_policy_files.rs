@@ -1,8 +1,10 @@
-//! The Helm chart's copy of the fencing policy's CEL (`charts/tenure/files/fencing-cel.yaml`)
-//! is exactly what `tenure::fence::kube::FencingPolicy` generates: the same bytes as its
-//! `variables` and `validations` serialized, parsing back into the same values, and the same
-//! for every election (so one file serves every release). The chart's templates include it
-//! verbatim; `tests/helm_chart.rs` compares the rendered policy with the generator's.
+//! The Helm chart's copies of the fencing policy's CEL (`charts/tenure/files/fencing-cel.yaml`
+//! for one election, `fencing-cel-shards.yaml` for a sharded group) are exactly what
+//! `tenure::fence::kube::FencingPolicy` generates: the same bytes as its `variables` and
+//! `validations` serialized, parsing back into the same values, and the same for every
+//! election and every group, whatever its count (so one file serves every release). The
+//! chart's templates include them verbatim; `tests/helm_chart.rs` compares the rendered policy
+//! with the generator's.
 //!
 //! Regenerate the file with `TENURE_BLESS=1 cargo test --all-features --test
 //! fencing_policy_files` after changing the generator's CEL.
@@ -16,7 +18,7 @@ use tenure::fence::kube::FencingPolicy;
 const BLESS_HINT: &str =
     "regenerate with `TENURE_BLESS=1 cargo test --all-features --test fencing_policy_files`";
 
-/// The file's first lines; the rest is the YAML of [`Cel`].
+/// The first lines of the file of one election's policy; the rest is the YAML of [`Cel`].
 const HEADER: &str = "\
 # The CEL of tenure's fencing ValidatingAdmissionPolicy (`variables` and `validations` of its
 # spec), exactly as tenure::fence::kube::FencingPolicy::policy() generates them; the same for
@@ -32,8 +34,21 @@ struct Cel {
     validations: Vec<Validation>,
 }
 
+/// The first lines of the file of a sharded group's policy.
+const SHARDS_HEADER: &str = "\
+# The CEL of tenure's fencing ValidatingAdmissionPolicy for a sharded group (`variables` and
+# `validations` of its spec), exactly as tenure::fence::kube::FencingPolicy::shards(N).policy()
+# generates them; the same for every group and count. Included verbatim by
+# templates/fencing-policy.yaml with sharding.shards.
+# Do not edit: regenerate with `TENURE_BLESS=1 cargo test --all-features --test fencing_policy_files`.
+";
+
 fn path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/tenure/files/fencing-cel.yaml")
+}
+
+fn shards_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/tenure/files/fencing-cel-shards.yaml")
 }
 
 /// The generator's CEL for `policy`.
@@ -52,28 +67,44 @@ fn chart_like() -> FencingPolicy {
         .expect("valid policy")
 }
 
-fn generated_text() -> String {
-    let body = serde_saphyr::to_string(&cel_of(&chart_like()))
+/// A sharded group like the chart's (`sharding.shards`).
+fn chart_like_group() -> FencingPolicy {
+    chart_like().shards(4).expect("valid count")
+}
+
+fn generated_text(header: &str, policy: &FencingPolicy) -> String {
+    let body = serde_saphyr::to_string(&cel_of(policy))
         .unwrap_or_else(|e| panic!("serialize the CEL: {e}"));
-    format!("{HEADER}{body}")
+    format!("{header}{body}")
 }
 
 #[test]
 fn the_charts_cel_is_the_generators_output() {
-    let generated = generated_text();
-    let path = path();
+    assert_file_is_generated(&path(), HEADER, &chart_like());
+}
+
+#[test]
+fn the_charts_sharded_cel_is_the_generators_output() {
+    assert_file_is_generated(&shards_path(), SHARDS_HEADER, &chart_like_group());
+    // Not the single election's: the chart must pick the right one.
+    assert_ne!(cel_of(&chart_like_group()), cel_of(&chart_like()));
+}
+
+/// `path` (blessed first with `TENURE_BLESS=1`) is `header` and `policy`'s CEL serialized.
+fn assert_file_is_generated(path: &std::path::Path, header: &str, policy: &FencingPolicy) {
+    let generated = generated_text(header, policy);
     if std::env::var_os("TENURE_BLESS").is_some_and(|v| v == "1") {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         }
-        std::fs::write(&path, &generated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        std::fs::write(path, &generated).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
-    let committed = std::fs::read_to_string(&path)
+    let committed = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e}; {BLESS_HINT}", path.display()));
     // Parsed first, so a drift names the first differing expression rather than bytes.
     let parsed: Cel = serde_saphyr::from_str(&committed)
         .unwrap_or_else(|e| panic!("{} does not parse: {e}; {BLESS_HINT}", path.display()));
-    let expected = cel_of(&chart_like());
+    let expected = cel_of(policy);
     for (i, (file, generator)) in parsed.variables.iter().zip(&expected.variables).enumerate() {
         assert_eq!(
             file,
@@ -129,6 +160,26 @@ fn the_cel_is_the_same_for_every_election() {
             cel_of(&policy),
             reference,
             "the CEL of {} depends on its inputs: one chart file cannot serve every release",
+            policy.name()
+        );
+    }
+    // And a sharded group's: the same for every group and count.
+    let group_reference = cel_of(&chart_like_group());
+    let groups = [
+        FencingPolicy::new("ops", "reports-controller")
+            .and_then(|p| p.service_account("ops", "reports"))
+            .and_then(|p| p.resource("configmaps"))
+            .and_then(|p| p.shards(1)),
+        FencingPolicy::new("x", "a.b.c")
+            .and_then(|p| p.user("alice@example.com"))
+            .and_then(|p| p.shards(tenure::shard::MAX_SHARDS)),
+    ];
+    for policy in groups {
+        let policy = policy.expect("valid policy");
+        assert_eq!(
+            cel_of(&policy),
+            group_reference,
+            "the CEL of group {} depends on its inputs: one chart file cannot serve every release",
             policy.name()
         );
     }

@@ -2729,10 +2729,6 @@ fn fencing_command_renders_fence_before_the_command() {
             ],
             &["fencing.command needs tmpVolume.enabled=true", "under /tmp"],
         ),
-        (
-            &["--set", "fencing.command=true,sharding.shards=3"],
-            &["sharding.shards and fencing.command cannot be combined"],
-        ),
     ];
     assert_refused(cases);
     // Off, the same values render: nothing else stands in the way.
@@ -3300,14 +3296,108 @@ fn sharding_renders_the_shard_count_and_its_role() {
             &[schema, "additional properties 'shard' not allowed"],
         ),
         (
-            &["--set", "sharding.shards=4,fencing.policy.enabled=true"],
-            &["sharding.shards and fencing.policy / fencing.impersonation cannot be combined"],
+            &[
+                "--set",
+                &format!(
+                    "sharding.shards=4,fencing.policy.enabled=true,election.lease={}",
+                    "l".repeat(64)
+                ),
+            ],
+            &[
+                "with sharding.shards and fencing.policy the lease name may have at most 63 characters",
+                "tenure.dev/shard-group",
+            ],
         ),
         (
             &["--set", &long],
             &["with sharding.shards the lease name may have at most 229 characters"],
         ),
     ]);
+}
+
+/// `sharding.shards` with `fencing.policy.enabled`: the group's one policy and binding, the
+/// objects `tenure policy --shards N` prints (names and specs, compared as JSON), whatever the
+/// count; no Lease (each shard Lease is created, labelled, by its first grant); each shard's
+/// copy fenced (`--fence` with `--shards`); the impersonation RBAC as for one election.
+#[test]
+fn sharded_fencing_renders_the_groups_one_policy_as_tenure_policy_prints_it() {
+    let printed = |shards: &str| -> Vec<Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(["policy", "--lease", "sh-tenure", "--namespace", "ns"])
+            .args(["--service-account", "sh-tenure", "--shards", shards])
+            .output()
+            .expect("tenure policy");
+        assert!(out.status.success(), "{out:?}");
+        objects(&String::from_utf8_lossy(&out.stdout))
+    };
+    for shards in ["4", "16"] {
+        let objs = render(
+            "sh",
+            "ns",
+            &[
+                "--set",
+                &format!("sharding.shards={shards},fencing.policy.enabled=true"),
+            ],
+        );
+        let policy = FencingPolicy::new("ns", "sh-tenure")
+            .and_then(|p| p.service_account("ns", "sh-tenure"))
+            .and_then(|p| p.shards(shards.parse().expect("count")))
+            .expect("valid policy");
+        assert_eq!(policy.name(), "tenure-fencing.ns.sh-tenure");
+        assert_generators_policy(&objs, &policy, &format!("{shards} shards"));
+        // What `tenure policy --shards` prints: the same objects, by name and spec.
+        let cli = printed(shards);
+        for kind in [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ] {
+            let chart = named(&objs, kind, &policy.name());
+            let printed = named(&cli, kind, &policy.name());
+            assert_eq!(
+                chart["spec"], printed["spec"],
+                "{shards} shards: the chart's {kind} is not what tenure policy prints"
+            );
+        }
+        assert!(
+            !cli.iter().any(|o| o["kind"] == "Lease"),
+            "tenure policy --shards prints no Lease either"
+        );
+        let binding = named(&objs, "ValidatingAdmissionPolicyBinding", &policy.name());
+        assert_eq!(
+            binding["spec"]["paramRef"],
+            json!({"namespace": "ns", "parameterNotFoundAction": "Allow",
+                   "selector": {"matchLabels": {"tenure.dev/shard-group": "sh-tenure"}}})
+        );
+        assert!(
+            !kinds(&objs).contains("Lease"),
+            "no Lease for a sharded group: {:?}",
+            kinds(&objs)
+        );
+        let (flags, _) = worker_flags(&objs);
+        assert!(
+            flags.contains(&"--fence".to_owned()) && flags.contains(&format!("--shards={shards}")),
+            "{flags:?}"
+        );
+        // The Role as for sharding, plus the self-impersonation of a fenced client.
+        let rules = role_rules(&objs);
+        assert!(
+            rules
+                .as_array()
+                .expect("rules")
+                .contains(&self_impersonation("sh-tenure")),
+            "{rules}"
+        );
+        assert_generators_anchor(&objs, "ns", "sh-tenure", "sharded");
+    }
+    // Without sharding, the single election's policy and its Lease, as before.
+    let single = render("sh", "ns", &["--set", "fencing.policy.enabled=true"]);
+    assert!(kinds(&single).contains("Lease"));
+    let binding = named(
+        &single,
+        "ValidatingAdmissionPolicyBinding",
+        "tenure-fencing.ns.sh-tenure",
+    );
+    assert_eq!(binding["spec"]["paramRef"]["name"], "sh-tenure");
 }
 
 /// With `sharding.shards`, the ServiceAccount may do exactly what sharded membership needs on

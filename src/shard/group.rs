@@ -14,7 +14,10 @@
 //!    with an old count never reverts a group that runs a newer one.
 //! 3. Under `Draining`, every lease `0..N` must be seen free, each seen *after* the draining
 //!    record was written; then the record becomes `Active(M, g+1)` (any member of count `M`
-//!    may do it, and another may finish what one started).
+//!    may do it, and another may finish what one started). A lease is seen free by taking it:
+//!    the keeper is granted a term of it and releases it at once ([`Keeper::fence_off`]), so
+//!    its fencing token — on Kubernetes, the floor a fencing policy refuses below — is above
+//!    every term of the old count before the new count starts.
 //! 4. A shard term's workload starts only after a fresh read of the record, made after its
 //!    lease was granted, finds it active with the member's count ([`admits`]).
 //!
@@ -23,12 +26,28 @@
 //! lease free only after the term ended (released, or run out — the lease's own guarantee).
 //! A lease of the old count taken after the draining record was written fails step 4. So
 //! every term of `M` begins after every term of `N` ended.
+//!
+//! Why fence the old leases off, when their terms have ended: a term that ended may not know
+//! it yet (a frozen replica, a partition), and a fenced store judges a write by the token of
+//! the lease it names. A lease of the old count that the new count never takes again (a
+//! shard beyond `M`), or takes only later (its new owner slow to start), would keep the old
+//! term's token as the current one, so that term's late writes would still pass — after the
+//! new count's first write elsewhere. Taken once by the keeper, every old lease has a newer
+//! token before `Active(M)` is written, so no old term's write passes once a term of `M` can
+//! have begun (a fenced Kubernetes write is judged by the shard Lease it names:
+//! `tenure::fence::kube::FencingPolicy::shards`).
 
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 
-use crate::backend::{Backend, BackendError, GroupRead, GroupRecord, Member};
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendError, GroupRead, GroupRecord, HolderToken, Member,
+    ShardLeaseWatch,
+};
+
+/// How many old leases a drain takes (and releases) at once.
+const FENCE_OFF_IN_FLIGHT: u32 = 16;
 
 /// Where this replica stands in its group, as its last read of the group record says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -57,10 +76,47 @@ pub enum GroupStatus {
     },
 }
 
+/// How far this replica's drain of the old count's leases has got, across reads of the record.
+#[derive(Debug, Default)]
+pub(super) struct Drain {
+    /// The generation of the draining record it works on.
+    generation: u64,
+    /// Leases `0..next` of the old count were taken and released under that record: the drain
+    /// resumes past them (a lease found free after the draining record was written can only
+    /// be taken by a term that step 4 refuses).
+    next: u32,
+    /// The old leases followed together while the drain waits on one of them. Kept from one
+    /// read of the record to the next: on Kubernetes a lease whose holder stopped renewing (a
+    /// frozen or killed pod) is free once this process has seen it unchanged for a lease
+    /// duration, and following it afresh at each read would start that wait again every
+    /// time, so the drain would never take it.
+    following: Option<ShardLeaseWatch>,
+}
+
+impl Drain {
+    /// (generation, next): where the drain stands.
+    #[cfg(test)]
+    fn at(&self) -> (u64, u32) {
+        (self.generation, self.next)
+    }
+
+    /// A drain of `generation` that got through leases `0..next`.
+    #[cfg(test)]
+    fn from(generation: u64, next: u32) -> Self {
+        Self {
+            generation,
+            next,
+            following: None,
+        }
+    }
+}
+
 /// What the keeper needs to know about its replica and group.
 pub(super) struct Keeper<'a> {
     pub backend: &'a dyn Backend,
     pub group: &'a str,
+    /// This replica's identity, the holder of the keeper's brief terms of old leases.
+    pub identity: &'a str,
     pub shards: u32,
     pub lease: Duration,
     pub retry: Duration,
@@ -78,10 +134,7 @@ impl Keeper<'_> {
         mut members: watch::Receiver<Option<Vec<Member>>>,
         recheck: &Notify,
     ) -> BackendError {
-        // Leases of the old count found free under a draining record of this generation:
-        // the drain resumes past them (a lease found free after the draining record was
-        // written can only be taken by a term that step 4 refuses).
-        let mut drained: (u64, u32) = (0, 0);
+        let mut drained = Drain::default();
         loop {
             let live = members.borrow_and_update().clone();
             let pause = match self.step(status, live.as_deref(), &mut drained).await {
@@ -111,7 +164,7 @@ impl Keeper<'_> {
         &self,
         status: &watch::Sender<GroupStatus>,
         members: Option<&[Member]>,
-        drained: &mut (u64, u32),
+        drained: &mut Drain,
     ) -> Result<Duration, BackendError> {
         let (record, version) = match self.timed(self.backend.group_record(self.group)).await? {
             GroupRead::Absent => {
@@ -134,6 +187,10 @@ impl Keeper<'_> {
             }
             GroupRead::Present { record, version } => (record, version),
         };
+        if record.shards != self.shards || record.is_active() {
+            // No drain of this replica's to wait on (another member may have finished it).
+            drained.following = None;
+        }
         if record.shards == self.shards && record.is_active() {
             status.send_if_modified(|s| {
                 let now = GroupStatus::Running {
@@ -150,16 +207,37 @@ impl Keeper<'_> {
         if record.shards == self.shards {
             let from = record.draining_from.unwrap_or(record.shards);
             // One generation has one draining record: a swap from a given version wins once.
-            if drained.0 != record.generation {
-                *drained = (record.generation, 0);
+            if drained.generation != record.generation {
+                *drained = Drain {
+                    generation: record.generation,
+                    ..Drain::default()
+                };
             }
-            while drained.1 < from {
-                let lease = super::lease_name(self.group, drained.1);
-                if self.timed(self.backend.inspect(&lease)).await?.is_some() {
-                    return Ok(self.retry);
+            if drained.next < from {
+                // On Kubernetes a shard Lease is taken only by a process that follows its
+                // group's leases: the old count's, here, for the drain.
+                if drained.following.is_none() {
+                    let old: Vec<String> = (drained.next..from)
+                        .map(|shard| super::lease_name(self.group, shard))
+                        .collect();
+                    drained.following = Some(self.backend.follow_shard_leases(self.group, &old));
                 }
-                drained.1 += 1;
+                while drained.next < from {
+                    let end = from.min(drained.next.saturating_add(FENCE_OFF_IN_FLIGHT));
+                    let taken = futures::future::join_all(
+                        (drained.next..end).map(|shard| self.fence_off(shard)),
+                    )
+                    .await;
+                    for result in taken {
+                        if !result? {
+                            // Still held: look again after a retry, still following it.
+                            return Ok(self.retry);
+                        }
+                        drained.next += 1;
+                    }
+                }
             }
+            drained.following = None;
             let active = GroupRecord {
                 draining_from: None,
                 ..record
@@ -189,6 +267,18 @@ impl Keeper<'_> {
         if members.iter().any(|m| m.shards == record.shards) {
             return Ok(self.lease);
         }
+        // The view may be old: a replica frozen through a resize (a paused pod) wakes up with
+        // the membership it saw before, which lacks the members that joined since, and would
+        // revert the group to its old count under the live new one. The takeover is decided
+        // on a fresh read.
+        if self
+            .live_members()
+            .await?
+            .iter()
+            .any(|m| m.shards == record.shards)
+        {
+            return Ok(self.retry);
+        }
         let draining = GroupRecord {
             shards: self.shards,
             generation: record.generation.saturating_add(1),
@@ -212,6 +302,32 @@ impl Keeper<'_> {
         Ok(Duration::ZERO)
     }
 
+    /// Takes the old count's lease of `shard` for a moment if it is free — a grant, whose
+    /// fencing token is above every earlier term's, then its release — and answers whether it
+    /// was (see the module docs: the drain's fence). A release that fails leaves the brief term
+    /// to run out, which only delays the new count's term of that lease.
+    async fn fence_off(&self, shard: u32) -> Result<bool, BackendError> {
+        let request = AcquireRequest {
+            name: super::lease_name(self.group, shard).into(),
+            holder: HolderToken::random(),
+            identity: self.identity.into(),
+            ttl: self.lease,
+        };
+        match self.timed(self.backend.try_acquire(&request)).await? {
+            Acquired::Busy { .. } => Ok(false),
+            Acquired::Granted { fencing } => {
+                tracing::debug!(group = self.group, lease = %request.name, %fencing, "fenced off a lease of the old shard count");
+                let released = self
+                    .timed(self.backend.release(&request.name, &request.holder))
+                    .await;
+                if let Err(e) = released {
+                    tracing::warn!(group = self.group, lease = %request.name, error = %e, "cannot release the drain's term of an old lease; it runs out after one lease");
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// Publishes that this replica waits on `record`, saying why once per record.
     fn wait_on(&self, status: &watch::Sender<GroupStatus>, record: GroupRecord) {
         let now = GroupStatus::Waiting { record };
@@ -233,6 +349,37 @@ impl Keeper<'_> {
             }
             status.send_replace(now);
         }
+    }
+
+    /// The group's live members now: the first set a new read of the membership gives (an
+    /// error item of the stream is a hiccup; the next is waited for, within the request
+    /// timeout).
+    async fn live_members(&self) -> Result<Vec<Member>, BackendError> {
+        use futures::StreamExt as _;
+        let mut members = self.backend.members(self.group);
+        let first = async {
+            let mut hiccup = None;
+            while let Some(read) = members.next().await {
+                match read {
+                    Ok(set) => return Ok(set),
+                    Err(e) => hiccup = Some(e),
+                }
+            }
+            Err(hiccup.unwrap_or_else(|| {
+                BackendError::new(
+                    crate::backend::BackendErrorKind::Unavailable,
+                    "the group's membership read ended without an answer",
+                )
+            }))
+        };
+        tokio::time::timeout(self.request_timeout, first)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::new(
+                    crate::backend::BackendErrorKind::Timeout,
+                    "the group's membership read timed out",
+                ))
+            })
     }
 
     async fn timed<T>(
@@ -311,6 +458,7 @@ mod tests {
         Keeper {
             backend: store,
             group: "g",
+            identity: "keeper",
             shards,
             lease: Duration::from_secs(15),
             retry: Duration::from_secs(2),
@@ -338,6 +486,52 @@ mod tests {
         }
     }
 
+    /// A replica whose view of the membership is old (frozen through a resize: it saw no
+    /// member of the new count) does not take the group back to its count while a live member
+    /// runs the record's: the takeover is decided on a fresh read.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_membership_view_does_not_revert_a_resize() {
+        let store = MemoryBackend::with_own_tokens();
+        let active = GroupRecord {
+            shards: 4,
+            generation: 2,
+            draining_from: None,
+        };
+        write(&store, GroupRecord::first(6)).await;
+        write(&store, active).await;
+        let newer = Member {
+            identity: "b1".into(),
+            shards: 4,
+            joined_ms: 0,
+            holds: vec![0, 1, 2, 3],
+        };
+        store
+            .announce_member("g", &newer, Duration::from_secs(60))
+            .await
+            .expect("announce");
+        let (status, _) = watch::channel(GroupStatus::Joining);
+        let k = keeper(&store, 6);
+        // The view from before the freeze: only this replica, of the old count.
+        let old_view = [Member {
+            identity: "keeper".into(),
+            shards: 6,
+            joined_ms: 0,
+            holds: vec![],
+        }];
+        let pause = k
+            .step(&status, Some(&old_view), &mut Drain::default())
+            .await
+            .expect("step");
+        assert_eq!(pause, k.retry);
+        assert_eq!(record(&store).await, active, "the resize was reverted");
+        // Once the new count's members are gone, the old count may take the group back.
+        store.withdraw_member("g", "b1").await.expect("withdraw");
+        k.step(&status, Some(&old_view), &mut Drain::default())
+            .await
+            .expect("step");
+        assert_eq!(record(&store).await.draining_from, Some(4));
+    }
+
     /// A drain of a new generation starts again from lease 0, whatever an earlier drain by
     /// this keeper got through: the old count's leases are other leases.
     #[tokio::test(start_paused = true)]
@@ -360,7 +554,7 @@ mod tests {
         store.try_acquire(&held).await.expect("acquire");
         let (status, _) = watch::channel(GroupStatus::Joining);
         // An earlier drain (generation 2, from 4) got through leases 0..4.
-        let mut drained = (2, 4);
+        let mut drained = Drain::from(2, 4);
         let k = keeper(&store, 6);
         let pause = k
             .step(&status, Some(&[]), &mut drained)
@@ -372,7 +566,93 @@ mod tests {
             draining,
             "not active while g-1 is held"
         );
-        assert_eq!(drained, (4, 1));
+        assert_eq!(drained.at(), (4, 1));
+        assert!(
+            drained.following.is_some(),
+            "the drain goes on following the old leases while one is held"
+        );
+    }
+
+    /// A drain takes every old lease once and gives it back before the record becomes
+    /// active: each gets a term newer than every old one (on Kubernetes, a floor that a
+    /// fencing policy refuses every old copy's token below), and is left free for the new
+    /// count. A lease the new count never uses again (here g-4 and g-5, shrinking from 6 to
+    /// 4) is fenced too.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_takes_every_old_lease_once_and_leaves_it_free() {
+        use crate::backend::faulty::FaultyBackend;
+        use crate::backend::{AcquireRequest, HolderToken};
+        let memory = MemoryBackend::with_own_tokens();
+        let store = FaultyBackend::new(memory.clone());
+        write(&memory, GroupRecord::first(6)).await;
+        // The old count's last term of g-5, ended (released).
+        let old = AcquireRequest {
+            name: "g-5".into(),
+            holder: HolderToken::random(),
+            identity: "old".into(),
+            ttl: Duration::from_secs(60),
+        };
+        let Acquired::Granted { fencing: old_token } =
+            memory.try_acquire(&old).await.expect("acquire")
+        else {
+            panic!("free");
+        };
+        memory.release("g-5", &old.holder).await.expect("release");
+        write(
+            &memory,
+            GroupRecord {
+                shards: 4,
+                generation: 2,
+                draining_from: Some(6),
+            },
+        )
+        .await;
+        let (status, _) = watch::channel(GroupStatus::Joining);
+        let k = keeper(&store, 4);
+        let mut drained = Drain::default();
+        let pause = k
+            .step(&status, Some(&[]), &mut drained)
+            .await
+            .expect("step");
+        assert_eq!(pause, Duration::ZERO, "the record was changed");
+        assert_eq!(drained.at(), (2, 6));
+        assert!(drained.following.is_none(), "done: nothing followed");
+        assert_eq!(
+            record(&memory).await,
+            GroupRecord {
+                shards: 4,
+                generation: 2,
+                draining_from: None,
+            }
+        );
+        let counts = store.counts();
+        assert_eq!(
+            (counts.acquire, counts.release),
+            (6, 6),
+            "each old lease taken and given back once"
+        );
+        for shard in 0..6 {
+            let lease = format!("g-{shard}");
+            assert!(
+                memory.inspect(&lease).await.expect("inspect").is_none(),
+                "{lease} left free"
+            );
+        }
+        // The next term of g-5 comes seven grants after the old one: the drain's six between.
+        let next = AcquireRequest {
+            holder: HolderToken::random(),
+            identity: "new".into(),
+            ..old
+        };
+        let Acquired::Granted { fencing } = memory.try_acquire(&next).await.expect("acquire")
+        else {
+            panic!("free");
+        };
+        assert_eq!(
+            fencing.get(),
+            old_token.get() + 7,
+            "{fencing} after {old_token}"
+        );
     }
 
     /// Once the record runs this replica's count, the run loop is told at once (it stops
@@ -383,13 +663,17 @@ mod tests {
         write(&store, GroupRecord::first(4)).await;
         let (status, mut seen) = watch::channel(GroupStatus::Joining);
         let k = keeper(&store, 4);
-        k.step(&status, Some(&[]), &mut (0, 0)).await.expect("step");
+        k.step(&status, Some(&[]), &mut Drain::default())
+            .await
+            .expect("step");
         assert!(seen.has_changed().expect("open"));
         assert_eq!(
             *seen.borrow_and_update(),
             GroupStatus::Running { generation: 1 }
         );
-        k.step(&status, Some(&[]), &mut (0, 0)).await.expect("step");
+        k.step(&status, Some(&[]), &mut Drain::default())
+            .await
+            .expect("step");
         assert!(!seen.has_changed().expect("open"));
     }
 

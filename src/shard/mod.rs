@@ -368,6 +368,7 @@ impl ShardedElector {
         let keeper = group::Keeper {
             backend: self.inner.locker.backend(),
             group: &self.inner.name,
+            identity: self.inner.locker.identity(),
             shards: self.inner.shards,
             lease,
             retry,

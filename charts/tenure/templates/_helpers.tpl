@@ -221,10 +221,10 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- $f := .Values.fencing -}}
 {{- $impersonation := ternary $f.policy.enabled $f.impersonation (kindIs "invalid" $f.impersonation) -}}
 {{- if .Values.sharding.shards -}}
-{{- if or $f.policy.enabled $impersonation -}}
-{{- fail "sharding.shards and fencing.policy / fencing.impersonation cannot be combined: the policy follows the election's one Lease, and each shard has its own" -}}
-{{- end -}}
 {{- $lease := include "tenure.lease" . -}}
+{{- if and $f.policy.enabled (gt (len $lease) 63) -}}
+{{- fail (printf "with sharding.shards and fencing.policy the lease name may have at most 63 characters (the group's policy selects its shard Leases by the label tenure.dev/shard-group=<lease>, and a label value has at most 63); %q has %d" $lease (len $lease)) -}}
+{{- end -}}
 {{- if gt (len $lease) 229 -}}
 {{- fail (printf "with sharding.shards the lease name may have at most 229 characters (its member Leases are named <lease>-member-<16 hex digits>, at most 253); %q has %d" $lease (len $lease)) -}}
 {{- end -}}
@@ -233,9 +233,6 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- fail "fencing.policy / fencing.impersonation need backend.type kube: the policy reads the election's Lease" -}}
 {{- end -}}
 {{- if include "tenure.fencingCommand" . -}}
-{{- if .Values.sharding.shards -}}
-{{- fail "sharding.shards and fencing.command cannot be combined: the chart's fencing follows the election's one Lease, and each shard has its own" -}}
-{{- end -}}
 {{- if ne .Values.backend.type "kube" -}}
 {{- fail (printf "fencing.command needs backend.type=kube (it is %s): the command's writes carry the token of the term of a Lease, which the API server's policy reads" .Values.backend.type) -}}
 {{- end -}}

@@ -35,7 +35,7 @@ pub fn lease_name(group: &str, identity: &str) -> String {
 }
 
 /// The group label's value: the group itself when it is a valid label value, else a hash.
-pub(super) fn label_value(group: &str) -> String {
+pub(crate) fn label_value(group: &str) -> String {
     let valid = group.len() <= 63
         && group
             .bytes()

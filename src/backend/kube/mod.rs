@@ -160,6 +160,9 @@ use super::{
     Renewed, ShardLeaseWatch,
 };
 use inner::Inner;
+/// The value of a group's [`SHARD_GROUP_LABEL`] (the fencing policy of a sharded group
+/// selects its shard Leases by it).
+pub(crate) use members::label_value as group_label_value;
 pub use options::{DEFAULT_REQUEST_TIMEOUT, KubeOptions};
 pub use read::damaged_records;
 #[cfg(feature = "metrics")]

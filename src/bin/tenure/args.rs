@@ -140,13 +140,24 @@ pub struct PolicyArgs {
     #[arg(long = "resource", value_name = "RESOURCE")]
     pub resources: Vec<String>,
 
+    /// The election is a sharded group of N shards (`tenure run --lease NAME --shards N`):
+    /// one policy for all its shards, whose binding selects the shard Leases NAME-0 …
+    /// NAME-<N-1> by their label tenure.dev/shard-group=NAME (no Lease is printed: each shard
+    /// Lease is created, labelled, by its first grant), and the RBAC `tenure run --shards`
+    /// needs. A write naming a shard must carry exactly that shard's current term's token. The
+    /// policy does not depend on N (a resize needs no new policy); --check proves shards 0 to
+    /// N-1 (and any Lease of a larger count still there).
+    #[arg(long, value_name = "N", value_parser = parse_shards)]
+    pub shards: Option<u32>,
+
     /// Instead of printing the policy, prove that the API server enforces it: the policy,
     /// its binding (applying it with this Lease) and the Lease exist, and dry-run writes as
     /// the first participant (impersonated, with --group's groups for a user): a token below
     /// the Lease's floor is refused, the floor's own token admitted. Exit 0 enforced, 5 not
     /// (the line names the cause and the fix), 4 the check could not run (the line says
-    /// which permission it lacked). Proves only the API server it reached: on an HA control
-    /// plane, run it against each.
+    /// which permission it lacked). With --shards, every shard at its own floor, and a write
+    /// naming the group but no shard refused. Proves only the API server it reached: on an HA
+    /// control plane, run it against each.
     #[arg(long)]
     pub check: bool,
 }

@@ -40,6 +40,9 @@ pub async fn policy(args: &PolicyArgs) -> Result<u8, CliError> {
     for resource in &args.resources {
         spec = spec.resource(resource).map_err(|e| flag("--resource", e))?;
     }
+    if let Some(shards) = args.shards {
+        spec = spec.shards(shards).map_err(|e| flag("--shards", e))?;
+    }
     if !args.check {
         print!("{}---\n{}", spec.to_yaml(), spec.worker_rbac_yaml());
         return Ok(0);
@@ -67,24 +70,36 @@ pub async fn policy(args: &PolicyArgs) -> Result<u8, CliError> {
         });
     }
     let client = crate::backend::kube_client("tenure policy --check").await?;
-    let lease = format!("{}/{}", args.namespace, args.lease);
+    let lease = match args.shards {
+        Some(_) => format!("sharded group {}/{}", args.namespace, args.lease),
+        None => format!("lease {}/{}", args.namespace, args.lease),
+    };
     match tenure::fence::kube::check(&client, &spec, &participant).await {
         Ok(tenure::fence::kube::CheckVerdict::Enforced { floor }) => {
             println!(
-                "fence on lease {lease} enforced by the API server (floor {floor}: a lower token refused, the floor's admitted; checked as {participant})"
+                "fence on {lease} enforced by the API server (floor {floor}: a lower token refused, the floor's admitted; checked as {participant})"
+            );
+            Ok(0)
+        }
+        Ok(tenure::fence::kube::CheckVerdict::ShardsEnforced { floors }) => {
+            let lowest = floors.iter().map(|(_, f)| *f).min().unwrap_or(0);
+            let highest = floors.iter().map(|(_, f)| *f).max().unwrap_or(0);
+            println!(
+                "fence on {lease} enforced by the API server on each of its {} shard Leases (floors {lowest} to {highest}: on each, a lower token refused and the floor's admitted; a write naming no shard refused; checked as {participant})",
+                floors.len()
             );
             Ok(0)
         }
         Ok(tenure::fence::kube::CheckVerdict::Open { message, .. }) => Err(CliError::FenceOpen {
             message: format!(
-                "fence on lease {lease} is not enforced (checked as {participant}): {message}"
+                "fence on {lease} is not enforced (checked as {participant}): {message}"
             ),
         }),
         Ok(other) => Err(CliError::Internal {
             message: format!("unexpected verdict {other:?}"),
         }),
         Err(e) => Err(CliError::Backend {
-            message: format!("cannot check the fence on lease {lease}: {e}"),
+            message: format!("cannot check the fence on {lease}: {e}"),
         }),
     }
 }

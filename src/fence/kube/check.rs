@@ -20,6 +20,14 @@ pub enum CheckVerdict {
         /// The Lease's floor at the check (0: no term yet).
         floor: u64,
     },
+    /// A sharded group's fence ([`FencingPolicy::shards`](super::FencingPolicy::shards)) is
+    /// enforced on every shard Lease: for each, a token just below its floor is refused and
+    /// the floor's own admitted; a write naming the group but no shard is refused.
+    ShardsEnforced {
+        /// Each shard Lease's number and floor, in shard order: `0..shards` and any Lease of
+        /// an earlier, larger count still there.
+        floors: Vec<(u32, u64)>,
+    },
     /// The fence is not enforced on the API server that answered.
     Open {
         /// Why.
@@ -41,7 +49,9 @@ pub enum OpenCause {
     /// fence this election.
     BindingMismatch,
     /// The election's Lease does not exist: the binding admits everything
-    /// (`parameterNotFoundAction: Allow`).
+    /// (`parameterNotFoundAction: Allow`). For a sharded group: a shard's Lease does not
+    /// exist or does not carry the group's label (no term of it yet, or written by an older
+    /// tenure), so writes naming that shard are not judged.
     LeaseMissing,
     /// The Lease's `tenure.dev/fencing-floor` is not a fencing token: participant writes are
     /// all refused (closed, but broken).
@@ -191,10 +201,19 @@ pub async fn check(
         .map_err(read(format!("ValidatingAdmissionPolicy {name}")))?
         .is_none()
     {
+        let shards = policy
+            .shard_count()
+            .map(|n| format!(" --shards {n}"))
+            .unwrap_or_default();
         return open(
             OpenCause::PolicyMissing,
             format!(
-                "no ValidatingAdmissionPolicy {name}: nothing fences lease {lease} (install it: `tenure policy --lease {} --namespace {} | kubectl apply -f -`)",
+                "no ValidatingAdmissionPolicy {name}: nothing fences {} {lease} (install it: `tenure policy --lease {} --namespace {}{shards} | kubectl apply -f -`)",
+                if shards.is_empty() {
+                    "lease"
+                } else {
+                    "sharded group"
+                },
                 policy.lease_name(),
                 policy.namespace()
             ),
@@ -216,13 +235,16 @@ pub async fn check(
     if let Some(message) = binding_mismatch(&binding, policy) {
         return open(OpenCause::BindingMismatch, message);
     }
+    if let Some(shards) = policy.shard_count() {
+        return check_shards(client, policy, participant, shards).await;
+    }
     let mut attempts = 0;
     loop {
-        let floor = match read_floor(client, policy, &lease).await? {
+        let floor = match read_floor(client, policy, policy.lease_name()).await? {
             Ok(floor) => floor,
             Err(verdict) => return Ok(verdict),
         };
-        match prove_floor(client, policy, participant, &lease, floor).await? {
+        match prove_floor(client, policy, participant, policy.lease_name(), floor).await? {
             // A term was granted between the read and the dry run: read the new floor.
             None if attempts < 3 => attempts += 1,
             None => {
@@ -235,6 +257,143 @@ pub async fn check(
             Some(verdict) => return Ok(verdict),
         }
     }
+}
+
+/// How many shards a check proves at once (two dry runs each, more while a floor moves).
+const SHARDS_IN_FLIGHT: usize = 16;
+
+/// [`check`] of a sharded group: every shard Lease the binding selects, `0..shards` at least,
+/// proved at its floor; then a write naming the group but no shard must be refused.
+async fn check_shards(
+    client: &kube::Client,
+    policy: &super::FencingPolicy,
+    participant: &Participant,
+    shards: u32,
+) -> Result<CheckVerdict, CheckError> {
+    use futures::StreamExt;
+    let group = policy.lease_name();
+    let namespace = policy.namespace();
+    let label = format!(
+        "{}={}",
+        crate::backend::kube::SHARD_GROUP_LABEL,
+        crate::backend::kube::group_label_value(group)
+    );
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace);
+    let listed = leases
+        .list(&kube::api::ListParams::default().labels(&label))
+        .await
+        .map_err(|source| CheckError::Read {
+            what: format!("the Leases {label} in {namespace}"),
+            source,
+        })?;
+    // The group's shard Leases by number; a labelled Lease of another name is not a shard.
+    let mut found: std::collections::BTreeMap<u32, Lease> = listed
+        .items
+        .into_iter()
+        .filter_map(|l| {
+            let name = l.metadata.name.clone()?;
+            match crate::backend::group::parse_shard_lease_name(&name) {
+                Some((g, shard)) if g == group => Some((shard, l)),
+                _ => None,
+            }
+        })
+        .collect();
+    let missing: Vec<u32> = (0..shards).filter(|s| !found.contains_key(s)).collect();
+    if !missing.is_empty() {
+        let shown: Vec<String> = missing.iter().take(8).map(u32::to_string).collect();
+        let more = if missing.len() > 8 { ", …" } else { "" };
+        return Ok(CheckVerdict::Open {
+            cause: OpenCause::LeaseMissing,
+            message: format!(
+                "{} of the {shards} shard Leases of group {namespace}/{group} (shards {}{more}) do not exist or lack the label {label}: writes naming them are not judged until their shard's next grant creates or labels them (start the group: tenure run --lease {group} --shards {shards}; a Lease written by an older tenure is labelled by its next grant)",
+                missing.len(),
+                shown.join(", ")
+            ),
+        });
+    }
+    let mut floors = Vec::with_capacity(found.len());
+    for (shard, lease) in &found {
+        let name = format!("{namespace}/{}", policy.shard_lease(*shard));
+        match floor_of(lease, &name) {
+            Ok(floor) => floors.push((*shard, floor)),
+            Err(verdict) => return Ok(verdict),
+        }
+    }
+    found.clear();
+    // Each shard proved at its floor, a few at once; a floor that moved is read again.
+    let proofs = futures::stream::iter(floors)
+        .map(|(shard, floor)| async move {
+            let election = policy.shard_lease(shard);
+            let mut floor = floor;
+            for _ in 0..3 {
+                match prove_floor(client, policy, participant, &election, floor).await? {
+                    Some(CheckVerdict::Enforced { floor }) => return Ok(Ok((shard, floor))),
+                    Some(verdict) => return Ok(Err(verdict)),
+                    None => match read_floor(client, policy, &election).await? {
+                        Ok(now) => floor = now,
+                        Err(verdict) => return Ok(Err(verdict)),
+                    },
+                }
+            }
+            Err(CheckError::NoAnswer {
+                message: format!(
+                    "the floor of lease {namespace}/{election} moved under each of 3 attempts (terms granted faster than the check runs)"
+                ),
+            })
+        })
+        .buffer_unordered(SHARDS_IN_FLIGHT);
+    let mut proofs = std::pin::pin!(proofs);
+    let mut proven = Vec::new();
+    while let Some(result) = proofs.next().await {
+        match result? {
+            Ok(shard) => proven.push(shard),
+            Err(verdict) => return Ok(verdict),
+        }
+    }
+    proven.sort_unstable();
+    // A write naming the group itself names no shard: every shard's evaluation refuses it.
+    let token = proven.first().map_or(1, |(_, floor)| *floor);
+    let fencer =
+        super::Fencer::impersonating(client.clone(), participant.user(), participant.groups())
+            .map_err(|_| CheckError::BadParticipant {
+                participant: participant.user().to_owned(),
+            })?
+            .lease_namespace(namespace);
+    let api = fencer.probe_api(group, Some(token));
+    let probe = super::policy::probe_name(&policy.shard_lease(0));
+    let deadline = tokio::time::Instant::now() + PROOF_WINDOW;
+    loop {
+        match dry_create(
+            &api,
+            &probe,
+            &format!("{namespace}/{}", policy.shard_lease(0)),
+        )
+        .await
+        {
+            Answer::Refused(message) if message.contains(": missing shard") => break,
+            Answer::Denied(message) => {
+                return Err(CheckError::Forbidden {
+                    participant: participant.to_string(),
+                    namespace: namespace.to_owned(),
+                    message,
+                });
+            }
+            Answer::Failed(message) if tokio::time::Instant::now() >= deadline => {
+                return Err(CheckError::NoAnswer { message });
+            }
+            Answer::Failed(_) => tokio::time::sleep(RETRY * 10).await,
+            other => {
+                return Ok(CheckVerdict::Open {
+                    cause: OpenCause::NotEnforced,
+                    message: format!(
+                        "a write of {participant} naming the group {namespace}/{group} itself (no shard) with token {token} was not refused as naming no shard ({other:?}): the policy {} is not a sharded group's (re-apply `tenure policy --shards`'s output)",
+                        policy.name()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(CheckVerdict::ShardsEnforced { floors: proven })
 }
 
 /// What is wrong with a binding that does not apply `policy` with its election's Lease.
@@ -259,6 +418,16 @@ fn binding_mismatch(
             .as_ref()
             .map(|p| (p.namespace.clone(), p.name.clone(), p.selector.clone()))
     };
+    if param(binding) != param(&want) && policy.shard_count().is_some() {
+        return Some(format!(
+            "the binding {name} does not select the shard Leases of group {}/{} (its paramRef must select {}={} in {}): it does not fence the group's writes (re-apply `tenure policy --shards`'s output)",
+            policy.namespace(),
+            policy.lease_name(),
+            crate::backend::kube::SHARD_GROUP_LABEL,
+            crate::backend::kube::group_label_value(policy.lease_name()),
+            policy.namespace(),
+        ));
+    }
     if param(binding) != param(&want) {
         let (ns, lease) = binding
             .spec
@@ -280,15 +449,16 @@ fn binding_mismatch(
     None
 }
 
-/// The Lease's floor (0 before the first term), or the verdict when the Lease is missing or
-/// its floor is broken.
+/// The floor of the Lease `name` (0 before the first term), or the verdict when the Lease is
+/// missing or its floor is broken.
 async fn read_floor(
     client: &kube::Client,
     policy: &super::FencingPolicy,
-    lease: &str,
+    name: &str,
 ) -> Result<Result<u64, CheckVerdict>, CheckError> {
+    let lease = format!("{}/{name}", policy.namespace());
     let Some(record) = Api::<Lease>::namespaced(client.clone(), policy.namespace())
-        .get_opt(policy.lease_name())
+        .get_opt(name)
         .await
         .map_err(|source| CheckError::Read {
             what: format!("Lease {lease}"),
@@ -302,12 +472,17 @@ async fn read_floor(
             ),
         }));
     };
+    Ok(floor_of(&record, &lease))
+}
+
+/// `record`'s floor (0 when it has none), or the verdict when it is broken.
+fn floor_of(record: &Lease, lease: &str) -> Result<u64, CheckVerdict> {
     let floor_text = record
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(crate::backend::kube::record::FENCING_FLOOR).cloned());
-    Ok(match floor_text.as_deref().map(str::parse::<u64>) {
+    match floor_text.as_deref().map(str::parse::<u64>) {
         None => Ok(0),
         Some(Ok(f)) if floor_text.as_deref() == Some(f.to_string().as_str()) => Ok(f),
         Some(_) => Err(CheckVerdict::Open {
@@ -318,26 +493,26 @@ async fn read_floor(
                 floor_text.unwrap_or_default()
             ),
         }),
-    })
+    }
 }
 
-/// The two dry runs at `floor`: `None` when the floor's own token was refused as stale (a
-/// newer term came: read the floor again).
+/// The two dry runs at `floor` naming the election `election` (the Lease's name): `None`
+/// when the floor's own token was refused as stale (a newer term came: read the floor again).
 async fn prove_floor(
     client: &kube::Client,
     policy: &super::FencingPolicy,
     participant: &Participant,
-    lease: &str,
+    election: &str,
     floor: u64,
 ) -> Result<Option<CheckVerdict>, CheckError> {
+    let lease = &format!("{}/{election}", policy.namespace());
     let fencer =
         super::Fencer::impersonating(client.clone(), participant.user(), participant.groups())
             .map_err(|_| CheckError::BadParticipant {
                 participant: participant.user().to_owned(),
             })?
             .lease_namespace(policy.namespace());
-    let probe = policy.probe();
-    let election = policy.lease_name();
+    let probe = super::policy::probe_name(election);
     let forbidden = |message: String| CheckError::Forbidden {
         participant: participant.to_string(),
         namespace: policy.namespace().to_owned(),
@@ -369,10 +544,13 @@ async fn prove_floor(
             Answer::Failed(message) if tokio::time::Instant::now() >= deadline => {
                 return Err(CheckError::NoAnswer { message });
             }
-            Answer::Admitted | Answer::Failed(_) if tokio::time::Instant::now() < deadline => {
+            // A sharded group's shard whose floor this server has not reached: it lags.
+            Answer::Admitted | Answer::Unseen(_) | Answer::Failed(_)
+                if tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(RETRY * 10).await;
             }
-            Answer::Admitted | Answer::Failed(_) => {
+            Answer::Admitted | Answer::Unseen(_) | Answer::Failed(_) => {
                 let what = below.map_or_else(
                     || "a write without a token".to_owned(),
                     |b| format!("token {b}, below the Lease's floor {floor},"),
@@ -394,6 +572,18 @@ async fn prove_floor(
         match dry_create(&at, &probe, lease).await {
             Answer::Admitted => return Ok(Some(CheckVerdict::Enforced { floor })),
             Answer::Stale(_) => return Ok(None),
+            Answer::Unseen(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(RETRY * 10).await;
+            }
+            Answer::Unseen(message) => {
+                return Ok(Some(CheckVerdict::Open {
+                    cause: OpenCause::NotEnforced,
+                    message: format!(
+                        "the API server has not reached the floor {floor} of lease {lease} in {PROOF_WINDOW:?} (its Lease parameter cache lags or has stopped: kubernetes/kubernetes#130887 -- restart every kube-apiserver and keep the anchor {}): {message}",
+                        super::ANCHOR_NAME
+                    ),
+                }));
+            }
             Answer::Refused(message)
             | Answer::OtherElection { message, .. }
             | Answer::OtherAdmission(message) => {

@@ -8,7 +8,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     ValidatingAdmissionPolicyBindingSpec, ValidatingAdmissionPolicySpec, Validation, Variable,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::{OBJECT_TOKEN_ANNOTATION, REFUSAL_PREFIX, REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 use crate::backend::kube::record;
@@ -111,6 +111,9 @@ pub struct FencingPolicy {
     lease: String,
     users: Vec<String>,
     resources: Vec<GovernedResource>,
+    /// A sharded group's shard count ([`shards`](Self::shards)): one policy for all its
+    /// shard Leases.
+    shards: Option<u32>,
 }
 
 /// One governed resource, as `resource[.group]` (kubectl's spelling: `configmaps`,
@@ -208,7 +211,56 @@ impl FencingPolicy {
             lease: lease.to_owned(),
             users: Vec::new(),
             resources: Vec::new(),
+            shards: None,
         })
+    }
+
+    /// Makes this the policy of the **sharded group** `lease` (`tenure run --lease LEASE
+    /// --shards N`, a [`ShardedElector`](crate::shard::ShardedElector) of that name): one
+    /// policy and one binding for every shard, whatever the count.
+    ///
+    /// The binding selects the group's shard Leases (`LEASE-0` … `LEASE-<N-1>`) by the label
+    /// every shard Lease carries once tenure acquired it, `tenure.dev/shard-group=LEASE`, and
+    /// the API server evaluates the policy once per selected Lease. Each evaluation judges only
+    /// the requests naming its own shard's election (`NAMESPACE/LEASE-SHARD`, which a shard
+    /// term's [`Fencer`](super::Fencer) clients and `tenure run --shards --fence` send), and
+    /// requests that name no shard (no token, no election, or the group itself: refused);
+    /// requests naming another shard or another election pass it. The shard's token must be
+    /// its current term's exactly (the Lease's floor): a lower one is stale, any other is not
+    /// that shard's term (a write naming a shard its replica does not hold).
+    ///
+    /// `shards` is the group's count: the policy and binding do not depend on it (a resize
+    /// needs no new policy), [`check`](super::check) proves each of the shards `0..shards`,
+    /// and [`to_yaml`](Self::to_yaml) names it.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Invalid`] for a count that is 0 or above
+    /// [`MAX_SHARDS`](crate::shard::MAX_SHARDS).
+    pub fn shards(mut self, shards: u32) -> Result<Self, PolicyError> {
+        let max = crate::shard::MAX_SHARDS;
+        if shards == 0 || shards > max {
+            return Err(invalid(
+                "shard count",
+                &shards.to_string(),
+                format!("must be from 1 to {max}"),
+            ));
+        }
+        self.shards = Some(shards);
+        Ok(self)
+    }
+
+    /// The sharded group's shard count, if this is a group's policy
+    /// ([`shards`](Self::shards)).
+    #[must_use]
+    pub fn shard_count(&self) -> Option<u32> {
+        self.shards
+    }
+
+    /// The Lease (and election) of shard `shard` of this sharded group, `LEASE-SHARD`.
+    #[must_use]
+    pub fn shard_lease(&self, shard: u32) -> String {
+        crate::backend::group::shard_lease_name(&self.lease, shard)
     }
 
     /// Adds the ServiceAccount `namespace/name` as a participant: its writes are fenced.
@@ -347,7 +399,8 @@ impl FencingPolicy {
         }
     }
 
-    /// The `ValidatingAdmissionPolicy` (admissionregistration.k8s.io/v1).
+    /// The `ValidatingAdmissionPolicy` (admissionregistration.k8s.io/v1). A sharded group's
+    /// ([`shards`](Self::shards)) differs only in its CEL, the same for every group.
     #[must_use]
     pub fn policy(&self) -> ValidatingAdmissionPolicy {
         ValidatingAdmissionPolicy {
@@ -369,8 +422,12 @@ impl FencingPolicy {
                         expression: self.probe_expression(),
                     },
                 ]),
-                variables: Some(variables()),
-                validations: Some(validations()),
+                variables: Some(variables(self.shards.is_some())),
+                validations: Some(if self.shards.is_some() {
+                    shard_validations()
+                } else {
+                    validations()
+                }),
                 ..ValidatingAdmissionPolicySpec::default()
             }),
             status: None,
@@ -380,23 +437,45 @@ impl FencingPolicy {
     /// The `ValidatingAdmissionPolicyBinding` that applies the policy with the election's
     /// Lease as its parameter. While the Lease is missing nothing is fenced (see the type's
     /// docs): install [`lease`](Self::lease) with it.
+    ///
+    /// A sharded group's binding ([`shards`](Self::shards)) selects the group's shard Leases
+    /// by their label `tenure.dev/shard-group` instead: while none exists (before the group's
+    /// first grant) nothing is fenced, and a shard Lease is created, labelled, by its first
+    /// grant.
     #[must_use]
     pub fn binding(&self) -> ValidatingAdmissionPolicyBinding {
+        let (name, selector) = if self.shards.is_some() {
+            (None, Some(self.shard_selector()))
+        } else {
+            (Some(self.lease.clone()), None)
+        };
         ValidatingAdmissionPolicyBinding {
             metadata: self.metadata(),
             spec: ValidatingAdmissionPolicyBindingSpec {
                 policy_name: self.name(),
                 param_ref: Some(ParamRef {
-                    name: Some(self.lease.clone()),
+                    name,
                     namespace: Some(self.namespace.clone()),
                     // Not Deny: the parameter is resolved before matchConditions, so a
                     // missing Lease would refuse every writer (see the module docs).
                     parameter_not_found_action: Some("Allow".to_owned()),
-                    selector: None,
+                    selector,
                 }),
                 validation_actions: vec!["Deny".to_owned()],
                 match_resources: None,
             },
+        }
+    }
+
+    /// The label selector of a sharded group's shard Leases: `tenure.dev/shard-group=LEASE`
+    /// (the label the Kubernetes backend writes with every shard grant).
+    fn shard_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                crate::backend::kube::SHARD_GROUP_LABEL.to_owned(),
+                crate::backend::kube::group_label_value(&self.lease),
+            )])),
+            match_expressions: None,
         }
     }
 
@@ -416,7 +495,8 @@ impl FencingPolicy {
     }
 
     /// The anchor ([`anchor`](Self::anchor)), the Lease, the policy and the binding as one
-    /// YAML stream, ready for `kubectl apply -f -` (what `tenure policy` prints).
+    /// YAML stream, ready for `kubectl apply -f -` (what `tenure policy` prints). A sharded
+    /// group's has no Lease: each shard Lease is created, labelled, by its first grant.
     ///
     /// Needs the `crd` feature (its YAML writer), besides `kube`.
     #[cfg(feature = "crd")]
@@ -424,21 +504,41 @@ impl FencingPolicy {
     pub fn to_yaml(&self) -> String {
         const ADMISSION: &str = "admissionregistration.k8s.io/v1";
         let (anchor, anchor_binding) = Self::anchor();
+        let (what, lease) = match self.shards {
+            Some(n) => (
+                format!(
+                    "sharded group {}/{} ({n} shards: Leases {}-0 to {}-{}, and those of any count)",
+                    self.namespace,
+                    self.lease,
+                    self.lease,
+                    self.lease,
+                    n - 1
+                ),
+                format!(
+                    "# No Lease: the binding selects the shard Leases by their label {}, written by\n\
+                     # each shard's first grant.\n",
+                    crate::backend::kube::SHARD_GROUP_LABEL
+                ),
+            ),
+            None => (
+                format!("lease {}/{}", self.namespace, self.lease),
+                format!(
+                    "# The Lease before its policy: the policy reads it as its parameter.\n{}---\n",
+                    to_yaml_doc(&self.lease(), "coordination.k8s.io/v1", "Lease")
+                ),
+            ),
+        };
         format!(
-            "# tenure fencing policy for lease {}/{}: generated by `tenure policy`; do not edit.\n\
+            "# tenure fencing policy for {what}: generated by `tenure policy`; do not edit.\n\
              # First the anchor, shared by every election: never delete it (kubernetes#130887:\n\
              # without a Lease-parameter binding, API servers stop reading Leases until restarted).\n\
-             {}---\n{}---\n\
-             # The Lease before its policy: the policy reads it as its parameter.\n{}---\n{}---\n{}",
-            self.namespace,
-            self.lease,
+             {}---\n{}---\n{lease}{}---\n{}",
             to_yaml_doc(&anchor, ADMISSION, "ValidatingAdmissionPolicy"),
             to_yaml_doc(
                 &anchor_binding,
                 ADMISSION,
                 "ValidatingAdmissionPolicyBinding"
             ),
-            to_yaml_doc(&self.lease(), "coordination.k8s.io/v1", "Lease"),
             to_yaml_doc(&self.policy(), ADMISSION, "ValidatingAdmissionPolicy"),
             to_yaml_doc(
                 &self.binding(),
@@ -646,7 +746,13 @@ fn canonical(s: &str) -> String {
 /// object token the write sets. Tokens stay strings: `int()` fails on 20 digits (and any
 /// failure refuses everyone under `failurePolicy: Fail`), so they are compared by form,
 /// then length, then lexically — for canonical decimals that is numeric order.
-fn variables() -> Vec<Variable> {
+///
+/// A sharded group's (`sharded`) are the same but three: which requests an evaluation (one
+/// per shard Lease) leaves to another (`otherElection`), what is current (the shard's term's
+/// token exactly, not at least it), and the group and shard its messages name. They read the
+/// group from the parameter's name, never from the policy's inputs, so one CEL serves every
+/// group (the chart includes it verbatim).
+fn variables(sharded: bool) -> Vec<Variable> {
     let holder_identity = record::HOLDER_IDENTITY;
     let floor = record::FENCING_FLOOR;
     let var = |name: &str, expression: String| Variable {
@@ -659,7 +765,7 @@ fn variables() -> Vec<Variable> {
              '{key}' in {object}.metadata.annotations ? {object}.metadata.annotations['{key}'] : ''"
         )
     };
-    vec![
+    let mut variables = vec![
         var(
             "lease",
             "params.metadata.namespace + '/' + params.metadata.name".to_owned(),
@@ -709,17 +815,38 @@ fn variables() -> Vec<Variable> {
                  == 1 ? request.userInfo.extra['{REQUEST_ELECTION_EXTRA}'][0] : ''"
             ),
         ),
-        var(
-            "otherElection",
-            "variables.election != '' && variables.election != variables.lease".to_owned(),
-        ),
-        // token >= floor, both canonical.
-        var(
-            "current",
-            "size(variables.token) > size(variables.floor) || (size(variables.token) == \
-             size(variables.floor) && variables.token >= variables.floor)"
-                .to_owned(),
-        ),
+        if sharded {
+            // Another election, or another shard of this group (its own evaluation judges
+            // it): neither this shard's election nor the group itself, `NS/GROUP`, which
+            // names no shard (this Lease is `NS/GROUP-SHARD`). Each shard Lease is an
+            // evaluation of its own, so the common case — a request naming another shard —
+            // costs two string comparisons here.
+            var(
+                "otherElection",
+                "variables.election != '' && variables.election != variables.lease && \
+                 !variables.lease.startsWith(variables.election + '-')"
+                    .to_owned(),
+            )
+        } else {
+            var(
+                "otherElection",
+                "variables.election != '' && variables.election != variables.lease".to_owned(),
+            )
+        },
+        if sharded {
+            // The shard's term's own token: every grant's token is a resourceVersion, unique
+            // across the cluster, so a token of another shard's term (a replica writing for a
+            // shard it does not hold) never equals this shard's floor.
+            var("current", "variables.token == variables.floor".to_owned())
+        } else {
+            // token >= floor, both canonical.
+            var(
+                "current",
+                "size(variables.token) > size(variables.floor) || (size(variables.token) == \
+                 size(variables.floor) && variables.token >= variables.floor)"
+                    .to_owned(),
+            )
+        },
         // The object token the write leaves: a participant may set it only to its own token
         // (or keep what was there, or leave it out). Empty for deletes and CONNECT.
         var("stamp", annotation("object", OBJECT_TOKEN_ANNOTATION)),
@@ -731,7 +858,21 @@ fn variables() -> Vec<Variable> {
                 annotation("oldObject", OBJECT_TOKEN_ANNOTATION)
             ),
         ),
-    ]
+    ];
+    if sharded {
+        // For messages only (evaluated on a refusal): `NS/GROUP` and `SHARD` of this shard
+        // Lease `NS/GROUP-SHARD`. A Lease someone else labelled, without a '-', names itself.
+        let cut = "variables.lease.lastIndexOf('-')";
+        variables.push(var(
+            "group",
+            format!("{cut} > 0 ? variables.lease.substring(0, {cut}) : variables.lease"),
+        ));
+        variables.push(var(
+            "shard",
+            format!("{cut} > 0 ? variables.lease.substring({cut} + 1) : ''"),
+        ));
+    }
+    variables
 }
 
 /// The check, as **one** validation (each validation is a CEL program of its own, evaluated
@@ -777,6 +918,69 @@ fn validations() -> Vec<Validation> {
                      (variables.election != '' && variables.tokenOk && variables.floorOk && \
                      !variables.foreignHolder && variables.current && variables.stampOk) \
                      : variables.foreignHolder)"
+            .to_owned(),
+        message_expression: Some(message),
+        message: None,
+        reason: Some("Forbidden".to_owned()),
+    }]
+}
+
+/// A sharded group's check ([`FencingPolicy::shards`]), as one validation evaluated once per
+/// shard Lease: a request naming another election or another shard passes (that one's
+/// evaluation judges it); one naming this shard must carry exactly its current term's token
+/// (below it: stale; any other: not this shard's term); one naming no shard — no token, no
+/// election, or the group itself — is refused, by every evaluation alike. Refusals name the
+/// group, the shard, the token and the current one; the wording of what they share with
+/// [`validations`] is the same (`super::error::classify_status` and the proof parse both).
+fn shard_validations() -> Vec<Validation> {
+    let floor = record::FENCING_FLOOR;
+    let lease_head = format!("'{REFUSAL_PREFIX} lease ' + variables.lease + ': ");
+    let group_head = format!("'{REFUSAL_PREFIX} group ' + variables.group + ': ");
+    let shown = |v: &str| format!("(size({v}) > 40 ? {v}.substring(0, 40) + '...' : {v})");
+    let which = "' (shard ' + variables.shard + ' of group ' + variables.group + ')'";
+    let message = format!(
+        "variables.token == '' ? {group_head}missing token: a write from a participant of this \
+         sharded group must carry its shard term\\'s fencing token (the user extra \
+         {REQUEST_TOKEN_EXTRA}, sent for a command by tenure run --shards --fence (write \
+         through its KUBECONFIG), by tenure::fence::kube::Fencer, or as the headers \
+         Impersonate-User and Impersonate-Extra-tenure.dev%2Ffencing-token)' \
+         : variables.election == '' ? {group_head}missing election: a write carrying a fencing \
+         token must name its shard\\'s election (the user extra {REQUEST_ELECTION_EXTRA}, \
+         NAMESPACE/GROUP-SHARD, sent by tenure run --shards --fence and by \
+         tenure::fence::kube::Fencer; a client of an older tenure sends none)' \
+         : variables.election != variables.lease ? {group_head}missing shard: the write names \
+         the group ' + {election} + ' itself; a fenced write of a sharded group names its shard\\'s \
+         election, NAMESPACE/GROUP-SHARD (a Fencer client of the shard\\'s Term, or tenure run \
+         --shards --fence, sends it)' \
+         : !variables.tokenOk ? {lease_head}malformed token: ' + {token} + ' (a fencing token is \
+         a decimal number without sign or leading zeros)' + {which} \
+         : !variables.floorOk ? {lease_head}broken floor: the Lease\\'s annotation {floor} is \"' + \
+         {floor_shown} + '\", not a fencing token; writes naming this shard are refused until its \
+         next grant rewrites it (or remove the annotation)' + {which} \
+         : variables.foreignHolder ? {lease_head}stale: token ' + variables.token + ', but the \
+         lease is held by ' + variables.holder + ', which is not a tenure replica' + {which} \
+         : size(variables.token) < size(variables.floor) || (size(variables.token) == \
+         size(variables.floor) && variables.token < variables.floor) ? {lease_head}stale: token ' \
+         + variables.token + ' < current ' + variables.floor + {which} \
+         : !variables.current ? {lease_head}not this shard\\'s term: token ' + variables.token + \
+         ', current ' + variables.floor + {which} + ': no term of this shard has that token \
+         (a write naming a shard its replica does not hold, or to an API server that has not \
+         seen the grant yet)' \
+         : {lease_head}object token: this write sets {OBJECT_TOKEN_ANNOTATION} to \"' + {stamp} + \
+         '\"; a participant may set it only to its own token ' + variables.token + {which}",
+        token = shown("variables.token"),
+        floor_shown = shown("variables.floor"),
+        stamp = shown("variables.stamp"),
+        election = shown("variables.election"),
+    );
+    vec![Validation {
+        // A request naming another election or shard: its own evaluation judges it. One
+        // naming this shard: its current term's token, well formed, a well-formed floor, no
+        // foreign holder, no foreign object token set. One naming no shard: refused.
+        expression: "variables.otherElection || (variables.token != '' && \
+                     variables.election == variables.lease && variables.tokenOk && \
+                     variables.floorOk && !variables.foreignHolder && variables.current && \
+                     variables.stampOk)"
             .to_owned(),
         message_expression: Some(message),
         message: None,
@@ -976,6 +1180,163 @@ mod tests {
             binding.spec.param_ref.is_some(),
             "a binding of a param policy"
         );
+    }
+
+    fn sharded() -> FencingPolicy {
+        FencingPolicy::new("ops", "orders")
+            .and_then(|p| p.service_account("ops", "w"))
+            .and_then(|p| p.shards(16))
+            .expect("valid")
+    }
+
+    /// The CEL variable `name` of `policy`.
+    fn variable(policy: &FencingPolicy, name: &str) -> String {
+        policy
+            .policy()
+            .spec
+            .and_then(|s| s.variables)
+            .and_then(|v| v.into_iter().find(|v| v.name == name))
+            .map(|v| v.expression)
+            .unwrap_or_else(|| panic!("no variable {name}"))
+    }
+
+    #[test]
+    fn a_sharded_groups_binding_selects_its_shard_leases_by_label() {
+        let p = sharded();
+        assert_eq!(p.shard_count(), Some(16));
+        assert_eq!(p.shard_lease(3), "orders-3");
+        assert_eq!(p.name(), "tenure-fencing.ops.orders");
+        let param = p.binding().spec.param_ref.expect("paramRef");
+        assert_eq!(param.name, None, "a selector, not one Lease");
+        assert_eq!(param.namespace.as_deref(), Some("ops"));
+        assert_eq!(param.parameter_not_found_action.as_deref(), Some("Allow"));
+        let labels = param
+            .selector
+            .and_then(|s| s.match_labels)
+            .expect("matchLabels");
+        assert_eq!(
+            labels,
+            BTreeMap::from([("tenure.dev/shard-group".to_owned(), "orders".to_owned())])
+        );
+        // The label is the one the backend writes on every shard Lease.
+        assert_eq!(
+            labels
+                .get(crate::backend::kube::SHARD_GROUP_LABEL)
+                .map(String::as_str),
+            Some(crate::backend::kube::group_label_value("orders").as_str())
+        );
+        // A plain election's binding names its Lease.
+        let plain = FencingPolicy::new("ops", "orders")
+            .expect("valid")
+            .binding();
+        let param = plain.spec.param_ref.expect("paramRef");
+        assert_eq!(param.name.as_deref(), Some("orders"));
+        assert!(param.selector.is_none());
+        for bad in [0, crate::shard::MAX_SHARDS + 1] {
+            let e = FencingPolicy::new("ops", "orders")
+                .and_then(|p| p.shards(bad))
+                .expect_err("bad count");
+            assert!(
+                matches!(
+                    &e,
+                    PolicyError::Invalid {
+                        what: "shard count",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+        }
+        assert!(
+            FencingPolicy::new("ops", "orders")
+                .and_then(|p| p.shards(crate::shard::MAX_SHARDS))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_sharded_groups_cel_judges_its_own_shard_exactly_and_refuses_no_shard() {
+        let p = sharded();
+        let plain = FencingPolicy::new("ops", "orders")
+            .and_then(|p| p.service_account("ops", "w"))
+            .expect("valid");
+        // The same match conditions and resources: only the CEL differs.
+        let spec = p.policy().spec.expect("spec");
+        let plain_spec = plain.policy().spec.expect("spec");
+        assert_eq!(spec.match_conditions, plain_spec.match_conditions);
+        assert_eq!(spec.match_constraints, plain_spec.match_constraints);
+        assert_eq!(spec.param_kind, plain_spec.param_kind);
+        // Another shard of the group passes an evaluation; the group itself does not.
+        assert_eq!(
+            variable(&p, "otherElection"),
+            "variables.election != '' && variables.election != variables.lease && \
+             !variables.lease.startsWith(variables.election + '-')"
+        );
+        assert_eq!(
+            variable(&plain, "otherElection"),
+            "variables.election != '' && variables.election != variables.lease"
+        );
+        // Exactly the shard's term's token; a plain election's at least.
+        assert_eq!(
+            variable(&p, "current"),
+            "variables.token == variables.floor"
+        );
+        assert!(variable(&plain, "current").contains(">="));
+        // The group and shard for messages, from the parameter's name.
+        assert_eq!(
+            variable(&p, "group"),
+            "variables.lease.lastIndexOf('-') > 0 ? variables.lease.substring(0, \
+             variables.lease.lastIndexOf('-')) : variables.lease"
+        );
+        assert_eq!(
+            variable(&p, "shard"),
+            "variables.lease.lastIndexOf('-') > 0 ? \
+             variables.lease.substring(variables.lease.lastIndexOf('-') + 1) : ''"
+        );
+        let validation = &spec.validations.expect("validations")[0];
+        assert_eq!(
+            validation.expression,
+            "variables.otherElection || (variables.token != '' && variables.election == \
+             variables.lease && variables.tokenOk && variables.floorOk && \
+             !variables.foreignHolder && variables.current && variables.stampOk)"
+        );
+        let message = validation.message_expression.as_deref().expect("message");
+        for says in [
+            "'tenure fencing: group ' + variables.group + ': missing token:",
+            "'tenure fencing: group ' + variables.group + ': missing election:",
+            "variables.election != variables.lease ? 'tenure fencing: group ' + variables.group + ': missing shard:",
+            "? 'tenure fencing: lease ' + variables.lease + ': stale: token ' + variables.token + ' < current ' + variables.floor + ' (shard ' + variables.shard + ' of group ' + variables.group + ')'",
+            ": !variables.current ? 'tenure fencing: lease ' + variables.lease + ': not this shard\\'s term: token ' + variables.token + ', current ' + variables.floor + ' (shard ",
+        ] {
+            assert!(message.contains(says), "{says}\nnot in\n{message}");
+        }
+        assert!(
+            message.contains(&super::super::proof::NOT_THIS_SHARDS_TERM.replace('\'', "\\'")),
+            "the proof's marker is the policy's wording"
+        );
+        // Every part of a sharded group's policy but its CEL and binding is a plain election's.
+        assert_eq!(p.policy().metadata, plain.policy().metadata);
+    }
+
+    #[cfg(feature = "crd")]
+    #[test]
+    fn a_sharded_groups_yaml_has_no_lease_and_names_its_count() {
+        let yaml = sharded().to_yaml();
+        assert!(
+            yaml.starts_with("# tenure fencing policy for sharded group ops/orders (16 shards: Leases orders-0 to orders-15"),
+            "{yaml}"
+        );
+        assert!(!yaml.contains("\nkind: Lease\n"), "{yaml}");
+        assert_eq!(
+            yaml.matches("\nkind: ValidatingAdmissionPolicy\n").count(),
+            2,
+            "{yaml}"
+        );
+        assert!(yaml.contains("tenure.dev/shard-group: orders"), "{yaml}");
+        let plain = FencingPolicy::new("ops", "orders")
+            .expect("valid")
+            .to_yaml();
+        assert!(plain.contains("\nkind: Lease\n"), "{plain}");
     }
 
     #[test]

@@ -144,6 +144,11 @@ pub(super) enum Answer {
     Admitted,
     /// Refused as stale by this election's policy.
     Stale(Option<Current>),
+    /// Refused by this election's policy because no term of it has this token *yet*: a
+    /// sharded group's policy wants a shard's current term's token exactly, and a token
+    /// above the floor it has seen is one whose grant its Lease cache has not reached. To
+    /// the proof, a lagging cache, like [`Answer::Admitted`] for a lower token.
+    Unseen(String),
     /// Refused by this election's policy for another reason (missing token or election,
     /// malformed, broken floor).
     Refused(String),
@@ -163,6 +168,10 @@ pub(super) enum Answer {
     /// Anything else: a transport failure, a timeout, a server error.
     Failed(String),
 }
+
+/// How a sharded group's policy begins the refusal of a token that is not its shard's
+/// current term's but not below it either (`policy::shard_validations`).
+pub(super) const NOT_THIS_SHARDS_TERM: &str = "not this shard's term";
 
 /// Which dry run of the proof: the token below the term's, or the term's own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,6 +217,8 @@ pub(super) fn classify(code: u16, message: &str, lease: &str) -> Answer {
             Some((l, tail)) if l == lease => {
                 if tail.starts_with("stale") {
                     Answer::Stale(parse_current(message))
+                } else if tail.starts_with(NOT_THIS_SHARDS_TERM) {
+                    Answer::Unseen(message.to_owned())
                 } else {
                     Answer::Refused(message.to_owned())
                 }
@@ -216,7 +227,22 @@ pub(super) fn classify(code: u16, message: &str, lease: &str) -> Answer {
                 lease: other.to_owned(),
                 message: message.to_owned(),
             },
-            None => Answer::OtherAdmission(message.to_owned()),
+            // A sharded group's refusal of a request that names no shard of it: this
+            // election's when it is a shard of that group (`NS/GROUP-SHARD`).
+            None => match rest.strip_prefix("group ").and_then(|r| r.split_once(": ")) {
+                Some((group, _))
+                    if lease
+                        .strip_prefix(group)
+                        .is_some_and(|shard| shard.starts_with('-')) =>
+                {
+                    Answer::Refused(message.to_owned())
+                }
+                Some((group, _)) => Answer::OtherElection {
+                    lease: group.to_owned(),
+                    message: message.to_owned(),
+                },
+                None => Answer::OtherAdmission(message.to_owned()),
+            },
         };
     }
     if message.contains("ValidatingAdmissionPolicy '") || message.contains("admission webhook") {
@@ -284,8 +310,11 @@ where
             Answer::Admitted if late || open => {
                 return unenforced(open_cause(facts.lease, below, facts.ours));
             }
-            Answer::Admitted if first => tokio::time::sleep(RETRY).await,
-            Answer::Admitted => tokio::time::sleep(RETRY * 10).await,
+            Answer::Unseen(message) if late || open => {
+                return unenforced(unseen_cause(facts.lease, facts.ours, &message));
+            }
+            Answer::Admitted | Answer::Unseen(_) if first => tokio::time::sleep(RETRY).await,
+            Answer::Admitted | Answer::Unseen(_) => tokio::time::sleep(RETRY * 10).await,
             Answer::Failed(message) if late => {
                 tracing::warn!(lease = %facts.lease, "fence proof got no answer: {message}");
                 return first.then(|| FenceState::Unenforced {
@@ -333,6 +362,7 @@ fn refused_cause(facts: &Facts<'_>, answer: &Answer, what: &str) -> String {
         ),
         Answer::Denied(message) => cannot_prove(facts.lease_namespace, message),
         Answer::Failed(message) => format!("the fence could not be proven: {message}"),
+        Answer::Unseen(message) => unseen_cause(facts.lease, facts.ours, message),
         Answer::Admitted | Answer::Stale(_) => {
             format!("the fence could not be proven: unexpected answer {answer:?}")
         }
@@ -349,13 +379,41 @@ fn cannot_prove(lease_namespace: &str, message: &str) -> String {
     )
 }
 
+/// The message for a sharded group's policy that never saw this term: its Lease cache lags
+/// or has stopped.
+fn unseen_cause(lease: &str, ours: u64, message: &str) -> String {
+    format!(
+        "for {PROOF_WINDOW:?} the API server refused this term's neighbour token {} as not \
+         the current term's of lease {lease}: its copy of the Lease has not reached this term's \
+         grant (token {ours}), so it could not refuse the previous term either. Likely cause: \
+         its Lease parameter cache lags or has stopped (Kubernetes 1.30-1.36 stop it for good \
+         once no Lease-parameter policy has a binding: kubernetes/kubernetes#130887) -- restart \
+         every kube-apiserver and keep the anchor policy `tenure policy` prints ({message})",
+        ours.saturating_sub(1)
+    )
+}
+
+/// The fencing policy that judges `lease` (`namespace/name`): `tenure-fencing.NS.NAME`, and
+/// when the name is a sharded group's shard's (`GROUP-SHARD`), the group's,
+/// `tenure-fencing.NS.GROUP`, as the alternative.
+fn policy_names(lease: &str) -> String {
+    let (namespace, name) = lease.split_once('/').unwrap_or(("", lease));
+    match crate::backend::group::parse_shard_lease_name(name) {
+        Some((group, shard)) => format!(
+            "tenure-fencing.{namespace}.{group} (the policy of sharded group {group}, for its \
+             shard {shard}; or, for an election of that name, tenure-fencing.{namespace}.{name})"
+        ),
+        None => format!("tenure-fencing.{namespace}.{name}"),
+    }
+}
+
 /// The message for an open fence: what was seen, the likely causes, the fix.
 fn open_cause(lease: &str, below: u64, ours: u64) -> String {
-    let (namespace, name) = lease.split_once('/').unwrap_or(("", lease));
+    let policy = policy_names(lease);
     format!(
         "the API server admitted a dry-run write with token {below}, below this term's {ours}, \
          for {PROOF_WINDOW:?}: nothing enforces the fence on lease {lease} there. Likely causes: \
-         the policy or binding tenure-fencing.{namespace}.{name} is missing (install them: \
+         the policy or binding {policy} is missing (install them: \
          `tenure policy`), or the API server's Lease parameter cache has stopped (Kubernetes \
          1.30-1.36 stop it for good once no Lease-parameter policy has a binding: \
          kubernetes/kubernetes#130887, #133827, fix #141015) -- restart every kube-apiserver, \
@@ -595,6 +653,102 @@ mod tests {
             classify(429, "slow down", LEASE),
             Answer::Failed(_)
         ));
+    }
+
+    #[test]
+    fn a_sharded_groups_answers_are_classified_for_its_shards() {
+        let vap = "ValidatingAdmissionPolicy 'tenure-fencing.ops.orders' with binding \
+                   'tenure-fencing.ops.orders' denied request:";
+        let shard = "ops/orders-3";
+        let stale = format!(
+            "{vap} tenure fencing: lease ops/orders-3: stale: token 49 < current 50 (shard 3 of group ops/orders)"
+        );
+        assert_eq!(
+            classify(403, &stale, shard),
+            Answer::Stale(Some(Current::Term(50)))
+        );
+        // A token the shard's Lease has not reached: the cache lags, to the proof.
+        let ahead = format!(
+            "{vap} tenure fencing: lease ops/orders-3: not this shard's term: token 51, current 50 (shard 3 of group ops/orders): …"
+        );
+        assert_eq!(classify(403, &ahead, shard), Answer::Unseen(ahead.clone()));
+        // The group's refusal of a request naming no shard: this shard's group's.
+        let no_shard = format!("{vap} tenure fencing: group ops/orders: missing shard: …");
+        assert_eq!(
+            classify(403, &no_shard, shard),
+            Answer::Refused(no_shard.clone())
+        );
+        // Another group's, or a group whose name this lease only starts with: not ours.
+        for other in ["ops/payments", "ops/order"] {
+            let message = format!("{vap} tenure fencing: group {other}: missing token: …");
+            assert_eq!(
+                classify(403, &message, shard),
+                Answer::OtherElection {
+                    lease: other.to_owned(),
+                    message: message.clone()
+                }
+            );
+        }
+        let junk = format!("{vap} tenure fencing: something else");
+        assert!(matches!(
+            classify(403, &junk, shard),
+            Answer::OtherAdmission(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_groups_policy_that_has_not_seen_the_term_is_waited_out_then_fails_closed() {
+        let unseen = || {
+            Answer::Unseen(
+                "tenure fencing: lease ops/ctl: not this shard's term: token 49, current 40".into(),
+            )
+        };
+        let s = Script::new(vec![
+            (Probe::Below, unseen()),
+            (Probe::Below, unseen()),
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Admitted),
+        ]);
+        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
+        assert_eq!(at, [0, 10, 20, 20].map(Duration::from_millis));
+        // Never reached within the window: closed, saying what was seen and why.
+        let s = Script::new(vec![(Probe::Below, unseen())]);
+        let cause = cause_of(s.run(true, false).await);
+        let asked = s.asked();
+        let last = asked.last().expect("asked").1;
+        assert!(
+            last >= PROOF_WINDOW && last < PROOF_WINDOW + RETRY * 2,
+            "gave up at {last:?}"
+        );
+        assert!(
+            cause.contains("has not reached this term's grant (token 50)")
+                && cause.contains("#130887")
+                && cause.contains("not this shard's term"),
+            "{cause}"
+        );
+        // A recheck of a fence found open asks once.
+        let s = Script::new(vec![(Probe::Below, unseen())]);
+        let cause = cause_of(s.run(false, true).await);
+        assert_eq!(s.asked().len(), 1);
+        assert!(cause.contains("token 50"), "{cause}");
+        // Its own token unseen after the lower one was refused: closed at once.
+        let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, unseen())]);
+        assert!(cause_of(s.run(true, false).await).contains("has not reached"));
+    }
+
+    #[test]
+    fn an_open_fence_names_the_groups_policy_for_a_shard_lease() {
+        let cause = open_cause("ops/orders-3", 49, 50);
+        assert!(
+            cause.contains("tenure-fencing.ops.orders (the policy of sharded group orders, for its shard 3; or, for an election of that name, tenure-fencing.ops.orders-3)"),
+            "{cause}"
+        );
+        let cause = open_cause("ops/ctl", 49, 50);
+        assert!(
+            cause.contains("binding tenure-fencing.ops.ctl is missing"),
+            "{cause}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -58,7 +58,10 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 impl FencingPolicy {
     /// The RBAC each participant ServiceAccount needs to lead this election and carry its
     /// token: get, list, watch and update on the Lease by name, create on leases, create on
-    /// events (the Role `tenure-worker.<lease>` in the Lease's namespace); `impersonate` on
+    /// events (the Role `tenure-worker.<lease>` in the Lease's namespace) — for a sharded
+    /// group ([`shards`](Self::shards)), get, list, watch, update, create and delete on
+    /// leases of any name (its shard, record and member Leases), as `tenure run --shards`
+    /// needs; `impersonate` on
     /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
     /// `impersonate` on `userextras/tenure.dev/fencing-token` and
     /// `userextras/tenure.dev/fencing-election` ([`TOKEN_EXTRA_ROLE`]).
@@ -103,7 +106,19 @@ impl FencingPolicy {
         let mut roles = Vec::new();
         for ns in namespaces {
             let mut rules = Vec::new();
-            if ns == lease_ns {
+            if ns == lease_ns && self.shard_count().is_some() {
+                // A sharded group: its shard Leases, its record `<lease>-group` and one member
+                // Lease per replica, named after its identity (unknown in advance) and found by
+                // a label-selected list and watch, deleted when the replica leaves. No
+                // resourceNames can list them (the chart's Role is the same).
+                rules.push(rule(
+                    "coordination.k8s.io",
+                    "leases",
+                    &[],
+                    &["get", "list", "watch", "update", "create", "delete"],
+                ));
+                rules.push(rule("", "events", &[], &["create"]));
+            } else if ns == lease_ns {
                 let lease = [self.lease_name().to_owned()];
                 rules.push(rule(
                     "coordination.k8s.io",
@@ -188,8 +203,13 @@ impl FencingPolicy {
                 "ClusterRoleBinding",
             ));
         }
+        let what = if self.shard_count().is_some() {
+            "sharded group"
+        } else {
+            "lease"
+        };
         let mut out = format!(
-            "# What each participant of lease {}/{} needs to lead and carry its fencing token\n\
+            "# What each participant of {what} {}/{} needs to lead and carry its fencing token\n\
              # (tenure run, with --fence or a Fencer): its Lease and Events, impersonating itself,\n\
              # and the user extras of the token and the election ({TOKEN_EXTRA_ROLE} is shared by\n\
              # every election).\n\
@@ -305,6 +325,33 @@ mod tests {
         assert_eq!(yaml.matches("\nkind: Role\n").count(), 2, "{yaml}");
         assert!(yaml.contains("kind: ClusterRoleBinding"), "{yaml}");
         assert!(yaml.contains("participant \"alice\" is a user"), "{yaml}");
+
+        // A sharded group: its shard, record and member Leases, named or not.
+        let group = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .and_then(|p| p.shards(8))
+            .expect("valid policy")
+            .worker_rbac();
+        let rules = group.roles[0].0.rules.clone().unwrap_or_default();
+        assert_eq!(rules.len(), 3, "{rules:?}");
+        assert_eq!(rules[0].resources, one("leases"));
+        assert_eq!(rules[0].resource_names, None);
+        assert_eq!(
+            rules[0].verbs,
+            ["get", "list", "watch", "update", "create", "delete"]
+        );
+        assert_eq!(rules[1].resources, one("events"));
+        assert_eq!(rules[2].resource_names, one("worker"));
+        assert!(group.token_extra.is_some());
+        let yaml = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .and_then(|p| p.shards(8))
+            .expect("valid policy")
+            .worker_rbac_yaml();
+        assert!(
+            yaml.starts_with("# What each participant of sharded group jobs/nightly"),
+            "{yaml}"
+        );
 
         // Only users: nothing to bind, so no ClusterRole either.
         let users = FencingPolicy::new("jobs", "nightly")

@@ -1,0 +1,307 @@
+//! What one fencing policy per sharded group costs, on a real kube-apiserver (issue #41).
+//!
+//! - **The first term's proof, per shard**: each round a fresh replica runs a group of
+//!   `TENURE_BENCH_SHARDS` shards (default 16) under the group's policy
+//!   (`FencingPolicy::shards`), its shard terms beginning together; each term, as it is
+//!   delivered, is proven by the replica's one `Fencer` (made beforehand, as `tenure run
+//!   --shards --fence` does), timed from `Fencer::prove` to its answer. The first round's
+//!   shard Leases do not exist before their grants: the API server meets each as a new
+//!   parameter of the binding's label selector. Later rounds take Leases that exist. p50 and
+//!   p99 over every shard of every round (`TENURE_BENCH_ROUNDS`, default 5), and of the first
+//!   round alone.
+//! - **Admission per write**, interleaved in a new random order each round (no mode always
+//!   first or after the same one): a merge patch of a ConfigMap by (1) a client no policy
+//!   governs (the baseline), (2) a fenced client of a single-lease election under its own
+//!   policy (one parameter), (3) a fenced client of a shard term under the group's policy
+//!   (one evaluation per shard Lease: `TENURE_BENCH_SHARDS` parameters). The participants of
+//!   (2) and (3) are different ServiceAccounts, so each write meets only its own policy's
+//!   match. p50 and p99 of each (`TENURE_BENCH_WRITES`, default 300), and the ratios.
+//!
+//! Run with `cargo bench --all-features --bench kube_fence_shards`; writes
+//! `target/bench/kube_fence_shards.json`.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use support::env::knob;
+use support::kube_harness::fencing::{apply, cm, elect, install, install_anchor, participant};
+use support::kube_harness::{shared, unique};
+use support::out::{Say, save_json};
+use support::stats::{ms, p50_p99};
+use tenure::Locker;
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::election::{ElectionConfig, Term};
+use tenure::fence::kube::{FenceState, Fencer, FencingPolicy};
+use tenure::shard::ShardedElector;
+use tokio::sync::{mpsc, oneshot};
+
+/// Writes before the measured ones, per mode: connections, caches, the first proofs.
+const WARMUP: usize = 20;
+
+const GROUP: &str = "orders";
+
+fn main() -> ExitCode {
+    let Some(rt) = support::role::runtime(2) else {
+        return ExitCode::FAILURE;
+    };
+    rt.block_on(run());
+    ExitCode::SUCCESS
+}
+
+/// One replica of the group, run in the background: each shard term it begins is sent on the
+/// channel; the sender ends the run, which the handle then awaits.
+fn replica(
+    client: &kube::Client,
+    ns: &str,
+    identity: &str,
+    shards: u32,
+) -> (
+    mpsc::UnboundedReceiver<(u32, Term)>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let backend = KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
+        .expect("backend");
+    let locker = Locker::with_identity(backend, identity).expect("identity");
+    let config = ElectionConfig::new()
+        .lease_duration(Duration::from_secs(15))
+        .renew_deadline(Duration::from_secs(10))
+        .retry_period(Duration::from_millis(500));
+    let elector = ShardedElector::new(locker, GROUP, shards, config).expect("elector");
+    let (terms, begun) = mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        let run = elector.run_until(
+            async {
+                let _ = stopped.await;
+            },
+            move |shard, term: Term| {
+                let _ = terms.send((shard, term.clone()));
+                async move { term.cancellation().cancelled().await }
+            },
+        );
+        if let Err(e) = run.await {
+            eprintln!("the replica's group run ended: {e}");
+        }
+    });
+    (begun, stop, run)
+}
+
+/// Proves every shard's term as it is delivered, all at once: (shard, time to the answer),
+/// and the terms.
+async fn prove_as_delivered(
+    fencer: &Fencer,
+    begun: &mut mpsc::UnboundedReceiver<(u32, Term)>,
+    shards: u32,
+) -> (Vec<Duration>, BTreeMap<u32, Term>) {
+    let mut proofs = tokio::task::JoinSet::new();
+    let mut terms = BTreeMap::new();
+    while terms.len() < shards as usize {
+        let (shard, term) = tokio::time::timeout(Duration::from_secs(120), begun.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only shards {:?} began within 120 s", terms.keys()))
+            .expect("the replica runs");
+        let fencer = fencer.clone();
+        let proving = term.clone();
+        proofs.spawn(async move {
+            let start = Instant::now();
+            let state = fencer.prove(&proving).await;
+            (shard, start.elapsed(), state)
+        });
+        terms.insert(shard, term);
+    }
+    let mut took = Vec::new();
+    while let Some(done) = proofs.join_next().await {
+        let (shard, elapsed, state) = done.expect("a proof task");
+        assert!(
+            matches!(state, FenceState::Enforced),
+            "shard {shard}'s first proof: {state:?}"
+        );
+        took.push(elapsed);
+    }
+    (took, terms)
+}
+
+async fn run() {
+    let writes = knob("TENURE_BENCH_WRITES", 300);
+    let rounds = knob("TENURE_BENCH_ROUNDS", 5_usize);
+    let shards = knob("TENURE_BENCH_SHARDS", 16_u32);
+    let server = shared();
+    let ns = unique("bench-shardfence");
+    server.namespace(&ns).await;
+    let (group_sa, _) = participant(&ns, "grp").await;
+    let (single_sa, _) = participant(&ns, "one").await;
+    let (outsider, _) = participant(&ns, "outsider").await;
+    let group = FencingPolicy::new(&ns, GROUP)
+        .and_then(|p| p.service_account(&ns, "grp"))
+        .and_then(|p| p.resource("configmaps"))
+        .and_then(|p| p.shards(shards))
+        .unwrap_or_else(|e| panic!("{e}"));
+    install_anchor().await;
+    let admin = server.admin().await;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &group.name(),
+        &group.policy(),
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &group.name(),
+        &group.binding(),
+    )
+    .await;
+    // The binding selects nothing yet: give the API server's policy informer time to load it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // ---- the first term's proof, per shard ----
+    let fencer = Fencer::new(group_sa.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let mut all: Vec<Duration> = Vec::new();
+    let mut first_round: Vec<Duration> = Vec::new();
+    let mut live = None;
+    for round in 0..rounds {
+        let (mut begun, stop, handle) = replica(&group_sa, &ns, &format!("r{round}"), shards);
+        let t = Instant::now();
+        let (took, terms) = prove_as_delivered(&fencer, &mut begun, shards).await;
+        let (p50, p99) = p50_p99(took.clone());
+        eprintln!(
+            "round {round}: {shards} shard terms proven in {:.0} ms (per shard p50 {:.1} ms, p99 {:.1} ms)",
+            ms(t.elapsed()),
+            ms(p50),
+            ms(p99)
+        );
+        if round == 0 {
+            first_round.clone_from(&took);
+        }
+        all.extend(took);
+        if round + 1 == rounds {
+            live = Some((terms, stop, handle));
+        } else {
+            let _ = stop.send(());
+            let _ = handle.await;
+        }
+    }
+    let (terms, stop, handle) = live.expect("at least one round");
+
+    // ---- admission per write: group policy vs a single lease's ----
+    let single = FencingPolicy::new(&ns, "solo")
+        .and_then(|p| p.service_account(&ns, "one"))
+        .and_then(|p| p.resource("configmaps"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (solo_term, _end_solo, _solo_run) = elect(&single_sa, &ns, "solo").await;
+    install(&single, &Api::namespaced(single_sa.clone(), &ns)).await;
+    let single_fencer = Fencer::new(single_sa.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let baseline: Api<ConfigMap> = Api::namespaced(outsider.clone(), &ns);
+    let single_api = single_fencer.namespaced::<ConfigMap>(&solo_term, &ns);
+    let shard_api = fencer.namespaced::<ConfigMap>(&terms[&0], &ns);
+    for name in ["lat-plain", "lat-single", "lat-shard"] {
+        let _ = Api::<ConfigMap>::namespaced(server.admin().await, &ns)
+            .create(&PostParams::default(), &cm(name, "0"))
+            .await;
+    }
+    let pp = PatchParams::default();
+    let mut samples: [Vec<Duration>; 3] = Default::default();
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    for i in 0..writes + WARMUP {
+        let patch = Patch::Merge(serde_json::json!({"data": {"v": i.to_string()}}));
+        let mut order = [0usize, 1, 2];
+        for j in (1..order.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            #[allow(clippy::cast_possible_truncation)]
+            order.swap(j, (rng % (j as u64 + 1)) as usize);
+        }
+        for mode in order {
+            let start = Instant::now();
+            let result = match mode {
+                0 => baseline
+                    .patch("lat-plain", &pp, &patch)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                1 => single_api
+                    .patch("lat-single", &pp, &patch)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                _ => shard_api
+                    .patch("lat-shard", &pp, &patch)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            };
+            let elapsed = start.elapsed();
+            if let Err(e) = result {
+                panic!("mode {mode}'s write {i} failed: {e}");
+            }
+            if i >= WARMUP {
+                samples[mode].push(elapsed);
+            }
+        }
+    }
+    let _ = stop.send(());
+    let _ = handle.await;
+
+    let (all50, all99) = p50_p99(all.clone());
+    let (first50, first99) = p50_p99(first_round);
+    let [plain, single_w, shard_w] = samples.map(p50_p99);
+    println!("kube_fence_shards: {shards} shards, {rounds} rounds, {writes} writes a mode");
+    println!(
+        "first-term proof per shard: p50 {:.1} ms, p99 {:.1} ms ({} proofs); first round (new Leases): p50 {:.1} ms, p99 {:.1} ms",
+        ms(all50),
+        ms(all99),
+        all.len(),
+        ms(first50),
+        ms(first99)
+    );
+    println!("| write | p50 ms | p99 ms | p50 / baseline | p99 / baseline |");
+    println!("|---|---|---|---|---|");
+    for (name, (p50, p99)) in [
+        ("baseline (no policy)", plain),
+        ("single lease, its policy", single_w),
+        ("shard term, the group's policy", shard_w),
+    ] {
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            ms(p50),
+            ms(p99),
+            p50.as_secs_f64() / plain.0.as_secs_f64(),
+            p99.as_secs_f64() / plain.1.as_secs_f64()
+        );
+    }
+    println!(
+        "group vs single: p50 {:+.2} ms, p99 {:+.2} ms",
+        ms(shard_w.0) - ms(single_w.0),
+        ms(shard_w.1) - ms(single_w.1)
+    );
+    save_json(
+        "kube_fence_shards.json",
+        &serde_json::json!({
+            "shards": shards, "rounds": rounds, "writes": writes,
+            "proof_ms": {"p50": ms(all50), "p99": ms(all99), "n": all.len()},
+            "proof_first_round_ms": {"p50": ms(first50), "p99": ms(first99)},
+            "write_ms": {
+                "baseline": {"p50": ms(plain.0), "p99": ms(plain.1)},
+                "single": {"p50": ms(single_w.0), "p99": ms(single_w.1)},
+                "shard": {"p50": ms(shard_w.0), "p99": ms(shard_w.1)},
+            },
+        }),
+        Say::Stdout,
+    );
+}
