@@ -38,7 +38,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
-use crate::backend::{BackendError, BackendErrorKind, FencingToken, HolderToken, InvalidName};
+use crate::backend::{
+    BackendError, BackendErrorKind, FencingToken, Handoff, HolderToken, InvalidName,
+};
 
 /// The prefix of every annotation tenure writes.
 pub const ANNOTATION_PREFIX: &str = "tenure.dev/";
@@ -66,6 +68,16 @@ pub const RELEASED_TOKEN: &str = "tenure.dev/released-token";
 /// stamp that follows every grant at once raises it to the term's exact token. Kept on
 /// release, and kept (never lowered) by client-go, which preserves annotations.
 pub const FENCING_FLOOR: &str = "tenure.dev/fencing-floor";
+
+/// A hand-over: the identity that alone may take the Lease next (empty: anyone; a request to
+/// the holder to step down), written by `release_to` and `request_handoff`, removed by the
+/// next grant. An annotation rather than `spec.preferredHolder`: the API server drops that
+/// field unless the `CoordinatedLeaderElection` feature gate is on.
+pub const HANDOFF_TO: &str = "tenure.dev/handoff-to";
+/// How long, in milliseconds, [`HANDOFF_TO`] keeps other candidates out of the released
+/// Lease: measured by each candidate on its own clock from when it first saw the release, as
+/// expiry is.
+pub const HANDOFF_WINDOW_MS: &str = "tenure.dev/handoff-window-ms";
 
 /// The longest Lease name Kubernetes accepts (a DNS-1123 subdomain).
 pub const MAX_NAME_LEN: usize = 253;
@@ -151,6 +163,10 @@ pub struct View {
     pub released: Option<HolderToken>,
     /// `spec.leaseTransitions`.
     pub transitions: i32,
+    /// A hand-over recorded by tenure ([`HANDOFF_TO`]) and its window, or else one a cluster
+    /// asked for through `spec.preferredHolder` naming someone other than the holder (window
+    /// zero: it asks the holder to step down, and keeps nobody out).
+    pub handoff: Option<(Handoff, Duration)>,
 }
 
 fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
@@ -186,6 +202,7 @@ impl View {
             .and(annotation(lease, FENCING))
             .and_then(|f| f.parse::<u64>().ok())
             .map(FencingToken::new);
+        let handoff = handoff_of(lease, holder.as_deref());
         Self {
             holder,
             duration,
@@ -193,6 +210,7 @@ impl View {
             fencing,
             released: annotation(lease, RELEASED_TOKEN).and_then(HolderToken::from_hex),
             transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+            handoff,
         }
     }
 
@@ -204,6 +222,46 @@ impl View {
     pub fn term_fencing(&self, rv: u64) -> FencingToken {
         self.fencing.unwrap_or(FencingToken::new(rv))
     }
+}
+
+/// The hand-over `lease` records; see [`View::handoff`]. A target longer than any identity,
+/// or a window that is not a number, is ignored.
+fn handoff_of(lease: &Lease, holder: Option<&str>) -> Option<(Handoff, Duration)> {
+    if let Some(to) = annotation(lease, HANDOFF_TO) {
+        let window = annotation(lease, HANDOFF_WINDOW_MS)
+            .and_then(|w| w.parse::<u64>().ok())
+            .map(Duration::from_millis)?;
+        return match to {
+            "" => Some((Handoff::Anyone, window)),
+            to if to.len() <= crate::backend::types::MAX_IDENTITY_LEN => {
+                Some((Handoff::To(to.to_owned()), window))
+            }
+            _ => None,
+        };
+    }
+    let preferred = lease
+        .spec
+        .as_ref()?
+        .preferred_holder
+        .as_deref()
+        .filter(|p| !p.is_empty() && p.len() <= crate::backend::types::MAX_IDENTITY_LEN)?;
+    (holder.is_some_and(|h| h != preferred))
+        .then(|| (Handoff::To(preferred.to_owned()), Duration::ZERO))
+}
+
+/// Records `handoff` with `window` in `lease`'s annotations.
+pub fn hand_over(lease: &mut Lease, handoff: &Handoff, window: Duration) {
+    let a = annotations_mut(lease);
+    a.insert(
+        HANDOFF_TO.to_owned(),
+        handoff.target().unwrap_or_default().to_owned(),
+    );
+    a.insert(
+        HANDOFF_WINDOW_MS.to_owned(),
+        u64::try_from(window.as_millis())
+            .unwrap_or(u64::MAX)
+            .to_string(),
+    );
 }
 
 fn now() -> MicroTime {
@@ -273,6 +331,8 @@ pub fn take_over(
     a.insert(HOLDER_TOKEN.to_owned(), holder.to_hex());
     a.insert(HOLDER_IDENTITY.to_owned(), identity.to_owned());
     a.remove(FENCING);
+    a.remove(HANDOFF_TO);
+    a.remove(HANDOFF_WINDOW_MS);
     raise_floor(a, floor);
 }
 
