@@ -14,23 +14,18 @@
 //!
 //! # Coordinated leader election
 //!
-//! Tenure is not a coordinated-election participant. It registers no `LeaseCandidate`, and
-//! it ignores `strategy` and `preferredHolder` when it decides: a candidate takes an expired
-//! or released Lease whatever `preferredHolder` says, and **a tenure holder does not step
-//! down** when `preferredHolder` names someone else — it renews until its term ends for its
-//! own reasons (release, a failed renewal, another holder in the record). Both fields are
-//! kept as they were. When the API server's coordinated-leader-election controller does
-//! manage the Lease (`LeaseCandidate`s name it), the holder it writes has no tenure
-//! annotations, so tenure treats it as a foreign holder, as it treats client-go: a tenure
-//! term ends at its next renewal, and tenure candidates wait for that holder's lease to
-//! expire. Give tenure its own Lease rather than one that coordinated election manages.
-//!
-//! Tenure does not implement the yield ("stop renewing when `preferredHolder` names someone
-//! else"): it would be safe only with the acquiring side honouring `preferredHolder` too (or
-//! the yielding holder's peers, or the holder itself on rejoining, take the Lease straight
-//! back), and then a stale `preferredHolder` — a field tenure neither owns nor clears —
-//! would keep every tenure candidate out for good. Without `LeaseCandidate`s the controller
-//! never names a tenure replica anyway.
+//! Tenure is not a coordinated-election participant: it registers no `LeaseCandidate`. It
+//! honours the step-down signal: [`View::handoff`] reads a `preferredHolder` naming someone
+//! other than the holder as a request to hand over, which a tenure elector holding the Lease
+//! acts on (a release that only that identity may follow, for the hand-off window). It does
+//! not keep other candidates out of a free Lease by `preferredHolder` (a stale value, in a
+//! field tenure neither owns nor clears, would then shut every tenure candidate out), and
+//! never writes it (the API server drops the field unless the `CoordinatedLeaderElection`
+//! feature gate is on): tenure's own hand-overs are the [`HANDOFF_TO`] and
+//! [`HANDOFF_WINDOW_MS`] annotations, bounded by their window. When the API server's
+//! coordinated-leader-election controller does manage the Lease, the holder it writes has no
+//! tenure annotations, so tenure treats it as a foreign holder, as it treats client-go. Give
+//! tenure its own Lease rather than one that coordinated election manages.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -519,6 +514,56 @@ mod tests {
     }
 
     /// Every rewrite changes only the fields tenure owns.
+    #[test]
+    fn a_handoff_is_read_from_tenure_annotations_or_a_foreign_preferred_holder() {
+        let mut lease = created(
+            "ns",
+            "l",
+            &HolderToken::random(),
+            "a",
+            Duration::from_secs(15),
+            1,
+        );
+        assert_eq!(View::of(&lease).handoff, None);
+        hand_over(
+            &mut lease,
+            &Handoff::To("b".into()),
+            Duration::from_millis(4000),
+        );
+        assert_eq!(
+            View::of(&lease).handoff,
+            Some((Handoff::To("b".into()), Duration::from_millis(4000)))
+        );
+        // The next grant clears tenure's hand-over.
+        take_over(
+            &mut lease,
+            &HolderToken::random(),
+            "b",
+            Duration::from_secs(15),
+            2,
+        );
+        assert_eq!(View::of(&lease).handoff, None);
+        // A cluster's preferredHolder naming someone else asks the holder to step down;
+        // naming the holder itself, it asks nothing.
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.preferred_holder = Some("c".into());
+        }
+        assert_eq!(
+            View::of(&lease).handoff,
+            Some((Handoff::To("c".into()), Duration::ZERO))
+        );
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.preferred_holder = Some("b".into());
+        }
+        assert_eq!(View::of(&lease).handoff, None);
+        // A window that is not a number: ignored.
+        hand_over(&mut lease, &Handoff::Anyone, Duration::from_secs(1));
+        if let Some(a) = lease.metadata.annotations.as_mut() {
+            a.insert(HANDOFF_WINDOW_MS.to_owned(), "soon".to_owned());
+        }
+        assert_eq!(View::of(&lease).handoff, None);
+    }
+
     #[test]
     fn every_write_keeps_the_spec_fields_tenure_does_not_own() {
         let a = HolderToken::random();
