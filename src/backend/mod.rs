@@ -172,7 +172,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Asks the current holder of `name` to hand the lease over (to `handoff`'s target),
     /// for `window` on the store's clock: the request shows in [`inspect`](Self::inspect)'s
     /// [`LeaseRecord::handoff`], which a [`LeaderElector`](crate::LeaderElector) holding the
-    /// lease checks every retry period; it then steps down with
+    /// lease (not a shard's) checks every retry period; it then steps down with
     /// [`release_to`](Self::release_to). A request nobody acts on lapses after `window`; while
     /// it stands and the lock is free, only the target may take it. Answers whether the lock
     /// was held (`false`: nothing was recorded).

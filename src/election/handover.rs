@@ -219,6 +219,11 @@ impl LeaderElector {
     }
 
     async fn requested_in_store(&self, fencing: FencingToken) -> StepDown {
+        if self.inner.shard {
+            // A shard's lease moves with the group's assignment, not on request; and a
+            // replica may hold thousands of shards: no read per shard per retry period.
+            return std::future::pending().await;
+        }
         let config = &self.inner.config;
         let backend = self.inner.locker.backend();
         loop {
