@@ -54,7 +54,10 @@ macro_rules! conformance_tests {
             check_auto_renew_outlives_ttl,
             check_renew_deadline_ends_stalled_lease,
             check_membership,
-            check_group_record
+            check_group_record,
+            check_release_to_prefers_the_target,
+            check_release_to_a_dead_target_lapses,
+            check_handoff_request
         );
     };
     (@checks #[$test:meta] $setup:expr; $($check:ident),*) => {$(
@@ -202,6 +205,9 @@ impl Suite {
         self.check_renew_deadline_ends_stalled_lease().await;
         self.check_membership().await;
         self.check_group_record().await;
+        self.check_release_to_prefers_the_target().await;
+        self.check_release_to_a_dead_target_lapses().await;
+        self.check_handoff_request().await;
     }
 
     /// Many tasks contend for one lock through `with_lock`; the fenced register must never
@@ -585,6 +591,167 @@ impl Suite {
             Err(WithLockError::NotRun(LockError::NotAcquired { .. }))
         ));
         holder
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A release to a target lets only the target in while the window runs; the target,
+    /// waiting, is woken by the release (long before its retry interval); its term has a
+    /// higher token; its grant clears the preference.
+    pub async fn check_release_to_prefers_the_target(&self) {
+        let name = unique("release-to");
+        let slow_retry = self.opts().ttl(self.ttl * 20).retry_interval(self.ttl * 10);
+        let leader = self
+            .locker("leader")
+            .try_acquire(&name, &slow_retry)
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        let target = self.locker("target");
+        let (n, o) = (name.clone(), slow_retry.clone().wait(self.ttl * 10));
+        let started = Instant::now();
+        let waiting =
+            tokio::spawn(
+                async move { target.acquire(&n, &o).await.map(|l| (l, started.elapsed())) },
+            );
+        tokio::time::sleep(self.ttl / 5).await;
+        let bystander = self.locker("bystander");
+        // The bystander and the target race for the release; the bystander must lose
+        // however the race goes.
+        leader
+            .release_to("target", self.ttl * 20)
+            .await
+            .unwrap_or_else(|e| panic!("release_to failed: {e}"));
+        let early = bystander.try_acquire(&name, &self.opts()).await;
+        assert!(
+            matches!(early, Err(LockError::NotAcquired { .. })),
+            "a replica other than the target took the lease in the hand-off window: {early:?}"
+        );
+        let (lease, took) = waiting
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+            .unwrap_or_else(|e| panic!("the target never acquired: {e}"));
+        assert!(
+            took < self.ttl * 5,
+            "the target took {took:?}: it was not woken by the release"
+        );
+        assert!(lease.fencing_token() > leader.fencing_token());
+        lease
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+        let after = bystander
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("the target's grant must clear the preference: {e}"));
+        assert!(after.fencing_token() > lease.fencing_token());
+        after
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A target that never comes leaves an ordinary release once the window ends: anyone may
+    /// take the lease then, with a higher token.
+    pub async fn check_release_to_a_dead_target_lapses(&self) {
+        let name = unique("release-to-dead");
+        let leader = self
+            .locker("leader")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        leader
+            .release_to("gone", self.ttl * 2)
+            .await
+            .unwrap_or_else(|e| panic!("release_to failed: {e}"));
+        let other = self.locker("other");
+        assert!(
+            matches!(
+                other.try_acquire(&name, &self.opts()).await,
+                Err(LockError::NotAcquired { .. })
+            ),
+            "the hand-off window must keep others out"
+        );
+        let lease = other
+            .acquire(&name, &self.opts().wait(self.ttl * 10))
+            .await
+            .unwrap_or_else(|e| panic!("the lease stayed reserved for a dead target: {e}"));
+        assert!(lease.fencing_token() > leader.fencing_token());
+        lease
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+    }
+
+    /// A hand-over request is recorded on a held lock only, shows in `inspect`, and leaves the
+    /// holder holding (the holder acts on it); once the holder releases to the target, the
+    /// request is gone with the grant.
+    pub async fn check_handoff_request(&self) {
+        use crate::backend::Handoff;
+        let name = unique("handoff-request");
+        let b = &self.backend;
+        let want = Handoff::To("next".to_owned());
+        assert_eq!(
+            b.request_handoff(&name, &want, self.ttl * 5).await.ok(),
+            Some(false),
+            "a request on a free lock records nothing"
+        );
+        let leader = self
+            .locker("leader")
+            .try_acquire(&name, &self.opts().ttl(self.ttl * 20))
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        assert_eq!(
+            b.request_handoff(&name, &want, self.ttl * 5).await.ok(),
+            Some(true)
+        );
+        let record = b
+            .inspect(&name)
+            .await
+            .ok()
+            .flatten()
+            .expect("the lock is held");
+        assert_eq!(record.identity, "leader");
+        assert_eq!(record.handoff, Some(want));
+        assert_eq!(
+            b.renew(&name, &leader.shared().holder, self.ttl * 20)
+                .await
+                .ok(),
+            Some(Renewed::Held),
+            "a request does not end the holder's lease"
+        );
+        leader
+            .release_to("next", self.ttl * 5)
+            .await
+            .unwrap_or_else(|e| panic!("release_to failed: {e}"));
+        let next = self
+            .locker("next")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("the target was refused: {e}"));
+        let record = b
+            .inspect(&name)
+            .await
+            .ok()
+            .flatten()
+            .expect("the lock is held");
+        assert_eq!(record.handoff, None, "the grant clears the request");
+        next.release()
+            .await
+            .unwrap_or_else(|e| panic!("release failed: {e}"));
+        let anyone = Handoff::Anyone;
+        let again = self
+            .locker("leader")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("free lock not granted: {e}"));
+        assert_eq!(
+            b.request_handoff(&name, &anyone, self.ttl * 5).await.ok(),
+            Some(true)
+        );
+        let record = b.inspect(&name).await.ok().flatten();
+        assert_eq!(record.and_then(|r| r.handoff), Some(anyone));
+        again
             .release()
             .await
             .unwrap_or_else(|e| panic!("release failed: {e}"));

@@ -9,6 +9,13 @@ thread_local! {
     static SEEDED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
+/// Milliseconds since the Unix epoch on this host's clock (for people: never ordered by).
+pub(crate) fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// A random u64 for jitter (not for secrets: see [`HolderToken`](crate::backend::HolderToken)):
 /// from the OS source, or from this thread's seeded sequence.
 pub(crate) fn random_u64() -> u64 {

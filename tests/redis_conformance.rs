@@ -63,6 +63,9 @@ async fn membership_works_with_exactly_the_documented_acl() {
     let suite = Suite::new(connect("tenure").await).ttl(TTL);
     suite.check_membership().await;
     suite.check_group_record().await;
+    // Hand-overs use only the documented commands too.
+    suite.check_release_to_prefers_the_target().await;
+    suite.check_handoff_request().await;
     let refused = connect("locksonly").await;
     let me = Member {
         identity: "pod-a".into(),

@@ -247,6 +247,26 @@ impl Backend for FaultyBackend {
         Box::pin(self.run(move || self.inner.release_as(name, holder, identity)))
     }
 
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        self.counts.release.fetch_add(1, Ordering::Relaxed);
+        Box::pin(self.run(move || self.inner.release_to(name, holder, to, window)))
+    }
+
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a crate::backend::Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.run(move || self.inner.request_handoff(name, handoff, window)))
+    }
+
     fn inspect<'a>(
         &'a self,
         name: &'a str,

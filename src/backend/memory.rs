@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, FencingToken, GroupRead, GroupRecord,
-    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
+    GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
+    Renewed,
 };
 
 /// Fencing tokens of the memory backend come from one process-wide counter, so they rise
@@ -106,6 +107,9 @@ struct Slot {
     acks: VecDeque<(HolderToken, Instant)>,
     /// Created on the first `observe`; every grant and release is published to it.
     notify: Option<watch::Sender<HolderChange>>,
+    /// A hand-over asked for or made (`request_handoff`, `release_to`), until its window ends
+    /// or the next grant.
+    handoff: Option<(Handoff, Instant)>,
 }
 
 struct Held {
@@ -119,6 +123,14 @@ impl Slot {
     /// The current holder, if its lease has not run out at `now`.
     fn live(&self, now: Instant) -> Option<&Held> {
         self.held.as_ref().filter(|h| h.expires_at > now)
+    }
+
+    /// The hand-over preference still in its window at `now`.
+    fn handoff(&self, now: Instant) -> Option<&Handoff> {
+        self.handoff
+            .as_ref()
+            .filter(|(_, until)| *until > now)
+            .map(|(h, _)| h)
     }
 
     fn publish(&self) {
@@ -192,7 +204,18 @@ impl MemoryBackend {
                 holder: Some(h.identity.to_string()),
                 remaining: Some(h.expires_at - now),
             },
+            // Free, but handed to another replica whose window still runs.
+            None if slot.handoff(now).is_some_and(|p| p.excludes(&req.identity)) => {
+                let (target, until) = slot.handoff.as_ref().map_or((None, now), |(h, until)| {
+                    (h.target().map(str::to_owned), *until)
+                });
+                Acquired::Busy {
+                    holder: target,
+                    remaining: Some(until - now),
+                }
+            }
             None => {
+                slot.handoff = None;
                 let fencing = self.next_token();
                 slot.held = Some(Held {
                     holder: req.holder,
@@ -212,8 +235,15 @@ impl MemoryBackend {
     }
 
     /// Releases `name` if `holder` holds it and, when `identity` is given, under that
-    /// identity (`release_as`: then a replay counts as not held).
-    fn release_now(&self, name: &str, holder: &HolderToken, identity: Option<&str>) -> Released {
+    /// identity (`release_as`: then a replay counts as not held); with `to`, only that
+    /// identity may take it until the window ends (`release_to`).
+    fn release_now(
+        &self,
+        name: &str,
+        holder: &HolderToken,
+        identity: Option<&str>,
+        to: Option<(&str, Duration)>,
+    ) -> Released {
         let now = Instant::now();
         let mut locks = self.locked();
         let Some(slot) = locks.get_mut(name) else {
@@ -227,6 +257,9 @@ impl MemoryBackend {
         match slot.live(now) {
             Some(h) if h.holder == *holder && identity.is_none_or(|i| *h.identity == *i) => {
                 slot.held = None;
+                if let Some((who, window)) = to {
+                    slot.handoff = Some((Handoff::To(who.to_owned()), now + window));
+                }
                 if slot.acks.len() == RELEASE_ACKS_KEPT {
                     slot.acks.pop_front();
                 }
@@ -247,6 +280,7 @@ impl MemoryBackend {
             fencing: h.fencing,
             remaining: Some(h.expires_at - now),
             transitions: Some(slot.transitions.saturating_sub(1)),
+            handoff: slot.handoff(now).cloned(),
         })
     }
 
@@ -323,6 +357,7 @@ impl MemoryBackend {
         for slot in locks.values_mut() {
             slot.held = None;
             slot.acks.clear();
+            slot.handoff = None;
             slot.publish();
         }
     }
@@ -384,7 +419,7 @@ impl Backend for MemoryBackend {
         name: &'a str,
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
-        Box::pin(ready(Ok(self.release_now(name, holder, None))))
+        Box::pin(ready(Ok(self.release_now(name, holder, None, None))))
     }
 
     fn release_as<'a>(
@@ -393,7 +428,45 @@ impl Backend for MemoryBackend {
         holder: &'a HolderToken,
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
-        Box::pin(ready(Ok(self.release_now(name, holder, Some(identity)))))
+        Box::pin(ready(Ok(self.release_now(
+            name,
+            holder,
+            Some(identity),
+            None,
+        ))))
+    }
+
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(ready(Ok(self.release_now(
+            name,
+            holder,
+            None,
+            Some((to, window)),
+        ))))
+    }
+
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let now = Instant::now();
+        let mut locks = self.locked();
+        let held = match locks.get_mut(name) {
+            Some(slot) if slot.live(now).is_some() => {
+                slot.handoff = Some((handoff.clone(), now + window));
+                true
+            }
+            _ => false,
+        };
+        Box::pin(ready(Ok(held)))
     }
 
     fn inspect<'a>(

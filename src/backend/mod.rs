@@ -10,6 +10,8 @@
 //! | [`Backend::renew`] / [`Backend::renew_many`] | [`Renewed::Held`] or [`Renewed::NotHeld`] | the holder token |
 //! | [`Backend::release`] | [`Released::Released`] or [`Released::NotHeld`] | the holder token |
 //! | [`Backend::release_as`] | [`Released::Released`] or [`Released::NotHeld`] | the holder token *and* the holder's identity |
+//! | [`Backend::release_to`] | as `release`, and only `to` may acquire for a window | the holder token |
+//! | [`Backend::request_handoff`] | whether the lock was held; the holder is asked to hand over | — |
 //! | [`Backend::inspect`] | the current [`LeaseRecord`], if any | — |
 //! | [`Backend::observe`] | a stream of [`HolderChange`]s | — |
 //!
@@ -46,7 +48,7 @@ pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use group::{GroupRead, GroupRecord, GroupVersion, ShardLeaseWatch};
 pub use types::{
-    AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,
+    AcquireRequest, Acquired, FencingToken, Handoff, HolderChange, HolderToken, LeadershipEvent,
     LeaseRecord, Member, Released, RenewRequest, Renewed,
 };
 
@@ -147,6 +149,46 @@ pub trait Backend: Send + Sync + 'static {
                 _ => Ok(Released::NotHeld),
             }
         })
+    }
+
+    /// Gives the lock up like [`release`](Self::release), and records `to` as the preferred
+    /// next holder: for `window` (on the store's clock) only `to` may take the lock; after it,
+    /// anyone may (a dead target is an ordinary release). The grant that follows clears the
+    /// preference. Observers are notified as for a release, so the target wakes at once.
+    ///
+    /// The default releases without recording a preference (a store that cannot keep one
+    /// still hands over, only not to a chosen replica). The built-in stores keep it.
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        let _ = (to, window);
+        self.release(name, holder)
+    }
+
+    /// Asks the current holder of `name` to hand the lease over (to `handoff`'s target),
+    /// for `window` on the store's clock: the request shows in [`inspect`](Self::inspect)'s
+    /// [`LeaseRecord::handoff`], which a [`LeaderElector`](crate::LeaderElector) holding the
+    /// lease (not a shard's) checks every retry period; it then steps down with
+    /// [`release_to`](Self::release_to). A request nobody acts on lapses after `window`; while
+    /// it stands and the lock is free, only the target may take it. Answers whether the lock
+    /// was held (`false`: nothing was recorded).
+    ///
+    /// The default answers that this store cannot record hand-over requests.
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let _ = (name, handoff, window);
+        Box::pin(std::future::ready(Err(BackendError::new(
+            BackendErrorKind::Config,
+            "this backend cannot record hand-over requests",
+        ))))
     }
 
     /// Reads who holds the lock now, if anyone.
@@ -302,6 +344,23 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         (**self).release_as(name, holder, identity)
+    }
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        (**self).release_to(name, holder, to, window)
+    }
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        (**self).request_handoff(name, handoff, window)
     }
     fn inspect<'a>(
         &'a self,

@@ -214,6 +214,40 @@ pub struct LeaseRecord {
     pub remaining: Option<Duration>,
     /// How many times the lock changed hands, when the store counts it.
     pub transitions: Option<u64>,
+    /// A hand-over asked of the holder and not yet done (an operator's `tenure handoff`,
+    /// [`Backend::request_handoff`](super::Backend::request_handoff)), while its window runs.
+    pub handoff: Option<Handoff>,
+}
+
+/// Who a lease should go to next: the target of a hand-over.
+///
+/// A preference, never a grant: it only keeps *other* candidates out for a bounded window
+/// after the holder's release, so that the target, woken by the release, takes the lease
+/// first. A target that does not take it within the window leaves an ordinary release
+/// behind (anyone may win). Every hand-over is a new term with a higher fencing token.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Handoff {
+    /// Step down; whoever campaigns next may win.
+    Anyone,
+    /// Step down in favour of this identity.
+    To(String),
+}
+
+impl Handoff {
+    /// The target, `None` for [`Handoff::Anyone`].
+    #[must_use]
+    pub fn target(&self) -> Option<&str> {
+        match self {
+            Self::Anyone => None,
+            Self::To(who) => Some(who),
+        }
+    }
+
+    /// Whether the preference keeps `identity` out while its window runs.
+    #[must_use]
+    pub fn excludes(&self, identity: &str) -> bool {
+        self.target().is_some_and(|who| who != identity)
+    }
 }
 
 /// A change of holder reported by [`Backend::observe`](super::Backend::observe).

@@ -46,6 +46,8 @@ pub struct ElectionConfig {
     pub(super) grace: Duration,
     pub(super) rejoin: bool,
     pub(super) store_unreachable_after: Option<Duration>,
+    pub(super) handoff_window: Duration,
+    pub(super) health: Option<super::HealthPolicy>,
 }
 
 impl Default for ElectionConfig {
@@ -59,6 +61,8 @@ impl Default for ElectionConfig {
             grace: Duration::from_secs(5),
             rejoin: false,
             store_unreachable_after: None,
+            handoff_window: Duration::from_secs(4),
+            health: None,
         }
     }
 }
@@ -100,6 +104,24 @@ impl ElectionConfig {
         /// How long the workload may take to stop on shutdown.
         grace
     );
+
+    duration_setter!(
+        /// How long a hand-over's target alone may take the lease after the leader released
+        /// it to them (default 4 s, two retry periods: a target that missed the release
+        /// notification retries within one). After it, anyone may: a dead target costs at
+        /// most this long. A leader that stepped down without a target sits out this long.
+        handoff_window
+    );
+
+    /// Lets leadership follow health: a leader whose workload reports itself unhealthy
+    /// ([`LeaderElector::report_health`](super::LeaderElector::report_health),
+    /// [`Term::report_health`](super::Term::report_health)) for the policy's bound hands over
+    /// to a follower that announced itself healthy, and keeps the lease when none did. Off by
+    /// default.
+    pub fn health(mut self, policy: super::HealthPolicy) -> Self {
+        self.health = Some(policy);
+        self
+    }
 
     /// The bound on each store request; must be shorter than the retry period.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
@@ -160,6 +182,12 @@ impl ElectionConfig {
             ("grace", Some(self.grace)),
             ("request_timeout", self.request_timeout),
             ("store_unreachable_after", self.store_unreachable_after),
+            ("handoff_window", Some(self.handoff_window)),
+            (
+                "health.unhealthy_after",
+                self.health.map(|h| h.unhealthy_after),
+            ),
+            ("health.recovery", self.health.map(|h| h.recovery)),
         ] {
             if value.is_some_and(|v| v > crate::lock::MAX_DURATION) {
                 return invalid(&format!("{name} must be at most 365 days"));
@@ -167,6 +195,9 @@ impl ElectionConfig {
         }
         if self.store_unreachable_after.is_some_and(|d| d.is_zero()) {
             return invalid("store_unreachable_after must be positive");
+        }
+        if self.handoff_window.is_zero() {
+            return invalid("handoff_window must be positive");
         }
         if self.retry_period.is_zero() {
             return invalid("retry_period must be positive");

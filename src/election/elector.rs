@@ -72,6 +72,8 @@ pub(super) struct Inner {
     /// Whether this elector runs a shard of a sharded group (made by [`crate::shard`]); a
     /// plain election never takes a lease named like a group's shard.
     pub(super) shard: bool,
+    /// Step-down requests and health reports (`handover.rs`).
+    pub(super) intent: Arc<super::handover::Intent>,
     /// The proof that this replica's previous process is gone, if the caller took it.
     pub(super) restart: Mutex<Option<Arc<RestartLock>>>,
     #[cfg(feature = "metrics")]
@@ -133,6 +135,7 @@ impl LeaderElector {
                 running: AtomicBool::new(false),
                 contact: StoreContact::default(),
                 shard,
+                intent: Arc::default(),
                 restart: Mutex::new(None),
                 #[cfg(feature = "metrics")]
                 metrics: Mutex::new(None),

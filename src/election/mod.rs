@@ -31,6 +31,7 @@
 mod config;
 mod elector;
 mod error;
+mod handover;
 mod health;
 mod leader;
 #[cfg(feature = "metrics")]
@@ -43,6 +44,7 @@ mod testing;
 pub use config::ElectionConfig;
 pub use elector::LeaderElector;
 pub use error::ElectionError;
+pub use handover::{HealthPolicy, health_group};
 pub use health::Health;
 pub use leader::Leader;
 #[cfg(feature = "metrics")]

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::handover::StepDown;
 use super::{ElectionError, LeaderElector, Term};
 use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
 use crate::{Lease, LeaseEnd, LockError, LostReason};
@@ -34,12 +35,15 @@ enum TermEnd<T> {
     Lost(FencingToken, LostReason),
     /// Shutdown was requested and the workload has stopped.
     Shutdown,
+    /// The term was ended on purpose (a hand-over) and the lease released.
+    SteppedDown(StepDown),
 }
 
 /// Why the term is being wound down.
 enum Stopping {
     Lost(LostReason),
     Shutdown,
+    StepDown(StepDown),
 }
 
 impl LeaderElector {
@@ -117,33 +121,50 @@ impl LeaderElector {
             () = self.end_previous_process_term() => {}
             () = &mut shutdown => return Ok(None),
         }
-        loop {
-            let lease = tokio::select! {
-                lease = self.campaign(&mut changes) => lease?,
-                () = &mut shutdown => return Ok(None),
-            };
-            match self
-                .serve(lease, &mut workload, shutdown.as_mut(), &mut changes)
-                .await
-            {
-                TermEnd::Returned(out) => return Ok(Some(out)),
-                TermEnd::Shutdown => return Ok(None),
-                TermEnd::Panicked(message) => {
-                    return Err(ElectionError::WorkloadPanicked { message });
+        let terms = async {
+            loop {
+                tokio::select! {
+                    () = self.until_eligible() => {}
+                    () = &mut shutdown => return Ok(None),
                 }
-                TermEnd::Lost(fencing, reason) => {
-                    if !self.inner.config.rejoin {
-                        return Err(ElectionError::Lost {
-                            name: self.inner.name.to_string(),
-                            fencing,
-                            reason,
-                        });
+                let lease = tokio::select! {
+                    lease = self.campaign(&mut changes) => lease?,
+                    () = &mut shutdown => return Ok(None),
+                };
+                match self
+                    .serve(lease, &mut workload, shutdown.as_mut(), &mut changes)
+                    .await
+                {
+                    TermEnd::Returned(out) => return Ok(Some(out)),
+                    TermEnd::SteppedDown(req) => {
+                        tokio::select! {
+                            () = self.after_step_down(&req) => {}
+                            () = &mut shutdown => return Ok(None),
+                        }
                     }
-                    if shutdown.is_terminated() {
-                        return Ok(None);
+                    TermEnd::Shutdown => return Ok(None),
+                    TermEnd::Panicked(message) => {
+                        return Err(ElectionError::WorkloadPanicked { message });
+                    }
+                    TermEnd::Lost(fencing, reason) => {
+                        if !self.inner.config.rejoin {
+                            return Err(ElectionError::Lost {
+                                name: self.inner.name.to_string(),
+                                fencing,
+                                reason,
+                            });
+                        }
+                        if shutdown.is_terminated() {
+                            return Ok(None);
+                        }
                     }
                 }
             }
+        };
+        // Healthy replicas announce it for as long as the run lasts (with a health policy).
+        tokio::select! {
+            out = terms => out,
+            never = self.publish_health() => match never {},
         }
     }
 
@@ -290,7 +311,12 @@ impl LeaderElector {
         let fencing = shared.fencing;
         let span = tracing::info_span!("term", lease = %self.inner.name, identity = %self.identity(), %fencing);
         let cancel = CancellationToken::new();
-        let (term, tasks) = Term::begin(shared.clone(), self.identity(), cancel.clone());
+        let (term, tasks) = Term::begin(
+            shared.clone(),
+            self.identity(),
+            cancel.clone(),
+            self.inner.intent.clone(),
+        );
         self.set_term(Some(shared.clone()));
         self.inner.leader.publish(&HolderChange {
             holder: Some(self.identity().to_owned()),
@@ -310,6 +336,7 @@ impl LeaderElector {
         let finished = {
             let mut work = pin!(AssertUnwindSafe(workload(term)).catch_unwind());
             let mut follow = pin!(self.follow_leader(changes));
+            let mut wanted = pin!(self.step_down_wanted(fencing));
             let mut sample = tokio::time::interval(config.lease_duration / 3);
             let mut renewals_seen = 0;
             loop {
@@ -345,6 +372,12 @@ impl LeaderElector {
                         tracing::warn!(parent: &span, "workload ignored cancellation: dropped");
                         break None;
                     }
+                    req = &mut wanted, if stopping.is_none() => {
+                        cancel.cancel();
+                        tracing::info!(parent: &span, reason = %req.reason, to = ?req.to.target(), "stepping down: workload cancelled");
+                        drop_at = Some((Instant::now() + config.grace).min(shared.valid_until() - config.stop_margin));
+                        stopping = Some(Stopping::StepDown(req));
+                    }
                     never = &mut follow => match never {},
                     _ = sample.tick(), if stopping.is_none() => {
                         renewals_seen = self.record_sample(&shared, renewals_seen);
@@ -377,7 +410,12 @@ impl LeaderElector {
             self.record_term_lost();
         }
         cancel.cancel();
-        let released = lease.release().await;
+        let released = match &stopping {
+            Some(Stopping::StepDown(StepDown { to, .. })) if let Some(to) = to.target() => {
+                lease.release_to(to, config.handoff_window).await
+            }
+            _ => lease.release().await,
+        };
         if let Err(e) = &released {
             tracing::debug!(parent: &span, error = %e, "release after the term");
         }
@@ -388,6 +426,7 @@ impl LeaderElector {
         let reason = match &stopping {
             Some(Stopping::Lost(reason)) => format!("lease lost: {reason}"),
             Some(Stopping::Shutdown) => "shut down: released".to_owned(),
+            Some(Stopping::StepDown(req)) => format!("stepped down: {}", req.reason),
             None => "workload finished: released".to_owned(),
         };
         self.announce(LeadershipEvent::StoppedLeading {
@@ -399,6 +438,7 @@ impl LeaderElector {
         match (finished, stopping) {
             (Some(Err(panic)), _) => TermEnd::Panicked(panic_message(panic.as_ref())),
             (_, Some(Stopping::Lost(reason))) => TermEnd::Lost(fencing, reason),
+            (_, Some(Stopping::StepDown(req))) => TermEnd::SteppedDown(req),
             (Some(Ok(out)), _) => TermEnd::Returned(out),
             (None, _) => TermEnd::Shutdown,
         }

@@ -42,6 +42,7 @@ pub struct Term {
     /// only what listens to it, not the term.
     workload_cancel: CancellationToken,
     tasks: Arc<TermTasks>,
+    intent: Arc<super::handover::Intent>,
 }
 
 impl std::fmt::Debug for Term {
@@ -62,6 +63,7 @@ impl Term {
         lease: Arc<LeaseShared>,
         identity: &str,
         cancel: CancellationToken,
+        intent: Arc<super::handover::Intent>,
     ) -> (Self, Arc<TermTasks>) {
         let tasks = Arc::new(TermTasks::default());
         let term = Self {
@@ -71,6 +73,7 @@ impl Term {
             workload_cancel: cancel.child_token(),
             cancel,
             tasks: tasks.clone(),
+            intent,
         };
         (term, tasks)
     }
@@ -113,6 +116,67 @@ impl Term {
     #[must_use]
     pub fn is_valid(&self) -> bool {
         !self.cancel.is_cancelled() && self.lease.is_valid()
+    }
+
+    /// Ends this term on purpose: the cancellation fires, the workload gets the elector's
+    /// grace to stop, the term's tasks end, and the lease is released at once; whoever
+    /// campaigns next may win, except this replica, which sits out the hand-off window
+    /// ([`ElectionConfig::handoff_window`](super::ElectionConfig::handoff_window)). The run goes
+    /// on as a follower. `reason` is logged and announced ("stopped leading"). A call after
+    /// the term ended does nothing.
+    pub fn step_down(&self, reason: &str) {
+        self.intent.request(
+            Some(self.lease.fencing),
+            crate::backend::Handoff::Anyone,
+            reason,
+        );
+    }
+
+    /// Ends this term like [`step_down`](Self::step_down) and hands the lease to the replica
+    /// `to`: only it may take the lease for the hand-off window; if it does not (it died),
+    /// the release was an ordinary one. Its term has a higher fencing token.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use tenure::backend::memory::MemoryBackend;
+    /// use tenure::election::{ElectionConfig, LeaderElector};
+    /// use tenure::Locker;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tenure::election::ElectionError> {
+    /// let store = MemoryBackend::new();
+    /// let config = ElectionConfig::new().rejoin(true);
+    /// let a = LeaderElector::new(Locker::with_identity(store.clone(), "pod-a")?, "jobs", config.clone())?;
+    /// let b = LeaderElector::new(Locker::with_identity(store, "pod-b")?, "jobs", config)?;
+    /// let a_run = tokio::spawn(async move {
+    ///     a.run(|term| async move {
+    ///         term.hand_over("pod-b", "maintenance");
+    ///         term.cancellation().cancelled().await;
+    ///         std::future::pending::<()>().await
+    ///     })
+    ///     .await
+    /// });
+    /// tokio::task::yield_now().await;
+    /// let b_token = b.run(|term| async move { term.fencing_token() }).await?;
+    /// assert!(b_token.get() > 0);
+    /// a_run.abort();
+    /// # Ok(()) }
+    /// ```
+    pub fn hand_over(&self, to: &str, reason: &str) {
+        self.intent.request(
+            Some(self.lease.fencing),
+            crate::backend::Handoff::To(to.to_owned()),
+            reason,
+        );
+    }
+
+    /// Reports whether the workload can make progress, as
+    /// [`LeaderElector::report_health`](super::LeaderElector::report_health) does: with a
+    /// [`HealthPolicy`](super::HealthPolicy), a term that stays unhealthy for its bound hands
+    /// over to a healthy follower.
+    pub fn report_health(&self, healthy: bool) {
+        self.intent.report_health(healthy);
     }
 
     /// How the term's lease ended, once it has (lost, released, orphaned).

@@ -2,6 +2,7 @@
 //! ends, and the RAII release.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -179,6 +180,48 @@ impl Lease {
     ///
     /// Cancel safe: the release goes on in the background; call again for its result.
     pub async fn release(&self) -> Result<(), LockError> {
+        self.release_with(None).await
+    }
+
+    /// Gives the lease up like [`release`](Self::release) and names `to` as the preferred
+    /// next holder: for `window`, measured by the store, only `to` may take the lease (it is
+    /// woken by the release like every waiter); after it, anyone may, so a target that died
+    /// leaves an ordinary release behind. The target's term is a new one, with a higher
+    /// fencing token. A store that cannot keep a preference
+    /// ([`Backend::release_to`](crate::Backend::release_to)) releases plainly.
+    ///
+    /// Idempotent with [`release`](Self::release): whichever is called first decides.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tenure::backend::memory::MemoryBackend;
+    /// use tenure::{LockOptions, Locker};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tenure::LockError> {
+    /// let store = MemoryBackend::new();
+    /// let a = Locker::with_identity(store.clone(), "pod-a")?;
+    /// let b = Locker::with_identity(store.clone(), "pod-b")?;
+    /// let c = Locker::with_identity(store, "pod-c")?;
+    /// let lease = a.try_acquire("report", &LockOptions::new()).await?;
+    /// let first = lease.fencing_token();
+    /// lease.release_to("pod-b", Duration::from_secs(5)).await?;
+    /// // Only pod-b may take it while the window runs.
+    /// assert!(c.try_acquire("report", &LockOptions::new()).await.is_err());
+    /// let next = b.try_acquire("report", &LockOptions::new()).await?;
+    /// assert!(next.fencing_token() > first);
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_to(&self, to: &str, window: Duration) -> Result<(), LockError> {
+        self.release_with(Some((Arc::from(to), window))).await
+    }
+
+    async fn release_with(&self, to: Option<(Arc<str>, Duration)>) -> Result<(), LockError> {
         if !self.shared.start_release() {
             return self.shared.release_outcome().await;
         }
@@ -187,18 +230,21 @@ impl Lease {
         // `futures::future::Shared`: it wakes the task polling it when the future completes,
         // which costs every release a needless reschedule (a cross-thread wake-up on a
         // multi-threaded runtime; measured with `benches/redis.rs`).
-        let work =
-            std::panic::AssertUnwindSafe(release_task(self.locker.clone(), self.shared.clone()))
-                .catch_unwind()
-                .map(|done| {
-                    done.unwrap_or_else(|_| {
-                        Err(LockError::Backend(crate::backend::BackendError::new(
-                            crate::backend::BackendErrorKind::Unavailable,
-                            "the release panicked",
-                        )))
-                    })
-                })
-                .boxed();
+        let work = std::panic::AssertUnwindSafe(release_task(
+            self.locker.clone(),
+            self.shared.clone(),
+            to,
+        ))
+        .catch_unwind()
+        .map(|done| {
+            done.unwrap_or_else(|_| {
+                Err(LockError::Backend(crate::backend::BackendError::new(
+                    crate::backend::BackendErrorKind::Unavailable,
+                    "the release panicked",
+                )))
+            })
+        })
+        .boxed();
         let mut detach = Detach {
             work: Some(work),
             shared: &self.shared,
@@ -291,7 +337,12 @@ fn ended_error(name: &str, end: LeaseEnd) -> LockError {
 }
 
 /// The release itself: end the lease, stop renewing, delete it from the store.
-async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), LockError> {
+/// With `to`, the release names the preferred next holder (`Backend::release_to`).
+async fn release_task(
+    locker: Locker,
+    shared: Arc<LeaseShared>,
+    to: Option<(Arc<str>, Duration)>,
+) -> Result<(), LockError> {
     let earlier = shared.end(LeaseEnd::Released);
     if earlier.is_none() {
         locker.inner.scheduler.remove(&shared);
@@ -304,13 +355,12 @@ async fn release_task(locker: Locker, shared: Arc<LeaseShared>) -> Result<(), Lo
         ));
     }
     let timeout = shared.plan.release_timeout;
-    let answer = super::within(
-        locker.inner.backend.as_ref(),
-        "release",
-        timeout,
-        locker.inner.backend.release(&shared.name, &shared.holder),
-    )
-    .await;
+    let backend = &locker.inner.backend;
+    let call = match &to {
+        Some((to, window)) => backend.release_to(&shared.name, &shared.holder, to, *window),
+        None => backend.release(&shared.name, &shared.holder),
+    };
+    let answer = super::within(backend.as_ref(), "release", timeout, call).await;
     if let Some(LeaseEnd::Lost(reason)) = earlier {
         return Err(LockError::Lost {
             name: shared.name.to_string(),
@@ -336,7 +386,7 @@ impl Drop for Lease {
             }
             _ => match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(release_task(self.locker.clone(), self.shared.clone()));
+                    rt.spawn(release_task(self.locker.clone(), self.shared.clone(), None));
                 }
                 Err(_) => {
                     self.shared.end(LeaseEnd::Orphaned);

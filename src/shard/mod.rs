@@ -794,7 +794,5 @@ pub fn lease_name(group: &str, shard: u32) -> String {
 }
 
 fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    crate::util::unix_millis()
 }

@@ -211,6 +211,7 @@ impl Inner {
             fencing: view.term_fencing(seen.rv),
             remaining: Some(remaining),
             transitions: u64::try_from(view.transitions).ok(),
+            handoff: view.handoff.map(|(h, _)| h),
         }))
     }
 }

@@ -218,7 +218,38 @@ impl Backend for KubeBackend {
         name: &'a str,
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
-        Box::pin(async move { self.inner.release(&Arc::from(name), holder, None).await })
+        Box::pin(async move {
+            self.inner
+                .release(&Arc::from(name), holder, None, None)
+                .await
+        })
+    }
+
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(async move {
+            self.inner
+                .release(&Arc::from(name), holder, None, Some((to, window)))
+                .await
+        })
+    }
+
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a crate::backend::Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            self.inner
+                .request_handoff(&Arc::from(name), handoff, window)
+                .await
+        })
     }
 
     fn release_as<'a>(
@@ -229,7 +260,7 @@ impl Backend for KubeBackend {
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         Box::pin(async move {
             self.inner
-                .release(&Arc::from(name), holder, Some(identity))
+                .release(&Arc::from(name), holder, Some(identity), None)
                 .await
         })
     }

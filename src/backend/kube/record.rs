@@ -14,23 +14,18 @@
 //!
 //! # Coordinated leader election
 //!
-//! Tenure is not a coordinated-election participant. It registers no `LeaseCandidate`, and
-//! it ignores `strategy` and `preferredHolder` when it decides: a candidate takes an expired
-//! or released Lease whatever `preferredHolder` says, and **a tenure holder does not step
-//! down** when `preferredHolder` names someone else — it renews until its term ends for its
-//! own reasons (release, a failed renewal, another holder in the record). Both fields are
-//! kept as they were. When the API server's coordinated-leader-election controller does
-//! manage the Lease (`LeaseCandidate`s name it), the holder it writes has no tenure
-//! annotations, so tenure treats it as a foreign holder, as it treats client-go: a tenure
-//! term ends at its next renewal, and tenure candidates wait for that holder's lease to
-//! expire. Give tenure its own Lease rather than one that coordinated election manages.
-//!
-//! Tenure does not implement the yield ("stop renewing when `preferredHolder` names someone
-//! else"): it would be safe only with the acquiring side honouring `preferredHolder` too (or
-//! the yielding holder's peers, or the holder itself on rejoining, take the Lease straight
-//! back), and then a stale `preferredHolder` — a field tenure neither owns nor clears —
-//! would keep every tenure candidate out for good. Without `LeaseCandidate`s the controller
-//! never names a tenure replica anyway.
+//! Tenure is not a coordinated-election participant: it registers no `LeaseCandidate`. It
+//! honours the step-down signal: [`View::handoff`] reads a `preferredHolder` naming someone
+//! other than the holder as a request to hand over, which a tenure elector holding the Lease
+//! acts on (a release that only that identity may follow, for the hand-off window). It does
+//! not keep other candidates out of a free Lease by `preferredHolder` (a stale value, in a
+//! field tenure neither owns nor clears, would then shut every tenure candidate out), and
+//! never writes it (the API server drops the field unless the `CoordinatedLeaderElection`
+//! feature gate is on): tenure's own hand-overs are the [`HANDOFF_TO`] and
+//! [`HANDOFF_WINDOW_MS`] annotations, bounded by their window. When the API server's
+//! coordinated-leader-election controller does manage the Lease, the holder it writes has no
+//! tenure annotations, so tenure treats it as a foreign holder, as it treats client-go. Give
+//! tenure its own Lease rather than one that coordinated election manages.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,7 +33,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
-use crate::backend::{BackendError, BackendErrorKind, FencingToken, HolderToken, InvalidName};
+use crate::backend::{
+    BackendError, BackendErrorKind, FencingToken, Handoff, HolderToken, InvalidName,
+};
 
 /// The prefix of every annotation tenure writes.
 pub const ANNOTATION_PREFIX: &str = "tenure.dev/";
@@ -66,6 +63,16 @@ pub const RELEASED_TOKEN: &str = "tenure.dev/released-token";
 /// stamp that follows every grant at once raises it to the term's exact token. Kept on
 /// release, and kept (never lowered) by client-go, which preserves annotations.
 pub const FENCING_FLOOR: &str = "tenure.dev/fencing-floor";
+
+/// A hand-over: the identity that alone may take the Lease next (empty: anyone; a request to
+/// the holder to step down), written by `release_to` and `request_handoff`, removed by the
+/// next grant. An annotation rather than `spec.preferredHolder`: the API server drops that
+/// field unless the `CoordinatedLeaderElection` feature gate is on.
+pub const HANDOFF_TO: &str = "tenure.dev/handoff-to";
+/// How long, in milliseconds, [`HANDOFF_TO`] keeps other candidates out of the released
+/// Lease: measured by each candidate on its own clock from when it first saw the release, as
+/// expiry is.
+pub const HANDOFF_WINDOW_MS: &str = "tenure.dev/handoff-window-ms";
 
 /// The longest Lease name Kubernetes accepts (a DNS-1123 subdomain).
 pub const MAX_NAME_LEN: usize = 253;
@@ -151,6 +158,10 @@ pub struct View {
     pub released: Option<HolderToken>,
     /// `spec.leaseTransitions`.
     pub transitions: i32,
+    /// A hand-over recorded by tenure ([`HANDOFF_TO`]) and its window, or else one a cluster
+    /// asked for through `spec.preferredHolder` naming someone other than the holder (window
+    /// zero: it asks the holder to step down, and keeps nobody out).
+    pub handoff: Option<(Handoff, Duration)>,
 }
 
 fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
@@ -186,6 +197,7 @@ impl View {
             .and(annotation(lease, FENCING))
             .and_then(|f| f.parse::<u64>().ok())
             .map(FencingToken::new);
+        let handoff = handoff_of(lease, holder.as_deref());
         Self {
             holder,
             duration,
@@ -193,6 +205,7 @@ impl View {
             fencing,
             released: annotation(lease, RELEASED_TOKEN).and_then(HolderToken::from_hex),
             transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
+            handoff,
         }
     }
 
@@ -204,6 +217,46 @@ impl View {
     pub fn term_fencing(&self, rv: u64) -> FencingToken {
         self.fencing.unwrap_or(FencingToken::new(rv))
     }
+}
+
+/// The hand-over `lease` records; see [`View::handoff`]. A target longer than any identity,
+/// or a window that is not a number, is ignored.
+fn handoff_of(lease: &Lease, holder: Option<&str>) -> Option<(Handoff, Duration)> {
+    if let Some(to) = annotation(lease, HANDOFF_TO) {
+        let window = annotation(lease, HANDOFF_WINDOW_MS)
+            .and_then(|w| w.parse::<u64>().ok())
+            .map(Duration::from_millis)?;
+        return match to {
+            "" => Some((Handoff::Anyone, window)),
+            to if to.len() <= crate::backend::types::MAX_IDENTITY_LEN => {
+                Some((Handoff::To(to.to_owned()), window))
+            }
+            _ => None,
+        };
+    }
+    let preferred = lease
+        .spec
+        .as_ref()?
+        .preferred_holder
+        .as_deref()
+        .filter(|p| !p.is_empty() && p.len() <= crate::backend::types::MAX_IDENTITY_LEN)?;
+    (holder.is_some_and(|h| h != preferred))
+        .then(|| (Handoff::To(preferred.to_owned()), Duration::ZERO))
+}
+
+/// Records `handoff` with `window` in `lease`'s annotations.
+pub fn hand_over(lease: &mut Lease, handoff: &Handoff, window: Duration) {
+    let a = annotations_mut(lease);
+    a.insert(
+        HANDOFF_TO.to_owned(),
+        handoff.target().unwrap_or_default().to_owned(),
+    );
+    a.insert(
+        HANDOFF_WINDOW_MS.to_owned(),
+        u64::try_from(window.as_millis())
+            .unwrap_or(u64::MAX)
+            .to_string(),
+    );
 }
 
 fn now() -> MicroTime {
@@ -273,6 +326,8 @@ pub fn take_over(
     a.insert(HOLDER_TOKEN.to_owned(), holder.to_hex());
     a.insert(HOLDER_IDENTITY.to_owned(), identity.to_owned());
     a.remove(FENCING);
+    a.remove(HANDOFF_TO);
+    a.remove(HANDOFF_WINDOW_MS);
     raise_floor(a, floor);
 }
 
@@ -459,6 +514,56 @@ mod tests {
     }
 
     /// Every rewrite changes only the fields tenure owns.
+    #[test]
+    fn a_handoff_is_read_from_tenure_annotations_or_a_foreign_preferred_holder() {
+        let mut lease = created(
+            "ns",
+            "l",
+            &HolderToken::random(),
+            "a",
+            Duration::from_secs(15),
+            1,
+        );
+        assert_eq!(View::of(&lease).handoff, None);
+        hand_over(
+            &mut lease,
+            &Handoff::To("b".into()),
+            Duration::from_millis(4000),
+        );
+        assert_eq!(
+            View::of(&lease).handoff,
+            Some((Handoff::To("b".into()), Duration::from_millis(4000)))
+        );
+        // The next grant clears tenure's hand-over.
+        take_over(
+            &mut lease,
+            &HolderToken::random(),
+            "b",
+            Duration::from_secs(15),
+            2,
+        );
+        assert_eq!(View::of(&lease).handoff, None);
+        // A cluster's preferredHolder naming someone else asks the holder to step down;
+        // naming the holder itself, it asks nothing.
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.preferred_holder = Some("c".into());
+        }
+        assert_eq!(
+            View::of(&lease).handoff,
+            Some((Handoff::To("c".into()), Duration::ZERO))
+        );
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.preferred_holder = Some("b".into());
+        }
+        assert_eq!(View::of(&lease).handoff, None);
+        // A window that is not a number: ignored.
+        hand_over(&mut lease, &Handoff::Anyone, Duration::from_secs(1));
+        if let Some(a) = lease.metadata.annotations.as_mut() {
+            a.insert(HANDOFF_WINDOW_MS.to_owned(), "soon".to_owned());
+        }
+        assert_eq!(View::of(&lease).handoff, None);
+    }
+
     #[test]
     fn every_write_keeps_the_spec_fields_tenure_does_not_own() {
         let a = HolderToken::random();

@@ -14,8 +14,8 @@ use super::inner::{Fail, Inner};
 use super::record;
 use super::state::{Current, Own, Source};
 use crate::backend::{
-    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, HolderToken, Released,
-    Renewed,
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, Handoff, HolderToken,
+    Released, Renewed,
 };
 
 /// How many read-decide-write rounds one operation makes when its writes keep conflicting.
@@ -161,11 +161,23 @@ impl Inner {
                 record::renewed(&mut lease, req.ttl, Some(fencing));
                 Some(fencing)
             } else {
-                let remaining = seen.remaining(view.duration, Instant::now());
+                let now = Instant::now();
+                let remaining = seen.remaining(view.duration, now);
                 if view.holder.is_some() && !remaining.is_zero() {
                     return Ok(Acquired::Busy {
                         holder: view.holder,
                         remaining: Some(remaining),
+                    });
+                }
+                // Free, but handed over to another replica whose window still runs (on this
+                // process's clock, from when it first saw the release).
+                if let Some((handoff, window)) = &view.handoff
+                    && handoff.excludes(&req.identity)
+                    && !seen.remaining(*window, now).is_zero()
+                {
+                    return Ok(Acquired::Busy {
+                        holder: handoff.target().map(str::to_owned),
+                        remaining: Some(seen.remaining(*window, now)),
                     });
                 }
                 last_holder = view.holder;
@@ -256,11 +268,15 @@ impl Inner {
     /// Gives `name` up if `holder` holds it; with `identity`, only if the Lease also names
     /// that identity as its holder (`release_as`: a replay then counts as not held). The
     /// check and the write are one compare-and-swap on the version read.
+    ///
+    /// With `to`, the release also records the hand-over target and its window
+    /// (`release_to`), in the same write.
     pub(super) async fn release(
         &self,
         name: &Arc<str>,
         holder: &HolderToken,
         identity: Option<&str>,
+        to: Option<(&str, Duration)>,
     ) -> Result<Released, BackendError> {
         for round in 0..ROUNDS {
             let (cached, _) = self.own_view(name, holder);
@@ -289,6 +305,9 @@ impl Inner {
             }
             let mut lease = seen.lease.clone();
             record::released(&mut lease, holder);
+            if let Some((to, window)) = to {
+                record::hand_over(&mut lease, &Handoff::To(to.to_owned()), window);
+            }
             let sent = Instant::now();
             match self.replace(name, &lease).await {
                 Ok(obj) => {
@@ -305,6 +324,38 @@ impl Inner {
             }
         }
         Err(self.contended("release", name))
+    }
+
+    /// Records a request that the holder of `name` hand the Lease over, if a holder's lease
+    /// is live by this process's clock; a compare-and-swap like every write.
+    pub(super) async fn request_handoff(
+        &self,
+        name: &Arc<str>,
+        handoff: &Handoff,
+        window: Duration,
+    ) -> Result<bool, BackendError> {
+        for _ in 0..ROUNDS {
+            let Current::Present(seen) = self.read(name, false).await? else {
+                return Ok(false);
+            };
+            let view = record::View::of(&seen.lease);
+            if view.holder.is_none() || seen.remaining(view.duration, Instant::now()).is_zero() {
+                return Ok(false);
+            }
+            let mut lease = seen.lease.clone();
+            record::hand_over(&mut lease, handoff, window);
+            let sent = Instant::now();
+            match self.replace(name, &lease).await {
+                Ok(obj) => {
+                    self.note(name, Some(obj), None, Source::Answer(sent))?;
+                    return Ok(true);
+                }
+                Err(Fail::Conflict) => {}
+                Err(Fail::NotFound) => return Ok(false),
+                Err(Fail::Error(e)) => return Err(e),
+            }
+        }
+        Err(self.contended("hand-over request", name))
     }
 
     fn contended(&self, what: &str, name: &str) -> BackendError {

@@ -125,7 +125,8 @@ use futures::stream::BoxStream;
 
 use super::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
-    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
+    GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
+    Renewed,
 };
 use store::Store;
 use watch::{Hub, Watcher};
@@ -416,7 +417,9 @@ impl Backend for LocalBackend {
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         let (name, holder) = (name.to_owned(), *holder);
         Box::pin(
-            self.blocking(move |store, abandoned| store.release(&name, &holder, None, abandoned)),
+            self.blocking(move |store, abandoned| {
+                store.release(&name, &holder, None, None, abandoned)
+            }),
         )
     }
 
@@ -428,7 +431,32 @@ impl Backend for LocalBackend {
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         let (name, holder, identity) = (name.to_owned(), *holder, identity.to_owned());
         Box::pin(self.blocking(move |store, abandoned| {
-            store.release(&name, &holder, Some(&identity), abandoned)
+            store.release(&name, &holder, Some(&identity), None, abandoned)
+        }))
+    }
+
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        let (name, holder, to) = (name.to_owned(), *holder, to.to_owned());
+        Box::pin(self.blocking(move |store, abandoned| {
+            store.release(&name, &holder, None, Some((&to, window)), abandoned)
+        }))
+    }
+
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let (name, handoff) = (name.to_owned(), handoff.clone());
+        Box::pin(self.blocking(move |store, abandoned| {
+            store.request_handoff(&name, &handoff, window, abandoned)
         }))
     }
 

@@ -11,6 +11,7 @@
 //! expires 81234567890123
 //! identity web-1-4242
 //! acks 8899aabbccddeeff0011223344556677
+//! next 81239567890123 web-2-77
 //! end
 //! ```
 //!
@@ -23,11 +24,14 @@
 //! - `identity`: the holder's identity, with `\` and control characters escaped.
 //! - `acks`: holder tokens of the latest releases (newest first), so a replayed release still
 //!   reports success.
+//! - `next` (optional): a hand-over in its window — `CLOCK_MONOTONIC` nanoseconds at which
+//!   the window ends, then the preferred next holder's identity (escaped), or nothing for
+//!   "anyone". Written by `release_to` and `request_handoff`, cleared by the next grant.
 //! - `end`: the last line, so a truncated record is recognised as such.
 
 use std::fmt::Write as _;
 
-use crate::backend::{HolderChange, HolderToken};
+use crate::backend::{Handoff, HolderChange, HolderToken};
 
 /// The first line of every record: the format and its version.
 const MAGIC: &str = "tenure-local-lease v1";
@@ -47,6 +51,8 @@ pub(super) struct Record {
     pub(super) holder: Option<Holder>,
     /// Holder tokens of the latest releases, newest first.
     pub(super) acks: Vec<HolderToken>,
+    /// A hand-over and the `CLOCK_MONOTONIC` nanoseconds (of `boot`) at which its window ends.
+    pub(super) handoff: Option<(Handoff, u64)>,
 }
 
 /// The holder of a lock, as recorded.
@@ -73,6 +79,14 @@ impl Record {
                 holder: Some(h.identity.clone()),
                 fencing: Some(crate::backend::FencingToken::new(self.fencing)),
             })
+    }
+
+    /// The hand-over whose window has not ended at `now_ns` on the clock of boot `boot`.
+    pub(super) fn handoff(&self, boot: &str, now_ns: u64) -> Option<&Handoff> {
+        self.handoff
+            .as_ref()
+            .filter(|(_, until)| self.boot == boot && *until > now_ns)
+            .map(|(h, _)| h)
     }
 
     /// Remembers that `token` released, newest first.
@@ -103,6 +117,12 @@ impl Record {
         for a in &self.acks {
             s.push(' ');
             s.push_str(&a.to_hex());
+        }
+        if let Some((handoff, until)) = &self.handoff {
+            let _ = write!(s, "\nnext {until}");
+            if let Some(to) = handoff.target() {
+                let _ = write!(s, " {}", escape(to));
+            }
         }
         s.push_str("\nend\n");
         s
@@ -138,6 +158,23 @@ impl Record {
             .filter(|a| !a.is_empty())
             .map(|a| HolderToken::from_hex(a).ok_or_else(|| format!("bad ack {a:?}")))
             .collect::<Result<Vec<_>, _>>()?;
+        let handoff = match fields.optional("next") {
+            None => None,
+            Some(v) => {
+                let (until, to) = v.split_once(' ').unwrap_or((&v, ""));
+                let until = number("next", until.to_owned())?;
+                let to = unescape(to)?;
+                if to.len() > crate::backend::types::MAX_IDENTITY_LEN {
+                    return Err("`next` names an identity longer than any identity".to_owned());
+                }
+                let handoff = if to.is_empty() {
+                    Handoff::Anyone
+                } else {
+                    Handoff::To(to)
+                };
+                Some((handoff, until))
+            }
+        };
         fields.finish()?;
         Ok(Self {
             boot,
@@ -145,6 +182,7 @@ impl Record {
             grants,
             holder,
             acks,
+            handoff,
         })
     }
 }
@@ -182,6 +220,20 @@ impl<'a> Fields<'a> {
                 .ok_or_else(|| format!("expected `{key}`, found {line:?}"))?
         };
         Ok(value.to_owned())
+    }
+
+    /// The value of the next line if it is `key value` (or `key`); otherwise nothing is
+    /// consumed.
+    pub(super) fn optional(&mut self, key: &str) -> Option<String> {
+        let mut ahead = self.lines.clone();
+        let line = ahead.next()?;
+        let value = if line == key {
+            ""
+        } else {
+            line.strip_prefix(key)?.strip_prefix(' ')?
+        };
+        self.lines = ahead;
+        Some(value.to_owned())
     }
 
     /// The `boot` line: the boot id the record's monotonic instants belong to.
@@ -257,7 +309,27 @@ mod tests {
                 expires_ns: 81_234_567_890_123,
             }),
             acks: vec![HolderToken::random(), HolderToken::random()],
+            handoff: None,
         }
+    }
+
+    #[test]
+    fn record_should_round_trip_a_handoff() {
+        for handoff in [Handoff::Anyone, Handoff::To("we ird\\name\n".into())] {
+            let mut r = sample(false);
+            r.handoff = Some((handoff, 81_234_567_890_123));
+            assert_eq!(Record::parse(&r.encode()), Ok(r.clone()));
+            assert!(r.handoff(&r.boot, 81_234_567_890_122).is_some());
+            assert!(r.handoff(&r.boot, 81_234_567_890_123).is_none());
+            assert!(r.handoff("another-boot", 0).is_none());
+        }
+        let mut long = sample(false);
+        long.handoff = Some((Handoff::To("a".repeat(300)), 1));
+        let bad = long.encode();
+        assert!(
+            Record::parse(&bad).is_err(),
+            "an oversized target is refused"
+        );
     }
 
     #[test]

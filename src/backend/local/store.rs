@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::record::{Holder, Record};
 use super::sys;
 use crate::backend::{
-    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, HolderChange,
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, Handoff, HolderChange,
     HolderToken, LeaseRecord, Released, Renewed,
 };
 
@@ -341,6 +341,17 @@ impl Store {
                 fencing: FencingToken::new(r.fencing),
             });
         }
+        if let Some(r) = &record
+            && let Some(h) = r.handoff(&self.boot, now)
+            && h.excludes(&req.identity)
+        {
+            // Free, but handed over to another replica whose window still runs.
+            let until = r.handoff.as_ref().map_or(now, |(_, until)| *until);
+            return Ok(Acquired::Busy {
+                holder: h.target().map(str::to_owned),
+                remaining: Some(Duration::from_nanos(until - now)),
+            });
+        }
         let fencing = next_fencing(record.as_ref(), &self.boot, &self.record_path(&req.name))?;
         let mut r = record.unwrap_or_else(|| Record {
             boot: String::new(),
@@ -348,7 +359,9 @@ impl Store {
             grants: 0,
             holder: None,
             acks: Vec::new(),
+            handoff: None,
         });
+        r.handoff = None;
         r.boot.clone_from(&self.boot);
         r.fencing = fencing;
         r.grants = r.grants.saturating_add(1);
@@ -389,11 +402,13 @@ impl Store {
     /// Gives `name` up if `holder` holds it (or already gave it up); with `identity`, only if
     /// the record also names that identity as the holder (`release_as`: a replay then counts
     /// as not held).
+    /// With `to`, only that identity may take the lock until the window ends (`release_to`).
     pub(super) fn release(
         &self,
         name: &str,
         holder: &HolderToken,
         identity: Option<&str>,
+        to: Option<(&str, Duration)>,
         abandoned: &AtomicBool,
     ) -> Result<Released, BackendError> {
         let _lock = self.lock(name, abandoned)?;
@@ -411,6 +426,9 @@ impl Store {
         }
         r.holder = None;
         r.ack(*holder);
+        if let Some((to, window)) = to {
+            r.handoff = Some((Handoff::To(to.to_owned()), deadline(now, window)));
+        }
         self.write(name, &r, false)?;
         Ok(Released::Released)
     }
@@ -426,7 +444,29 @@ impl Store {
             fencing: FencingToken::new(r.fencing),
             remaining: Some(Duration::from_nanos(h.expires_ns - now)),
             transitions: Some(r.grants.saturating_sub(1)),
+            handoff: r.handoff(&self.boot, now).cloned(),
         }))
+    }
+
+    /// Records a request that the holder of `name` hand it over, if it is held.
+    pub(super) fn request_handoff(
+        &self,
+        name: &str,
+        handoff: &Handoff,
+        window: Duration,
+        abandoned: &AtomicBool,
+    ) -> Result<bool, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        let now = now_ns()?;
+        let Some(mut r) = self.read(name)? else {
+            return Ok(false);
+        };
+        if r.live(&self.boot, now).is_none() {
+            return Ok(false);
+        }
+        r.handoff = Some((handoff.clone(), deadline(now, window)));
+        self.write(name, &r, false)?;
+        Ok(true)
     }
 
     /// The state of `name` as an observer sees it.

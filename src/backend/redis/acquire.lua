@@ -20,8 +20,12 @@
 -- identity, and renew, release and inspect leave it alone too.
 --
 -- KEYS, for entry i (1-based):
---   KEYS[2i-1]  the lock key        <prefix>{<name>}
---   KEYS[2i]    the fencing counter <prefix>{<name>}:fence   integer, no ttl
+--   KEYS[3i-2]  the lock key        <prefix>{<name>}
+--   KEYS[3i-1]  the fencing counter <prefix>{<name>}:fence   integer, no ttl
+--   KEYS[3i]    the hand-over key   <prefix>{<name>}:next    '<fencing>:<identity>': the term
+--               that handed over and the preferred next holder ('' for anyone), PX the
+--               hand-over window (handoff.lua). It counts only for that term's tombstone (or
+--               when the lock key is gone): a later grant makes it stale without a write.
 -- ARGV, for entry i:
 --   ARGV[3i-2]  the holder token, 32 lowercase hex digits
 --   ARGV[3i-1]  the holder's identity (any text without control characters)
@@ -34,7 +38,9 @@
 --                            tokens keep rising. A replay by the current holder gets its
 --                            original token back, with the ttl restarted from now.
 --   {0, pttl, identity}      busy: the holder's remaining ttl in ms (-1: no expiry) and identity
---                            (false if the key does not hold a tenure lock).
+--                            (false if the key does not hold a tenure lock); or, for a free
+--                            lock handed over to another identity, the hand-over window's
+--                            remaining ms and the target.
 --   {-1, message}            this entry failed (e.g. WRONGTYPE, NOPERM); the others stand.
 --
 -- Side effect of a fresh grant: PUBLISH "g:<fencing>:<identity>" on the channel named like the
@@ -42,8 +48,8 @@
 -- nobody could have marked it; observers mark the new value). Unwatched grants publish nothing.
 
 local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #KEYS / 3 do
+  local lock, fence, next = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local holder, identity, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local cur = redis.pcall('GET', lock)
   local mine = type(cur) == 'string' and ours(cur)
@@ -69,9 +75,32 @@ for i = 1, #KEYS / 2 do
       out[i] = {0, redis.call('PTTL', lock), who}
     end
   else
-    -- Free: never held, expired, or released.
-    local f = redis.pcall('INCR', fence)
-    if type(f) == 'table' then
+    -- Free: never held, expired, or released; handed over to another identity while the
+    -- hand-over window runs.
+    local to = redis.pcall('GET', next)
+    if type(to) == 'string' then
+      local sep = string.find(to, ':', 1, true)
+      if not sep or (cur and string.sub(to, 1, sep - 1) ~= string.match(cur, '^%d+', 67)) then
+        to = false
+      else
+        to = string.sub(to, sep + 1)
+      end
+    end
+    local f
+    if type(to) == 'table' then
+      f = to
+    elseif to and to ~= '' and to ~= identity then
+      if mine and string.byte(cur, 34) ~= 49 then
+        -- Whoever waits is woken by the target's grant, or retries when the window ends.
+        redis.call('SETRANGE', lock, '33', '1')
+      end
+      f = {0, redis.call('PTTL', next), to}
+    else
+      f = redis.pcall('INCR', fence)
+    end
+    if type(f) == 'table' and f[1] == 0 then
+      out[i] = f
+    elseif type(f) == 'table' then
       out[i] = {-1, f.err or 'error'}
     else
       if f == 1 then

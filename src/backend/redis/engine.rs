@@ -53,11 +53,13 @@ pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("release", script!("release.lua")));
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new("inspect", script!("inspect.lua")));
+pub(crate) static HANDOFF: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new("handoff", script!("handoff.lua")));
 
 /// The lock scripts, for loading them up front (with the other scripts of the backend: see
 /// [`Engine::load_scripts`]).
-pub(crate) fn lock_scripts() -> [&'static Lua; 4] {
-    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT]
+pub(crate) fn lock_scripts() -> [&'static Lua; 5] {
+    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*HANDOFF]
 }
 
 /// Counters of what the engine sent.
@@ -73,6 +75,7 @@ pub(crate) struct Counters {
 pub(crate) struct AcquireEntry {
     pub(crate) lock: String,
     pub(crate) fence: String,
+    pub(crate) next: String,
     pub(crate) holder: String,
     pub(crate) identity: Arc<str>,
     pub(crate) ttl_ms: u64,
@@ -306,10 +309,10 @@ impl Engine {
             &ACQUIRE,
             "acquire",
             &entries,
-            2,
+            3,
             |pipe, chunk| {
                 for e in chunk {
-                    pipe.arg(&e.lock).arg(&e.fence);
+                    pipe.arg(&e.lock).arg(&e.fence).arg(&e.next);
                 }
                 for e in chunk {
                     pipe.arg(&e.holder).arg(&*e.identity).arg(e.ttl_ms);
@@ -394,9 +397,10 @@ impl Engine {
         let mut pipe = ::redis::pipe();
         pipe.cmd("EVALSHA")
             .arg(&INSPECT.sha)
-            .arg(2)
+            .arg(3)
             .arg(self.keys.lock(name))
             .arg(self.keys.fence(name))
+            .arg(self.keys.next(name))
             .arg(if watch { "1" } else { "0" });
         self.counters.entries.fetch_add(1, Ordering::Relaxed);
         let reply = self
@@ -417,6 +421,37 @@ impl Engine {
             }
             other => protocol("inspect", other),
         })
+    }
+
+    /// Records `to` (`None`: anyone) as the preferred next holder of `name` for `window`
+    /// if the lock is held — by `holder` when given (handoff.lua). Answers whether it was.
+    pub(crate) async fn hand_over(
+        &self,
+        name: &str,
+        holder: Option<&str>,
+        to: Option<&str>,
+        window_ms: u64,
+    ) -> Result<bool, BackendError> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("EVALSHA")
+            .arg(&HANDOFF.sha)
+            .arg(2)
+            .arg(self.keys.lock(name))
+            .arg(self.keys.next(name))
+            .arg(holder.unwrap_or(""))
+            .arg(to.unwrap_or(""))
+            .arg(window_ms.max(1));
+        self.counters.entries.fetch_add(1, Ordering::Relaxed);
+        let reply = self
+            .send(&pipe, &[&*HANDOFF], "handoff")
+            .await?
+            .pop()
+            .unwrap_or(Ok(Value::Nil))?;
+        match as_i64(&reply) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(protocol("handoff", &reply)),
+        }
     }
 
     /// Loads `scripts` (on every node of a cluster).
@@ -579,8 +614,32 @@ fn parse_snapshot(reply: &Value) -> Option<Snapshot> {
     let Value::Array(parts) = reply else {
         return None;
     };
-    let [value, pttl, counter] = parts.as_slice() else {
-        return None;
+    // The hand-over part may be left out (a reply without one has no hand-over).
+    let (value, pttl, counter, next) = match parts.as_slice() {
+        [value, pttl, counter] => (value, pttl, counter, &Value::Nil),
+        [value, pttl, counter, next] => (value, pttl, counter, next),
+        _ => return None,
+    };
+    // '<fencing>:<target>': it concerns the holder only if it names the holder's term.
+    let handoff = match next {
+        Value::Nil => None,
+        other => as_string(other).and_then(|v| {
+            let (term, to) = v.split_once(':')?;
+            let term: u64 = term.parse().ok()?;
+            if to.len() > crate::backend::types::MAX_IDENTITY_LEN {
+                tracing::warn!(
+                    len = to.len(),
+                    "redis: ignoring an oversized hand-over target"
+                );
+                return None;
+            }
+            let to = if to.is_empty() {
+                crate::backend::Handoff::Anyone
+            } else {
+                crate::backend::Handoff::To(to.to_owned())
+            };
+            Some((term, to))
+        }),
     };
     let counter = match counter {
         Value::Nil => 0,
@@ -600,6 +659,9 @@ fn parse_snapshot(reply: &Value) -> Option<Snapshot> {
                     fencing,
                     remaining,
                     transitions: None,
+                    handoff: handoff
+                        .filter(|(term, _)| *term == fencing.get())
+                        .map(|(_, to)| to),
                 }),
                 version: Version(fencing.get(), 0),
             })

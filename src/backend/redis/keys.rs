@@ -45,6 +45,12 @@ impl Keys {
         self.lock(name) + ":fence"
     }
 
+    /// `<prefix>{<name>}:next`: the preferred next holder after a hand-over, with the
+    /// hand-over window as PX (handoff.lua).
+    pub(crate) fn next(&self, name: &str) -> String {
+        self.lock(name) + ":next"
+    }
+
     /// The pub/sub channel of grants and releases: the lock key's name.
     pub(crate) fn channel(&self, name: &str) -> String {
         self.lock(name)

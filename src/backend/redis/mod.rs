@@ -45,6 +45,7 @@
 //! | `tenure:{jobs}` while held | `+<holder token><watched><previous holder token><fencing token>:<identity>` | the lease ttl (PX) |
 //! | `tenure:{jobs}` once released | the same with `~` first (a tombstone: free) | what remained of the lease, at least [`release_ack_ttl`](RedisConfig::release_ack_ttl) |
 //! | `tenure:{jobs}:fence` | the fencing counter | none |
+//! | `tenure:{jobs}:next` | a hand-over: `<fencing token of the term handing over>:<target>` (empty target: anyone), written by `handoff.lua`; only that term's holder or tombstone heeds it | the hand-over window |
 //!
 //! Holder tokens are 32 hex digits and `<watched>` is one character, so every field but the
 //! identity sits at a fixed position: the scripts compare and patch the value in place (a

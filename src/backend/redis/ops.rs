@@ -14,7 +14,7 @@ use super::error::name_error;
 use super::{group, keys, members};
 use crate::backend::{
     AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
-    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
+    GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
     RenewRequest, Renewed,
 };
 
@@ -106,6 +106,7 @@ impl Backend for RedisBackend {
             let entry = AcquireEntry {
                 lock: keys.lock(&req.name),
                 fence: keys.fence(&req.name),
+                next: keys.next(&req.name),
                 holder: hex(&req.holder),
                 identity: req.identity.clone(),
                 ttl_ms: ttl_ms(req.ttl),
@@ -205,6 +206,51 @@ impl Backend for RedisBackend {
         identity: &'a str,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         Box::pin(self.release_checked(name, holder, Some(identity)))
+    }
+
+    /// Records the target (handoff.lua), then releases as `release` does: two round trips.
+    /// Between them the lock is still ours, so the record keeps nobody out; should the
+    /// release fail, the lease runs out by its ttl and the target is preferred for the rest
+    /// of the window, as after a release.
+    fn release_to<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a HolderToken,
+        to: &'a str,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<Released, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(name).map_err(name_error)?;
+            let engine = &self.inner.engine;
+            let token = hex(holder);
+            let recorded = self
+                .bounded(
+                    "redis hand-over",
+                    engine.hand_over(name, Some(&token), Some(to), ttl_ms(window)),
+                )
+                .await;
+            if let Err(e) = recorded {
+                tracing::warn!(lock = %name, error = %e, "could not record the hand-over target; releasing plainly");
+            }
+            self.release_checked(name, holder, None).await
+        })
+    }
+
+    fn request_handoff<'a>(
+        &'a self,
+        name: &'a str,
+        handoff: &'a Handoff,
+        window: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(name).map_err(name_error)?;
+            let engine = &self.inner.engine;
+            self.bounded(
+                "redis hand-over request",
+                engine.hand_over(name, None, handoff.target(), ttl_ms(window)),
+            )
+            .await
+        })
     }
 
     fn inspect<'a>(

@@ -89,6 +89,43 @@ pub enum Command {
     ///
     /// Example: tenure drain --deployment reports-tenure --namespace ops --timeout 2m
     Drain(DrainArgs),
+    /// Move leadership on purpose: ask the lease's holder to hand over (to --to).
+    ///
+    /// Records the request in the store; a tenure leader checks for one every retry period,
+    /// ends its term the graceful way (its command gets SIGTERM and --grace) and releases the
+    /// lease so that only --to may take it for a short window (then anyone may: a target that
+    /// has died costs that window, no more). Without --to the leader steps down and sits out
+    /// that window. The new term has a higher fencing token. Waits until the holder changed.
+    ///
+    /// Exit codes: 0 moved (to --to, when given), 1 not moved within --wait, 2 bad flags,
+    /// 4 the backend could not be used, 6 the lease is not held.
+    ///
+    /// Example: tenure handoff --lease nightly-report --to worker-2 --backend redis://127.0.0.1:6379
+    Handoff(HandoffArgs),
+}
+
+/// `tenure handoff`.
+#[derive(Debug, Args)]
+pub struct HandoffArgs {
+    /// The lease whose holder should hand over.
+    #[arg(long, value_name = "NAME", value_parser = parse_lease)]
+    pub lease: String,
+
+    /// The replica (its identity) that should lead next [default: whoever campaigns].
+    #[arg(long, value_name = "IDENTITY")]
+    pub to: Option<String>,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// How long the request stands: a holder that has not acted on it by then (not a tenure
+    /// elector, or gone) is no longer asked, and nobody is kept out of the lease by it.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub window: Duration,
+
+    /// How long to wait for the holder to change before exiting 1.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub wait: Duration,
 }
 
 /// `tenure drain`.
@@ -284,6 +321,28 @@ pub struct RunArgs {
     /// writes a member Lease NAME-member-HASH, deleted when it leaves.
     #[arg(long, value_name = "N", value_parser = parse_shards)]
     pub shards: Option<u32>,
+
+    /// A shell command (`sh -c`) that says whether this replica can do its work: exit 0
+    /// healthy, anything else (or no answer within --health-interval) unhealthy. A leader
+    /// unhealthy for --unhealthy-after hands the lease to a replica that is healthy (each
+    /// replica announces its health in the store) and keeps it when none is; a replica that
+    /// stepped down for its health campaigns again only after --health-recovery healthy.
+    /// Example: --health-cmd 'pg_isready -h db'
+    #[arg(long, value_name = "CMD", conflicts_with = "shards")]
+    pub health_cmd: Option<String>,
+
+    /// How often --health-cmd runs (and how long one run may take).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration, requires = "health_cmd")]
+    pub health_interval: Duration,
+
+    /// How long the leader must stay unhealthy before it hands over.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration, requires = "health_cmd")]
+    pub unhealthy_after: Duration,
+
+    /// How long a replica that stepped down for its health must be healthy again before it
+    /// campaigns: the hysteresis that keeps two flapping replicas from trading the lease.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration, requires = "health_cmd")]
+    pub health_recovery: Duration,
 
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]

@@ -11,6 +11,7 @@ mod args;
 mod backend;
 mod drain;
 mod error;
+mod handoff;
 mod install;
 mod policy;
 mod process;
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
             Command::Policy(args) => policy::policy(&args).await,
             Command::Install { dir } => install::install(&dir),
             Command::Drain(args) => drain::drain(args).await,
+            Command::Handoff(args) => handoff::handoff(args).await,
         }
     });
     // Background tasks (watches, the probe server) must not hold the exit.
@@ -82,6 +84,7 @@ fn parse() -> Cli {
     let (name, backend) = match &mut cli.command {
         Command::Run(args) => ("run", &mut args.backend),
         Command::Status(args) => ("status", &mut args.backend),
+        Command::Handoff(args) => ("handoff", &mut args.backend),
         Command::Crd | Command::Policy(_) | Command::Install { .. } | Command::Drain(_) => {
             return cli;
         }

@@ -7,6 +7,7 @@
 //! drives `crate::process` and, with `--fence`, `fence` (the term's fenced Kubernetes endpoint). Nothing here imports this file.
 
 mod fence;
+mod health;
 mod publish;
 mod restart;
 mod setup;

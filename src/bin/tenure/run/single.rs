@@ -16,7 +16,10 @@ use crate::run::supervisor::{Supervisor, Terms};
 
 /// Runs `tenure run` without `--shards`; the result is the process exit code.
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
-    let (config, stop_margin) = setup::election_config(&args);
+    let (mut config, stop_margin) = setup::election_config(&args);
+    if let Some(policy) = super::health::policy(&args) {
+        config = config.health(policy);
+    }
     let (connected, locker, identity) = setup::connect(&args).await?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
     if let Some(lock) = restart::take(&args, &args.lease).await? {
@@ -47,6 +50,14 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         None
     };
 
+    if let Some(cmd) = args.health_cmd.clone() {
+        // Ends with the process; it only reports to the elector.
+        tokio::spawn(super::health::check(
+            cmd,
+            args.health_interval,
+            elector.clone(),
+        ));
+    }
     let fence = setup::fence(&args, &connected).await?;
     let limits = Limits {
         lease: args.lease.clone(),

@@ -1,0 +1,417 @@
+//! Leadership that follows health and intent: a leader steps down on purpose (its workload
+//! asks, an operator asks through the store, or its health stays bad while a healthy follower
+//! waits), naming the replica that should lead next; and a replica that stepped down for its
+//! health sits out until it has been healthy for a while.
+//!
+//! A step-down ends the term the graceful way (cancellation, the grace, the term's tasks)
+//! and releases with [`Lease::release_to`](crate::Lease::release_to) when there is a target.
+//! Fencing is untouched: the next term is a new grant with a higher token.
+//!
+//! Followers tell the leader that they are healthy by announcing themselves in a membership
+//! group named after the lease ([`health_group`]), the store's own member records with a ttl
+//! (the same machinery as sharded leadership): a follower that dies or turns unhealthy drops
+//! out of it within one lease duration, with nothing to clean up. The leader reads that group
+//! only when it is about to step down for its health.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::LeaderElector;
+use crate::backend::{FencingToken, Handoff, Member};
+
+/// When a leader's bad health moves leadership, and how long a replica that stepped down for
+/// it stays out.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tenure::election::{ElectionConfig, HealthPolicy};
+///
+/// let config = ElectionConfig::new().health(
+///     HealthPolicy::new()
+///         .unhealthy_after(Duration::from_secs(10))
+///         .recovery(Duration::from_secs(60)),
+/// );
+/// # let _ = config;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct HealthPolicy {
+    pub(super) unhealthy_after: Duration,
+    pub(super) recovery: Duration,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        Self {
+            unhealthy_after: Duration::from_secs(10),
+            recovery: Duration::from_secs(60),
+        }
+    }
+}
+
+impl HealthPolicy {
+    /// Defaults: hand over after 10 s of continuous bad health; sit out until healthy for
+    /// 60 s after such a step-down.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long the leader must stay unhealthy, without a healthy report in between, before
+    /// it hands over (when a healthy follower exists).
+    pub fn unhealthy_after(mut self, bound: Duration) -> Self {
+        self.unhealthy_after = bound;
+        self
+    }
+
+    /// The hysteresis: how long a replica that stepped down for its health must be healthy
+    /// again before it campaigns (and counts as a healthy follower) again.
+    pub fn recovery(mut self, window: Duration) -> Self {
+        self.recovery = window;
+        self
+    }
+}
+
+/// A request to end the current term on purpose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct StepDown {
+    /// The term it is for: a request made through an older term's handle is ignored.
+    pub(super) fencing: Option<FencingToken>,
+    pub(super) to: Handoff,
+    pub(super) reason: String,
+    /// Made because this replica was unhealthy: it then sits out until it recovers.
+    pub(super) for_health: bool,
+}
+
+/// The replica's health as its workload last reported it, and since when.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct HealthReport {
+    pub(super) healthy: bool,
+    pub(super) since: Instant,
+}
+
+/// What the workload and the operator tell the elector: step-down requests and health.
+#[derive(Debug)]
+pub(crate) struct Intent {
+    pub(super) step_down: watch::Sender<Option<StepDown>>,
+    pub(super) health: watch::Sender<HealthReport>,
+    /// When this replica last stepped down for its health, if it did.
+    pub(super) health_step_down: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Default for Intent {
+    fn default() -> Self {
+        Self {
+            step_down: watch::channel(None).0,
+            health: watch::channel(HealthReport {
+                healthy: true,
+                since: Instant::now(),
+            })
+            .0,
+            health_step_down: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl Intent {
+    /// Records a health report; only a change moves `since`.
+    pub(super) fn report_health(&self, healthy: bool) {
+        self.health.send_if_modified(|h| {
+            if h.healthy == healthy {
+                return false;
+            }
+            *h = HealthReport {
+                healthy,
+                since: Instant::now(),
+            };
+            true
+        });
+    }
+
+    /// Asks the term `fencing` (or whichever runs, with `None`) to step down.
+    pub(super) fn request(&self, fencing: Option<FencingToken>, to: Handoff, reason: &str) {
+        self.step_down.send_replace(Some(StepDown {
+            fencing,
+            to,
+            reason: reason.to_owned(),
+            for_health: false,
+        }));
+    }
+
+    fn last_health_step_down(&self) -> Option<Instant> {
+        *self
+            .health_step_down
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// When this replica may campaign and count as a healthy follower again: `None` while
+    /// unhealthy, `now` when nothing holds it back.
+    fn eligible_at(&self, policy: Option<&HealthPolicy>) -> Option<Instant> {
+        let report = *self.health.borrow();
+        match (policy, self.last_health_step_down()) {
+            (Some(policy), Some(stepped)) => report
+                .healthy
+                .then(|| report.since.max(stepped) + policy.recovery),
+            (Some(_), None) => report.healthy.then(Instant::now),
+            (None, _) => Some(Instant::now()),
+        }
+    }
+}
+
+/// The membership group in which the healthy replicas of election `lease` announce
+/// themselves.
+#[must_use]
+pub fn health_group(lease: &str) -> String {
+    format!("{lease}-healthy")
+}
+
+impl LeaderElector {
+    /// Reports this replica's health: whether its workload can make progress (its database,
+    /// its downstream API). Followers that are healthy announce it in the store; a leader
+    /// that stays unhealthy for the [`HealthPolicy`]'s bound hands over to a healthy follower,
+    /// and keeps the lease when there is none. Without a policy
+    /// ([`ElectionConfig::health`](super::ElectionConfig::health)) reports change nothing.
+    pub fn report_health(&self, healthy: bool) {
+        self.inner.intent.report_health(healthy);
+    }
+
+    /// Ends the current term on purpose, if this replica leads: the workload is cancelled
+    /// and gets its grace, the term's tasks end, and the lease is released — with
+    /// [`Handoff::To`], to that replica only for the hand-off window
+    /// ([`ElectionConfig::handoff_window`](super::ElectionConfig::handoff_window)). The run
+    /// goes on as a follower. Returns whether a term was running.
+    pub fn hand_over(&self, to: Handoff, reason: &str) -> bool {
+        let Some(lease) = self.current_term() else {
+            return false;
+        };
+        self.inner.intent.request(Some(lease.fencing), to, reason);
+        true
+    }
+
+    /// Resolves when the term `fencing` should step down: its workload or this elector asked,
+    /// an operator asked through the store (checked every retry period), or its health stayed
+    /// bad for the bound while a healthy follower waits.
+    pub(super) async fn step_down_wanted(&self, fencing: FencingToken) -> StepDown {
+        tokio::select! {
+            req = self.requested(fencing) => req,
+            req = self.requested_in_store(fencing) => req,
+            req = self.health_step_down(fencing) => req,
+        }
+    }
+
+    async fn requested(&self, fencing: FencingToken) -> StepDown {
+        let mut rx = self.inner.intent.step_down.subscribe();
+        loop {
+            if let Some(req) = rx.borrow_and_update().as_ref()
+                && req.fencing.is_none_or(|f| f == fencing)
+            {
+                return req.clone();
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    async fn requested_in_store(&self, fencing: FencingToken) -> StepDown {
+        if self.inner.shard {
+            // A shard's lease moves with the group's assignment, not on request; and a
+            // replica may hold thousands of shards: no read per shard per retry period.
+            return std::future::pending().await;
+        }
+        let config = &self.inner.config;
+        let backend = self.inner.locker.backend();
+        loop {
+            tokio::time::sleep(config.retry_period).await;
+            let read = tokio::time::timeout(
+                config.effective_request_timeout(),
+                backend.inspect(&self.inner.name),
+            )
+            .await;
+            if let Ok(Ok(Some(record))) = read
+                && record.fencing == fencing
+                && let Some(to) = record.handoff
+                && to.target() != Some(self.identity())
+            {
+                let reason = match to.target() {
+                    Some(who) => format!("hand-over to {who} requested"),
+                    None => "step-down requested".to_owned(),
+                };
+                return StepDown {
+                    fencing: Some(fencing),
+                    to,
+                    reason,
+                    for_health: false,
+                };
+            }
+        }
+    }
+
+    async fn health_step_down(&self, fencing: FencingToken) -> StepDown {
+        let Some(policy) = self.inner.config.health else {
+            return std::future::pending().await;
+        };
+        let mut rx = self.inner.intent.health.subscribe();
+        loop {
+            let report = *rx.borrow_and_update();
+            if report.healthy {
+                if rx.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                continue;
+            }
+            // Unhealthy since `report.since`: wait out the bound unless it recovers.
+            let due = report.since + policy.unhealthy_after;
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return std::future::pending().await;
+                    }
+                    continue;
+                }
+                () = tokio::time::sleep_until(due) => {}
+            }
+            // Still unhealthy past the bound: hand over only to a healthy follower.
+            loop {
+                if let Some(to) = self.healthy_follower().await {
+                    return StepDown {
+                        fencing: Some(fencing),
+                        reason: format!(
+                            "unhealthy for {:?}: handing over to healthy {to}",
+                            policy.unhealthy_after
+                        ),
+                        to: Handoff::To(to),
+                        for_health: true,
+                    };
+                }
+                tracing::warn!(lease = %self.inner.name, "unhealthy, but no healthy follower: keeping the lease");
+                tokio::select! {
+                    () = tokio::time::sleep(self.inner.config.retry_period) => {}
+                    _ = rx.changed() => {}
+                }
+                if rx.borrow_and_update().healthy {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A follower announced healthy in the store, if any (the first by identity).
+    async fn healthy_follower(&self) -> Option<String> {
+        let group = health_group(&self.inner.name);
+        let mut members = self.inner.locker.backend().members(&group);
+        let timeout = self.inner.config.effective_request_timeout();
+        match tokio::time::timeout(timeout, members.next()).await {
+            Ok(Some(Ok(members))) => members
+                .into_iter()
+                .map(|m| m.identity)
+                .find(|who| who != self.identity()),
+            Ok(Some(Err(e))) => {
+                tracing::warn!(lease = %self.inner.name, error = %e, "cannot read the healthy followers");
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Records a finished step-down: after one for health, this replica sits out until it
+    /// has recovered; after a plain one without a target, for the hand-off window (the
+    /// store keeps it out of a targeted one by itself).
+    pub(super) async fn after_step_down(&self, req: &StepDown) {
+        self.inner.intent.step_down.send_replace(None);
+        if req.for_health {
+            *self
+                .inner
+                .intent
+                .health_step_down
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        } else if req.to == Handoff::Anyone {
+            tokio::time::sleep(self.inner.config.handoff_window).await;
+        }
+    }
+
+    /// Waits until this replica may campaign: at once without a health policy, otherwise
+    /// once it is healthy (after a health step-down: healthy for the recovery window).
+    pub(super) async fn until_eligible(&self) {
+        if self.inner.intent.last_health_step_down().is_none() {
+            return;
+        }
+        let mut rx = self.inner.intent.health.subscribe();
+        loop {
+            rx.borrow_and_update();
+            match self
+                .inner
+                .intent
+                .eligible_at(self.inner.config.health.as_ref())
+            {
+                Some(at) if at <= Instant::now() => return,
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        _ = rx.changed() => {}
+                    }
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// With a health policy, keeps this replica's announcement in [`health_group`] current
+    /// for as long as the run lasts: announced (ttl one lease duration, renewed every retry
+    /// period) while eligible, withdrawn otherwise. Never returns.
+    pub(super) async fn publish_health(&self) -> std::convert::Infallible {
+        let Some(policy) = self.inner.config.health else {
+            return std::future::pending().await;
+        };
+        let config = &self.inner.config;
+        let backend = self.inner.locker.backend();
+        let group = health_group(&self.inner.name);
+        let member = Member {
+            identity: self.identity().to_owned(),
+            shards: 0,
+            joined_ms: crate::util::unix_millis(),
+            holds: Vec::new(),
+        };
+        let mut rx = self.inner.intent.health.subscribe();
+        let mut announced = false;
+        loop {
+            rx.borrow_and_update();
+            let eligible_at = self.inner.intent.eligible_at(Some(&policy));
+            let now = Instant::now();
+            let eligible = eligible_at.is_some_and(|at| at <= now);
+            let timeout = config.effective_request_timeout();
+            let call = if eligible {
+                backend.announce_member(&group, &member, config.lease_duration)
+            } else {
+                backend.withdraw_member(&group, &member.identity)
+            };
+            if eligible || announced {
+                match tokio::time::timeout(timeout, call).await {
+                    Ok(Ok(())) => announced = eligible,
+                    Ok(Err(e)) => {
+                        tracing::warn!(%group, error = %e, "cannot publish this replica's health");
+                    }
+                    Err(_) => tracing::warn!(%group, "publishing this replica's health timed out"),
+                }
+            }
+            let mut next = now + config.retry_period;
+            if let Some(at) = eligible_at.filter(|at| *at > now) {
+                next = next.min(at);
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                _ = rx.changed() => {}
+            }
+        }
+    }
+}

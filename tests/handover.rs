@@ -1,0 +1,381 @@
+//! Leadership that follows intent and health, with every replica's terms checked by a fenced
+//! register (no two terms overlap, tokens rise): a hand-over to a named replica, to a dead
+//! one, one asked for through the store; an unhealthy leader handing over within its bound,
+//! keeping the lease when every replica is unhealthy, and flapping checks moving leadership
+//! at most once per recovery window. Each scenario runs on the memory backend with tokio's
+//! paused clock and on a real `redis-server`.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tenure::backend::Handoff;
+use tenure::backend::memory::MemoryBackend;
+use tenure::conformance::FencedRegister;
+use tenure::election::{ElectionConfig, HealthPolicy, LeaderElector};
+use tenure::{Backend, Locker};
+use tokio::time::Instant;
+
+const LEASE: &str = "handover";
+
+/// One term as the workload saw it.
+#[derive(Clone, Debug)]
+struct TermRec {
+    identity: String,
+    token: u64,
+    started: Instant,
+}
+
+/// Replicas of one election, each running `run` with `rejoin` for the whole test.
+struct Replicas {
+    electors: Vec<LeaderElector>,
+    terms: Arc<Mutex<Vec<TermRec>>>,
+    register: Arc<FencedRegister>,
+    runs: Vec<tokio::task::JoinHandle<()>>,
+    /// The time scale: every wait in a scenario is a multiple of it.
+    unit: Duration,
+}
+
+impl Replicas {
+    fn config(unit: Duration) -> ElectionConfig {
+        ElectionConfig::new()
+            .lease_duration(unit * 8)
+            .renew_deadline(unit * 5)
+            .retry_period(unit)
+            .stop_margin(unit)
+            .grace(unit * 2)
+            .request_timeout(unit * 4 / 5)
+            .handoff_window(unit * 4)
+            .rejoin(true)
+    }
+
+    /// Starts `ids` in order, the first once it alone campaigns (so it leads first).
+    async fn start(
+        backend: Arc<dyn Backend>,
+        ids: &[&str],
+        unit: Duration,
+        health: Option<HealthPolicy>,
+    ) -> Self {
+        let mut r = Self {
+            electors: Vec::new(),
+            terms: Arc::default(),
+            register: Arc::default(),
+            runs: Vec::new(),
+            unit,
+        };
+        for (i, id) in ids.iter().enumerate() {
+            let mut config = Self::config(unit);
+            if let Some(h) = health {
+                config = config.health(h);
+            }
+            let locker = Locker::with_identity(backend.clone(), id).expect("identity");
+            let e = LeaderElector::new(locker, LEASE, config).expect("config");
+            let (terms, register, me) = (r.terms.clone(), r.register.clone(), (*id).to_owned());
+            let run = e.clone();
+            r.runs.push(tokio::spawn(async move {
+                let out = run
+                    .run(|term| {
+                        let (terms, register, me) = (terms.clone(), register.clone(), me.clone());
+                        async move {
+                            register.enter(term.fencing_token());
+                            terms.lock().expect("not poisoned").push(TermRec {
+                                identity: me,
+                                token: term.fencing_token().get(),
+                                started: Instant::now(),
+                            });
+                            term.cancellation().cancelled().await;
+                            register.leave(term.fencing_token());
+                        }
+                    })
+                    .await;
+                panic!("a replica's run ended: {out:?}");
+            }));
+            r.electors.push(e);
+            if i == 0 {
+                r.until(unit * 20, |t| t.len() == 1).await;
+            }
+        }
+        // Followers are campaigning (and announced healthy) once they had a retry period.
+        tokio::time::sleep(unit * 2).await;
+        r
+    }
+
+    fn elector(&self, id: &str) -> &LeaderElector {
+        self.electors
+            .iter()
+            .find(|e| e.identity() == id)
+            .expect("a replica of that name")
+    }
+
+    fn terms(&self) -> Vec<TermRec> {
+        self.terms.lock().expect("not poisoned").clone()
+    }
+
+    /// Waits until `cond` holds of the terms so far, failing after `limit`.
+    async fn until(&self, limit: Duration, cond: impl Fn(&[TermRec]) -> bool) -> Vec<TermRec> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let terms = self.terms();
+            if cond(&terms) {
+                return terms;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not reached within {limit:?}; terms: {terms:?}"
+            );
+            tokio::time::sleep(self.unit / 20).await;
+        }
+    }
+
+    /// Ends the test: no run failed, terms never overlapped and their tokens rose (the
+    /// register panics in the workload otherwise, which ends that run).
+    fn finish(self) -> Vec<TermRec> {
+        for run in &self.runs {
+            assert!(!run.is_finished(), "a replica's run ended early");
+            run.abort();
+        }
+        let terms = self.terms();
+        assert!(
+            terms.windows(2).all(|w| w[0].token < w[1].token),
+            "tokens must rise: {terms:?}"
+        );
+        terms
+    }
+}
+
+fn ids(terms: &[TermRec]) -> Vec<&str> {
+    terms.iter().map(|t| t.identity.as_str()).collect()
+}
+
+async fn hand_over_goes_to_the_target(backend: Arc<dyn Backend>, unit: Duration) {
+    let r = Replicas::start(backend, &["a", "b", "c"], unit, None).await;
+    assert!(
+        r.elector("a")
+            .hand_over(Handoff::To("c".into()), "test: to c")
+    );
+    let terms = r.until(unit * 10, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "c"], "the target leads next");
+    // The former leader stays a follower: it does not take the lease back.
+    tokio::time::sleep(unit * 10).await;
+    let terms = r.finish();
+    assert_eq!(ids(&terms), ["a", "c"]);
+}
+
+async fn hand_over_to_a_dead_target_is_an_ordinary_release(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    let r = Replicas::start(backend, &["a", "b"], unit, None).await;
+    assert!(
+        r.elector("a")
+            .hand_over(Handoff::To("gone".into()), "test: to a dead replica")
+    );
+    // The window (4 units) passes, then whoever campaigns wins.
+    let terms = r.until(unit * 20, |t| t.len() == 2).await;
+    assert!(
+        terms[1].started - terms[0].started >= unit * 4,
+        "someone took the lease inside the target's window: {terms:?}"
+    );
+    r.finish();
+}
+
+async fn a_request_in_the_store_moves_leadership(backend: Arc<dyn Backend>, unit: Duration) {
+    let r = Replicas::start(backend.clone(), &["a", "b", "c"], unit, None).await;
+    let asked = backend
+        .request_handoff(LEASE, &Handoff::To("b".into()), unit * 20)
+        .await
+        .expect("the store answers");
+    assert!(asked, "the lease is held");
+    let terms = r.until(unit * 10, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"]);
+    tokio::time::sleep(unit * 6).await;
+    assert_eq!(ids(&r.finish()), ["a", "b"], "the request acted once");
+}
+
+fn policy(unit: Duration) -> HealthPolicy {
+    HealthPolicy::new()
+        .unhealthy_after(unit * 3)
+        .recovery(unit * 20)
+}
+
+async fn an_unhealthy_leader_hands_over_within_the_bound(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+    slack: Duration,
+) {
+    let r = Replicas::start(backend, &["a", "b", "c"], unit, Some(policy(unit))).await;
+    // c is unhealthy too: the leader must pick the healthy one.
+    r.elector("c").report_health(false);
+    tokio::time::sleep(unit * 2).await;
+    let since = Instant::now();
+    r.elector("a").report_health(false);
+    let terms = r.until(unit * 20, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"], "handed to the healthy follower");
+    // The bound: unhealthy_after, then at most a grace to stop and a retry period to notice.
+    let took = terms[1].started - since;
+    assert!(
+        took >= unit * 3 && took <= unit * 6 + slack,
+        "the new term began {took:?} after the leader turned unhealthy"
+    );
+    // a recovers at once, but sits out its recovery window: b keeps leading.
+    r.elector("a").report_health(true);
+    tokio::time::sleep(unit * 8).await;
+    assert_eq!(ids(&r.finish()), ["a", "b"]);
+}
+
+async fn all_unhealthy_keeps_the_lease(backend: Arc<dyn Backend>, unit: Duration) {
+    let r = Replicas::start(backend, &["a", "b", "c"], unit, Some(policy(unit))).await;
+    for id in ["a", "b", "c"] {
+        r.elector(id).report_health(false);
+    }
+    tokio::time::sleep(unit * 15).await;
+    assert_eq!(
+        ids(&r.terms()),
+        ["a"],
+        "nobody healthy to hand to: the leader stays"
+    );
+    // One follower recovers: now there is someone to hand to.
+    r.elector("c").report_health(true);
+    let terms = r.until(unit * 10, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "c"]);
+    r.finish();
+}
+
+/// Whoever leads turns unhealthy for 4 units in every 5: without hysteresis leadership would
+/// move every 5 units. A replica that stepped down for its health counts as healthy again only
+/// after 20 units, so moves are at least that far apart.
+async fn a_flapping_check_moves_leadership_at_most_once_per_window(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+    slack: Duration,
+) {
+    let r = Replicas::start(backend, &["a", "b"], unit, Some(policy(unit))).await;
+    let started = Instant::now();
+    while started.elapsed() < unit * 50 {
+        let leader = r
+            .terms()
+            .last()
+            .map(|t| t.identity.clone())
+            .expect("a term");
+        r.elector(&leader).report_health(false);
+        tokio::time::sleep(unit * 4).await;
+        r.elector(&leader).report_health(true);
+        tokio::time::sleep(unit).await;
+    }
+    let terms = r.finish();
+    assert!(
+        terms.len() >= 2,
+        "an unhealthy leader did hand over once: {terms:?}"
+    );
+    for w in terms.windows(2).skip(1) {
+        let gap = w[1].started - w[0].started;
+        assert!(
+            gap + slack >= unit * 20,
+            "leadership moved twice within the recovery window ({gap:?}): {terms:?}"
+        );
+    }
+    assert!(
+        terms.len() <= 4,
+        "{} terms in 50 units: {terms:?}",
+        terms.len()
+    );
+}
+
+mod memory {
+    use super::*;
+
+    const UNIT: Duration = Duration::from_secs(1);
+
+    fn store() -> Arc<dyn Backend> {
+        Arc::new(MemoryBackend::new())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hand_over_goes_to_the_target() {
+        super::hand_over_goes_to_the_target(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hand_over_to_a_dead_target_is_an_ordinary_release() {
+        super::hand_over_to_a_dead_target_is_an_ordinary_release(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_the_store_moves_leadership() {
+        super::a_request_in_the_store_moves_leadership(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unhealthy_leader_hands_over_within_the_bound() {
+        super::an_unhealthy_leader_hands_over_within_the_bound(store(), UNIT, Duration::ZERO).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn all_unhealthy_keeps_the_lease() {
+        super::all_unhealthy_keeps_the_lease(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flapping_check_moves_leadership_at_most_once_per_window() {
+        super::a_flapping_check_moves_leadership_at_most_once_per_window(
+            store(),
+            UNIT,
+            Duration::ZERO,
+        )
+        .await;
+    }
+}
+
+mod redis {
+    use super::support::{self, RedisServer};
+    use super::*;
+
+    /// Real time: 250 ms units keep each scenario within seconds and leave the store's round
+    /// trips far inside every bound on a busy machine.
+    const UNIT: Duration = Duration::from_millis(250);
+    /// Scheduling on a loaded two-core machine.
+    const SLACK: Duration = Duration::from_millis(500);
+
+    async fn store() -> (RedisServer, Arc<dyn Backend>) {
+        let server = RedisServer::start();
+        let backend = support::backend(&server).await;
+        (server, Arc::new(backend))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hand_over_goes_to_the_target() {
+        let (_s, b) = store().await;
+        super::hand_over_goes_to_the_target(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hand_over_to_a_dead_target_is_an_ordinary_release() {
+        let (_s, b) = store().await;
+        super::hand_over_to_a_dead_target_is_an_ordinary_release(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_in_the_store_moves_leadership() {
+        let (_s, b) = store().await;
+        super::a_request_in_the_store_moves_leadership(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unhealthy_leader_hands_over_within_the_bound() {
+        let (_s, b) = store().await;
+        super::an_unhealthy_leader_hands_over_within_the_bound(b, UNIT, SLACK).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn all_unhealthy_keeps_the_lease() {
+        let (_s, b) = store().await;
+        super::all_unhealthy_keeps_the_lease(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flapping_check_moves_leadership_at_most_once_per_window() {
+        let (_s, b) = store().await;
+        super::a_flapping_check_moves_leadership_at_most_once_per_window(b, UNIT, SLACK).await;
+    }
+}
