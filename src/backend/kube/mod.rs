@@ -114,6 +114,16 @@
 //! another member wrote first. A Lease of that name without the annotation, or with one
 //! tenure cannot parse, reads as [`GroupRead::Damaged`].
 //!
+//! # Completion record (run-once jobs)
+//!
+//! A run-once job's completion ([`Completion`], `tenure run --once-per`) lives in a Lease named
+//! `{lease}-done`: the record in the annotation `tenure.dev/completion`, and in
+//! `tenure.dev/completion-check` the token of the latest term that checked it. Both change
+//! only by compare-and-swap, and a completion only while the check mark holds the writer's
+//! token, so an older term's completion is refused once a newer term has checked. The clock
+//! is the API server's: the `managedFields` time it stamps on the check's write (whole
+//! seconds). Needs get and update on that Lease (and create on leases).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -135,6 +145,7 @@
 
 mod access;
 mod client;
+mod completion;
 mod error;
 mod events;
 mod group;
@@ -155,9 +166,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, GroupRead, GroupRecord, GroupVersion,
-    HolderChange, HolderToken, InvalidName, LeadershipEvent, LeaseRecord, Member, Released,
-    Renewed, ShardLeaseWatch,
+    AcquireRequest, Acquired, Backend, BackendError, Completion, CompletionCheck, FencingToken,
+    GroupRead, GroupRecord, GroupVersion, HolderChange, HolderToken, InvalidName, LeadershipEvent,
+    LeaseRecord, Member, Released, Renewed, ShardLeaseWatch,
 };
 use inner::Inner;
 pub use options::{DEFAULT_REQUEST_TIMEOUT, KubeOptions};
@@ -281,6 +292,22 @@ impl Backend for KubeBackend {
         record: &'a GroupRecord,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(self.inner.swap_group_record(group, expected, record))
+    }
+
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        Box::pin(self.inner.check_completion(name, token))
+    }
+
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.inner.record_completion(name, record))
     }
 
     fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {

@@ -8,8 +8,10 @@
 //! - `N.lease`: the record ([`Record`]), replaced as a whole by `rename` from `.N.tmp`, so a
 //!   reader (with or without the lock) sees either the old or the new record, never a mix, and
 //!   a writer killed at any point leaves the old record in place.
+//! - `N.done`: a run-once job's completion record (`Completion`), replaced the same way from
+//!   `.N.done~`, only by the lock's latest term, under `N.lock`.
 //!
-//! Writes that issue a fencing token are made durable (`fdatasync` of the new record, `rename`,
+//! Writes that issue a fencing token, and completion records, are made durable (`fdatasync` of the new record, `rename`,
 //! `fsync` of the directory) before the token is returned. Other writes (renewals, replays,
 //! releases) are not synced: they matter only until the next boot, which expires every lease
 //! anyway, and a killed process cannot lose them (they are in the page cache).
@@ -23,9 +25,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::record::{Holder, Record};
 use super::sys;
+use crate::backend::completion::MAX_COMPLETION_RECORD;
 use crate::backend::{
-    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, HolderChange,
-    HolderToken, LeaseRecord, Released, Renewed,
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, Completion, CompletionCheck,
+    CompletionRead, FencingToken, HolderChange, HolderToken, LeaseRecord, Released, Renewed,
 };
 
 /// Where the kernel publishes the id of the current boot.
@@ -282,28 +285,40 @@ impl Store {
                 ),
             ));
         }
+        self.replace(&tmp, &path, text.as_bytes(), durable, "the lease record")
+    }
+
+    /// Replaces `path` with `bytes` through the temporary file `tmp` and a rename, under the
+    /// lock's file lock; `durable` makes it survive a power loss before returning.
+    fn replace(
+        &self,
+        tmp: &Path,
+        path: &Path,
+        bytes: &[u8],
+        durable: bool,
+        what: &str,
+    ) -> Result<(), BackendError> {
         let result = (|| {
             // Only the holder of the file lock writes the temporary file, so one left behind
             // is a killed writer's: remove it, whatever it is, and create ours exclusively
             // (O_EXCL: never through a link, never into a FIFO or a device).
-            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(tmp);
             let mut f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
-                .map_err(|e| io_error("create", &tmp, &e))?;
-            f.write_all(text.as_bytes())
-                .map_err(|e| io_error("write", &tmp, &e))?;
+                .open(tmp)
+                .map_err(|e| io_error("create", tmp, &e))?;
+            f.write_all(bytes).map_err(|e| io_error("write", tmp, &e))?;
             if durable {
-                f.sync_data().map_err(|e| io_error("sync", &tmp, &e))?;
+                f.sync_data().map_err(|e| io_error("sync", tmp, &e))?;
             }
             drop(f);
-            fs::rename(&tmp, &path).map_err(|e| io_error("replace the lease record", &path, &e))
+            fs::rename(tmp, path).map_err(|e| io_error(&format!("replace {what}"), path, &e))
         })();
         if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(tmp);
             return result;
         }
         if durable {
@@ -312,6 +327,89 @@ impl Store {
                 .map_err(|e| io_error("sync the state directory", &self.dir, &e))?;
         }
         Ok(())
+    }
+
+    /// `N.done`: lock `N`'s completion record (a run-once job's), one line of
+    /// [`Completion::encode`]'s text. Lock files end in `.lease` or `.lock`, so no lock's file
+    /// is named like this.
+    pub(super) fn completion_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.done"))
+    }
+
+    /// The completion record of `name` as stored, bounded: whatever is there (a huge file, a
+    /// FIFO, garbage) reads as [`CompletionRead::Damaged`], never as an error of the check.
+    fn read_completion(&self, name: &str) -> Result<CompletionRead, BackendError> {
+        let path = self.completion_path(name);
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CompletionRead::Absent),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Ok(CompletionRead::Damaged {
+                    reason: format!("{} is a symbolic link", path.display()),
+                });
+            }
+            Err(e) => return Err(io_error("open the completion record", &path, &e)),
+        };
+        if let Some(why) = not_regular(&file, &path)? {
+            return Ok(CompletionRead::Damaged {
+                reason: format!("{}: {why}", path.display()),
+            });
+        }
+        let mut bytes = Vec::with_capacity(128);
+        file.take(MAX_COMPLETION_RECORD as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error("read the completion record", &path, &e))?;
+        Ok(match CompletionRead::parse(&bytes) {
+            CompletionRead::Damaged { reason } => CompletionRead::Damaged {
+                reason: format!("{}: {reason}", path.display()),
+            },
+            read => read,
+        })
+    }
+
+    /// `name`'s completion record, the host's clock (the store's), and whether `token` is the
+    /// lock's latest grant: one critical section, so a grant cannot fall between the reads.
+    pub(super) fn check_completion(
+        &self,
+        name: &str,
+        token: FencingToken,
+        abandoned: &AtomicBool,
+    ) -> Result<CompletionCheck, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        let latest = self.read(name)?.is_some_and(|r| r.fencing == token.get());
+        let last = self.read_completion(name)?;
+        Ok(CompletionCheck {
+            now_ms: wall_ms(),
+            last,
+            latest,
+        })
+    }
+
+    /// Writes `record` as `name`'s completion record if `record.token` is the lock's latest
+    /// grant; durable before it answers, like a grant.
+    pub(super) fn record_completion(
+        &self,
+        name: &str,
+        record: &Completion,
+        abandoned: &AtomicBool,
+    ) -> Result<bool, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        if self
+            .read(name)?
+            .is_none_or(|r| r.fencing != record.token.get())
+        {
+            return Ok(false);
+        }
+        let path = self.completion_path(name);
+        // '~' is in no lock name, so no other file of the directory has this name.
+        let tmp = self.dir.join(format!(".{name}.done~"));
+        let text = record.encode();
+        self.replace(&tmp, &path, text.as_bytes(), true, "the completion record")?;
+        Ok(true)
     }
 
     /// One attempt to take `req.name`.
@@ -455,6 +553,14 @@ fn next_fencing(record: Option<&Record>, boot: &str, path: &Path) -> Result<u64,
             Ok(if r.boot == boot { next } else { next.max(seed) })
         }
     }
+}
+
+/// The host's wall clock in milliseconds since the Unix epoch: the local store's clock for
+/// completion records (every process of the host reads the same one).
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 pub(super) fn deadline(now_ns: u64, ttl: Duration) -> u64 {

@@ -45,6 +45,7 @@
 //! | `tenure:{jobs}` while held | `+<holder token><watched><previous holder token><fencing token>:<identity>` | the lease ttl (PX) |
 //! | `tenure:{jobs}` once released | the same with `~` first (a tombstone: free) | what remained of the lease, at least [`release_ack_ttl`](RedisConfig::release_ack_ttl) |
 //! | `tenure:{jobs}:fence` | the fencing counter | none |
+//! | `tenure:{jobs}:done` | a run-once job's completion record `c1:<token>:<started ms>:<took ms>:<identity>` (`completion.rs`), written only while the writer's token is the counter's value; `DEL` it to let the job run again | none |
 //!
 //! Holder tokens are 32 hex digits and `<watched>` is one character, so every field but the
 //! identity sits at a fixed position: the scripts compare and patch the value in place (a
@@ -162,6 +163,7 @@
 
 mod batch;
 mod cluster;
+mod completion;
 mod config;
 mod conn;
 mod connect;

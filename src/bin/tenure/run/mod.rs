@@ -3,10 +3,12 @@
 //!
 //! The files import downwards only: `single` and `sharded` (the two ways to run, with
 //! `publish`, `restart` and `shard_probe` beside them) use `setup` (what both do before campaigning) and
-//! `supervisor` (the command of one term, and tenure's own signals, for both); `supervisor`
+//! `supervisor` (the command of one term, and tenure's own signals, for both), and `single`
+//! uses `once` (`--once-per`: the completion check and record around the term); `supervisor`
 //! drives `crate::process` and, with `--fence`, `fence` (the term's fenced Kubernetes endpoint). Nothing here imports this file.
 
 mod fence;
+mod once;
 mod publish;
 mod restart;
 mod setup;
