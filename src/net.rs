@@ -20,10 +20,10 @@ pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// at once).
 pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// `1/divisor` of the process's open-file limit, at least 1; `None` when the limit is unknown
-/// or unlimited. An endpoint's connection cap is at most its share, so that however many
-/// clients connect the rest of the process still has descriptors for its store, its command
-/// and its other endpoint.
+/// `1/divisor` of the process's open-file limit, at least 1; `None` when the limit cannot be
+/// read. An endpoint's connection cap is at most its share, so that however many clients
+/// connect the rest of the process still has descriptors for its store, its command and its
+/// other endpoint. (An unlimited limit gives a share beyond any endpoint's own maximum.)
 pub(crate) fn descriptor_share(divisor: u64) -> Option<usize> {
     share_of(open_file_limit(), divisor)
 }
@@ -33,25 +33,25 @@ fn share_of(limit: Option<u64>, divisor: u64) -> Option<usize> {
     Some(usize::try_from(share).unwrap_or(usize::MAX).max(1))
 }
 
-/// The soft `RLIMIT_NOFILE` of this process; `None` when unlimited or not known.
-#[cfg(unix)]
+/// The soft `RLIMIT_NOFILE` of this process (unlimited, `RLIM_INFINITY`, is the type's largest
+/// value); `None` if it cannot be read.
 fn open_file_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct it is given, which lives on this stack frame.
-    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) };
-    if read != 0 || limit.rlim_cur == libc::RLIM_INFINITY {
-        return None;
+    #[cfg(unix)]
+    {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit only writes the struct it is given, which lives on this stack frame.
+        let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) };
+        if read != 0 {
+            return None;
+        }
+        // rlim_t is u64 on Linux and macOS, i64 on some BSDs.
+        #[allow(clippy::useless_conversion, clippy::unnecessary_fallible_conversions)]
+        u64::try_from(limit.rlim_cur).ok()
     }
-    // rlim_t is u64 on Linux and macOS, i64 on some BSDs.
-    #[allow(clippy::useless_conversion, clippy::unnecessary_fallible_conversions)]
-    u64::try_from(limit.rlim_cur).ok()
-}
-
-#[cfg(not(unix))]
-fn open_file_limit() -> Option<u64> {
+    #[cfg(not(unix))]
     None
 }
 
@@ -84,7 +84,7 @@ impl Acceptor {
         let stream = loop {
             match self.listener.accept().await {
                 Ok((stream, _peer)) => {
-                    self.failures.recovered();
+                    let _ = self.failures.recovered();
                     break stream;
                 }
                 Err(e) => tokio::time::sleep(self.failures.failed(&e)).await,
@@ -283,16 +283,18 @@ impl Failures {
             .min(MAX_BACKOFF)
     }
 
-    /// Records a successful `accept`, ending a run of failures.
-    fn recovered(&mut self) {
-        if self.count > 0 {
-            tracing::info!(
-                failures = self.count,
-                "{} accepts connections again",
-                self.endpoint
-            );
-            *self = Self::new(self.endpoint);
+    /// Records a successful `accept`; whether it ended a run of failures (logged once).
+    fn recovered(&mut self) -> bool {
+        if self.count == 0 {
+            return false;
         }
+        tracing::info!(
+            failures = self.count,
+            "{} accepts connections again",
+            self.endpoint
+        );
+        *self = Self::new(self.endpoint);
+        true
     }
 }
 
@@ -304,6 +306,13 @@ mod tests {
         slot.closed.is_cancelled()
     }
 
+    /// `f`, failing the test after 5 s: a place never freed would otherwise hang it.
+    async fn soon<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(5), f)
+            .await
+            .expect("within 5 s")
+    }
+
     /// A newcomer at the cap, admitted on a task of its own (it waits for a place).
     fn admit_later(open: &Arc<Open>) -> tokio::task::JoinHandle<Slot> {
         let open = Arc::clone(open);
@@ -313,12 +322,12 @@ mod tests {
     #[tokio::test]
     async fn the_cap_closes_the_oldest_connections_first() {
         let open = Arc::new(Open::new(2));
-        let a = open.admit().await;
-        let b = open.admit().await;
+        let a = soon(open.admit()).await;
+        let b = soon(open.admit()).await;
         assert!(!closed(&a) && !closed(&b));
         // At the cap the newcomer waits for the oldest to let go of its socket.
         let admitting = admit_later(&open);
-        a.evicted().await;
+        soon(a.evicted()).await;
         assert!(!closed(&b), "only the oldest is closed");
         tokio::task::yield_now().await;
         assert!(
@@ -326,13 +335,13 @@ mod tests {
             "admitted before a's socket is released"
         );
         drop(a);
-        let c = admitting.await.expect("admitted");
+        let c = soon(admitting).await.expect("admitted");
         assert!(!closed(&b) && !closed(&c));
         let admitting = admit_later(&open);
-        b.evicted().await;
+        soon(b.evicted()).await;
         assert!(!closed(&c), "then the next oldest");
         drop(b);
-        let d = admitting.await.expect("admitted");
+        let d = soon(admitting).await.expect("admitted");
         assert!(!closed(&c) && !closed(&d));
     }
 
@@ -341,10 +350,10 @@ mod tests {
         let open = Arc::new(Open::new(2));
         assert_eq!(open.cap(), 2);
         assert_eq!(Open::new(0).cap(), 1, "at least one");
-        let a = open.admit().await;
-        let b = open.admit().await;
+        let a = soon(open.admit()).await;
+        let b = soon(open.admit()).await;
         drop(a);
-        let c = open.admit().await;
+        let c = soon(open.admit()).await;
         assert!(!closed(&b) && !closed(&c));
         assert_eq!(open.conns.lock().expect("not poisoned").strangers.len(), 2);
     }
@@ -352,30 +361,30 @@ mod tests {
     #[tokio::test]
     async fn vouched_connections_are_closed_only_after_every_stranger() {
         let open = Arc::new(Open::new(3));
-        let client = open.admit().await;
+        let client = soon(open.admit()).await;
         client.vouch();
-        let stranger = open.admit().await;
-        let other_client = open.admit().await;
+        let stranger = soon(open.admit()).await;
+        let other_client = soon(open.admit()).await;
         other_client.vouch();
         // Newcomers at the cap close the stranger, though it is younger than `client`.
         let admitting = admit_later(&open);
-        stranger.evicted().await;
+        soon(stranger.evicted()).await;
         assert!(!closed(&client) && !closed(&other_client));
         drop(stranger);
-        let newcomer = admitting.await.expect("admitted");
+        let newcomer = soon(admitting).await.expect("admitted");
         // The newcomer is a stranger: the next one closes it, not a vouched client.
         let admitting = admit_later(&open);
-        newcomer.evicted().await;
+        soon(newcomer.evicted()).await;
         assert!(!closed(&client) && !closed(&other_client));
         drop(newcomer);
-        let last = admitting.await.expect("admitted");
+        let last = soon(admitting).await.expect("admitted");
         last.vouch();
         // With no stranger left, the oldest vouched connection goes.
         let admitting = admit_later(&open);
-        client.evicted().await;
+        soon(client.evicted()).await;
         assert!(!closed(&other_client) && !closed(&last));
         drop(client);
-        admitting.await.expect("admitted");
+        soon(admitting).await.expect("admitted");
     }
 
     #[test]
@@ -385,20 +394,38 @@ mod tests {
         assert_eq!(share_of(Some(3), 4), Some(1));
         assert_eq!(share_of(Some(1024), 0), Some(1024));
         assert_eq!(share_of(None, 4), None);
-        let limit = open_file_limit().expect("a test process has a finite RLIMIT_NOFILE");
         assert_eq!(
-            descriptor_share(1),
-            Some(usize::try_from(limit).expect("fits"))
+            share_of(Some(u64::MAX), 4),
+            Some(usize::MAX / 4),
+            "unlimited"
         );
+    }
+
+    /// The limit read by getrlimit is the one the kernel shows in /proc/self/limits.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_share_is_of_this_processs_soft_open_file_limit() {
+        let limits = std::fs::read_to_string("/proc/self/limits").expect("/proc/self/limits");
+        let soft: u64 = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("a finite soft limit on open files");
+        assert!(soft > 16, "{soft}");
+        assert_eq!(open_file_limit(), Some(soft));
+        assert_eq!(descriptor_share(16), usize::try_from(soft / 16).ok());
     }
 
     #[tokio::test(start_paused = true)]
     async fn failures_back_off_from_10ms_to_1s_and_reset_on_success() {
         let mut f = Failures::new("the test endpoint");
         let e = std::io::Error::other("EMFILE");
+        assert!(!f.recovered(), "no run of failures to end (nothing logged)");
         let pauses: Vec<_> = (0..10).map(|_| f.failed(&e).as_millis()).collect();
         assert_eq!(pauses, [10, 20, 40, 80, 160, 320, 640, 1000, 1000, 1000]);
-        f.recovered();
+        assert!(f.recovered());
+        assert!(!f.recovered(), "logged once");
         assert_eq!(f.failed(&e), FIRST_BACKOFF);
         for _ in 0..1_000 {
             assert!(f.failed(&e) <= MAX_BACKOFF);

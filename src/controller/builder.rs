@@ -504,7 +504,7 @@ where
         Runner {
             cache,
             context: Arc::new(Mutex::new(Box::new(context))),
-            _sources: Arc::new(sources),
+            sources: Arc::new(sources),
             status,
         }
     }
@@ -545,7 +545,7 @@ where
 {
     cache: Cache<K, Ctx, E>,
     context: Arc<Mutex<Box<dyn TermContext<Ctx>>>>,
-    _sources: Arc<AbortOnDrop<()>>,
+    sources: Arc<AbortOnDrop<()>>,
     status: Status<K>,
 }
 
@@ -558,7 +558,7 @@ where
         Self {
             cache: self.cache.clone(),
             context: self.context.clone(),
-            _sources: self._sources.clone(),
+            sources: self.sources.clone(),
             status: self.status.clone(),
         }
     }
@@ -600,7 +600,7 @@ where
             .unwrap_or_else(PoisonError::into_inner)
             .for_term(term);
         // The triggers run as long as any term's stream does.
-        let sources = self._sources.clone();
+        let sources = self.sources.clone();
         self.cache.term(term, ctx).map(move |item| {
             let _ = &sources;
             item
@@ -618,7 +618,7 @@ where
     where
         S: Future<Output = ()> + Send + 'static,
     {
-        let sources = self._sources.clone();
+        let sources = self.sources.clone();
         self.cache
             .sharded(sharded, shutdown, self.context.clone())
             .map(move |item| {

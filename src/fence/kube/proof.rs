@@ -516,8 +516,15 @@ mod tests {
             self.asked.lock().expect("lock").clone()
         }
 
+        /// The verdict, bounded: a decision that never comes fails the test instead of
+        /// hanging it (the clock is paused, so the bound costs no real time).
         async fn run(&self, first: bool, open: bool) -> Option<FenceState> {
-            decide(&facts(), first, open, |p| self.ask(p)).await
+            tokio::time::timeout(
+                PROOF_WINDOW * 10,
+                decide(&facts(), first, open, |p| self.ask(p)),
+            )
+            .await
+            .expect("a decision within ten proof windows")
         }
     }
 
@@ -751,6 +758,154 @@ mod tests {
             Some(FenceState::Superseded {
                 current: Current::Term(0)
             })
+        );
+    }
+
+    /// A client of an API server that is not there: a loopback port nobody listens on, so
+    /// every dry run fails (refused, or no answer within its bound).
+    fn nowhere() -> kube::Client {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let url = format!("http://127.0.0.1:{port}").parse().expect("url");
+        kube::Client::try_from(kube::Config::new(url)).expect("client")
+    }
+
+    /// A proof of term 50 of `ops/ctl` through `client`, ending with `term` (None: with its
+    /// last handle).
+    fn setup(client: &kube::Client, term: Option<CancellationToken>) -> ProofSetup {
+        ProofSetup {
+            lease: LEASE.into(),
+            lease_name: "ctl".into(),
+            ours: 50,
+            below: Api::namespaced(client.clone(), "ops"),
+            at: Api::namespaced(client.clone(), "ops"),
+            events: Some(client.clone()),
+            lease_namespace: "ops".into(),
+            recheck: DEFAULT_RECHECK,
+            #[cfg(feature = "metrics")]
+            metrics: None,
+            cancel: term,
+        }
+    }
+
+    /// A log: what a subscriber writes, kept to be read.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Waits (bounded) until the proof's task has ended.
+    async fn ended(proof: &Proof) {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while proof.running() {
+                tokio::time::sleep(RETRY).await;
+            }
+        })
+        .await
+        .expect("the proof's task ends");
+    }
+
+    /// A proof is a task of its term: it starts proving at once, settles on a verdict (an API
+    /// server that does not answer proves nothing), reports it, keeps rechecking while the
+    /// term lasts and stops when it ends, its last verdict kept.
+    #[tokio::test(start_paused = true)]
+    async fn a_proof_runs_until_its_term_ends_and_an_unanswered_one_proves_nothing() {
+        let term = CancellationToken::new();
+        #[allow(unused_mut)]
+        let mut s = setup(&nowhere(), Some(term.clone()));
+        #[cfg(feature = "metrics")]
+        let mut registry = prometheus_client::registry::Registry::default();
+        #[cfg(feature = "metrics")]
+        {
+            s.metrics = Some(crate::election::ElectionMetrics::register(&mut registry));
+        }
+        // What the proof logs (its task runs on this thread, under this subscriber).
+        let log = Log::default();
+        let writer = log.clone();
+        let _logging = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::DEBUG)
+                .with_writer(move || writer.clone())
+                .with_ansi(false)
+                .finish(),
+        );
+        let proof = Proof::start(s);
+        assert_eq!(proof.lease(), LEASE);
+        assert_eq!(proof.state(), FenceState::Proving);
+        assert!(proof.running());
+        let settled = tokio::time::timeout(PROOF_WINDOW * 10, proof.settled())
+            .await
+            .expect("the first proof settles");
+        let cause = cause_of(Some(settled.clone()));
+        assert!(
+            cause.starts_with("no answer within 3s: the fence could not be proven"),
+            "{cause}"
+        );
+        assert_eq!(proof.state(), settled);
+        #[cfg(feature = "metrics")]
+        {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+            assert!(
+                text.contains("tenure_fence_enforced{name=\"ctl\"} 0")
+                    && text.contains("result=\"unenforced\"} 1"),
+                "the verdict is reported: {text}"
+            );
+        }
+        // Said once where an operator looks: the log, and an Event (which cannot be written
+        // here, and says so).
+        let said = String::from_utf8_lossy(&log.0.lock().expect("lock")).into_owned();
+        assert!(
+            said.contains("fence not enforced, fenced writes fail closed")
+                && !said.contains("still not enforced")
+                && said.contains("cannot write the FenceOpen Event"),
+            "{said}"
+        );
+        // Rechecks that get no answer keep the verdict, and the proof runs on with its term.
+        tokio::time::sleep(DEFAULT_RECHECK * 3).await;
+        assert!(proof.running(), "the term has not ended");
+        assert_eq!(proof.state(), settled);
+        term.cancel();
+        ended(&proof).await;
+        assert_eq!(proof.state(), settled, "the last verdict stays");
+    }
+
+    /// A term that ends while its first proof runs (SIGTERM at start-up) settles on "not
+    /// proven", never on a verdict the proof did not reach.
+    #[tokio::test(start_paused = true)]
+    async fn a_term_ended_before_its_first_proof_finished_proves_nothing() {
+        let term = CancellationToken::new();
+        let proof = Proof::start(setup(&nowhere(), Some(term.clone())));
+        term.cancel();
+        let cause = cause_of(Some(proof.settled().await));
+        assert!(
+            cause.contains("the fence proof stopped before it finished"),
+            "{cause}"
+        );
+        ended(&proof).await;
+    }
+
+    /// A proof without a term (a handed-over token) ends with its last handle: its task must
+    /// not go on sending dry runs for nobody.
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_last_handle_ends_the_proof() {
+        let proof = Proof::start(setup(&nowhere(), None));
+        let mut state = proof.state.clone();
+        drop(proof);
+        let gone = tokio::time::timeout(Duration::from_secs(60), state.wait_for(|_| false)).await;
+        assert!(
+            matches!(gone, Ok(Err(_))),
+            "the proof's task outlived its last handle: {gone:?}"
         );
     }
 }

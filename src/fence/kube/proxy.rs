@@ -835,6 +835,20 @@ mod tests {
         held.end().await.expect("ended");
     }
 
+    /// A quarter of the soft limit the kernel shows for this process, at most 1,024.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_cap_is_a_quarter_of_the_open_file_limit_up_to_1024() {
+        let limits = std::fs::read_to_string("/proc/self/limits").expect("/proc/self/limits");
+        let soft: usize = limits
+            .lines()
+            .find_map(|l| l.strip_prefix("Max open files"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .expect("a finite soft limit on open files");
+        assert_eq!(FenceProxy::connection_cap(), (soft / 4).clamp(1, 1024));
+    }
+
     #[test]
     fn connection_and_identity_headers_are_not_forwarded() {
         for dropped in [
