@@ -12,6 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
 use tenure::Term;
 use tenure::backend::{Backend, Completion, CompletionCheck, CompletionRead};
 
@@ -24,23 +25,33 @@ pub struct OncePer {
     period: Duration,
     done_exit: u8,
     retry_period: Duration,
+    /// How long transient store failures are retried (the lease duration).
+    patience: Duration,
+    /// `tenure_damaged_completion_records_total`: records that did not parse.
+    damaged: Counter,
 }
 
 impl OncePer {
     /// Run-once controls on `backend`'s completion records: one completed run per `period`
     /// (calendar-aligned on the store's clock), `done_exit` when the period's run is done
-    /// already; transient store failures retried every `retry_period` while the term lasts.
+    /// already; transient store failures retried every `retry_period` while the term lasts,
+    /// for at most `patience`;
+    /// a completion record that does not parse counted in `damaged`.
     pub fn new(
         backend: Arc<dyn Backend>,
         period: Duration,
         done_exit: u8,
         retry_period: Duration,
+        patience: Duration,
+        damaged: Counter,
     ) -> Self {
         Self {
             backend,
             period,
             done_exit,
             retry_period,
+            patience,
+            damaged,
         }
     }
 
@@ -79,6 +90,7 @@ impl OncePer {
                 return Ok(self.done_exit);
             }
             CompletionRead::Damaged { reason } => {
+                self.damaged.inc();
                 tracing::warn!(
                     lease = %lease,
                     %reason,
@@ -104,10 +116,11 @@ impl OncePer {
         self.record(&term, &record, &start).await
     }
 
-    /// The completion check, transient failures retried while the term lasts; `None` when the
-    /// term ended first.
+    /// The completion check, transient failures retried while the term lasts, for at most
+    /// `patience`; `None` when the term ended first.
     async fn check(&self, term: &Term) -> Result<Option<CompletionCheck>, CliError> {
         let lease = term.lease_name();
+        let give_up = Instant::now() + self.patience;
         loop {
             let answer = tokio::select! {
                 biased;
@@ -116,7 +129,7 @@ impl OncePer {
             };
             match answer {
                 Ok(check) => return Ok(Some(check)),
-                Err(e) if e.is_transient() => {
+                Err(e) if e.is_transient() && Instant::now() < give_up => {
                     tracing::warn!(lease = %lease, error = %e, "--once-per: cannot read the completion record; retrying");
                 }
                 Err(e) => {
@@ -134,9 +147,12 @@ impl OncePer {
     }
 
     /// Records `record` (the command exited 0): exit 0 once the store accepted it, else exit 9
-    /// saying why. An attempt is never cut short; between attempts, the term's end gives up.
+    /// saying why. An attempt is never cut short; between attempts, the term's end, or
+    /// `patience` spent on transient failures, gives up: a write that fails for longer than a
+    /// lease (a record path the store cannot replace, say) must not hold the lease forever.
     async fn record(&self, term: &Term, record: &Completion, period: &str) -> Result<u8, CliError> {
         let lease = term.lease_name();
+        let give_up = Instant::now() + self.patience;
         let not_recorded = |why: String| CliError::NotRecorded {
             message: format!(
                 "--once-per: the command succeeded but its completion was not recorded ({why}): another run may run it again in the period that began {period}"
@@ -154,7 +170,11 @@ impl OncePer {
                         record.token
                     )));
                 }
-                Err(e) if e.is_transient() && !term.cancellation().is_cancelled() => {
+                Err(e)
+                    if e.is_transient()
+                        && !term.cancellation().is_cancelled()
+                        && Instant::now() < give_up =>
+                {
                     tracing::warn!(lease = %lease, error = %e, "--once-per: cannot record the completion; retrying while the term lasts");
                 }
                 Err(e) => return Err(not_recorded(crate::error::chain(&e))),

@@ -30,6 +30,14 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let mut registry = prometheus_client::registry::Registry::default();
     elector = elector.with_metrics(ElectionMetrics::register(&mut registry));
     connected.register_metrics(&mut registry);
+    let damaged_completions = prometheus_client::metrics::counter::Counter::<u64>::default();
+    if args.once_per.is_some() {
+        registry.register(
+            "tenure_damaged_completion_records",
+            "--once-per: completion records read that tenure could not parse (each counted as no completion: the command ran)",
+            damaged_completions.clone(),
+        );
+    }
     if let Some(addr) = args.listen {
         let listener = setup::listen(addr).await?;
         let server = tenure::election::ProbeServer::new(elector.clone())
@@ -82,6 +90,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             period,
             args.done_exit_code,
             args.retry_period,
+            args.lease_duration,
+            damaged_completions,
         ))
     });
     let outcome = elector
