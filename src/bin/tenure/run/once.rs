@@ -113,7 +113,12 @@ impl OncePer {
             took_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
             identity: term.identity().to_owned(),
         };
-        self.record(&term, &record, &start).await
+        let recorded = self.record(&term, &record, &start).await;
+        if let Err(e) = &recorded {
+            // An ERROR line for log collectors, besides the exit line: the job may run twice.
+            tracing::error!(lease = %lease, period = %start, fencing_token = %token, "{e}");
+        }
+        recorded
     }
 
     /// The completion check, transient failures retried while the term lasts, for at most
