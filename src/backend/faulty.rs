@@ -254,6 +254,13 @@ impl Backend for FaultyBackend {
         Box::pin(self.run(move || self.inner.inspect(name)))
     }
 
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::EndedTerm>, BackendError>> {
+        Box::pin(self.run(move || self.inner.last_term(name)))
+    }
+
     fn announce_member<'a>(
         &'a self,
         group: &'a str,

@@ -50,8 +50,8 @@ pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use group::{GroupRead, GroupRecord, GroupVersion, ShardLeaseWatch};
 pub use types::{
-    AcquireRequest, Acquired, FencingToken, HolderChange, HolderToken, LeadershipEvent,
-    LeaseRecord, Member, Released, RenewRequest, Renewed,
+    AcquireRequest, Acquired, EndedTerm, FencingToken, HolderChange, HolderToken, LeadershipEvent,
+    LeaseRecord, Member, Released, RenewRequest, Renewed, TermEnd,
 };
 
 /// A lease store: the atomic primitives the lock runtime is built from.
@@ -158,6 +158,24 @@ pub trait Backend: Send + Sync + 'static {
         &'a self,
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>>;
+
+    /// How the lock's latest term ended, while it is free and the store remembers it: for
+    /// `tenure status` after a release or a crash. `None` while the lock is held, and when the
+    /// store keeps nothing of it. A record another process wrote is untrusted: what does not
+    /// parse is left out.
+    ///
+    /// The default remembers nothing.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`] when the store could not be asked.
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EndedTerm>, BackendError>> {
+        let _ = name;
+        Box::pin(std::future::ready(Ok(None)))
+    }
 
     /// Records a leadership change where people look for it, best effort: the Kubernetes
     /// backend writes an Event on the Lease ("became leader", "stopped leading"), as client-go
@@ -362,6 +380,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         (**self).inspect(name)
+    }
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EndedTerm>, BackendError>> {
+        (**self).last_term(name)
     }
     fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
         (**self).announce(name, event)

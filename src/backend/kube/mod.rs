@@ -14,6 +14,7 @@
 //! | `metadata.annotations["tenure.dev/holder-identity"]` | the identity that token was issued to |
 //! | `metadata.annotations["tenure.dev/fencing"]` | the term's fencing token, once the first renewal wrote it |
 //! | `metadata.annotations["tenure.dev/released-token"]` | the holder token that released last |
+//! | `metadata.annotations["tenure.dev/released-by"]` | `<fencing token>:<identity>` of the term that released last (for `tenure status`; `renewTime` is when) |
 //!
 //! Every write is a `PUT` carrying the `resourceVersion` it was computed from (a
 //! compare-and-swap: a `409 Conflict` means someone else wrote first, and the backend reads
@@ -247,6 +248,13 @@ impl Backend for KubeBackend {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         Box::pin(async move { self.inner.inspect(&Arc::from(name)).await })
+    }
+
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::EndedTerm>, BackendError>> {
+        Box::pin(async move { self.inner.last_term(&Arc::from(name)).await })
     }
 
     fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {

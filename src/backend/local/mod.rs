@@ -102,8 +102,9 @@
 //!
 //! For a lock `N` the directory holds `N.lock` (the file lock, never removed), `N.lease` (the
 //! record: a few `key value` lines, readable with `cat`), `N.done` (a run-once job's
-//! completion record, one line; deleting it lets the job run again) and, briefly, `.N.tmp`
-//! or `.N.done~`. Names are
+//! completion record, one line; deleting it lets the job run again), `N.ended` (who released
+//! the lock last and when, `e1:<token>:<unix ms>:<identity>`, for `tenure status`) and,
+//! briefly, `.N.tmp`, `.N.done~` or `.N.ended~`. Names are
 //! restricted to `[A-Za-z0-9._-]`, without a leading dot, at most [`MAX_NAME_LEN`] bytes, so
 //! they are safe file names.
 
@@ -441,6 +442,14 @@ impl Backend for LocalBackend {
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         let name = name.to_owned();
         Box::pin(self.blocking(move |store, _| store.inspect(&name)))
+    }
+
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::EndedTerm>, BackendError>> {
+        let name = name.to_owned();
+        Box::pin(self.blocking(move |store, _| store.last_term(&name)))
     }
 
     fn check_completion<'a>(

@@ -28,7 +28,8 @@ use super::sys;
 use crate::backend::completion::MAX_COMPLETION_RECORD;
 use crate::backend::{
     AcquireRequest, Acquired, BackendError, BackendErrorKind, Completion, CompletionCheck,
-    CompletionRead, FencingToken, HolderChange, HolderToken, LeaseRecord, Released, Renewed,
+    CompletionRead, EndedTerm, FencingToken, HolderChange, HolderToken, LeaseRecord, Released,
+    Renewed, TermEnd,
 };
 
 /// Where the kernel publishes the id of the current boot.
@@ -507,10 +508,86 @@ impl Store {
         {
             return Ok(Released::NotHeld);
         }
-        r.holder = None;
+        let ended = r.holder.take().map(|h| ended_text(r.fencing, &h.identity));
         r.ack(*holder);
         self.write(name, &r, false)?;
+        if let Some(text) = ended {
+            // Only for `tenure status`: a failure loses nothing the lease depends on.
+            let tmp = self.dir.join(format!(".{name}.ended~"));
+            let _ = self.replace(
+                &tmp,
+                &self.ended_path(name),
+                text.as_bytes(),
+                false,
+                "the release note",
+            );
+        }
         Ok(Released::Released)
+    }
+
+    /// `N.ended`: who released lock `N` last and when (`e1:<fencing>:<unix ms>:<identity>`),
+    /// for `tenure status`; written after the release, not synced.
+    fn ended_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.ended"))
+    }
+
+    /// How `name`'s latest term ended, while the lock is free: expired (the record still
+    /// names its holder) or released (the record's token, and `N.ended` when it names that
+    /// token). Reads without the file lock, like `inspect`.
+    pub(super) fn last_term(&self, name: &str) -> Result<Option<EndedTerm>, BackendError> {
+        let Some(r) = self.read(name)? else {
+            return Ok(None);
+        };
+        let now = now_ns()?;
+        if r.live(&self.boot, now).is_some() {
+            return Ok(None);
+        }
+        let fencing = FencingToken::new(r.fencing);
+        if let Some(h) = &r.holder {
+            // The expiry is on CLOCK_MONOTONIC of the record's boot: a wall time only then.
+            let ended_ms = (r.boot == self.boot)
+                .then(|| wall_ms().saturating_sub(now.saturating_sub(h.expires_ns) / 1_000_000));
+            return Ok(Some(EndedTerm {
+                identity: Some(h.identity.clone()),
+                fencing: Some(fencing),
+                end: TermEnd::Expired,
+                ended_ms,
+            }));
+        }
+        let note = self
+            .read_small(&self.ended_path(name))
+            .ok()
+            .flatten()
+            .and_then(|bytes| parse_ended(&bytes))
+            .filter(|(token, _, _)| *token == r.fencing);
+        Ok(Some(EndedTerm {
+            identity: note.as_ref().map(|(_, _, identity)| identity.clone()),
+            fencing: Some(fencing),
+            end: TermEnd::Released,
+            ended_ms: note.map(|(_, ms, _)| ms),
+        }))
+    }
+
+    /// A small file another process may have written: `None` when absent; refused when it is
+    /// a link or not a regular file; at most a completion record's size read.
+    fn read_small(&self, path: &Path) -> Result<Option<Vec<u8>>, BackendError> {
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_error("open", path, &e)),
+        };
+        if let Some(why) = not_regular(&file, path)? {
+            return Err(BackendError::new(BackendErrorKind::Protocol, why));
+        }
+        let mut bytes = Vec::with_capacity(128);
+        file.take(MAX_COMPLETION_RECORD as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error("read", path, &e))?;
+        Ok(Some(bytes))
     }
 
     /// Who holds `name` now. Reads without the file lock: a record is replaced atomically.
@@ -553,6 +630,34 @@ fn next_fencing(record: Option<&Record>, boot: &str, path: &Path) -> Result<u64,
             Ok(if r.boot == boot { next } else { next.max(seed) })
         }
     }
+}
+
+/// The release note of the term with token `fencing` held by `identity`, released now.
+fn ended_text(fencing: u64, identity: &str) -> String {
+    format!("e1:{fencing}:{}:{identity}", wall_ms())
+}
+
+/// Parses a release note (bounded, each field checked): (token, unix ms, identity).
+fn parse_ended(bytes: &[u8]) -> Option<(u64, u64, String)> {
+    if bytes.len() > MAX_COMPLETION_RECORD {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut f = text.splitn(4, ':');
+    if f.next()? != "e1" {
+        return None;
+    }
+    let mut number = || {
+        f.next()
+            .filter(|s| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    let (token, ms) = (number()?, number()?);
+    let identity = f.next()?;
+    (!identity.is_empty()
+        && identity.len() <= crate::backend::types::MAX_IDENTITY_LEN
+        && !identity.chars().any(char::is_control))
+    .then(|| (token, ms, identity.to_owned()))
 }
 
 /// The host's wall clock in milliseconds since the Unix epoch: the local store's clock for

@@ -219,6 +219,31 @@ impl Backend for RedisBackend {
         })
     }
 
+    /// Redis keeps the released holder in the lock's tombstone, for at least the release-ack
+    /// ttl, and no time; an expired lease leaves nothing.
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::EndedTerm>, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(name).map_err(name_error)?;
+            let released = self
+                .bounded(
+                    "redis read released lock",
+                    self.inner.engine.released_by(name),
+                )
+                .await?;
+            Ok(
+                released.map(|(identity, fencing)| crate::backend::EndedTerm {
+                    identity: Some(identity),
+                    fencing: Some(fencing),
+                    end: crate::backend::TermEnd::Released,
+                    ended_ms: None,
+                }),
+            )
+        })
+    }
+
     fn announce_member<'a>(
         &'a self,
         group: &'a str,
