@@ -228,8 +228,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PERIOD", value_parser = parse_period, conflicts_with = "shards")]
     pub once_per: Option<Duration>,
 
-    /// With --once-per: the exit code when this period's run was completed already [default:
-    /// 7]. A CronJob's pod sets 0, so that a Job finding the work done succeeds.
+    /// With --once-per: the exit code when this period's run was completed already. A
+    /// CronJob's pod sets 0, so that a Job finding the work done succeeds.
     #[arg(long, value_name = "CODE", default_value_t = 7, requires = "once_per")]
     pub done_exit_code: u8,
 
