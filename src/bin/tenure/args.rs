@@ -233,6 +233,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "CODE", default_value_t = 7, requires = "once_per")]
     pub done_exit_code: u8,
 
+    /// Check this invocation instead of running it: the store answers; on Kubernetes this
+    /// user's permissions on the Lease (and, with --once-per, on NAME-done) by
+    /// SelfSubjectAccessReview; with --fence the impersonation of itself its fenced requests
+    /// need and the election's fencing policy. One line per check, with the fix for a
+    /// failure. Exit 0 when all pass, 4 when one fails. Nothing is campaigned for or run.
+    /// Example: tenure run --check --lease reports --backend kube --fence -- ./report.sh
+    #[arg(long)]
+    pub check: bool,
+
     /// Serve GET /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090).
     #[arg(long, value_name = "ADDR", env = "TENURE_LISTEN")]
     pub listen: Option<std::net::SocketAddr>,
