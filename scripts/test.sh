@@ -11,14 +11,14 @@ need_pkg() { command -v "$1" >/dev/null 2>&1; }
 # leader inside a network namespace it makes. busybox: its `nc` is the plain HTTP client of the
 # fenced-command suite (it half-closes, as simple clients do).
 if ! need_pkg redis-server || ! need_pkg redis-cli || ! need_pkg redis-benchmark || ! need_pkg openssl \
-  || ! need_pkg nft || ! need_pkg ip || ! need_pkg nsenter || ! need_pkg busybox; then
+  || ! need_pkg nft || ! need_pkg ip || ! need_pkg nsenter || ! need_pkg busybox || ! need_pkg promtool; then
   if [ "$(id -u)" -ne 0 ]; then
-    echo "tenure tests need redis-server, redis-tools, openssl, nftables, iproute2, util-linux and busybox-static; install them or run as root" >&2
+    echo "tenure tests need redis-server, redis-tools, openssl, nftables, iproute2, util-linux, busybox-static and prometheus (promtool); install them or run as root" >&2
     exit 1
   fi
-  echo "== installing redis-server, redis-tools, openssl, nftables, iproute2 and busybox-static from Debian"
+  echo "== installing redis-server, redis-tools, openssl, nftables, iproute2, busybox-static and prometheus (for promtool) from Debian"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools openssl nftables iproute2 util-linux busybox-static >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools openssl nftables iproute2 util-linux busybox-static prometheus >/dev/null
 fi
 # The package may start a system-wide server; the tests start their own on free ports.
 

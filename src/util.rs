@@ -30,16 +30,21 @@ pub(crate) fn seed_jitter(seed: Option<u64>) {
     SEEDED.with(|s| s.set(seed));
 }
 
-/// Aborts a task when dropped: a task that must not outlive what owns it (a connection's
-/// reader, a cold cache's watch, a controller's driver).
-#[cfg(any(feature = "redis", feature = "kube"))]
-pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
+/// FNV-1a, 64 bits, over `bytes`: the one stable hash behind shard routing
+/// ([`crate::shard::shard_of`]), rendezvous weights and the Kubernetes names derived from
+/// identities. Published and portable: its values must never change.
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    fnv1a64_from(0xcbf2_9ce4_8422_2325, bytes)
+}
 
-#[cfg(any(feature = "redis", feature = "kube"))]
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
+/// FNV-1a, 64 bits, continued from `h` over `bytes`: `fnv1a64_from(fnv1a64(a), b)` is
+/// `fnv1a64(a ++ b)`.
+pub(crate) fn fnv1a64_from(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
+    h
 }
 
 /// SplitMix64's output function: a well-mixed u64 from each step of a counter (and the

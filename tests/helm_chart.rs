@@ -3772,3 +3772,276 @@ fn extra_rules_extend_the_role_and_mount_the_token() {
         "{e}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Offline: the alerts (metrics.prometheusRule), run by promtool.
+
+/// `promtool` (Debian's `prometheus` package; `scripts/test.sh` installs it).
+fn promtool() -> &'static str {
+    let found = Command::new("promtool").arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "promtool is missing: apt-get install prometheus (scripts/test.sh does)"
+    );
+    "promtool"
+}
+
+/// The rendered PrometheusRule's groups as a Prometheus rules file (JSON is YAML).
+fn rules_file(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let objs = render("r", "jobs", args);
+    let rule = one(&objs, "PrometheusRule");
+    let path = dir.join(format!("{name}.rules.yaml"));
+    let file = json!({ "groups": rule["spec"]["groups"] });
+    std::fs::write(&path, file.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let out = run(
+        Command::new(promtool())
+            .arg("check")
+            .arg("rules")
+            .arg(&path),
+        None,
+    );
+    assert!(
+        out.ok,
+        "promtool check rules {name}: {}{}",
+        out.stdout, out.stderr
+    );
+    path
+}
+
+/// Runs `promtool test rules` on one test of `rules` and returns its output (asserting success).
+/// An expected alert written as `{"fires": SEVERITY, "value": V}` becomes the alert with that
+/// severity and the rule's own annotations, `{{ $value }}` read as V.
+fn promtool_test(dir: &Path, rules: &Path, name: &str, test: &Value) -> String {
+    let groups: Value =
+        serde_json::from_str(&std::fs::read_to_string(rules).unwrap_or_else(|e| panic!("{e}")))
+            .expect("rules JSON");
+    let mut test = test.clone();
+    for case in test["alert_rule_test"].as_array_mut().expect("cases") {
+        let alert = case["alertname"].as_str().expect("alertname").to_owned();
+        let Some(fires) = case.get("fires").cloned() else {
+            continue;
+        };
+        let rule = groups["groups"][0]["rules"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["alert"] == alert.as_str()))
+            .unwrap_or_else(|| panic!("no alert {alert} in {groups}"));
+        let value = case["value"].as_str().unwrap_or_default().to_owned();
+        let annotations: serde_json::Map<String, Value> = rule["annotations"]
+            .as_object()
+            .expect("annotations")
+            .iter()
+            .map(|(k, v)| {
+                let text = v.as_str().expect("text").replace("{{ $value }}", &value);
+                (k.clone(), Value::String(text))
+            })
+            .collect();
+        let case = case.as_object_mut().expect("case");
+        case.remove("fires");
+        case.remove("value");
+        case.insert(
+            "exp_alerts".into(),
+            json!([{"exp_labels": {"severity": fires}, "exp_annotations": annotations}]),
+        );
+    }
+    let test = &test;
+    let path = dir.join(format!("{name}.test.yaml"));
+    let file = json!({
+        "rule_files": [rules.display().to_string()],
+        "evaluation_interval": "10s",
+        "tests": [test],
+    });
+    std::fs::write(&path, file.to_string()).unwrap_or_else(|e| panic!("{e}"));
+    let out = run(
+        Command::new(promtool()).arg("test").arg("rules").arg(&path),
+        None,
+    );
+    assert!(
+        out.ok,
+        "promtool test rules {name}:\n{}{}",
+        out.stdout, out.stderr
+    );
+    out.stdout
+}
+
+/// Each alert fires on the series a failing release would export (the metric names of
+/// `tenure run --listen`; `tests/kube_fence_workers.rs` checks each against a live scrape) and
+/// stays silent before its bound. `for` of TenureNoLeader: 2 × 15 s + 2 s + 30 s = 62 s.
+#[test]
+fn the_alerts_fire_on_a_failing_release_and_not_before_their_bounds() {
+    let dir = kube_support::fresh_dir("alerts");
+    let single = rules_file(
+        &dir,
+        "single",
+        &[
+            "-f",
+            &ci("monitoring-values.yaml"),
+            "--set",
+            "fencing.policy.enabled=true",
+        ],
+    );
+    let sel = r#"namespace="jobs",job="r-tenure-metrics""#;
+    let out = promtool_test(
+        &dir,
+        &single,
+        "single",
+        &json!({
+            "interval": "10s",
+            "input_series": [
+                // pod a leads until 30 s, then nobody does.
+                {"series": format!("leader_election_master_status{{{sel},pod=\"a\",name=\"r-tenure\"}}"), "values": "1 1 1 0x40"},
+                {"series": format!("leader_election_master_status{{{sel},pod=\"b\",name=\"r-tenure\"}}"), "values": "0x43"},
+                // One term lost at 60 s.
+                {"series": format!("tenure_terms_lost_total{{{sel},pod=\"a\",name=\"r-tenure\"}}"), "values": "0x5 1x37"},
+                // A new term every 10 s.
+                {"series": format!("tenure_leader_transitions_total{{{sel},pod=\"b\",name=\"r-tenure\"}}"), "values": "0+1x43"},
+                // The fence stops being enforced at 100 s.
+                {"series": format!("tenure_fence_enforced{{{sel},pod=\"a\",name=\"r-tenure\"}}"), "values": "1x9 0x33"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "80s", "alertname": "TenureNoLeader", "exp_alerts": []},
+                {"eval_time": "100s", "alertname": "TenureNoLeader", "fires": "critical"},
+                {"eval_time": "50s", "alertname": "TenureTermsLost", "exp_alerts": []},
+                {"eval_time": "70s", "alertname": "TenureTermsLost", "fires": "warning", "value": "1"},
+                {"eval_time": "40s", "alertname": "TenureLeadershipFlapping", "exp_alerts": []},
+                {"eval_time": "300s", "alertname": "TenureLeadershipFlapping", "fires": "warning", "value": "30"},
+                {"eval_time": "150s", "alertname": "TenureFenceNotEnforced", "exp_alerts": []},
+                {"eval_time": "170s", "alertname": "TenureFenceNotEnforced", "fires": "critical"},
+            ],
+        }),
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+
+    // Unfenced: no fence alert at all.
+    let unfenced = render("r", "jobs", &["-f", &ci("monitoring-values.yaml")]);
+    let text = one(&unfenced, "PrometheusRule").to_string();
+    assert!(!text.contains("TenureFenceNotEnforced"), "{text}");
+
+    // Sharded: 4 shards over pods a and b; b drops a shard at 30 s (no one runs it), then a
+    // holds 3 and b 1 from 150 s (unbalanced); a shard term is lost at 60 s.
+    let sharded = rules_file(
+        &dir,
+        "sharded",
+        &[
+            "-f",
+            &ci("monitoring-values.yaml"),
+            "--set",
+            "sharding.shards=4",
+        ],
+    );
+    let out = promtool_test(
+        &dir,
+        &sharded,
+        "sharded",
+        &json!({
+            "interval": "10s",
+            "input_series": [
+                {"series": format!("tenure_shards{{{sel},pod=\"a\"}}"), "values": "4x200"},
+                {"series": format!("tenure_shards{{{sel},pod=\"b\"}}"), "values": "4x200"},
+                {"series": format!("tenure_shards_owned{{{sel},pod=\"a\"}}"), "values": "2x14 3x185"},
+                {"series": format!("tenure_shards_owned{{{sel},pod=\"b\"}}"), "values": "2 2 2 1x197"},
+                {"series": format!("tenure_shard_terms_lost_total{{{sel},pod=\"b\"}}"), "values": "0x5 1x194"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "80s", "alertname": "TenureNoLeader", "exp_alerts": []},
+                {"eval_time": "110s", "alertname": "TenureNoLeader", "fires": "critical", "value": "1"},
+                // 3 + 1 = 4 from 150 s: every shard runs again.
+                {"eval_time": "200s", "alertname": "TenureNoLeader", "exp_alerts": []},
+                {"eval_time": "1000s", "alertname": "TenureShardsUnbalanced", "exp_alerts": []},
+                {"eval_time": "1100s", "alertname": "TenureShardsUnbalanced", "fires": "warning", "value": "2"},
+                {"eval_time": "70s", "alertname": "TenureTermsLost", "fires": "warning", "value": "1"},
+            ],
+        }),
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// The metric names the chart's alerts and dashboard query (`tests/kube_fence_workers.rs`
+/// checks each against a live scrape of `tenure run --listen`).
+#[test]
+fn the_dashboard_renders_for_the_release_and_queries_its_series() {
+    let objs = render(
+        "r",
+        "jobs",
+        &[
+            "-f",
+            &ci("monitoring-values.yaml"),
+            "--set",
+            "metrics.dashboard.labels.team=ops",
+        ],
+    );
+    let cm = objs
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "r-tenure-dashboard")
+        .unwrap_or_else(|| panic!("the dashboard ConfigMap in {:?}", kinds(&objs)));
+    assert_eq!(cm["metadata"]["labels"]["team"], "ops");
+    let dash: Value = serde_json::from_str(cm["data"]["tenure.json"].as_str().expect("json"))
+        .expect("the dashboard is JSON");
+    assert_eq!(dash["title"], "tenure: jobs/r-tenure");
+    let vars = &dash["templating"]["list"];
+    let var = |name: &str| {
+        vars.as_array()
+            .and_then(|l| l.iter().find(|v| v["name"] == name))
+            .map(|v| v["query"].clone())
+    };
+    assert_eq!(var("namespace"), Some(json!("jobs")));
+    assert_eq!(var("job"), Some(json!("r-tenure-metrics")));
+    let exprs: Vec<&str> = dash["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    assert!(exprs.len() >= 8, "{exprs:?}");
+    for expr in exprs {
+        assert!(
+            expr.contains(r#"namespace="$namespace",job="$job""#),
+            "every query is of this release's series: {expr}"
+        );
+    }
+    // Off by default.
+    let plain = render("r", "jobs", &[]);
+    assert!(
+        !kinds(&plain).contains("PrometheusRule")
+            && !plain
+                .iter()
+                .any(|o| o["metadata"]["name"] == "r-tenure-dashboard"),
+        "{:?}",
+        kinds(&plain)
+    );
+}
+
+/// `helm package` makes the chart's archive (what a chart repository serves), and the
+/// chart's `kubeVersion` range is enforced: a cluster below it is refused by name, the one
+/// the suites run (1.36) is accepted.
+#[test]
+fn the_chart_packages_and_holds_to_its_kube_version_range() {
+    let dir = kube_support::fresh_dir("helm-package");
+    let out = run(
+        helm_cmd()
+            .arg("package")
+            .arg(chart())
+            .arg("--destination")
+            .arg(&dir),
+        None,
+    )
+    .expect_ok();
+    let archive = dir.join("tenure-0.1.0.tgz");
+    assert!(archive.is_file(), "{out}");
+    // The archive renders as the directory does.
+    let from_archive = run(
+        helm_cmd()
+            .args(["template", "r"])
+            .arg(&archive)
+            .args(["--namespace", "jobs"]),
+        None,
+    )
+    .expect_ok();
+    let from_dir = template("r", "jobs", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(from_archive, from_dir);
+    let old = template("r", "jobs", &["--kube-version", "1.24.0"]);
+    let err = old.expect_err("a 1.24 cluster is below the chart's kubeVersion");
+    assert!(err.contains("kubeVersion"), "{err}");
+    template("r", "jobs", &["--kube-version", "1.36.0"])
+        .unwrap_or_else(|e| panic!("1.36 is in range: {e}"));
+}

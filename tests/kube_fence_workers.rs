@@ -450,10 +450,79 @@ fn the_endpoint_refuses_strangers_and_everything_after_its_term() {
 /// the API server's order), and what the old command hears names tenure and its token.
 #[test]
 fn a_frozen_commands_writes_never_land_after_the_next_terms() {
+    freeze_and_thaw("fenced-loop", |dir, _ns, id| {
+        let log = dir.join(format!("{id}.log"));
+        let command = kube_support::kubectl_writer_loop(&dir.join(format!("{id}-home")), &log);
+        (log, command)
+    });
+}
+
+/// The Python `kubernetes` client (PyPI; `e2e/scripts/python-kubernetes.sh` installs it),
+/// writing in a loop: `load_kube_config()` reads the KUBECONFIG `tenure run --fence` gives
+/// each term's command. Prints lines as the kubectl loop does.
+const PYTHON_CLIENT_WRITER: &str = r#"
+import os, sys, time
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+ns, log = sys.argv[1], sys.argv[2]
+token = os.environ["TENURE_FENCING_TOKEN"]
+config.load_kube_config()
+api = client.CoreV1Api()
+with open(log, "a", buffering=1) as out:
+    i = 0
+    while True:
+        i += 1
+        patch = {"metadata": {"annotations": {"w": "%s-%d" % (token, i)}}}
+        try:
+            api.patch_namespaced_config_map("target", ns, patch, _request_timeout=10)
+            out.write("ok %s %d\n" % (token, i))
+        except ApiException as e:
+            body = (e.body or "").replace("\n", " ")
+            out.write("refused %s %d %s %s\n" % (token, i, e.status, body))
+        except Exception as e:
+            # The term's endpoint gone (its term over): not an answer from the API server.
+            out.write("failed %s %d %r\n" % (token, i, e))
+            time.sleep(0.2)
+"#;
+
+/// As above, with the Python `kubernetes` client writing (issue #45).
+#[test]
+fn a_frozen_python_clients_writes_never_land_after_the_next_terms() {
+    let out = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e/scripts/python-kubernetes.sh"))
+        .output()
+        .unwrap_or_else(|e| panic!("python-kubernetes.sh: {e}"));
+    assert!(
+        out.status.success(),
+        "installing the Python kubernetes client (PyPI) failed: {out:?}"
+    );
+    let site = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    freeze_and_thaw("fenced-python", |dir, ns, id| {
+        let log = dir.join(format!("{id}.log"));
+        let script = dir.join("writer.py");
+        std::fs::write(&script, PYTHON_CLIENT_WRITER).unwrap_or_else(|e| panic!("{e}"));
+        let command = vec![
+            "env".into(),
+            format!("PYTHONPATH={site}"),
+            "python3".into(),
+            script.display().to_string(),
+            ns.to_owned(),
+            log.display().to_string(),
+        ];
+        (log, command)
+    });
+}
+
+/// Two `tenure run --fence --rejoin` replicas whose commands (from `writer(dir, namespace,
+/// id)`: its log and command line) write `w=<token>-<i>` to one ConfigMap nonstop; three
+/// rounds freeze the leader until the other has written. 0 stale writes accepted.
+fn freeze_and_thaw(
+    lease: &str,
+    writer: impl Fn(&Path, &str, &str) -> (std::path::PathBuf, Vec<String>),
+) {
     let rt = runtime();
-    let lease = "fenced-loop";
     let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
-    let dir = kube_support::fresh_dir("fence-loop");
+    let dir = kube_support::fresh_dir(lease);
     let admin = rt.block_on(shared().admin());
     let cms: Api<ConfigMap> = Api::namespaced(admin, &ns);
     rt.block_on(cms.create(&PostParams::default(), &fencing::cm("target", "0")))
@@ -479,11 +548,7 @@ fn a_frozen_commands_writes_never_land_after_the_next_terms() {
         }
     });
 
-    let writer = |id: &str| {
-        let log = dir.join(format!("{id}.log"));
-        let command = kube_support::kubectl_writer_loop(&dir.join(format!("{id}-home")), &log);
-        (log, command)
-    };
+    let writer = |id: &str| writer(&dir, &ns, id);
     let kubeconfig = worker_kubeconfig.display().to_string();
     let start = |id: &str, command: Vec<String>| {
         Tenure::start(
@@ -941,4 +1006,145 @@ fn run_check_names_the_missing_impersonate_permission_with_its_fix() {
         "{out}"
     );
     assert!(!marker.exists(), "--check ran the command");
+}
+
+/// The metric names `text` (Prometheus' text format) has samples of, histograms by their
+/// family name (without `_bucket`, `_sum`, `_count`).
+fn sample_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .flat_map(|name| {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name);
+            [name.to_owned(), family.to_owned()]
+        })
+        .collect()
+}
+
+/// Every metric name in `text` (the chart's rendered alerts and dashboard).
+fn queried_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for prefix in ["tenure_", "leader_election_"] {
+        for (at, _) in text.match_indices(prefix) {
+            let before = text[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// Polls `/metrics` on `port` until `ready` holds for its text (or fails after a minute).
+fn scrape_until(port: u16, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if let Some((200, body)) = cli_support::http_get(port, "/metrics") {
+            if ready(&body) {
+                return body;
+            }
+            last = body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("/metrics never showed {what}:\n{last}");
+}
+
+/// Issue #45: every metric the chart's alerts (`metrics.prometheusRule`) and dashboard
+/// (`metrics.dashboard`) query is one `tenure run --listen` exports, from live scrapes — a
+/// fenced term on the real API server, a plain term and a sharded group on the local backend —
+/// not from a list typed twice.
+#[test]
+fn the_charts_alerts_and_dashboard_query_only_metrics_tenure_exports() {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/tenure");
+    let render = |extra: &[&str]| {
+        let out = Command::new(kube_support::helm())
+            .args(["template", "r"])
+            .arg(&chart)
+            .args([
+                "--namespace",
+                "jobs",
+                "--set",
+                "metrics.prometheusRule.enabled=true",
+            ])
+            .args(["--set", "metrics.dashboard.enabled=true"])
+            .args(["--show-only", "templates/prometheusrule.yaml"])
+            .args(["--show-only", "templates/dashboard.yaml"])
+            .args(extra)
+            .output()
+            .unwrap_or_else(|e| panic!("helm: {e}"));
+        assert!(out.status.success(), "helm template: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut queried = queried_names(&render(&["--set", "fencing.policy.enabled=true"]));
+    queried.extend(queried_names(&render(&["--set", "sharding.shards=2"])));
+    assert!(
+        queried.len() >= 12,
+        "the alerts and the dashboard query: {queried:?}"
+    );
+
+    let mut exported = std::collections::BTreeSet::new();
+    // A fenced term on the real API server: the fence's metrics.
+    let lease = "fenced-metrics";
+    let rt = runtime();
+    let (ns, kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-metrics");
+    let port = cli_support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let kubeconfig = kubeconfig.display().to_string();
+    let fenced = Tenure::start(
+        &cli_support::run_args(
+            lease,
+            &["--backend", "kube", "--namespace", &ns],
+            &["--identity", "scraped", "--fence", "--listen", &listen],
+            vec!["sleep".into(), "60".into()],
+        ),
+        &[("KUBECONFIG", &kubeconfig)],
+        dir.join("fenced.err"),
+    );
+    let text = scrape_until(port, "a proven fence and a renewal", |t| {
+        t.contains("tenure_fence_enforced{") && t.contains("tenure_renew_latency_seconds_count{")
+    });
+    assert!(
+        text.contains(&format!("tenure_fence_enforced{{name=\"{lease}\"}} 1")),
+        "{text}\n{}",
+        fenced.log()
+    );
+    exported.extend(sample_names(&text));
+    drop(fenced);
+    // A sharded group on the local backend: the group's gauges.
+    let state = dir.join("state");
+    let port = cli_support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let state_arg = state.display().to_string();
+    let sharded = Tenure::start(
+        &cli_support::run_args(
+            "sharded-metrics",
+            &["--state-dir", &state_arg],
+            &["--shards", "2", "--listen", &listen],
+            vec!["sleep".into(), "60".into()],
+        ),
+        &[],
+        dir.join("sharded.err"),
+    );
+    let text = scrape_until(port, "both shards owned", |t| {
+        t.contains("tenure_shards_owned 2")
+    });
+    exported.extend(sample_names(&text));
+    drop(sharded);
+
+    let missing: Vec<&String> = queried.difference(&exported).collect();
+    assert!(
+        missing.is_empty(),
+        "the chart queries metrics tenure does not export: {missing:?}\nexported: {exported:?}"
+    );
 }

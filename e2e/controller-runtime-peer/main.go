@@ -2,9 +2,13 @@
 // benches/kube_controller.rs: one manager with leader election on a Lease, and
 // one controller For(&corev1.ConfigMap{}) whose cache is restricted to one
 // namespace and one label selector, as tenure's candidate in the bench is.
+// With --owns-secrets the controller also Owns(&corev1.Secret{}, OnlyMetadata):
+// a Secret whose controller owner reference names a ConfigMap reconciles that
+// ConfigMap when it changes or is deleted (metadata only, as kube-runtime's
+// owns watches children); the selector then restricts the Secrets too.
 //
 //	controller-runtime-peer --kubeconfig FILE --namespace NS --lease NAME --identity ID \
-//	    --selector bench=controller [--warmup] [--expect N] \
+//	    --selector bench=controller [--owns-secrets] [--warmup] [--expect N] \
 //	    [--lease-duration 15s] [--renew-deadline 10s] [--retry-period 2s]
 //
 // It prints one line per event on stdout, each ending with the wall-clock time
@@ -16,10 +20,11 @@
 //	ELECTED <identity> <ns> the manager's Elected() channel closed
 //	FIRST <identity> <ns>  the first reconcile of the term started
 //	ALL <identity> <ns>    --expect distinct objects have been reconciled in the term
+//	REC <identity> <name> <ns>  after ALL: each reconcile's start, with the object's name
 //
 // --warmup sets the controller's EnableWarmup (controller-runtime v0.22+): its
-// source starts, and its cache syncs, before the manager is elected. Without it
-// the informer starts, and lists, only once the manager leads.
+// sources start, and its caches sync, before the manager is elected. Without it
+// the informers start, and list, only once the manager leads.
 //
 // GRANT is taken from the lock, not from Elected(): controller-runtime closes
 // Elected() only after it has started the leader-election runnables, so with a
@@ -46,11 +51,13 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
@@ -97,7 +104,8 @@ type always func(context.Context) error
 func (a always) Start(ctx context.Context) error { return a(ctx) }
 func (always) NeedLeaderElection() bool          { return false }
 
-// reconciler logs the term's first reconcile and when --expect objects were seen.
+// reconciler logs the term's first reconcile, when --expect objects were seen,
+// and after that each reconcile (the bench times a deleted child's owner).
 type reconciler struct {
 	identity string
 	expect   int64
@@ -109,6 +117,10 @@ type reconciler struct {
 
 func (r *reconciler) Reconcile(_ context.Context, req reconcile.Request) (reconcile.Result, error) {
 	r.first.Do(func() { emit("FIRST", r.identity) })
+	if r.all.Load() {
+		emit("REC", r.identity+" "+req.Name)
+		return reconcile.Result{}, nil
+	}
 	if r.expect > 0 && !r.all.Load() {
 		r.mu.Lock()
 		r.seen[req.Name] = struct{}{}
@@ -128,7 +140,8 @@ func main() {
 	namespace := flag.String("namespace", "default", "namespace of the Lease and of the watched ConfigMaps")
 	lease := flag.String("lease", "", "name of the Lease (required)")
 	identity := flag.String("identity", "", "identity in the event lines and User-Agent of the requests (required)")
-	selector := flag.String("selector", "", "label selector of the watched ConfigMaps")
+	selector := flag.String("selector", "", "label selector of the watched ConfigMaps (and owned Secrets)")
+	ownsSecrets := flag.Bool("owns-secrets", false, "Owns(&corev1.Secret{}, OnlyMetadata): a Secret's change or deletion reconciles its owner")
 	warmup := flag.Bool("warmup", false, "EnableWarmup: start the controller's source (and sync its cache) before leading")
 	expect := flag.Int64("expect", 0, "print ALL once this many distinct objects were reconciled (0: never)")
 	leaseDuration := flag.Duration("lease-duration", 15*time.Second, "LeaseDuration")
@@ -166,9 +179,8 @@ func main() {
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Cache: cache.Options{
 			DefaultNamespaces: map[string]cache.Config{*namespace: {}},
-			ByObject: map[client.Object]cache.ByObject{
-				&corev1.ConfigMap{}: {Label: sel},
-			},
+			// Every cached kind (ConfigMaps, and the owned Secrets' metadata).
+			DefaultLabelSelector: sel,
 		},
 		Metrics:                             metricsserver.Options{BindAddress: "0"},
 		LeaderElection:                      true,
@@ -186,27 +198,39 @@ func main() {
 	}
 
 	r := &reconciler{identity: *identity, expect: *expect, seen: map[string]struct{}{}}
-	err = ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&corev1.ConfigMap{}).
-		WithOptions(controller.Options{EnableWarmup: ptr.To(*warmup)}).
-		Complete(r)
+		WithOptions(controller.Options{EnableWarmup: ptr.To(*warmup)})
+	// The owned kind's cache entry: metadata only, as OnlyMetadata makes it.
+	secrets := &metav1.PartialObjectMetadata{}
+	secrets.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Secret"))
+	if *ownsSecrets {
+		b = b.Owns(&corev1.Secret{}, builder.OnlyMetadata)
+	}
+	err = b.Complete(r)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "controller-runtime-peer: controller: %v\n", err)
 		os.Exit(1)
 	}
 
 	// On every replica: READY once the manager runs; with --warmup, WARM once the
-	// informer the controller's source uses (the manager's shared one for
-	// ConfigMaps) has synced. Without --warmup nothing here touches the informer,
-	// which would start it early.
+	// informers the controller's sources use (the manager's shared ones) have
+	// synced. Without --warmup nothing here touches an informer, which would
+	// start it early.
 	err = mgr.Add(always(func(ctx context.Context) error {
 		emit("READY", *identity)
 		if *warmup {
-			if _, err := mgr.GetCache().GetInformer(ctx, &corev1.ConfigMap{}, cache.BlockUntilSynced(true)); err != nil {
-				if ctx.Err() != nil {
-					return nil
+			kinds := []client.Object{&corev1.ConfigMap{}}
+			if *ownsSecrets {
+				kinds = append(kinds, secrets)
+			}
+			for _, kind := range kinds {
+				if _, err := mgr.GetCache().GetInformer(ctx, kind, cache.BlockUntilSynced(true)); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
 				}
-				return err
 			}
 			emit("WARM", *identity)
 		}

@@ -25,7 +25,7 @@ use super::standby::reconcile_fn;
 use super::triggers::{self, Source, Trigger};
 use crate::election::LeaderElector;
 use crate::shard::ShardedElector;
-use crate::util::AbortOnDrop;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Reconciles at once unless [`Controller::with_config`] says otherwise; see there.
 const DEFAULT_CONCURRENCY: u16 = 256;
@@ -493,7 +493,8 @@ where
             primary.warm = None;
         }
         let (triggers, _) = broadcast::channel::<Trigger<K>>(CHANGES_BUFFER);
-        let sources = AbortOnDrop(tokio::spawn(triggers::drive(sources, triggers.clone())));
+        let sources =
+            AbortOnDropHandle::new(tokio::spawn(triggers::drive(sources, triggers.clone())));
         let cache = Cache::start(
             primary,
             Settings { config, standby },
@@ -545,7 +546,7 @@ where
 {
     cache: Cache<K, Ctx, E>,
     context: Arc<Mutex<Box<dyn TermContext<Ctx>>>>,
-    sources: Arc<AbortOnDrop<()>>,
+    sources: Arc<AbortOnDropHandle<()>>,
     status: Status<K>,
 }
 

@@ -19,7 +19,7 @@ use super::feed::{CacheState, Running, start, warm_or_refused};
 use super::standby::{ReconcileFn, Session, Standby};
 use super::triggers::Trigger;
 use crate::election::Term;
-use crate::util::AbortOnDrop;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Whether the controller's watches run on every replica or only during a term.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -84,7 +84,7 @@ where
     /// The always-on watch in warm mode; `None` in cold mode.
     warm: Option<Running<K>>,
     /// Drives the warm watch for as long as the cache lives.
-    _watching: Option<AbortOnDrop<()>>,
+    _watching: Option<AbortOnDropHandle<()>>,
     /// Owned and watched objects' triggers, and `reconcile_all_on` / `reconcile_on`.
     triggers: broadcast::Sender<Trigger<K>>,
     reconcile: ReconcileFn<K, Ctx, E>,
@@ -130,7 +130,10 @@ where
         reconcile: ReconcileFn<K, Ctx, E>,
     ) -> Self {
         let (warm, watching) = match primary.warm {
-            Some((running, watching)) => (Some(running), Some(AbortOnDrop(tokio::spawn(watching)))),
+            Some((running, watching)) => (
+                Some(running),
+                Some(AbortOnDropHandle::new(tokio::spawn(watching))),
+            ),
             None => (None, None),
         };
         let cache = Self {

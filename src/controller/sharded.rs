@@ -21,7 +21,7 @@ use super::standby::{Failed, unwrap_failed};
 use super::triggers::Trigger;
 use crate::election::Term;
 use crate::shard::{ShardedElector, shard_of};
-use crate::util::AbortOnDrop;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The key an object is sharded by: `namespace/name`, or `name` for a cluster-scoped object
 /// ([`shard_of`] of it gives the shard, in any language).
@@ -139,7 +139,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     // In cold mode the watch lives as long as this queue.
-    let watch_task = watching.map(|w| AbortOnDrop(tokio::spawn(w)));
+    let watch_task = watching.map(|w| AbortOnDropHandle::new(tokio::spawn(w)));
     let live = Live::new(&running, &triggers);
     let store = running.store.clone();
     let shards = sharded.shards();

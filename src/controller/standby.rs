@@ -27,7 +27,7 @@ use super::ControllerError;
 use super::feed::{Reconcile, Running, requests};
 use super::triggers::Trigger;
 use crate::election::Term;
-use crate::util::AbortOnDrop;
+use tokio_util::task::AbortOnDropHandle;
 
 /// What the applier of a standby reports, its reconcile errors carrying the error policy's
 /// action.
@@ -238,7 +238,7 @@ where
 {
     gate: Arc<Gate<Ctx>>,
     items: mpsc::Receiver<Item<K, E>>,
-    driver: AbortOnDrop<()>,
+    driver: AbortOnDropHandle<()>,
     /// Set once the store was current and the queue began requesting every object.
     armed: Arc<AtomicBool>,
 }
@@ -304,7 +304,7 @@ where
             config,
         );
         let (tx, items) = mpsc::channel(ITEMS);
-        let driver = AbortOnDrop(tokio::spawn(drive(applier, gate.clone(), tx)));
+        let driver = AbortOnDropHandle::new(tokio::spawn(drive(applier, gate.clone(), tx)));
         Self {
             gate,
             items,
@@ -316,7 +316,7 @@ where
     /// Whether a term can use this standby at once: its store has listed (the queue is
     /// requesting every object) and its applier still runs.
     pub(super) fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::Acquire) && !self.driver.0.is_finished()
+        self.armed.load(Ordering::Acquire) && !self.driver.is_finished()
     }
 
     /// The grant: parked reconciles start, with `session`'s term and context.
@@ -338,7 +338,7 @@ where
                 Some(item) => Some((unwrap_failed(item), Some(standby))),
                 None => {
                     // The driver ended; if a reconcile's panic ended it, resume it here.
-                    if let Err(e) = (&mut standby.driver.0).await
+                    if let Err(e) = (&mut standby.driver).await
                         && e.is_panic()
                     {
                         std::panic::resume_unwind(e.into_panic());

@@ -18,7 +18,7 @@ use super::leader::{Leader, LeaderWatch};
 use super::metrics::ElectionMetrics;
 use super::restart::RestartLock;
 use crate::lock::LeaseShared;
-use crate::{LockOptions, Locker};
+use crate::{FencingToken, LockOptions, Locker};
 
 /// Runs a workload only while this replica holds a lease.
 ///
@@ -274,9 +274,9 @@ impl LeaderElector {
         }
     }
 
-    pub(super) fn record_acquired(&self, _latency: Duration, _waited: bool) {
+    pub(super) fn record_acquired(&self, _token: FencingToken, _latency: Duration, _waited: bool) {
         #[cfg(feature = "metrics")]
-        self.with_metrics_do(|m, name| m.acquired(name, _latency, _waited));
+        self.with_metrics_do(|m, name| m.acquired(name, _token.get(), _latency, _waited));
     }
 
     /// Samples the lease for metrics: remaining validity, and the latency of the latest
@@ -297,6 +297,12 @@ impl LeaderElector {
             }
         });
         renewals
+    }
+
+    /// Counts a term that ended because its lease was lost.
+    pub(super) fn record_term_lost(&self) {
+        #[cfg(feature = "metrics")]
+        self.with_metrics_do(|m, name| m.term_lost(name));
     }
 
     pub(super) fn record_leading(&self, _leading: bool) {

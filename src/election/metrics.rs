@@ -36,6 +36,8 @@ fn latency_histogram() -> Histogram {
 /// | `leader_election_master_status{name}` | gauge | 1 while this process leads the lease `name`, else 0 — from the moment the elector is given the metrics, as client-go reports it (client-go's name, label and help text) |
 /// | `tenure_retried_campaigns_total{name}` | counter | terms won by a campaign that had already gone one whole acquire window (4 × lease duration) without the lease (held by others throughout it, or the store failing at its end) |
 /// | `tenure_leader_transitions_total{name}` | counter | terms this process has started |
+/// | `tenure_fencing_token{name}` | gauge | the fencing token of this process's latest term (kept after it ends); it rises with every term, whoever holds it |
+/// | `tenure_terms_lost_total{name}` | counter | terms this process lost to the store (renewals missed until the renew deadline, the lease taken or gone), not counting terms it ended itself (released, shut down); created at 0 with the first term |
 /// | `tenure_acquire_latency_seconds{name}` | histogram | time from the start of a campaign to winning |
 /// | `tenure_renew_latency_seconds{name}` | histogram | round trip of the leader's renewals, sampled every lease duration / 3 (the renewal interval) |
 /// | `tenure_lease_remaining_validity_seconds{name}` | gauge | how long the current term's lease stays valid without another renewal, sampled at the start of a term and every lease duration / 3 while leading |
@@ -62,6 +64,8 @@ pub struct ElectionMetrics {
     master_status: Family<NameLabel, Gauge>,
     retried_campaigns: Family<NameLabel, Counter>,
     transitions: Family<NameLabel, Counter>,
+    terms_lost: Family<NameLabel, Counter>,
+    fencing_token: Family<NameLabel, Gauge>,
     acquire_latency: HistogramFamily,
     renew_latency: HistogramFamily,
     remaining_validity: Family<NameLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -76,6 +80,8 @@ impl ElectionMetrics {
             master_status: Family::default(),
             retried_campaigns: Family::default(),
             transitions: Family::default(),
+            terms_lost: Family::default(),
+            fencing_token: Family::default(),
             acquire_latency: HistogramFamily::new_with_constructor(latency_histogram),
             renew_latency: HistogramFamily::new_with_constructor(latency_histogram),
             remaining_validity: Family::default(),
@@ -100,6 +106,16 @@ impl ElectionMetrics {
             "tenure_leader_transitions",
             "Terms this process has started",
             m.transitions.clone(),
+        );
+        registry.register(
+            "tenure_fencing_token",
+            "The fencing token of this process's latest term",
+            m.fencing_token.clone(),
+        );
+        registry.register(
+            "tenure_terms_lost",
+            "Terms this process lost to the store (not ended by itself)",
+            m.terms_lost.clone(),
         );
         registry.register(
             "tenure_acquire_latency_seconds",
@@ -154,10 +170,15 @@ impl ElectionMetrics {
         }
     }
 
-    /// A term began, `latency` after its campaign started; `retried` if one of the campaign's
-    /// acquire windows had already ended without the lease.
-    pub(super) fn acquired(&self, name: &str, latency: Duration, retried: bool) {
+    /// A term with `token` began, `latency` after its campaign started; `retried` if one of
+    /// the campaign's acquire windows had already ended without the lease.
+    pub(super) fn acquired(&self, name: &str, token: u64, latency: Duration, retried: bool) {
         let l = Self::label(name);
+        // Tokens of every backend stay below 2^63 (Redis INCR, a Kubernetes resourceVersion
+        // read as i64 by the API server's clients); a larger one shows as i64::MAX.
+        self.fencing_token
+            .get_or_create(&l)
+            .set(i64::try_from(token).unwrap_or(i64::MAX));
         self.acquire_latency
             .get_or_create(&l)
             .observe(latency.as_secs_f64());
@@ -167,6 +188,13 @@ impl ElectionMetrics {
             retried_campaigns.inc();
         }
         self.transitions.get_or_create(&l).inc();
+        // At 0 from the first term, so that an alert's `increase()` sees the first loss.
+        let _ = self.terms_lost.get_or_create(&l);
+    }
+
+    /// A term of `name` ended because its lease was lost, not because this process ended it.
+    pub(super) fn term_lost(&self, name: &str) {
+        self.terms_lost.get_or_create(&Self::label(name)).inc();
     }
 
     pub(super) fn leading(&self, name: &str, leading: bool) {
@@ -230,7 +258,8 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = ElectionMetrics::register(&mut registry);
         // A family is encoded (HELP and TYPE) only once it has a series.
-        metrics.acquired("x", Duration::from_millis(5), false);
+        metrics.acquired("x", 7, Duration::from_millis(5), false);
+        metrics.term_lost("x");
         metrics.leading("x", true);
         metrics.renewed("x", Duration::from_millis(5));
         metrics.remaining_validity("x", Duration::from_secs(10));
@@ -279,7 +308,7 @@ mod tests {
     fn the_readme_mirrors_the_table() {
         let readme = include_str!("../../docs/metrics.md");
         let rows = doc_table();
-        assert_eq!(rows.len(), 8, "{rows:#?}");
+        assert_eq!(rows.len(), 10, "{rows:#?}");
         for row in rows {
             assert!(
                 readme.lines().any(|l| l == row),
@@ -288,10 +317,12 @@ mod tests {
         }
         let readme_rows = readme
             .lines()
+            // The elector's rows (labelled by lease name); the sharded group's follow apart.
             .filter(|l| l.starts_with("| `leader_election_") || l.starts_with("| `tenure_"))
+            .filter(|l| l.contains("{name"))
             .count();
         assert_eq!(
-            readme_rows, 8,
+            readme_rows, 10,
             "docs/metrics.md has metric rows the docs do not"
         );
     }
@@ -313,6 +344,55 @@ mod tests {
             .expect("valid config")
             .with_metrics(metrics.clone());
         elector.run(|_term| async {}).await.expect("led once");
+    }
+
+    /// A term whose lease another replica took counts as lost; a term whose workload
+    /// returned (and released) does not.
+    #[tokio::test(start_paused = true)]
+    async fn terms_lost_counts_only_terms_the_store_ended() {
+        let mut registry = Registry::default();
+        let metrics = ElectionMetrics::register(&mut registry);
+        let store = MemoryBackend::new();
+        let elector = |name: &str| {
+            let locker = Locker::with_identity(store.clone(), "me").expect("identity");
+            LeaderElector::new(locker, name, ElectionConfig::new())
+                .expect("valid config")
+                .with_metrics(metrics.clone())
+        };
+        elector("kept")
+            .run(|_term| async {})
+            .await
+            .expect("returned");
+        let thief = store.clone();
+        let lost = elector("taken")
+            .run(|term| {
+                thief.steal("taken", "other", Duration::from_secs(15));
+                async move { term.cancellation().cancelled().await }
+            })
+            .await;
+        assert!(lost.is_err(), "the stolen term ends as lost: {lost:?}");
+        let text = text(&registry);
+        let lost = |name: &str| {
+            sample(
+                &text,
+                &format!("tenure_terms_lost_total{{name=\"{name}\"}}"),
+            )
+        };
+        assert_eq!(
+            lost("kept"),
+            Some(0.0),
+            "a released term is not lost: {text}"
+        );
+        assert_eq!(lost("taken"), Some(1.0), "{text}");
+        let token = |name: &str| sample(&text, &format!("tenure_fencing_token{{name=\"{name}\"}}"));
+        let (kept, taken) = (
+            token("kept").expect("a term"),
+            token("taken").expect("a term"),
+        );
+        assert!(
+            kept >= 1.0 && taken > kept,
+            "tokens rise across terms of one store: {text}"
+        );
     }
 
     /// With the default 15 s lease duration the acquire window is 60 s.

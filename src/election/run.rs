@@ -239,7 +239,7 @@ impl LeaderElector {
                     .await
                 {
                     Ok(lease) => {
-                        self.record_acquired(started.elapsed(), waited);
+                        self.record_acquired(lease.fencing_token(), started.elapsed(), waited);
                         return Ok(lease);
                     }
                     Err(LockError::NotAcquired { .. }) => waited = true,
@@ -392,6 +392,9 @@ impl LeaderElector {
         }
         self.set_term(None);
         self.record_leading(false);
+        if matches!(stopping, Some(Stopping::Lost(_))) {
+            self.record_term_lost();
+        }
         cancel.cancel();
         let released = lease.release().await;
         if let Err(e) = &released {

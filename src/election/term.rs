@@ -34,7 +34,13 @@ pub struct Term {
     lease: Arc<LeaseShared>,
     identity: Arc<str>,
     started_at: Instant,
+    /// The elector's: cancelled when the term ends. Never handed out, so the workload cannot
+    /// end its own term's validity while the lease stays held.
     cancel: CancellationToken,
+    /// What [`cancellation`](Self::cancellation) hands out: a child of `cancel`, so it fires
+    /// when the term ends, and a workload that cancels it (to stop its own work early) stops
+    /// only what listens to it, not the term.
+    workload_cancel: CancellationToken,
     tasks: Arc<TermTasks>,
 }
 
@@ -62,6 +68,7 @@ impl Term {
             lease,
             identity: identity.into(),
             started_at: Instant::now(),
+            workload_cancel: cancel.child_token(),
             cancel,
             tasks: tasks.clone(),
         };
@@ -93,9 +100,13 @@ impl Term {
     }
 
     /// Fires when the term ends. Select on it in long work and stop promptly.
+    ///
+    /// A child of the term's own token: cancelling it (to stop the workload's own work early)
+    /// fires it for every clone of this term, but the term goes on — [`is_valid`](Self::is_valid)
+    /// and the elector still follow the lease. To end the term, return from the workload.
     #[must_use]
     pub fn cancellation(&self) -> &CancellationToken {
-        &self.cancel
+        &self.workload_cancel
     }
 
     /// Whether the lease is still ours right now.
@@ -266,5 +277,59 @@ impl TermTasks {
         tokio::time::timeout_at(deadline, self.tracker.wait())
             .await
             .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use crate::Locker;
+    use crate::backend::memory::MemoryBackend;
+    use crate::election::{ElectionConfig, ElectionError, LeaderElector};
+
+    /// A workload that cancels its term's cancellation stops what listens to it; the term
+    /// itself stays valid (the lease is held and renewed) until the lease really ends.
+    #[tokio::test(start_paused = true)]
+    async fn cancelling_the_handed_out_token_does_not_end_the_term() {
+        let store = MemoryBackend::new();
+        let locker = Locker::with_identity(store.clone(), "pod-a").expect("identity");
+        let elector =
+            LeaderElector::new(locker, "reports", ElectionConfig::new()).expect("valid config");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let saw = Arc::clone(&seen);
+        let see = move |what: &'static str, valid: bool| {
+            saw.lock().expect("not poisoned").push((what, valid));
+        };
+        let ended = elector
+            .run(|term| {
+                let (store, see) = (store.clone(), see.clone());
+                async move {
+                    term.cancellation().cancel();
+                    see("cancelled", term.cancellation().is_cancelled());
+                    see("valid at once", term.is_valid());
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                    see("valid after 20 s", term.is_valid());
+                    store.steal("reports", "pod-b", Duration::from_secs(15));
+                    while term.is_valid() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    see("valid once the lease is gone", term.is_valid());
+                }
+            })
+            .await;
+        assert!(
+            matches!(ended, Err(ElectionError::Lost { .. })),
+            "{ended:?}"
+        );
+        assert_eq!(
+            *seen.lock().expect("not poisoned"),
+            [
+                ("cancelled", true),
+                ("valid at once", true),
+                ("valid after 20 s", true),
+            ]
+        );
     }
 }

@@ -2,11 +2,7 @@
 //! its live members, so every replica computes the same assignment from the same view; and
 //! the stable hash that maps a key to its shard.
 
-/// FNV-1a, 64 bits, over `bytes`: the published, trivially portable hash behind
-/// [`shard_of`].
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    fnv_from(0xcbf2_9ce4_8422_2325, bytes)
-}
+use crate::util::{fnv1a64, fnv1a64_from};
 
 /// splitmix64's finalizer: spreads FNV's weak low bits over the whole word, so rendezvous
 /// weights of similar inputs are independent.
@@ -32,16 +28,6 @@ pub fn shard_of(key: &str, shards: u32) -> u32 {
     u32::try_from(fnv1a64(key.as_bytes()) % n).unwrap_or(0)
 }
 
-/// FNV-1a, 64 bits, continued from `h` over `bytes`: `fnv_from(fnv1a64(a), b)` is
-/// `fnv1a64(a ++ b)`.
-fn fnv_from(mut h: u64, bytes: &[u8]) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
 /// Rendezvous weights of one shard: how much each member wants `shard` of group `group`,
 /// `mix(FNV-1a(group ‖ 0xff ‖ shard as 4 big-endian bytes ‖ 0xff ‖ member))`. The hash of
 /// the shard's prefix is computed once, not once per member and comparison: the assignment
@@ -52,18 +38,18 @@ struct ShardWeights(u64);
 
 impl ShardWeights {
     fn new(group_prefix: u64, shard: u32) -> Self {
-        let h = fnv_from(group_prefix, &shard.to_be_bytes());
-        Self(fnv_from(h, &[0xff]))
+        let h = fnv1a64_from(group_prefix, &shard.to_be_bytes());
+        Self(fnv1a64_from(h, &[0xff]))
     }
 
     fn of(self, member: &str) -> u64 {
-        mix(fnv_from(self.0, member.as_bytes()))
+        mix(fnv1a64_from(self.0, member.as_bytes()))
     }
 }
 
 /// The hash of `group ‖ 0xff`, where every weight of the group starts.
 fn group_prefix(group: &str) -> u64 {
-    fnv_from(fnv1a64(group.as_bytes()), &[0xff])
+    fnv1a64_from(fnv1a64(group.as_bytes()), &[0xff])
 }
 
 /// One live member as the assignment sees it: its identity and the shards whose term runs

@@ -25,17 +25,13 @@ const GROUP_LABEL: &str = "tenure.dev/group";
 /// The annotation holding the member's record.
 const MEMBER_ANNOTATION: &str = "tenure.dev/member";
 
-/// FNV-1a 64: names derived from identities and groups that do not fit Kubernetes' rules.
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// The member Lease's name: the group, then a hash of the identity (identities need not be
 /// valid object names).
 pub fn lease_name(group: &str, identity: &str) -> String {
-    format!("{group}-member-{:016x}", fnv(identity.as_bytes()))
+    format!(
+        "{group}-member-{:016x}",
+        crate::util::fnv1a64(identity.as_bytes())
+    )
 }
 
 /// The group label's value: the group itself when it is a valid label value, else a hash.
@@ -49,7 +45,7 @@ pub(super) fn label_value(group: &str) -> String {
     if valid {
         group.to_owned()
     } else {
-        format!("h-{:016x}", fnv(group.as_bytes()))
+        format!("h-{:016x}", crate::util::fnv1a64(group.as_bytes()))
     }
 }
 

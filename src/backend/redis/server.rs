@@ -17,7 +17,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::limit::{Limited, ReplyRefused, Tripwire};
 use super::tls::Tls;
-use crate::util::AbortOnDrop;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Why a call on a connection failed.
 #[derive(Debug)]
@@ -174,7 +174,7 @@ impl Connector {
             Ok(Live {
                 conn,
                 tripwire,
-                _driver: Arc::new(AbortOnDrop(task)),
+                _driver: Arc::new(AbortOnDropHandle::new(task)),
             })
         };
         tokio::time::timeout(self.connect_timeout, connecting)
@@ -195,7 +195,7 @@ struct Live {
     conn: MultiplexedConnection,
     tripwire: Tripwire,
     /// The task reading the connection; ends with the last handle.
-    _driver: Arc<AbortOnDrop<()>>,
+    _driver: Arc<AbortOnDropHandle<()>>,
 }
 
 type Connecting = Shared<BoxFuture<'static, Result<Live, RedisError>>>;

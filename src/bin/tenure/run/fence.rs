@@ -49,6 +49,14 @@ impl CommandFence {
         })
     }
 
+    /// Reports every term's proof into the elector's metrics (`tenure_fence_enforced`,
+    /// `tenure_fence_checks_total`), which `--listen` serves and the chart's alert watches.
+    pub fn with_metrics(mut self, metrics: tenure::election::ElectionMetrics) -> Self {
+        // A Fencer is a handle (its state is shared); Drop on Self forbids moving it out.
+        self.fencer = self.fencer.clone().with_metrics(metrics);
+        self
+    }
+
     /// Lets a refusal after a term name the holder that followed (one lease: the elector's).
     pub fn follow_leader(mut self, leader: watch::Receiver<Option<Leader>>) -> Self {
         self.leader = Some(leader);

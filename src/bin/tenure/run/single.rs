@@ -28,7 +28,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     check_permissions(&connected, &args.lease, args.once_per.is_some()).await?;
 
     let mut registry = prometheus_client::registry::Registry::default();
-    elector = elector.with_metrics(ElectionMetrics::register(&mut registry));
+    let metrics = ElectionMetrics::register(&mut registry);
+    elector = elector.with_metrics(metrics.clone());
     connected.register_metrics(&mut registry);
     let damaged_completions = prometheus_client::metrics::counter::Counter::<u64>::default();
     if args.once_per.is_some() {
@@ -66,7 +67,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let (mut supervisor, shutdown) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::One)?;
     if let Some(fence) = fence {
-        supervisor = supervisor.with_fence(fence.follow_leader(elector.leader()));
+        supervisor =
+            supervisor.with_fence(fence.with_metrics(metrics).follow_leader(elector.leader()));
     }
     tracing::info!(
         lease = %args.lease,
