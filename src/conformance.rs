@@ -57,7 +57,8 @@ macro_rules! conformance_tests {
             check_group_record,
             check_release_to_prefers_the_target,
             check_release_to_a_dead_target_lapses,
-            check_handoff_request
+            check_handoff_request,
+            check_completion_record
         );
     };
     (@checks #[$test:meta] $setup:expr; $($check:ident),*) => {$(
@@ -208,6 +209,7 @@ impl Suite {
         self.check_release_to_prefers_the_target().await;
         self.check_release_to_a_dead_target_lapses().await;
         self.check_handoff_request().await;
+        self.check_completion_record().await;
     }
 
     /// Many tasks contend for one lock through `with_lock`; the fenced register must never
@@ -995,5 +997,107 @@ impl Suite {
             panic!("the record must read back");
         };
         assert_eq!(record, active);
+    }
+
+    /// A run-once job's completion record: absent at first; the store's clock near this
+    /// host's; written by the lease's latest term and read back exactly; refused to a term
+    /// once a newer term has checked (or, on stores that know their grants, was granted),
+    /// and to a token never granted.
+    pub async fn check_completion_record(&self) {
+        use crate::backend::{Completion, CompletionRead};
+        let name = unique("completion");
+        let b = &self.backend;
+        let check = async |token: FencingToken| {
+            b.check_completion(&name, token)
+                .await
+                .unwrap_or_else(|e| panic!("checking the completion record failed: {e}"))
+        };
+        let record = async |c: &Completion| {
+            b.record_completion(&name, c)
+                .await
+                .unwrap_or_else(|e| panic!("recording a completion failed: {e}"))
+        };
+        let first = self
+            .locker("runner-a")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("first acquire: {e}"));
+        let t1 = first.fencing_token();
+        let c1 = check(t1).await;
+        assert_eq!(
+            c1.last,
+            CompletionRead::Absent,
+            "a new lease has no completion"
+        );
+        assert!(c1.latest, "the only term is the latest");
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        assert!(
+            c1.now_ms.abs_diff(wall) < 3_600_000,
+            "the store's clock ({} ms) is not within an hour of this host's ({wall} ms)",
+            c1.now_ms
+        );
+        let done = Completion {
+            token: t1,
+            started_ms: c1.now_ms,
+            took_ms: 5,
+            identity: "runner-a".to_owned(),
+        };
+        assert!(
+            record(&done).await,
+            "the latest term records its completion"
+        );
+        let again = check(t1).await;
+        assert_eq!(again.last, CompletionRead::Present(done.clone()));
+        assert!(again.latest);
+        assert!(again.now_ms >= c1.now_ms, "the store's clock went back");
+        first
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release: {e}"));
+
+        let second = self
+            .locker("runner-b")
+            .try_acquire(&name, &self.opts())
+            .await
+            .unwrap_or_else(|e| panic!("second acquire: {e}"));
+        let t2 = second.fencing_token();
+        let c2 = check(t2).await;
+        assert!(c2.latest);
+        assert_eq!(
+            c2.last,
+            CompletionRead::Present(done.clone()),
+            "kept across terms"
+        );
+        let stale = Completion {
+            took_ms: 6,
+            ..done.clone()
+        };
+        assert!(
+            !record(&stale).await,
+            "an older term's completion must be refused once a newer term checked"
+        );
+        assert!(!check(t1).await.latest, "the older term is not the latest");
+        let forged = Completion {
+            token: FencingToken::new(t2.get() + 1000),
+            ..done.clone()
+        };
+        assert!(
+            !record(&forged).await,
+            "a token never granted must write nothing"
+        );
+        let newer = Completion {
+            token: t2,
+            started_ms: c2.now_ms,
+            took_ms: 7,
+            identity: "runner-b".to_owned(),
+        };
+        assert!(record(&newer).await);
+        assert_eq!(check(t2).await.last, CompletionRead::Present(newer));
+        second
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("release: {e}"));
     }
 }

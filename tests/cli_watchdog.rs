@@ -210,6 +210,14 @@ fn a_command_signalling_its_own_group_cannot_outlive_a_frozen_tenure() {
         "no report of the watchdog's kill:\n{}",
         a.log()
     );
+    // And the drop of the term's workload is not blamed on the command (issue 44: "workload
+    // ignored cancellation" read like a bug in the command, which had no time to stop).
+    assert!(
+        !a.log().contains("ignored cancellation")
+            && a.log().contains("the term was over when its end was seen"),
+        "the frozen term's end is misreported:\n{}",
+        a.log()
+    );
 }
 
 /// CPU time `pid` has used, user and system, in clock ticks (fields 14 and 15 of its stat).

@@ -486,6 +486,85 @@ fn default_values_render_a_kubernetes_lease_singleton() {
 }
 
 #[test]
+fn a_run_once_job_renders_a_cron_job_with_once_per_and_its_completion_lease() {
+    let objs = render(
+        "nightly",
+        "jobs",
+        &[
+            "--set",
+            "job.oncePer=24h,job.schedule=0 3 * * *,job.timeout=10m,job.timeZone=Etc/UTC",
+        ],
+    );
+    assert_eq!(
+        kinds(&objs),
+        [
+            "CronJob",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount"
+        ]
+        .map(str::to_owned)
+        .into(),
+        "a CronJob instead of the Deployment, and no PodDisruptionBudget"
+    );
+    let cron = one(&objs, "CronJob");
+    assert_eq!(cron["spec"]["schedule"], "0 3 * * *");
+    assert_eq!(cron["spec"]["timeZone"], "Etc/UTC");
+    assert_eq!(cron["spec"]["concurrencyPolicy"], "Forbid");
+    let job = &cron["spec"]["jobTemplate"]["spec"];
+    assert_eq!(job["backoffLimit"], 2);
+    let spec = &job["template"]["spec"];
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_restricted(spec);
+    let args = strings(&container(&spec["containers"], "worker")["args"]);
+    for want in ["--once-per=24h", "--done-exit-code=0", "--timeout=10m"] {
+        assert!(args.contains(&want.to_owned()), "{want} missing: {args:?}");
+    }
+    assert!(
+        args.iter().position(|a| a == "--once-per=24h") < args.iter().position(|a| a == "--"),
+        "{args:?}"
+    );
+    let role = one(&objs, "Role");
+    let done_rule = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["resourceNames"] == json!(["nightly-tenure-done"]))
+        .unwrap_or_else(|| panic!("no rule for the completion Lease: {role}"));
+    assert_eq!(done_rule["verbs"], json!(["get", "update"]));
+
+    // The same pod template as the Deployment's, but for the restart policy.
+    let deploy = render("nightly", "jobs", &[]);
+    let mut pod = spec.clone();
+    pod.as_object_mut().expect("pod").remove("restartPolicy");
+    let mut deploy_pod = pod_spec(&deploy).clone();
+    for p in [&mut pod, &mut deploy_pod] {
+        let worker = p["containers"]
+            .as_array_mut()
+            .expect("containers")
+            .iter_mut()
+            .find(|c| c["name"] == "worker")
+            .expect("worker");
+        worker.as_object_mut().expect("worker").remove("args");
+    }
+    assert_eq!(pod, deploy_pod);
+
+    for (set, says) in [
+        ("job.oncePer=24h", "job.oncePer needs job.schedule"),
+        ("job.schedule=0 3 * * *", "job.schedule needs job.oncePer"),
+        (
+            "job.schedule=0 3 * * *,job.oncePer=1h,sharding.shards=2",
+            "cannot run sharded workers",
+        ),
+        ("job.oncePer=daily,job.schedule=@daily", "oncePer"),
+    ] {
+        let err = template("bad", "jobs", &["--set", set]).expect_err(set);
+        assert!(err.contains(says), "{set}: {err}");
+    }
+}
+
+#[test]
 fn non_default_values_render() {
     // Redis over TLS, password and CA from existing objects, Election status, ServiceMonitor,
     // tenure already in the workload image.

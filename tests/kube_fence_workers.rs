@@ -921,6 +921,93 @@ fn idle_strangers_beyond_the_descriptor_limit_starve_neither_writes_nor_probe() 
     );
 }
 
+/// `tenure run --check` is the pre-flight of the same command line: run as a ServiceAccount
+/// that may lead but not impersonate itself, it names each missing permission with its fix
+/// and exits 4, campaigning for nothing and running nothing; as the worker with exactly the
+/// RBAC `tenure policy` prints, every check passes (exit 0).
+#[test]
+fn run_check_names_the_missing_impersonate_permission_with_its_fix() {
+    let rt = runtime();
+    let lease = "fenced-check";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let bare = rt.block_on(async {
+        let admin = shared().admin().await;
+        apply(
+            &Api::<Role>::namespaced(admin.clone(), &ns),
+            "bare",
+            &obj(serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "bare"},
+                "rules": [
+                    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+                ]
+            })),
+        )
+        .await;
+        apply(
+            &Api::<RoleBinding>::namespaced(admin, &ns),
+            "bare",
+            &obj(serde_json::json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "bare"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bare"},
+                "subjects": [{"kind": "ServiceAccount", "name": "bare", "namespace": ns}]
+            })),
+        )
+        .await;
+        fencing::service_account(&ns, "bare").await.1
+    });
+    let dir = kube_support::fresh_dir("fence-check");
+    let marker = dir.join("started");
+    let check = |kubeconfig: &Path| {
+        let args = cli_support::run_args(
+            lease,
+            &["--backend", "kube", "--namespace", &ns],
+            &["--check", "--fence"],
+            vec!["touch".into(), marker.display().to_string()],
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let kubeconfig = kubeconfig.display().to_string();
+        cli_support::run_bounded(
+            &args,
+            &[("KUBECONFIG", kubeconfig.as_str())],
+            b"",
+            Duration::from_secs(60),
+        )
+    };
+    let (code, out, err) = check(&bare);
+    assert_eq!(code, 4, "{out}{err}");
+    let who = format!("system:serviceaccount:{ns}:bare");
+    assert!(
+        out.contains(&format!(
+            "ok    this user may get, list, watch and update lease {ns}/{lease}"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "FAIL  --fence: {who} may impersonate serviceaccounts/bare in {ns}: missing permission: impersonate serviceaccounts/bare in {ns}"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("missing permission: impersonate userextras/tenure.dev/fencing-token"),
+        "{out}"
+    );
+    assert!(out.contains("fix: "), "{out}");
+    assert!(!marker.exists(), "--check ran the command");
+
+    let (code, out, err) = check(&worker_kubeconfig);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("FAIL"), "{out}");
+    assert!(
+        out.contains("impersonate userextras/tenure.dev/fencing-election"),
+        "{out}"
+    );
+    assert!(!marker.exists(), "--check ran the command");
+}
+
 /// The metric names `text` (Prometheus' text format) has samples of, histograms by their
 /// family name (without `_bucket`, `_sum`, `_count`).
 fn sample_names(text: &str) -> std::collections::BTreeSet<String> {

@@ -15,9 +15,9 @@ use futures::stream::BoxStream;
 use tokio::sync::watch;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
-    GroupVersion, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
-    RenewRequest, Renewed, ShardLeaseWatch,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck,
+    FencingToken, GroupRead, GroupRecord, GroupVersion, HolderChange, HolderToken, InvalidName,
+    LeaseRecord, Member, Released, RenewRequest, Renewed, ShardLeaseWatch,
 };
 
 /// The fault currently injected by a [`FaultyBackend`].
@@ -274,6 +274,13 @@ impl Backend for FaultyBackend {
         Box::pin(self.run(move || self.inner.inspect(name)))
     }
 
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::EndedTerm>, BackendError>> {
+        Box::pin(self.run(move || self.inner.last_term(name)))
+    }
+
     fn announce_member<'a>(
         &'a self,
         group: &'a str,
@@ -305,6 +312,22 @@ impl Backend for FaultyBackend {
         record: &'a GroupRecord,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(self.run(move || self.inner.swap_group_record(group, expected, record)))
+    }
+
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        Box::pin(self.run(move || self.inner.check_completion(name, token)))
+    }
+
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.run(move || self.inner.record_completion(name, record)))
     }
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {

@@ -16,9 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, FencingToken, GroupRead, GroupRecord,
-    GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
-    Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, Completion, CompletionCheck, CompletionRead, FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 
 /// Fencing tokens of the memory backend come from one process-wide counter, so they rise
@@ -60,6 +58,9 @@ pub struct MemoryBackend {
     groups: Arc<Mutex<BTreeMap<Arc<str>, Group>>>,
     /// The store's own fencing counter; `None`: the process-wide one.
     tokens: Option<Arc<AtomicU64>>,
+    /// The store's clock for completion records: the wall clock (ms) read once, at the first
+    /// check, then advanced by tokio's clock, so it moves with a paused test clock.
+    clock: Arc<std::sync::OnceLock<(u64, Instant)>>,
 }
 
 /// The members of one group, each until its announcement expires; observers are told of
@@ -110,6 +111,11 @@ struct Slot {
     /// A hand-over asked for or made (`request_handoff`, `release_to`), until its window ends
     /// or the next grant.
     handoff: Option<(Handoff, Instant)>,
+    /// The latest term's fencing token (kept after its release): a completion is recorded
+    /// only by that term.
+    latest: Option<FencingToken>,
+    /// The run-once job's completion record, as stored text.
+    completion: Option<String>,
 }
 
 struct Held {
@@ -179,6 +185,18 @@ impl MemoryBackend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The store's clock in milliseconds since the Unix epoch: the wall clock read at the
+    /// first call, advanced by tokio's clock since.
+    fn clock_ms(&self) -> u64 {
+        let (wall, at) = *self.clock.get_or_init(|| {
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            (wall, Instant::now())
+        });
+        wall.saturating_add(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX))
+    }
+
     fn groups(&self) -> MutexGuard<'_, BTreeMap<Arc<str>, Group>> {
         // As `locked`: nothing panics while this lock is held.
         self.groups
@@ -224,6 +242,7 @@ impl MemoryBackend {
                     expires_at: now + req.ttl,
                 });
                 slot.transitions += 1;
+                slot.latest = Some(fencing);
                 slot.publish();
                 Acquired::Granted { fencing }
             }
@@ -341,6 +360,7 @@ impl MemoryBackend {
             expires_at: now + ttl,
         });
         slot.transitions += 1;
+        slot.latest = Some(fencing);
         slot.publish();
         fencing
     }
@@ -358,6 +378,8 @@ impl MemoryBackend {
             slot.held = None;
             slot.acks.clear();
             slot.handoff = None;
+            slot.latest = None;
+            slot.completion = None;
             slot.publish();
         }
     }
@@ -527,6 +549,43 @@ impl Backend for MemoryBackend {
             g.record = Some(record.encode());
         }
         Box::pin(ready(Ok(swapped)))
+    }
+
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        let now_ms = self.clock_ms();
+        let locks = self.locked();
+        let slot = locks.get(name);
+        let last = slot
+            .and_then(|s| s.completion.as_deref())
+            .map_or(CompletionRead::Absent, |t| {
+                CompletionRead::parse(t.as_bytes())
+            });
+        let latest = slot.and_then(|s| s.latest) == Some(token);
+        Box::pin(ready(Ok(CompletionCheck {
+            now_ms,
+            last,
+            latest,
+        })))
+    }
+
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let mut locks = self.locked();
+        let written = match locks.get_mut(name) {
+            Some(slot) if slot.latest == Some(record.token) => {
+                slot.completion = Some(record.encode());
+                true
+            }
+            _ => false,
+        };
+        Box::pin(ready(Ok(written)))
     }
 
     fn members(&self, group: &str) -> BoxStream<'static, Result<Vec<Member>, BackendError>> {

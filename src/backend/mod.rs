@@ -14,6 +14,8 @@
 //! | [`Backend::request_handoff`] | whether the lock was held; the holder is asked to hand over | — |
 //! | [`Backend::inspect`] | the current [`LeaseRecord`], if any | — |
 //! | [`Backend::observe`] | a stream of [`HolderChange`]s | — |
+//! | [`Backend::check_completion`] | a run-once job's [`CompletionCheck`]: the record, the store's clock | — |
+//! | [`Backend::record_completion`] | whether the [`Completion`] was written | the term being the lease's latest |
 //!
 //! "Busy" and "not held" are *values*: they are normal outcomes of a race, not failures.
 //! [`BackendError`] is reserved for I/O: the store could not be asked, or did not answer.
@@ -26,6 +28,7 @@
 //! - `kube::KubeBackend` (feature `kube`): a `coordination.k8s.io/v1` Lease per lock, written
 //!   as client-go writes it; compare-and-swap on resourceVersion, a watch for notifications.
 
+pub mod completion;
 mod error;
 pub mod faulty;
 pub mod group;
@@ -44,12 +47,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
+pub use completion::{Completion, CompletionCheck, CompletionRead};
 pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use group::{GroupRead, GroupRecord, GroupVersion, ShardLeaseWatch};
 pub use types::{
-    AcquireRequest, Acquired, FencingToken, Handoff, HolderChange, HolderToken, LeadershipEvent,
-    LeaseRecord, Member, Released, RenewRequest, Renewed,
+    AcquireRequest, Acquired, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken, LeadershipEvent, LeaseRecord, Member, Released, RenewRequest, Renewed, TermEnd,
 };
 
 /// A lease store: the atomic primitives the lock runtime is built from.
@@ -197,6 +200,24 @@ pub trait Backend: Send + Sync + 'static {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>>;
 
+    /// How the lock's latest term ended, while it is free and the store remembers it: for
+    /// `tenure status` after a release or a crash. `None` while the lock is held, and when the
+    /// store keeps nothing of it. A record another process wrote is untrusted: what does not
+    /// parse is left out.
+    ///
+    /// The default remembers nothing.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`] when the store could not be asked.
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EndedTerm>, BackendError>> {
+        let _ = name;
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// Records a leadership change where people look for it, best effort: the Kubernetes
     /// backend writes an Event on the Lease ("became leader", "stopped leading"), as client-go
     /// does. The default does nothing. Failures are the backend's to log; they never affect the
@@ -267,6 +288,56 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let _ = (group, expected, record);
         Box::pin(std::future::ready(Err(no_membership())))
+    }
+
+    /// Reads lease `name`'s completion record ([`Completion`]: the run-once job's last
+    /// completion) and the store's clock, as the term with fencing token `token` begins a
+    /// run of the job (`tenure run --once-per`). Answers whether that term is the lease's
+    /// latest ([`CompletionCheck::latest`]).
+    ///
+    /// From this call's answer on, [`record_completion`](Self::record_completion) refuses a
+    /// record of any term with a lower token: a term that checks, finds no completion in its
+    /// period and runs the job is never followed by an older term's record of the same period.
+    /// The clock is the store's own (Redis `TIME`, the API server's time of a write, the
+    /// host's clock for local files), so every replica orders runs by one clock.
+    ///
+    /// A record another process wrote is untrusted: bounded and parsed alone, and reported as
+    /// [`CompletionRead::Damaged`] when it does not parse.
+    ///
+    /// The default answers that this backend keeps no completion records.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`]: the store could not be asked, or keeps no completion records.
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        let _ = (name, token);
+        Box::pin(std::future::ready(Err(no_completions())))
+    }
+
+    /// Writes `record` as lease `name`'s completion record if the term with fencing token
+    /// `record.token` is still the lease's latest, in one atomic step of the store: no term
+    /// with a higher token was granted (Redis, local files, memory: the lease's counter still
+    /// equals it) or has checked ([`check_completion`](Self::check_completion); on
+    /// Kubernetes, where a grant and the record are separate objects, the check is what
+    /// every term writes first). Answers `false`, writing nothing, when it is not.
+    ///
+    /// The default answers that this backend keeps no completion records.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`]: the store could not be asked (the record may or may not have been
+    /// written), or keeps no completion records.
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        let _ = (name, record);
+        Box::pin(std::future::ready(Err(no_completions())))
     }
 
     /// Follows `leases` — the shard leases of sharded group `group` that this process may
@@ -368,6 +439,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         (**self).inspect(name)
     }
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EndedTerm>, BackendError>> {
+        (**self).last_term(name)
+    }
     fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
         (**self).announce(name, event)
     }
@@ -403,6 +480,20 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         (**self).swap_group_record(group, expected, record)
     }
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        (**self).check_completion(name, token)
+    }
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        (**self).record_completion(name, record)
+    }
     fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {
         (**self).follow_shard_leases(group, leases)
     }
@@ -419,5 +510,13 @@ fn no_membership() -> BackendError {
     BackendError::new(
         BackendErrorKind::Config,
         "this backend keeps no group membership (needed for sharded leadership)",
+    )
+}
+
+/// The answer of a backend that keeps no completion records.
+fn no_completions() -> BackendError {
+    BackendError::new(
+        BackendErrorKind::Config,
+        "this backend keeps no completion records (needed for run-once jobs)",
     )
 }

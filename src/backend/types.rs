@@ -203,6 +203,33 @@ pub struct RenewRequest {
     pub ttl: Duration,
 }
 
+/// How a lock's latest term ended, as far as the store remembers it
+/// ([`Backend::last_term`](super::Backend::last_term)): for people asking "who had it, and
+/// when did it end?" (`tenure status`), never for a decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndedTerm {
+    /// The identity of the term's holder, when the store kept it (a Kubernetes Lease released
+    /// by client-go keeps none).
+    pub identity: Option<String>,
+    /// The term's fencing token, when the store kept it.
+    pub fencing: Option<FencingToken>,
+    /// Released by its holder, or run out without renewal (the holder stopped or crashed).
+    pub end: TermEnd,
+    /// When it ended, in milliseconds since the Unix epoch, when the store can tell: on
+    /// Kubernetes the `renewTime` the releasing client wrote (its clock), on the local backend
+    /// this host's clock; Redis keeps no time.
+    pub ended_ms: Option<u64>,
+}
+
+/// How a term ended ([`EndedTerm::end`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TermEnd {
+    /// Its holder released the lease.
+    Released,
+    /// Its lease ran out without a renewal.
+    Expired,
+}
+
 /// Who holds a lock, as the store sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseRecord {

@@ -333,6 +333,11 @@ impl LeaderElector {
         let config = &self.inner.config;
         let mut stopping: Option<Stopping> = None;
         let mut drop_at: Option<Instant> = None;
+        // How long the workload was given to stop after its cancellation (zero: the term's
+        // validity had run out before its end was seen, a process frozen or starved).
+        let mut allowed = Duration::ZERO;
+        // The store said the lease is gone (someone else may hold it): dropped at once.
+        let mut told_gone = false;
         let finished = {
             let mut work = pin!(AssertUnwindSafe(workload(term)).catch_unwind());
             let mut follow = pin!(self.follow_leader(changes));
@@ -355,21 +360,35 @@ impl LeaderElector {
                         };
                         tracing::warn!(parent: &span, %reason, "stopped leading: lease lost");
                         // Told outright that the lease is gone: someone else may hold it now.
-                        drop_at = Some(if matches!(reason, LostReason::NotHeld) {
-                            Instant::now()
+                        let now = Instant::now();
+                        let at = if matches!(reason, LostReason::NotHeld) {
+                            now
                         } else {
                             shared.valid_until() - config.stop_margin
-                        });
+                        };
+                        allowed = at.saturating_duration_since(now);
+                        told_gone = matches!(reason, LostReason::NotHeld);
+                        drop_at = Some(at);
                         stopping = Some(Stopping::Lost(reason));
                     }
                     () = &mut shutdown, if stopping.is_none() && !shutdown.is_terminated() => {
                         cancel.cancel();
                         tracing::info!(parent: &span, "shutting down: workload cancelled");
-                        drop_at = Some((Instant::now() + config.grace).min(shared.valid_until() - config.stop_margin));
+                        let now = Instant::now();
+                        let at = (now + config.grace).min(shared.valid_until() - config.stop_margin);
+                        allowed = at.saturating_duration_since(now);
+                        drop_at = Some(at);
                         stopping = Some(Stopping::Shutdown);
                     }
                     () = crate::util::sleep_until_opt(deadline) => {
-                        tracing::warn!(parent: &span, "workload ignored cancellation: dropped");
+                        if told_gone {
+                            tracing::warn!(parent: &span, "the store says the lease is gone (another holder may have it): workload dropped at once");
+                        } else if allowed.is_zero() {
+                            // Not the workload's doing: it had no time at all.
+                            tracing::warn!(parent: &span, "the term was over when its end was seen (the lease's validity had run out: this process was frozen, or starved of CPU): workload dropped at once");
+                        } else {
+                            tracing::warn!(parent: &span, ?allowed, "workload did not stop within the time it had after its cancellation: dropped");
+                        }
                         break None;
                     }
                     req = &mut wanted, if stopping.is_none() => {

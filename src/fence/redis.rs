@@ -7,20 +7,11 @@ use redis::aio::ConnectionLike;
 
 use crate::FencingToken;
 
-/// KEYS[1] = the value's key, KEYS[2] = its fence key (keep both in one hash slot on a
-/// cluster, e.g. `{report}` and `{report}:fence`).
-/// ARGV[1] = the fencing token (decimal), ARGV[2] = the value.
-/// Returns 1 when written, 0 when refused because a higher token was already accepted.
-const FENCED_SET: &str = r"
-local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
-local token = tonumber(ARGV[1])
-if token < highest then
-  return 0
-end
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[1], ARGV[2])
-return 1
-";
+/// `fenced_set.lua`: KEYS[1] = the value's key, KEYS[2] = its fence key (keep both in one
+/// hash slot on a cluster, e.g. `{report}` and `{report}:fence`); ARGV[1] = the fencing token
+/// (decimal), ARGV[2] = the value. Returns 1 when written, 0 when refused because a higher
+/// token was already accepted. docs/fencing.md shows the same file for other languages.
+const FENCED_SET: &str = include_str!("fenced_set.lua");
 
 /// Loaded once: the script's SHA1 is computed on first use.
 static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FENCED_SET));

@@ -209,6 +209,15 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (le (int64 .Values.terminationGracePeriodSeconds) (div (add $grace 2000000000) 1000000000)) -}}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than election.grace (%s) + 2s: tenure needs the grace period and then time to release the lease" .Values.terminationGracePeriodSeconds $e.grace) -}}
 {{- end -}}
+{{- if and .Values.job.oncePer (not .Values.job.schedule) -}}
+{{- fail "job.oncePer needs job.schedule: a Deployment restarts its container after every exit, so a finished run-once job would be started again and again; set job.schedule (a CronJob) or run tenure run --once-per yourself" -}}
+{{- end -}}
+{{- if and .Values.job.schedule .Values.sharding.shards -}}
+{{- fail "job.schedule (a CronJob) cannot run sharded workers (sharding.shards): unset one of them" -}}
+{{- end -}}
+{{- if and .Values.job.schedule (not .Values.job.oncePer) -}}
+{{- fail "job.schedule needs job.oncePer: without it every Job the CronJob starts runs the command, with the lease only keeping two of them from running at once; set job.oncePer (e.g. 24h for a daily schedule)" -}}
+{{- end -}}
 {{- if and (eq .Values.backend.type "redis") .Values.backend.redis.ca.secretName .Values.backend.redis.ca.configMapName -}}
 {{- fail "backend.redis.ca: set secretName or configMapName, not both" -}}
 {{- end -}}

@@ -55,6 +55,32 @@ impl KubeBackend {
         Ok(missing)
     }
 
+    /// The permissions a run-once job (`tenure run --once-per`) needs on its completion record,
+    /// the Lease `{name}-done`, that this backend's user lacks: `get` and `update` on it and
+    /// `create` on Leases. Empty when all are granted.
+    ///
+    /// # Errors
+    ///
+    /// A [`BackendError`] when a review itself fails, or when `{name}-done` is not a valid
+    /// Lease name (`name` longer than 248 characters).
+    pub async fn missing_completion_permissions(
+        &self,
+        name: &str,
+    ) -> Result<Vec<&'static str>, BackendError> {
+        let record = super::completion::record_name(name)?;
+        let mut missing = Vec::new();
+        for (verb, lease) in [
+            ("get", Some(record.as_str())),
+            ("update", Some(record.as_str())),
+            ("create", None),
+        ] {
+            if !self.may(verb, lease).await? {
+                missing.push(verb);
+            }
+        }
+        Ok(missing)
+    }
+
     /// Whether this backend's user may `verb` Leases (the one named `lease`, if given) in its
     /// namespace.
     async fn may(&self, verb: &'static str, lease: Option<&str>) -> Result<bool, BackendError> {

@@ -31,8 +31,9 @@ fn record_name(group: &str) -> Result<String, BackendError> {
 }
 
 impl Inner {
-    /// A fresh `GET` of the record Lease: `None` when there is none.
-    async fn get_record(&self, name: &str) -> Result<Option<ReadLease>, BackendError> {
+    /// A fresh `GET` of a record Lease (a group's, a run-once job's): `None` when there is
+    /// none.
+    pub(super) async fn get_record(&self, name: &str) -> Result<Option<ReadLease>, BackendError> {
         let op = self.op("get", name);
         match self.call(op, self.reads.get(name)).await {
             Ok(read) => Ok(Some(read)),

@@ -16,7 +16,9 @@ use super::error::{self, Op};
 use super::read::ReadLease;
 use super::record;
 use super::state::{Current, LockState, Own, Source};
-use crate::backend::{BackendError, BackendErrorKind, HolderToken, LeaseRecord};
+use crate::backend::{
+    BackendError, BackendErrorKind, EndedTerm, HolderToken, LeaseRecord, TermEnd,
+};
 
 /// The shared state of a backend and its watch tasks.
 pub(super) struct Inner {
@@ -213,5 +215,43 @@ impl Inner {
             transitions: u64::try_from(view.transitions).ok(),
             handoff: view.handoff.map(|(h, _)| h),
         }))
+    }
+
+    /// How the Lease's latest term ended, while it is free: released (holder cleared; who
+    /// from [`record::RELEASED_BY`], when from `renewTime`, the releasing client's clock) or
+    /// expired (the holder still named; `renewTime` + `leaseDurationSeconds`).
+    pub(super) async fn last_term(
+        &self,
+        name: &Arc<str>,
+    ) -> Result<Option<EndedTerm>, BackendError> {
+        let Current::Present(seen) = self.read(name, true).await? else {
+            return Ok(None);
+        };
+        let view = record::View::of(&seen.lease);
+        let spec = seen.lease.spec.as_ref();
+        let renewed_ms = spec
+            .and_then(|s| s.renew_time.as_ref())
+            .and_then(|t| u64::try_from(t.0.as_millisecond()).ok());
+        match view.holder.clone() {
+            None => {
+                let (fencing, identity) = record::released_by(&seen.lease);
+                Ok(Some(EndedTerm {
+                    identity,
+                    fencing,
+                    end: TermEnd::Released,
+                    ended_ms: renewed_ms,
+                }))
+            }
+            Some(identity) if seen.remaining(view.duration, Instant::now()).is_zero() => {
+                let duration_ms = u64::try_from(view.duration.as_millis()).unwrap_or(u64::MAX);
+                Ok(Some(EndedTerm {
+                    identity: Some(identity),
+                    fencing: Some(view.term_fencing(seen.rv)),
+                    end: TermEnd::Expired,
+                    ended_ms: renewed_ms.map(|r| r.saturating_add(duration_ms)),
+                }))
+            }
+            Some(_) => Ok(None),
+        }
     }
 }

@@ -14,6 +14,7 @@
 //! | `metadata.annotations["tenure.dev/holder-identity"]` | the identity that token was issued to |
 //! | `metadata.annotations["tenure.dev/fencing"]` | the term's fencing token, once the first renewal wrote it |
 //! | `metadata.annotations["tenure.dev/released-token"]` | the holder token that released last |
+//! | `metadata.annotations["tenure.dev/released-by"]` | `<fencing token>:<identity>` of the term that released last (for `tenure status`; `renewTime` is when) |
 //!
 //! Every write is a `PUT` carrying the `resourceVersion` it was computed from (a
 //! compare-and-swap: a `409 Conflict` means someone else wrote first, and the backend reads
@@ -114,6 +115,16 @@
 //! another member wrote first. A Lease of that name without the annotation, or with one
 //! tenure cannot parse, reads as [`GroupRead::Damaged`].
 //!
+//! # Completion record (run-once jobs)
+//!
+//! A run-once job's completion ([`Completion`], `tenure run --once-per`) lives in a Lease named
+//! `{lease}-done`: the record in the annotation `tenure.dev/completion`, and in
+//! `tenure.dev/completion-check` the token of the latest term that checked it. Both change
+//! only by compare-and-swap, and a completion only while the check mark holds the writer's
+//! token, so an older term's completion is refused once a newer term has checked. The clock
+//! is the API server's: the `managedFields` time it stamps on the check's write (whole
+//! seconds). Needs get and update on that Lease (and create on leases).
+//!
 //! # Example
 //!
 //! ```no_run
@@ -135,6 +146,7 @@
 
 mod access;
 mod client;
+mod completion;
 mod error;
 mod events;
 mod group;
@@ -155,9 +167,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, GroupRead, GroupRecord, GroupVersion,
-    HolderChange, HolderToken, InvalidName, LeadershipEvent, LeaseRecord, Member, Released,
-    Renewed, ShardLeaseWatch,
+    AcquireRequest, Acquired, Backend, BackendError, Completion, CompletionCheck, FencingToken,
+    GroupRead, GroupRecord, GroupVersion, HolderChange, HolderToken, InvalidName, LeadershipEvent,
+    LeaseRecord, Member, Released, Renewed, ShardLeaseWatch,
 };
 use inner::Inner;
 /// The value of a group's [`SHARD_GROUP_LABEL`] (the fencing policy of a sharded group
@@ -272,6 +284,13 @@ impl Backend for KubeBackend {
         Box::pin(async move { self.inner.inspect(&Arc::from(name)).await })
     }
 
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::EndedTerm>, BackendError>> {
+        Box::pin(async move { self.inner.last_term(&Arc::from(name)).await })
+    }
+
     fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Err(e) = self.inner.announce(name, event).await {
@@ -315,6 +334,22 @@ impl Backend for KubeBackend {
         record: &'a GroupRecord,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(self.inner.swap_group_record(group, expected, record))
+    }
+
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        Box::pin(self.inner.check_completion(name, token))
+    }
+
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(self.inner.record_completion(name, record))
     }
 
     fn follow_shard_leases(&self, group: &str, leases: &[String]) -> ShardLeaseWatch {

@@ -51,6 +51,9 @@ pub const HOLDER_IDENTITY: &str = "tenure.dev/holder-identity";
 pub const FENCING: &str = "tenure.dev/fencing";
 /// The holder token that released the Lease last, so a replayed release reports success.
 pub const RELEASED_TOKEN: &str = "tenure.dev/released-token";
+/// Who released the Lease last, `<fencing token>:<identity>` (`-` for a token not yet
+/// stamped): what `tenure status` shows of a free Lease. Read as untrusted.
+pub const RELEASED_BY: &str = "tenure.dev/released-by";
 /// The lowest fencing token the current term accepts: every token issued before the term is
 /// below it, the term's own token is not. The API server's fencing policy
 /// ([`crate::fence::kube`]) refuses a participant's write whose token is lower.
@@ -370,6 +373,11 @@ pub fn renewed(lease: &mut Lease, ttl: Duration, fencing: Option<FencingToken>) 
 /// fields tenure does not own are kept (see the [module docs](self)).
 pub fn released(lease: &mut Lease, holder: &HolderToken) {
     let previous = lease.spec.take().unwrap_or_default();
+    let by = format!(
+        "{}:{}",
+        annotation(lease, FENCING).unwrap_or("-"),
+        previous.holder_identity.as_deref().unwrap_or_default()
+    );
     let now = now();
     lease.spec = Some(LeaseSpec {
         holder_identity: Some(String::new()),
@@ -385,6 +393,26 @@ pub fn released(lease: &mut Lease, holder: &HolderToken) {
     a.remove(HOLDER_IDENTITY);
     a.remove(FENCING);
     a.insert(RELEASED_TOKEN.to_owned(), holder.to_hex());
+    a.insert(RELEASED_BY.to_owned(), by);
+}
+
+/// Who released `lease` last ([`RELEASED_BY`]): (fencing token, identity), each `None` when
+/// absent or malformed.
+pub fn released_by(lease: &Lease) -> (Option<FencingToken>, Option<String>) {
+    let Some((fencing, identity)) = annotation(lease, RELEASED_BY).and_then(|v| v.split_once(':'))
+    else {
+        return (None, None);
+    };
+    let fencing = (fencing.len() <= 20 && fencing.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| fencing.parse().ok())
+        .flatten()
+        .filter(|&f| f > 0)
+        .map(FencingToken::new);
+    let identity = (!identity.is_empty()
+        && identity.len() <= crate::backend::types::MAX_IDENTITY_LEN
+        && !identity.chars().any(char::is_control))
+    .then(|| identity.to_owned());
+    (fencing, identity)
 }
 
 #[cfg(test)]

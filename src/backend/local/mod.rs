@@ -101,7 +101,10 @@
 //! # Layout
 //!
 //! For a lock `N` the directory holds `N.lock` (the file lock, never removed), `N.lease` (the
-//! record: a few `key value` lines, readable with `cat`) and, briefly, `.N.tmp`. Names are
+//! record: a few `key value` lines, readable with `cat`), `N.done` (a run-once job's
+//! completion record, one line; deleting it lets the job run again), `N.ended` (who released
+//! the lock last and when, `e1:<token>:<unix ms>:<identity>`, for `tenure status`) and,
+//! briefly, `.N.tmp`, `.N.done~` or `.N.ended~`. Names are
 //! restricted to `[A-Za-z0-9._-]`, without a leading dot, at most [`MAX_NAME_LEN`] bytes, so
 //! they are safe file names.
 
@@ -124,9 +127,7 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
-    GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
-    Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck, FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 use store::Store;
 use watch::{Hub, Watcher};
@@ -466,6 +467,42 @@ impl Backend for LocalBackend {
     ) -> BoxFuture<'a, Result<Option<LeaseRecord>, BackendError>> {
         let name = name.to_owned();
         Box::pin(self.blocking(move |store, _| store.inspect(&name)))
+    }
+
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::EndedTerm>, BackendError>> {
+        let name = name.to_owned();
+        Box::pin(self.blocking(move |store, _| store.last_term(&name)))
+    }
+
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        Box::pin(async move {
+            validate(name).map_err(name_error)?;
+            let name = name.to_owned();
+            self.blocking(move |store, abandoned| store.check_completion(&name, token, abandoned))
+                .await
+        })
+    }
+
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            validate(name).map_err(name_error)?;
+            let (name, record) = (name.to_owned(), record.clone());
+            self.blocking(move |store, abandoned| {
+                store.record_completion(&name, &record, abandoned)
+            })
+            .await
+        })
     }
 
     fn announce_member<'a>(

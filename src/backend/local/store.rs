@@ -8,8 +8,10 @@
 //! - `N.lease`: the record ([`Record`]), replaced as a whole by `rename` from `.N.tmp`, so a
 //!   reader (with or without the lock) sees either the old or the new record, never a mix, and
 //!   a writer killed at any point leaves the old record in place.
+//! - `N.done`: a run-once job's completion record (`Completion`), replaced the same way from
+//!   `.N.done~`, only by the lock's latest term, under `N.lock`.
 //!
-//! Writes that issue a fencing token are made durable (`fdatasync` of the new record, `rename`,
+//! Writes that issue a fencing token, and completion records, are made durable (`fdatasync` of the new record, `rename`,
 //! `fsync` of the directory) before the token is returned. Other writes (renewals, replays,
 //! releases) are not synced: they matter only until the next boot, which expires every lease
 //! anyway, and a killed process cannot lose them (they are in the page cache).
@@ -23,9 +25,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::record::{Holder, Record};
 use super::sys;
+use crate::backend::completion::MAX_COMPLETION_RECORD;
 use crate::backend::{
-    AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, Handoff, HolderChange,
-    HolderToken, LeaseRecord, Released, Renewed,
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, Completion, CompletionCheck, CompletionRead, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken, LeaseRecord, Released, Renewed, TermEnd,
 };
 
 /// Where the kernel publishes the id of the current boot.
@@ -282,28 +284,40 @@ impl Store {
                 ),
             ));
         }
+        self.replace(&tmp, &path, text.as_bytes(), durable, "the lease record")
+    }
+
+    /// Replaces `path` with `bytes` through the temporary file `tmp` and a rename, under the
+    /// lock's file lock; `durable` makes it survive a power loss before returning.
+    fn replace(
+        &self,
+        tmp: &Path,
+        path: &Path,
+        bytes: &[u8],
+        durable: bool,
+        what: &str,
+    ) -> Result<(), BackendError> {
         let result = (|| {
             // Only the holder of the file lock writes the temporary file, so one left behind
             // is a killed writer's: remove it, whatever it is, and create ours exclusively
             // (O_EXCL: never through a link, never into a FIFO or a device).
-            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(tmp);
             let mut f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
-                .map_err(|e| io_error("create", &tmp, &e))?;
-            f.write_all(text.as_bytes())
-                .map_err(|e| io_error("write", &tmp, &e))?;
+                .open(tmp)
+                .map_err(|e| io_error("create", tmp, &e))?;
+            f.write_all(bytes).map_err(|e| io_error("write", tmp, &e))?;
             if durable {
-                f.sync_data().map_err(|e| io_error("sync", &tmp, &e))?;
+                f.sync_data().map_err(|e| io_error("sync", tmp, &e))?;
             }
             drop(f);
-            fs::rename(&tmp, &path).map_err(|e| io_error("replace the lease record", &path, &e))
+            fs::rename(tmp, path).map_err(|e| io_error(&format!("replace {what}"), path, &e))
         })();
         if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+            let _ = fs::remove_file(tmp);
             return result;
         }
         if durable {
@@ -312,6 +326,89 @@ impl Store {
                 .map_err(|e| io_error("sync the state directory", &self.dir, &e))?;
         }
         Ok(())
+    }
+
+    /// `N.done`: lock `N`'s completion record (a run-once job's), one line of
+    /// [`Completion::encode`]'s text. Lock files end in `.lease` or `.lock`, so no lock's file
+    /// is named like this.
+    pub(super) fn completion_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.done"))
+    }
+
+    /// The completion record of `name` as stored, bounded: whatever is there (a huge file, a
+    /// FIFO, garbage) reads as [`CompletionRead::Damaged`], never as an error of the check.
+    fn read_completion(&self, name: &str) -> Result<CompletionRead, BackendError> {
+        let path = self.completion_path(name);
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(CompletionRead::Absent),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Ok(CompletionRead::Damaged {
+                    reason: format!("{} is a symbolic link", path.display()),
+                });
+            }
+            Err(e) => return Err(io_error("open the completion record", &path, &e)),
+        };
+        if let Some(why) = not_regular(&file, &path)? {
+            return Ok(CompletionRead::Damaged {
+                reason: format!("{}: {why}", path.display()),
+            });
+        }
+        let mut bytes = Vec::with_capacity(128);
+        file.take(MAX_COMPLETION_RECORD as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error("read the completion record", &path, &e))?;
+        Ok(match CompletionRead::parse(&bytes) {
+            CompletionRead::Damaged { reason } => CompletionRead::Damaged {
+                reason: format!("{}: {reason}", path.display()),
+            },
+            read => read,
+        })
+    }
+
+    /// `name`'s completion record, the host's clock (the store's), and whether `token` is the
+    /// lock's latest grant: one critical section, so a grant cannot fall between the reads.
+    pub(super) fn check_completion(
+        &self,
+        name: &str,
+        token: FencingToken,
+        abandoned: &AtomicBool,
+    ) -> Result<CompletionCheck, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        let latest = self.read(name)?.is_some_and(|r| r.fencing == token.get());
+        let last = self.read_completion(name)?;
+        Ok(CompletionCheck {
+            now_ms: wall_ms(),
+            last,
+            latest,
+        })
+    }
+
+    /// Writes `record` as `name`'s completion record if `record.token` is the lock's latest
+    /// grant; durable before it answers, like a grant.
+    pub(super) fn record_completion(
+        &self,
+        name: &str,
+        record: &Completion,
+        abandoned: &AtomicBool,
+    ) -> Result<bool, BackendError> {
+        let _lock = self.lock(name, abandoned)?;
+        if self
+            .read(name)?
+            .is_none_or(|r| r.fencing != record.token.get())
+        {
+            return Ok(false);
+        }
+        let path = self.completion_path(name);
+        // '~' is in no lock name, so no other file of the directory has this name.
+        let tmp = self.dir.join(format!(".{name}.done~"));
+        let text = record.encode();
+        self.replace(&tmp, &path, text.as_bytes(), true, "the completion record")?;
+        Ok(true)
     }
 
     /// One attempt to take `req.name`.
@@ -424,13 +521,89 @@ impl Store {
         {
             return Ok(Released::NotHeld);
         }
-        r.holder = None;
+        let ended = r.holder.take().map(|h| ended_text(r.fencing, &h.identity));
         r.ack(*holder);
         if let Some((to, window)) = to {
             r.handoff = Some((Handoff::To(to.to_owned()), deadline(now, window)));
         }
         self.write(name, &r, false)?;
+        if let Some(text) = ended {
+            // Only for `tenure status`: a failure loses nothing the lease depends on.
+            let tmp = self.dir.join(format!(".{name}.ended~"));
+            let _ = self.replace(
+                &tmp,
+                &self.ended_path(name),
+                text.as_bytes(),
+                false,
+                "the release note",
+            );
+        }
         Ok(Released::Released)
+    }
+
+    /// `N.ended`: who released lock `N` last and when (`e1:<fencing>:<unix ms>:<identity>`),
+    /// for `tenure status`; written after the release, not synced.
+    fn ended_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.ended"))
+    }
+
+    /// How `name`'s latest term ended, while the lock is free: expired (the record still
+    /// names its holder) or released (the record's token, and `N.ended` when it names that
+    /// token). Reads without the file lock, like `inspect`.
+    pub(super) fn last_term(&self, name: &str) -> Result<Option<EndedTerm>, BackendError> {
+        let Some(r) = self.read(name)? else {
+            return Ok(None);
+        };
+        let now = now_ns()?;
+        if r.live(&self.boot, now).is_some() {
+            return Ok(None);
+        }
+        let fencing = FencingToken::new(r.fencing);
+        if let Some(h) = &r.holder {
+            // The expiry is on CLOCK_MONOTONIC of the record's boot: a wall time only then.
+            let ended_ms = (r.boot == self.boot)
+                .then(|| wall_ms().saturating_sub(now.saturating_sub(h.expires_ns) / 1_000_000));
+            return Ok(Some(EndedTerm {
+                identity: Some(h.identity.clone()),
+                fencing: Some(fencing),
+                end: TermEnd::Expired,
+                ended_ms,
+            }));
+        }
+        let note = self
+            .read_small(&self.ended_path(name))
+            .ok()
+            .flatten()
+            .and_then(|bytes| parse_ended(&bytes))
+            .filter(|(token, _, _)| *token == r.fencing);
+        Ok(Some(EndedTerm {
+            identity: note.as_ref().map(|(_, _, identity)| identity.clone()),
+            fencing: Some(fencing),
+            end: TermEnd::Released,
+            ended_ms: note.map(|(_, ms, _)| ms),
+        }))
+    }
+
+    /// A small file another process may have written: `None` when absent; refused when it is
+    /// a link or not a regular file; at most a completion record's size read.
+    fn read_small(&self, path: &Path) -> Result<Option<Vec<u8>>, BackendError> {
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_error("open", path, &e)),
+        };
+        if let Some(why) = not_regular(&file, path)? {
+            return Err(BackendError::new(BackendErrorKind::Protocol, why));
+        }
+        let mut bytes = Vec::with_capacity(128);
+        file.take(MAX_COMPLETION_RECORD as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error("read", path, &e))?;
+        Ok(Some(bytes))
     }
 
     /// Who holds `name` now. Reads without the file lock: a record is replaced atomically.
@@ -495,6 +668,42 @@ fn next_fencing(record: Option<&Record>, boot: &str, path: &Path) -> Result<u64,
             Ok(if r.boot == boot { next } else { next.max(seed) })
         }
     }
+}
+
+/// The release note of the term with token `fencing` held by `identity`, released now.
+fn ended_text(fencing: u64, identity: &str) -> String {
+    format!("e1:{fencing}:{}:{identity}", wall_ms())
+}
+
+/// Parses a release note (bounded, each field checked): (token, unix ms, identity).
+fn parse_ended(bytes: &[u8]) -> Option<(u64, u64, String)> {
+    if bytes.len() > MAX_COMPLETION_RECORD {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut f = text.splitn(4, ':');
+    if f.next()? != "e1" {
+        return None;
+    }
+    let mut number = || {
+        f.next()
+            .filter(|s| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    let (token, ms) = (number()?, number()?);
+    let identity = f.next()?;
+    (!identity.is_empty()
+        && identity.len() <= crate::backend::types::MAX_IDENTITY_LEN
+        && !identity.chars().any(char::is_control))
+    .then(|| (token, ms, identity.to_owned()))
+}
+
+/// The host's wall clock in milliseconds since the Unix epoch: the local store's clock for
+/// completion records (every process of the host reads the same one).
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 pub(super) fn deadline(now_ns: u64, ttl: Duration) -> u64 {

@@ -14,7 +14,7 @@ use super::engine::{self, Engine};
 use super::error::{config_error, from_conn, from_redis};
 use super::observe::Hub;
 use super::server::{Connector, Managed};
-use super::{Inner, RedisBackend, expiry, group, keys, members};
+use super::{Inner, RedisBackend, completion, expiry, group, keys, members};
 use crate::backend::BackendError;
 #[cfg(doc)]
 use crate::backend::BackendErrorKind;
@@ -73,6 +73,7 @@ impl RedisBackend {
             &engine::lock_scripts()[..],
             &members::scripts()[..],
             &group::scripts()[..],
+            &completion::scripts()[..],
         ]
         .concat();
         tokio::time::timeout(config.request_timeout, engine.load_scripts(&scripts))

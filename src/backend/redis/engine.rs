@@ -58,9 +58,12 @@ pub(crate) static HANDOFF: LazyLock<Lua> =
 
 /// The lock scripts, for loading them up front (with the other scripts of the backend: see
 /// [`Engine::load_scripts`]).
-pub(crate) fn lock_scripts() -> [&'static Lua; 5] {
-    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*HANDOFF]
+pub(crate) fn lock_scripts() -> [&'static Lua; 6] {
+    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*HANDOFF, &*RELEASED]
 }
+
+/// `released.lua`: a released lock's tombstone, for `tenure status`.
+static RELEASED: LazyLock<Lua> = LazyLock::new(|| Lua::new("released", script!("released.lua")));
 
 /// Counters of what the engine sent.
 #[derive(Debug, Default)]
@@ -452,6 +455,32 @@ impl Engine {
             Some(0) => Ok(false),
             _ => Err(protocol("handoff", &reply)),
         }
+    }
+
+    /// Who released lock `name` last, while its tombstone lasts (at least the release-ack
+    /// ttl): (identity, fencing token). `None` when the lock is held, gone, or not tenure's.
+    pub(crate) async fn released_by(
+        &self,
+        name: &str,
+    ) -> Result<Option<(String, FencingToken)>, BackendError> {
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("EVALSHA")
+            .arg(&RELEASED.sha)
+            .arg(1)
+            .arg(self.keys.lock(name));
+        let reply = self
+            .send(&pipe, &[&*RELEASED], "read the released lock")
+            .await?
+            .pop()
+            .unwrap_or(Ok(Value::Nil))?;
+        Ok(match reply {
+            Value::BulkString(bytes) => std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(|v| v.strip_prefix('~'))
+                .and_then(|rest| parse_lock_value(&format!("+{rest}")))
+                .filter(|(identity, _)| identity.len() <= crate::backend::types::MAX_IDENTITY_LEN),
+            _ => None,
+        })
     }
 
     /// Loads `scripts` (on every node of a cluster).

@@ -51,6 +51,11 @@ impl Keys {
         self.lock(name) + ":next"
     }
 
+    /// `<prefix>{<name>}:done`: a run-once job's completion record (see `completion.rs`).
+    pub(crate) fn completion(&self, name: &str) -> String {
+        self.lock(name) + ":done"
+    }
+
     /// The pub/sub channel of grants and releases: the lock key's name.
     pub(crate) fn channel(&self, name: &str) -> String {
         self.lock(name)
@@ -115,6 +120,7 @@ mod tests {
         let k = Keys::new("tenure:");
         assert_eq!(k.lock("jobs"), "tenure:{jobs}");
         assert_eq!(k.fence("jobs"), "tenure:{jobs}:fence");
+        assert_eq!(k.completion("jobs"), "tenure:{jobs}:done");
         assert_eq!(k.channel("jobs"), "tenure:{jobs}");
         assert_eq!(k.members("jobs"), "tenure:{jobs}:members");
         assert_eq!(k.member_records("jobs"), "tenure:{jobs}:member-records");

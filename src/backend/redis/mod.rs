@@ -46,6 +46,7 @@
 //! | `tenure:{jobs}` once released | the same with `~` first (a tombstone: free) | what remained of the lease, at least [`release_ack_ttl`](RedisConfig::release_ack_ttl) |
 //! | `tenure:{jobs}:fence` | the fencing counter | none |
 //! | `tenure:{jobs}:next` | a hand-over: `<fencing token of the term handing over>:<target>` (empty target: anyone), written by `handoff.lua`; only that term's holder or tombstone heeds it | the hand-over window |
+//! | `tenure:{jobs}:done` | a run-once job's completion record `c1:<token>:<started ms>:<took ms>:<identity>` (`completion.rs`), written only while the writer's token is the counter's value; `DEL` it to let the job run again | none |
 //!
 //! Holder tokens are 32 hex digits and `<watched>` is one character, so every field but the
 //! identity sits at a fixed position: the scripts compare and patch the value in place (a
@@ -163,6 +164,7 @@
 
 mod batch;
 mod cluster;
+mod completion;
 mod config;
 mod conn;
 mod connect;

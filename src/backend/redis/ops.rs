@@ -11,11 +11,9 @@ use futures::stream::BoxStream;
 use super::RedisBackend;
 use super::engine::{self, AcquireEntry, ReleaseEntry, RenewEntry, hex, millis};
 use super::error::name_error;
-use super::{group, keys, members};
+use super::{completion, group, keys, members};
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, GroupRead, GroupRecord,
-    GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released,
-    RenewRequest, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck, FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
 };
 
 impl RedisBackend {
@@ -265,6 +263,31 @@ impl Backend for RedisBackend {
         })
     }
 
+    /// Redis keeps the released holder in the lock's tombstone, for at least the release-ack
+    /// ttl, and no time; an expired lease leaves nothing.
+    fn last_term<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::EndedTerm>, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(name).map_err(name_error)?;
+            let released = self
+                .bounded(
+                    "redis read released lock",
+                    self.inner.engine.released_by(name),
+                )
+                .await?;
+            Ok(
+                released.map(|(identity, fencing)| crate::backend::EndedTerm {
+                    identity: Some(identity),
+                    fencing: Some(fencing),
+                    end: crate::backend::TermEnd::Released,
+                    ended_ms: None,
+                }),
+            )
+        })
+    }
+
     fn announce_member<'a>(
         &'a self,
         group: &'a str,
@@ -296,6 +319,36 @@ impl Backend for RedisBackend {
             self.bounded(
                 "redis read group record",
                 group::read(&self.inner.engine, group),
+            )
+            .await
+        })
+    }
+
+    fn check_completion<'a>(
+        &'a self,
+        name: &'a str,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<CompletionCheck, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(name).map_err(name_error)?;
+            self.bounded(
+                "redis check completion",
+                completion::check(&self.inner.engine, name, token),
+            )
+            .await
+        })
+    }
+
+    fn record_completion<'a>(
+        &'a self,
+        name: &'a str,
+        record: &'a Completion,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            keys::validate_name(name).map_err(name_error)?;
+            self.bounded(
+                "redis record completion",
+                completion::record(&self.inner.engine, name, record),
             )
             .await
         })

@@ -16,7 +16,11 @@ Exit codes:
   4        the backend could not be used (unreachable, credentials, permissions)
   5        tenure policy --check: the fence is not enforced (the line says why and what to do)
   6        --try / --timeout: the lease was not won in time (held elsewhere); CMD did not run
+  7        --once-per: this period's run was completed already; CMD did not run
+           (--done-exit-code changes it, e.g. to 0 for a CronJob)
   8        --fence: the term's fence could not be proven; CMD did not start
+  9        --once-per: CMD exited 0 but its completion could not be recorded (the store
+           refused it: a newer term began; or it could not be reached): it may run again
   126/127  the command could not be run / was not found
   128 + N  tenure stopped by signal N while it was not leading
 With --shards: 0 after SIGTERM or SIGINT (the copies' own exit codes are logged only).";
@@ -257,6 +261,35 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "shards")]
     pub timeout: Option<Duration>,
 
+    /// Run CMD at most once per PERIOD across every replica of the lease: a run-once job
+    /// (cron jobs, migrations). Periods are calendar-aligned on the store's clock (UTC days
+    /// for 24h, clock hours for 1h: period number = floor(store time / PERIOD)), never on a
+    /// replica's own clock. When a term begins, tenure reads the lease's completion record
+    /// from the store: if a run completed in this period, CMD is not run and tenure exits 7
+    /// (--done-exit-code). Otherwise CMD runs with TENURE_PERIOD_START (the period's start,
+    /// RFC 3339); when it exits 0, tenure records the completion, fenced by the term's token
+    /// (refused once a newer term has begun), and exits 0. A run is complete only then: a
+    /// command that failed or was killed with its term (kill -9, a lost lease) leaves no
+    /// record and the next run of the period runs it again; a command that exited 0 whose
+    /// record was refused or could not be written exits 9 (it may run again). At least 1s.
+    /// Example: --once-per 24h
+    #[arg(long, value_name = "PERIOD", value_parser = parse_period, conflicts_with = "shards")]
+    pub once_per: Option<Duration>,
+
+    /// With --once-per: the exit code when this period's run was completed already. A
+    /// CronJob's pod sets 0, so that a Job finding the work done succeeds.
+    #[arg(long, value_name = "CODE", default_value_t = 7, requires = "once_per")]
+    pub done_exit_code: u8,
+
+    /// Check this invocation instead of running it: the store answers; on Kubernetes this
+    /// user's permissions on the Lease (and, with --once-per, on NAME-done) by
+    /// SelfSubjectAccessReview; with --fence the impersonation of itself its fenced requests
+    /// need and the election's fencing policy. One line per check, with the fix for a
+    /// failure. Exit 0 when all pass, 4 when one fails. Nothing is campaigned for or run.
+    /// Example: tenure run --check --lease reports --backend kube --fence -- ./report.sh
+    #[arg(long)]
+    pub check: bool,
+
     /// Serve GET /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9090).
     #[arg(long, value_name = "ADDR", env = "TENURE_LISTEN")]
     pub listen: Option<std::net::SocketAddr>,
@@ -347,6 +380,18 @@ pub struct RunArgs {
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// `--once-per`: a duration of at least one second (the Kubernetes API server's clock has
+/// whole seconds).
+pub fn parse_period(s: &str) -> Result<Duration, String> {
+    let period = parse_duration(s).map_err(|e| e.to_string())?;
+    if period < Duration::from_secs(1) {
+        return Err(format!(
+            "{s:?} is shorter than 1s: a run-once period is at least one second"
+        ));
+    }
+    Ok(period)
 }
 
 /// A shard count: 1 to [`tenure::shard::MAX_SHARDS`].

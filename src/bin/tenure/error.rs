@@ -51,6 +51,12 @@ pub enum CliError {
         /// What the proof saw, and the fix.
         message: String,
     },
+    /// `--once-per`: the command exited 0 but its completion was not recorded.
+    #[error("{message}")]
+    NotRecorded {
+        /// Why, and what it means (the job may run again this period).
+        message: String,
+    },
     /// Something tenure itself could not do (a thread, a socket, a signal handler).
     #[error("{message}")]
     Internal {
@@ -69,6 +75,7 @@ impl CliError {
             Self::FenceOpen { .. } => 5,
             Self::NotAcquired { .. } => 6,
             Self::Unfenced { .. } => 8,
+            Self::NotRecorded { .. } => 9,
             Self::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 127,
             Self::Spawn { .. } => 126,
             Self::Internal { .. } => 1,

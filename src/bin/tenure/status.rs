@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tenure::backend::{GroupRead, LeaseRecord, Member};
+use tenure::backend::{EndedTerm, GroupRead, LeaseRecord, Member, TermEnd};
 
 use crate::args::{Output, StatusArgs};
 use crate::backend::{self, Connected};
@@ -29,7 +29,24 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let text = match args.shards {
         None => {
             let record = inspect(&connected, &args.lease).await?;
-            single(&args, &connected, record.as_ref())
+            let ended = if record.is_none() {
+                // Only shown, never decided on: a store that cannot say is not an error.
+                connected
+                    .backend
+                    .last_term(&args.lease)
+                    .await
+                    .unwrap_or_else(|e| {
+                        eprintln!(
+                            "tenure: warning: cannot read how the last term of {:?} ended: {}",
+                            printable(&args.lease),
+                            chain(&e)
+                        );
+                        None
+                    })
+            } else {
+                None
+            };
+            single(&args, &connected, record.as_ref(), ended.as_ref())
         }
         Some(shards) => sharded(&args, &connected, shards).await?,
     };
@@ -93,11 +110,71 @@ fn lease_cells(lease: &str, record: Option<&LeaseRecord>) -> Vec<String> {
     ]
 }
 
-fn single(args: &StatusArgs, connected: &Connected, record: Option<&LeaseRecord>) -> String {
+/// The wall clock in milliseconds since the Unix epoch.
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `ms` since the Unix epoch as RFC 3339 UTC.
+fn rfc3339(ms: u64) -> String {
+    i64::try_from(ms)
+        .ok()
+        .and_then(|ms| k8s_openapi::jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(|| format!("{ms} ms"), |t| t.to_string())
+}
+
+/// The JSON of how the last term ended.
+fn ended_json(ended: &EndedTerm) -> serde_json::Value {
+    serde_json::json!({
+        "holder": ended.identity,
+        "fencingToken": ended.fencing.map(|f| f.get()),
+        "ended": match ended.end { TermEnd::Released => "released", TermEnd::Expired => "expired" },
+        "endedAt": ended.ended_ms.map(rfc3339),
+        "endedAgoMs": ended.ended_ms.map(|ms| wall_ms().saturating_sub(ms)),
+    })
+}
+
+/// The line under the table of a free lease: who held it last, and when and how that ended.
+fn ended_line(ended: &EndedTerm) -> String {
+    let who = ended.identity.as_deref().map_or_else(
+        || "an elector that left no name (client-go)".to_owned(),
+        |i| printable(i).into_owned(),
+    );
+    let token = ended
+        .fencing
+        .map(|f| format!(" (fencing token {f})"))
+        .unwrap_or_default();
+    let how = match ended.end {
+        TermEnd::Released => "released",
+        TermEnd::Expired => "expired without renewal",
+    };
+    let when = ended.ended_ms.map_or_else(
+        || ", time not kept by this store".to_owned(),
+        |ms| {
+            let ago = wall_ms().saturating_sub(ms);
+            #[allow(clippy::cast_precision_loss)] // Display only.
+            let secs = ago as f64 / 1000.0;
+            format!(" at {} ({secs:.1}s ago)", rfc3339(ms))
+        },
+    );
+    format!("last holder: {who}{token}, {how}{when}\n")
+}
+
+fn single(
+    args: &StatusArgs,
+    connected: &Connected,
+    record: Option<&LeaseRecord>,
+    ended: Option<&EndedTerm>,
+) -> String {
     match args.output {
         Output::Json => {
             let mut map = lease_json(&args.lease, record);
             map.insert("backend".into(), connected.description.clone().into());
+            if let Some(ended) = ended {
+                map.insert("lastTerm".into(), ended_json(ended));
+            }
             format!("{}\n", serde_json::Value::Object(map))
         }
         Output::Table => {
@@ -108,7 +185,11 @@ fn single(args: &StatusArgs, connected: &Connected, record: Option<&LeaseRecord>
                 "EXPIRES IN",
                 "TRANSITIONS",
             ];
-            table(&header, &[lease_cells(&args.lease, record)])
+            let mut text = table(&header, &[lease_cells(&args.lease, record)]);
+            if let Some(ended) = ended {
+                text.push_str(&ended_line(ended));
+            }
+            text
         }
     }
 }

@@ -13,6 +13,10 @@ pub const ENV_SHARD: &str = "TENURE_SHARD";
 /// With `--shards`: the group's shard count N.
 pub const ENV_SHARDS: &str = "TENURE_SHARDS";
 
+/// With `--once-per`: the start of the period the run is for, on the store's clock (RFC 3339,
+/// UTC), e.g. `2026-01-01T00:00:00Z` with `--once-per 24h`.
+pub const ENV_PERIOD_START: &str = "TENURE_PERIOD_START";
+
 /// With `--fence`: the term's kubeconfig, reaching the Kubernetes API through its fenced
 /// endpoint (kubectl, Helm, client-go and the Python client read it).
 pub const ENV_KUBECONFIG: &str = "KUBECONFIG";

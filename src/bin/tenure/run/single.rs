@@ -4,11 +4,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use futures::future::Either;
 use tenure::election::{ElectionMetrics, LeaderElector};
 
 use crate::args::RunArgs;
 use crate::backend;
 use crate::error::CliError;
+use crate::run::once::OncePer;
 use crate::run::publish;
 use crate::run::restart;
 use crate::run::setup;
@@ -26,12 +28,20 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         elector = elector.with_restart_lock(lock);
     }
     setup::probe(&connected, &args.lease, args.retry_period).await?;
-    check_permissions(&connected, &args.lease).await?;
+    check_permissions(&connected, &args.lease, args.once_per.is_some()).await?;
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ElectionMetrics::register(&mut registry);
     elector = elector.with_metrics(metrics.clone());
     connected.register_metrics(&mut registry);
+    let damaged_completions = prometheus_client::metrics::counter::Counter::<u64>::default();
+    if args.once_per.is_some() {
+        registry.register(
+            "tenure_damaged_completion_records",
+            "--once-per: completion records read that tenure could not parse (each counted as no completion: the command ran)",
+            damaged_completions.clone(),
+        );
+    }
     if let Some(addr) = args.listen {
         let listener = setup::listen(addr).await?;
         let server = tenure::election::ProbeServer::new(elector.clone())
@@ -87,10 +97,28 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             () = limit => {}
         }
     };
+    let once = args.once_per.map(|period| {
+        Arc::new(OncePer::new(
+            Arc::clone(&connected.backend),
+            period,
+            args.done_exit_code,
+            args.retry_period,
+            args.lease_duration,
+            damaged_completions,
+        ))
+    });
     let outcome = elector
         .run_until(shutdown, |term| {
             began.store(true, Ordering::Release);
-            supervisor.term(term, Vec::new())
+            match &once {
+                None => Either::Left(supervisor.term(term, Vec::new())),
+                Some(once) => {
+                    let supervisor = supervisor.clone();
+                    Either::Right(
+                        Arc::clone(once).term(term, move |term, env| supervisor.term(term, env)),
+                    )
+                }
+            }
         })
         .await;
     if let Some(message) = gave_up
@@ -117,10 +145,39 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
 /// On Kubernetes, refuses to campaign without a permission the elector needs on its Lease
 /// (exit 4): a candidate without `update` would otherwise follow quietly and fail only when it
 /// has to take over. A failed check (reviews refused, no answer) is logged and not fatal.
-async fn check_permissions(connected: &backend::Connected, lease: &str) -> Result<(), CliError> {
+///
+/// With `--once-per`, the completion record's Lease (`NAME-done`) is checked too: without get
+/// and update on it, every run would fail after its command succeeded (exit 9).
+async fn check_permissions(
+    connected: &backend::Connected,
+    lease: &str,
+    once: bool,
+) -> Result<(), CliError> {
     let Some(kube) = &connected.kube else {
         return Ok(());
     };
+    if once {
+        match kube.missing_completion_permissions(lease).await {
+            Ok(missing) if missing.is_empty() => {}
+            Ok(missing) => {
+                return Err(CliError::Backend {
+                    message: format!(
+                        "{}: this user may not {} lease \"{lease}-done\" (coordination.k8s.io), where --once-per keeps the job's completion record; it needs get and update on it and create on leases: grant them with a Role (the Helm chart's does)",
+                        connected.description,
+                        missing.join(", ")
+                    ),
+                });
+            }
+            Err(e) if e.kind() == tenure::backend::BackendErrorKind::Config => {
+                return Err(CliError::Config {
+                    message: format!("--once-per: {}", crate::error::chain(&e)),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the permissions on the completion record; campaigning anyway");
+            }
+        }
+    }
     match kube.missing_permissions(lease).await {
         Ok(missing) if missing.is_empty() => Ok(()),
         Ok(missing) => Err(CliError::Backend {

@@ -22,7 +22,9 @@ use crate::process::watchdog::Watchdog;
 use crate::run::fence::CommandFence;
 
 /// Runs the command for one term and stops it when the term ends. With `--shards`, the
-/// workload of every shard's term: any number of terms may run at once.
+/// workload of every shard's term: any number of terms may run at once. Clones share the
+/// watchdog, the signals and the fence.
+#[derive(Clone)]
 pub struct Supervisor {
     command: Vec<OsString>,
     grace: Duration,
