@@ -35,6 +35,9 @@ pub enum Kind {
     /// Workloads of two shard counts ran at once (a resize let the new count start before
     /// the old one's last workload was gone).
     TwoCounts,
+    /// A term whose lease the store still holds for it, with renewals answered, believed
+    /// itself invalid for longer than a retry period (its workload could not act).
+    Stalled,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
 }
@@ -73,6 +76,7 @@ struct Running {
     started: Instant,
     /// Whether the holder's clock ever ran slower than the drift allowance covers.
     beyond_bound: Arc<AtomicBool>,
+    term: Term,
 }
 
 #[derive(Default)]
@@ -112,6 +116,14 @@ pub struct World {
     /// When the store lost its data.
     wipes: Mutex<Vec<Instant>>,
     pub store_down: AtomicBool,
+    /// The store takes no request in while set (the `store-stall` nemesis).
+    stall: tokio::sync::watch::Sender<bool>,
+    /// Campaigns for a lease aimed at an instant (its expiry), by the nemeses.
+    aims: Mutex<BTreeMap<String, Instant>>,
+    /// Replicas whose workloads ignore cancellation from now on (the `stubborn-stop` nemesis).
+    forced_stubborn: Mutex<std::collections::BTreeSet<String>>,
+    /// Every nemesis that fired: when, which, on which lease.
+    nemeses: Mutex<Vec<(Instant, &'static str, String)>>,
     findings: Mutex<Vec<Finding>>,
     pub counters: Counters,
 }
@@ -129,6 +141,10 @@ impl World {
             counts: Mutex::default(),
             wipes: Mutex::default(),
             store_down: AtomicBool::new(false),
+            stall: tokio::sync::watch::channel(false).0,
+            aims: Mutex::default(),
+            forced_stubborn: Mutex::default(),
+            nemeses: Mutex::default(),
             findings: Mutex::default(),
             counters: Counters::default(),
         }
@@ -139,7 +155,64 @@ impl World {
         self.ms(Instant::now())
     }
 
-    fn ms(&self, at: Instant) -> u64 {
+    /// A nemesis fired: named in the history and counted.
+    pub fn nemesis(&self, name: &'static str, lease: &str, what: impl std::fmt::Display) {
+        self.event(format_args!("nemesis {name} {what}"));
+        lock(&self.nemeses).push((Instant::now(), name, lease.to_owned()));
+    }
+
+    /// Every nemesis that fired: virtual ms, name, lease.
+    pub fn nemeses(&self) -> Vec<(u64, &'static str, String)> {
+        lock(&self.nemeses)
+            .iter()
+            .map(|(at, n, l)| (self.ms(*at), *n, l.clone()))
+            .collect()
+    }
+
+    /// Stalls the store (requests wait at its door) or lets it take them in again.
+    pub fn stall_store(&self, on: bool) {
+        self.stall.send_replace(on);
+    }
+
+    /// Waits while the store is stalled.
+    pub async fn until_store_flows(&self) {
+        let mut rx = self.stall.subscribe();
+        let _ = rx.wait_for(|stalled| !*stalled).await;
+    }
+
+    /// Aims campaigns for `lease` at `at`.
+    pub fn aim_at(&self, lease: &str, at: Instant) {
+        lock(&self.aims).insert(lease.to_owned(), at);
+    }
+
+    /// The instant campaigns for `lease` are aimed at, if one is.
+    pub fn aim(&self, lease: &str) -> Option<Instant> {
+        lock(&self.aims).get(lease).copied()
+    }
+
+    /// Makes the workloads of `label` ignore cancellation from now on.
+    pub fn force_stubborn(&self, label: &str) {
+        lock(&self.forced_stubborn).insert(label.to_owned());
+    }
+
+    pub fn forced_stubborn(&self, label: &str) -> bool {
+        lock(&self.forced_stubborn).contains(label)
+    }
+
+    /// The running terms of `lease`: token, holder label, the term.
+    pub fn running_terms(&self, lease: &str) -> Vec<(u64, String, Term)> {
+        lock(&self.running)
+            .get(lease)
+            .map(|terms| {
+                terms
+                    .iter()
+                    .map(|(t, r)| (*t, r.holder.clone(), r.term.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn ms(&self, at: Instant) -> u64 {
         u64::try_from(at.saturating_duration_since(self.origin).as_millis()).unwrap_or(u64::MAX)
     }
 
@@ -280,6 +353,7 @@ impl World {
             holder: holder.to_owned(),
             started: Instant::now(),
             beyond_bound,
+            term: term.clone(),
         };
         let newer = lock(&self.grants).get(lease).and_then(|list| {
             list.iter()
