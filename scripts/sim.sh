@@ -47,7 +47,7 @@ for defect in "$root"/sim/defects/*.patch; do
   if [ "$found" -gt 0 ]; then
     kind="$(grep -m1 -A1 '^VIOLATION seed' <<<"$out" | tail -1 | awk '{print $1}')"
     # The replay line of the first violation names the nemesis that preceded it, if any.
-    nemesis="$(grep -m1 "replay: .*--seed $first " <<<"$out" | sed -n 's/.*# //p')"
+    nemesis="$(grep -m1 "replay: .*--seed $first " <<<"$out" | sed -n 's/.*# //p' || true)"
     echo "bite: $name found by $found of $seeds seeds (first: seed $first, $kind; $nemesis)"
   else
     echo "bite: $name NOT FOUND in $seeds seeds"
