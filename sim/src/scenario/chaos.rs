@@ -7,10 +7,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Sim;
+use crate::link::{Cut, Link, SLOWEST_COVERED_RATE};
 
 /// The share of the chaos phase's faults that are nemeses (`nemesis.rs`).
 const NEMESIS_SHARE: f64 = 0.3;
-use crate::link::{Cut, Link, SLOWEST_COVERED_RATE};
 
 impl Sim {
     /// Seeded faults for `length`, each healed after its own span.
@@ -197,8 +197,8 @@ impl Sim {
     }
 }
 
-/// A replica started for a while only (a resize's first step): it leaves for good.
 impl Sim {
+    /// A replica started for a while only (a resize's first step): it leaves for good.
     fn retire(&mut self, id: usize) {
         self.transient.remove(&id);
         self.leave(id);
