@@ -6,7 +6,8 @@
 #   scripts/sim.sh --seed S ... --trace      replay one seed (every failure prints this line)
 #   scripts/sim.sh --bite [N]                re-introduce each defect in sim/defects/ into a
 #                                            scratch copy and show the simulation finds it
-#                                            within N seeds (default 200)
+#                                            within N seeds (default 200); with names after N,
+#                                            only those defects
 #   scripts/sim.sh --help                    every option of the simulator
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,11 +26,15 @@ fi
 
 shift
 seeds="${1:-200}"
+shift || true
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 missed=0
 for defect in "$root"/sim/defects/*.patch; do
   name="$(basename "$defect" .patch)"
+  if [ "$#" -gt 0 ] && ! printf '%s\n' "$@" | grep -qx "$name"; then
+    continue
+  fi
   copy="$scratch/$name"
   mkdir -p "$copy"
   # The working tree as it is (uncommitted changes included), without build output.
@@ -41,7 +46,9 @@ for defect in "$root"/sim/defects/*.patch; do
   first="$(grep -m1 '^VIOLATION seed' <<<"$out" | awk '{print $3}')"
   if [ "$found" -gt 0 ]; then
     kind="$(grep -m1 -A1 '^VIOLATION seed' <<<"$out" | tail -1 | awk '{print $1}')"
-    echo "bite: $name found by $found of $seeds seeds (first: seed $first, $kind)"
+    # The replay line of the first violation names the nemesis that preceded it, if any.
+    nemesis="$(grep -m1 "replay: .*--seed $first " <<<"$out" | sed -n 's/.*# //p' || true)"
+    echo "bite: $name found by $found of $seeds seeds (first: seed $first, $kind; $nemesis)"
   else
     echo "bite: $name NOT FOUND in $seeds seeds"
     missed=$((missed + 1))

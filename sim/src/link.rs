@@ -60,6 +60,8 @@ pub struct State {
     pub stale: f64,
     /// Probability that a watch item is replaced by a hiccup (the item lost).
     pub hiccups: f64,
+    /// Added to every watch item's latency (the `watch-lag` nemesis).
+    pub lag: Duration,
     /// Whether the link's rare latency spikes happen (off once every fault is healed: a
     /// watch item held for seconds delays a hand-off to this replica by as much).
     pub spikes: bool,
@@ -75,6 +77,7 @@ impl Default for State {
             extra: Duration::ZERO,
             stale: 0.0,
             hiccups: 0.0,
+            lag: Duration::ZERO,
             spikes: true,
         }
     }
@@ -100,6 +103,32 @@ struct Inner {
     /// Set for good once the rate left the documented drift bound.
     beyond_bound: Arc<AtomicBool>,
     reads: std::sync::Mutex<BTreeMap<String, Option<LeaseRecord>>>,
+    bounds: Bounds,
+    /// When the last acquire or renewal of each lease whose answer reached this replica
+    /// was sent: the replica's renew deadline is `last_ok + renew_deadline`.
+    last_ok: std::sync::Mutex<BTreeMap<String, Instant>>,
+    /// The `slow-renewal` nemesis, armed: the next renewal answered "held" is held to the
+    /// last instant it still counts, then the link is cut.
+    hold_renewal: std::sync::Mutex<Option<HoldRenewal>>,
+}
+
+/// The lock runtime's bounds on a request, as configured for this run: where its patience
+/// with an answer ends.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub renew_deadline: Duration,
+    pub request_timeout: Duration,
+}
+
+/// An armed `slow-renewal` (or `drift-edge`) nemesis.
+#[derive(Clone, Debug)]
+pub struct HoldRenewal {
+    pub nemesis: &'static str,
+    pub lease: String,
+    /// How long the link stays cut (both ways) once the held answer is delivered.
+    pub cut_for: Duration,
+    /// Disarmed if no renewal of the lease comes by then (the term ended meanwhile).
+    pub armed_until: Instant,
 }
 
 /// A replica's link to the store (clones share it).
@@ -111,7 +140,13 @@ pub struct Link(Arc<Inner>);
 pub const SLOWEST_COVERED_RATE: f64 = 0.99;
 
 impl Link {
-    pub fn new(store: MemoryBackend, world: Arc<World>, label: String, latency: Latency) -> Self {
+    pub fn new(
+        store: MemoryBackend,
+        world: Arc<World>,
+        label: String,
+        latency: Latency,
+        bounds: Bounds,
+    ) -> Self {
         Self(Arc::new(Inner {
             store,
             world,
@@ -120,7 +155,42 @@ impl Link {
             state: watch::channel(State::default()).0,
             beyond_bound: Arc::default(),
             reads: std::sync::Mutex::default(),
+            bounds,
+            last_ok: std::sync::Mutex::default(),
+            hold_renewal: std::sync::Mutex::default(),
         }))
+    }
+
+    /// Arms the `slow-renewal` nemesis on this link.
+    pub fn hold_next_renewal(&self, hold: HoldRenewal) {
+        *lock(&self.0.hold_renewal) = Some(hold);
+    }
+
+    /// Whether a nemesis is armed on this link and has not fired yet.
+    pub fn holding(&self) -> bool {
+        lock(&self.0.hold_renewal).is_some()
+    }
+
+    /// This replica's renew deadline of `lease`, as its lock runtime computes it.
+    pub fn renew_deadline(&self, lease: &str) -> Option<Instant> {
+        lock(&self.0.last_ok)
+            .get(lease)
+            .map(|at| *at + self.0.bounds.renew_deadline)
+    }
+
+    /// Records that an acquire or renewal of `lease` sent at `sent` came back successful.
+    fn succeeded(&self, lease: &str, sent: Instant) {
+        let mut last = lock(&self.0.last_ok);
+        let at = last.entry(lease.to_owned()).or_insert(sent);
+        *at = (*at).max(sent);
+    }
+
+    /// Waits until `at`, or until every fault is healed.
+    async fn hold_until(&self, at: Instant) {
+        tokio::select! {
+            () = tokio::time::sleep_until(at) => {}
+            () = self.until(|s| !s.spikes) => {}
+        }
     }
 
     pub fn label(&self) -> &str {
@@ -193,6 +263,8 @@ impl Link {
         self.travel().await;
         self.until(|s| !s.frozen && matches!(s.cut, Cut::None | Cut::Answers))
             .await;
+        // A stalled store (the `store-stall` nemesis) takes requests in only when it resumes.
+        self.0.world.until_store_flows().await;
         self.0
             .world
             .counters
@@ -255,6 +327,10 @@ impl Link {
             let link = link.clone();
             async move {
                 link.travel().await;
+                let lag = link.state().lag;
+                if !lag.is_zero() {
+                    link.hold_until(Instant::now() + lag).await;
+                }
                 link.until(|s| !s.frozen && s.cut == Cut::None).await;
                 let hiccups = link.state().hiccups;
                 if link.0.world.rng(|r| r.chance(hiccups)) {
@@ -266,6 +342,81 @@ impl Link {
                 item
             }
         }))
+    }
+}
+
+impl Link {
+    /// The armed `slow-renewal` nemesis fires on a renewal of its lease that the store
+    /// answered "held": the answer is held to 1 ms before the client stops waiting for it
+    /// (its request timeout, or its renew deadline if sooner), so it still counts; then the
+    /// link is cut both ways until well past the store's expiry, and every other replica's
+    /// campaign for the lease is aimed at the expiry instant.
+    async fn slow_renewal(
+        &self,
+        batch: &[RenewRequest],
+        out: &[Result<Renewed, BackendError>],
+        sent: Instant,
+        processed: Instant,
+        rate: f64,
+    ) {
+        let armed = lock(&self.0.hold_renewal).clone();
+        let Some(hold) = armed else {
+            return;
+        };
+        if Instant::now() > hold.armed_until {
+            *lock(&self.0.hold_renewal) = None;
+            return;
+        }
+        let Some((req, _)) = batch
+            .iter()
+            .zip(out)
+            .find(|(r, a)| *r.name == *hold.lease && matches!(a, Ok(Renewed::Held)))
+        else {
+            return;
+        };
+        if !self.state().spikes {
+            return;
+        }
+        *lock(&self.0.hold_renewal) = None;
+        // The scheduler waits for a batch until the earliest deadline among its leases.
+        let patience = batch
+            .iter()
+            .filter_map(|r| self.renew_deadline(&r.name))
+            .fold(sent + self.0.bounds.request_timeout, Instant::min);
+        let edge = patience - Duration::from_millis(1);
+        let held = edge.saturating_duration_since(Instant::now());
+        self.hold_until(edge).await;
+        // Every fault was healed while the answer was held (the quiet phase began): the
+        // nemesis ends there, as the random faults do. Cutting the link now would leave it
+        // cut for good, since the heal below only runs while faults do (seed 100487 of
+        // 10,000: a replica cut at the heal stayed a member holding no shard).
+        if !self.state().spikes {
+            return;
+        }
+        let expiry = processed + scaled(req.ttl, rate);
+        self.0.world.nemesis(
+            hold.nemesis,
+            &hold.lease,
+            format_args!(
+                "{} {}: renewal answer held {held:?} to 1 ms before the client gives up, then cut {:?}; campaigns aimed at the expiry {} ms",
+                self.0.label,
+                hold.lease,
+                hold.cut_for,
+                self.0.world.ms(expiry)
+            ),
+        );
+        self.0.world.aim_at(&hold.lease, expiry);
+        self.change(|s| s.cut = Cut::Both);
+        let link = self.clone();
+        tokio::spawn(async move {
+            link.hold_until(Instant::now() + hold.cut_for).await;
+            if link.state().spikes && link.state().cut == Cut::Both {
+                link.0
+                    .world
+                    .event(format_args!("heal {} cut (nemesis)", link.label()));
+                link.change(|s| s.cut = Cut::None);
+            }
+        });
     }
 }
 
@@ -283,17 +434,37 @@ impl Backend for Link {
         req: &'a AcquireRequest,
     ) -> BoxFuture<'a, Result<Acquired, BackendError>> {
         Box::pin(async move {
+            let sent = Instant::now();
             let rate = self.outbound().await?;
+            // A campaign aimed at the expiry instant (nemeses): one that reaches the store
+            // shortly before it waits there until the instant, within the client's patience.
+            let aim = self.0.world.aim(&req.name);
+            if let Some(at) = aim
+                && at > Instant::now()
+                && sent + self.0.bounds.request_timeout > at
+            {
+                self.hold_until(at).await;
+            }
             self.conflict()?;
             let mut req = req.clone();
             req.ttl = scaled(req.ttl, rate);
-            let out = self.0.store.try_acquire(&req).await;
+            let mut out = self.0.store.try_acquire(&req).await;
             if let Ok(Acquired::Granted { fencing }) = &out {
                 self.0
                     .world
                     .granted(&req.name, fencing.get(), &self.0.label);
             }
+            // Told to come back when the lease runs out, an aimed candidate is told a little
+            // less, so that its next campaign reaches the store just before the expiry.
+            if let (Some(at), Ok(Acquired::Busy { remaining, .. })) = (aim, &mut out)
+                && at > Instant::now()
+            {
+                *remaining = remaining.map(|r| r.saturating_sub(self.0.bounds.request_timeout / 2));
+            }
             self.inbound().await;
+            if matches!(out, Ok(Acquired::Granted { .. })) {
+                self.succeeded(&req.name, sent);
+            }
             out
         })
     }
@@ -318,6 +489,7 @@ impl Backend for Link {
         batch: &'a [RenewRequest],
     ) -> BoxFuture<'a, Vec<Result<Renewed, BackendError>>> {
         Box::pin(async move {
+            let sent = Instant::now();
             let rate = match self.outbound().await {
                 Ok(rate) => rate,
                 Err(e) => return vec![Err(e); batch.len()],
@@ -333,8 +505,15 @@ impl Backend for Link {
                     r
                 })
                 .collect();
+            let processed = Instant::now();
             let out = self.0.store.renew_many(&scaled_batch).await;
             self.inbound().await;
+            self.slow_renewal(batch, &out, sent, processed, rate).await;
+            for (r, answer) in batch.iter().zip(&out) {
+                if matches!(answer, Ok(Renewed::Held)) {
+                    self.succeeded(&r.name, sent);
+                }
+            }
             out
         })
     }
@@ -475,7 +654,11 @@ mod tests {
                 spike_ms: 1_000_000.0,
                 conflict_chance: 0.0,
             };
-            let link = Link::new(MemoryBackend::new(), world, "r0#1".into(), latency);
+            let bounds = Bounds {
+                renew_deadline: Duration::from_secs(6),
+                request_timeout: Duration::from_millis(600),
+            };
+            let link = Link::new(MemoryBackend::new(), world, "r0#1".into(), latency, bounds);
             let began = Instant::now();
             let heal = {
                 let link = link.clone();

@@ -22,7 +22,8 @@ use scenario::{Outcome, Params, excuse_name, is_violation};
 
 const USAGE: &str =
     "usage: tenure-sim [--seeds N] [--first-seed S | --seed S] [--replicas R] [--shards S]
-                  [--chaos-secs T] [--no-faults] [--drift-beyond] [--stubborn P] [--check-determinism]
+                  [--chaos-secs T] [--no-faults] [--no-nemeses] [--drift-beyond] [--stubborn P]
+                  [--check-determinism] [--fail-fast]
                   [--trace] [--jobs J] [--table]
   --seeds N            run seeds S..S+N (default 1)
   --seed S             run this one seed (same as --first-seed S --seeds 1)
@@ -31,12 +32,14 @@ const USAGE: &str =
                        seeds, 12 for odd ones)
   --chaos-secs T       virtual seconds of faults before the quiet phase (default 120)
   --no-faults          no faults: only the quiet phase's join, leave and kill
+  --no-nemeses         random faults only, no targeted ones (nemeses)
   --drift-beyond       some replica clocks run slower than the drift allowance covers
   --stubborn P         share of terms whose workload ignores cancellation (default 0.5)
   --check-determinism  run every seed twice and compare the histories
   --trace              print the history of every seed
   --jobs J             seeds run on J threads (default: the machine's cores)
-  --table              print one line of figures per seed";
+  --table              print one line of figures per seed
+  --fail-fast          stop at the first seed with a violation (seeds after it are not run)";
 
 struct Args {
     seeds: u64,
@@ -51,6 +54,8 @@ struct Args {
     jobs: usize,
     table: bool,
     stubborn: f64,
+    nemeses: bool,
+    fail_fast: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -67,6 +72,8 @@ fn parse() -> Result<Args, String> {
         jobs: std::thread::available_parallelism().map_or(1, usize::from),
         table: false,
         stubborn: 0.5,
+        nemeses: true,
+        fail_fast: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -88,6 +95,8 @@ fn parse() -> Result<Args, String> {
             "--jobs" => a.jobs = num::<usize>("--jobs", &value("--jobs")?)?.max(1),
             "--stubborn" => a.stubborn = num("--stubborn", &value("--stubborn")?)?,
             "--no-faults" => a.faults = false,
+            "--no-nemeses" => a.nemeses = false,
+            "--fail-fast" => a.fail_fast = true,
             "--drift-beyond" => a.drift_beyond = true,
             "--check-determinism" => a.determinism = true,
             "--trace" => a.trace = true,
@@ -140,15 +149,20 @@ fn main() -> ExitCode {
         drift_beyond: args.drift_beyond,
         keep_lines: args.trace || args.determinism || args.seeds <= 1,
         stubborn: args.stubborn,
+        nemeses: args.nemeses,
     };
     let seeds: Vec<u64> = (args.first..args.first.saturating_add(args.seeds)).collect();
     let queue = Mutex::new(seeds.clone().into_iter());
     let results: Mutex<Vec<(Outcome, Option<Outcome>)>> = Mutex::new(Vec::new());
     let rss_before = peak_rss_kib();
+    let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         for _ in 0..args.jobs.min(seeds.len()).max(1) {
             s.spawn(|| {
                 loop {
+                    if args.fail_fast && failed.load(std::sync::atomic::Ordering::Relaxed) {
+                        return;
+                    }
                     let Some(seed) = world::lock(&queue).next() else {
                         return;
                     };
@@ -162,6 +176,13 @@ fn main() -> ExitCode {
                             ..p.clone()
                         })
                     });
+                    if first.findings.iter().any(is_violation)
+                        || second
+                            .as_ref()
+                            .is_some_and(|b| b.fingerprint != first.fingerprint)
+                    {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
                     world::lock(&results).push((first, second));
                 }
             });
@@ -171,10 +192,16 @@ fn main() -> ExitCode {
     results.sort_by_key(|(o, _)| o.params.seed);
 
     let (mut violations, mut faults, mut events, mut excused) = (0u64, 0u64, 0u64, Vec::new());
+    let mut nemeses = [0u64; scenario::NEMESES.len()];
     let mut writes = (0u64, 0u64, 0u64, 0u64);
     for (o, again) in &results {
         faults += o.faults;
         events += o.fingerprint.1;
+        for (_, name, _) in &o.nemeses {
+            if let Some(i) = scenario::NEMESES.iter().position(|n| n == name) {
+                nemeses[i] += 1;
+            }
+        }
         writes.0 += o.writes.0;
         writes.1 += o.writes.1;
         writes.2 += o.writes.2;
@@ -270,7 +297,18 @@ fn main() -> ExitCode {
                 }
             }
         }
-        println!("  replay: {}", o.params.replay());
+        let nemesis = bad.first().and_then(|f| nearest_nemesis(o, f));
+        match nemesis {
+            Some((at, name, lease)) => println!(
+                "  replay: {}   # nemesis {name} at {at} ms ({lease})",
+                o.params.replay()
+            ),
+            None => println!(
+                "  replay: {}   # no nemesis in the {} ms before it (random faults)",
+                o.params.replay(),
+                NEMESIS_WINDOW_LEASES * o.lease_ms
+            ),
+        }
     }
     let data_loss = excused
         .iter()
@@ -281,10 +319,15 @@ fn main() -> ExitCode {
         .filter(|e| **e == world::Excuse::BeyondDriftBound)
         .count();
     let rss = peak_rss_kib().saturating_sub(rss_before);
+    let nemeses: Vec<String> = scenario::NEMESES
+        .iter()
+        .zip(nemeses)
+        .map(|(n, c)| format!("{n} {c}"))
+        .collect();
     println!(
         "sim: seeds {}, faults injected {faults}, histories checked {} ({events} events), violations {violations}; \
          expected overlaps: {data_loss} {}, {beyond} {}; fenced writes: {} issued, {} accepted, {} refused \
-         ({} of them a plain store would have taken late); peak memory +{} KiB; {:.1} s",
+         ({} of them a plain store would have taken late); nemeses: {}; peak memory +{} KiB; {:.1} s",
         results.len(),
         results.len() * if args.determinism { 2 } else { 1 },
         excuse_name(world::Excuse::DataLoss),
@@ -293,6 +336,11 @@ fn main() -> ExitCode {
         writes.1,
         writes.2,
         writes.3,
+        if args.nemeses {
+            nemeses.join(", ")
+        } else {
+            "off".into()
+        },
         rss,
         began.elapsed().as_secs_f64()
     );
@@ -301,6 +349,24 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// How far back (in leases) a nemesis counts as the one that led to a violation.
+const NEMESIS_WINDOW_LEASES: u64 = 3;
+
+/// The latest nemesis before `f`, within a few leases: on its lease if one was, else any.
+fn nearest_nemesis<'a>(o: &'a Outcome, f: &world::Finding) -> Option<(u64, &'static str, &'a str)> {
+    let from = f.at_ms.saturating_sub(NEMESIS_WINDOW_LEASES * o.lease_ms);
+    let window = || {
+        o.nemeses
+            .iter()
+            .rev()
+            .filter(move |(at, _, _)| *at <= f.at_ms && *at >= from)
+    };
+    window()
+        .find(|(_, _, lease)| *lease == f.lease)
+        .or_else(|| window().next())
+        .map(|(at, name, lease)| (*at, *name, lease.as_str()))
 }
 
 fn fmt_secs(s: Option<f64>) -> String {
@@ -321,6 +387,7 @@ mod tests {
             drift_beyond: false,
             keep_lines: true,
             stubborn: 0.5,
+            nemeses: true,
         }
     }
 

@@ -16,7 +16,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, Completion, CompletionCheck, CompletionRead, FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, Completion, CompletionCheck, CompletionRead,
+    FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken,
+    InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 
 /// Fencing tokens of the memory backend come from one process-wide counter, so they rise

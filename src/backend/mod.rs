@@ -52,7 +52,8 @@ pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use group::{GroupRead, GroupRecord, GroupVersion, ShardLeaseWatch};
 pub use types::{
-    AcquireRequest, Acquired, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken, LeadershipEvent, LeaseRecord, Member, Released, RenewRequest, Renewed, TermEnd,
+    AcquireRequest, Acquired, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken,
+    LeadershipEvent, LeaseRecord, Member, Released, RenewRequest, Renewed, TermEnd,
 };
 
 /// A lease store: the atomic primitives the lock runtime is built from.

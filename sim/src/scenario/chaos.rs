@@ -9,6 +9,9 @@ use tokio::time::Instant;
 use super::Sim;
 use crate::link::{Cut, Link, SLOWEST_COVERED_RATE};
 
+/// The share of the chaos phase's faults that are nemeses (`nemesis.rs`).
+const NEMESIS_SHARE: f64 = 0.3;
+
 impl Sim {
     /// Seeded faults for `length`, each healed after its own span.
     pub(super) async fn chaos(&mut self, length: Duration) {
@@ -34,6 +37,13 @@ impl Sim {
             }
             tokio::time::sleep_until(next).await;
             self.world.counters.faults.fetch_add(1, Ordering::Relaxed);
+            // A share of the faults are nemeses, aimed from the run's state.
+            if self.p.nemeses
+                && self.world.rng(|r| r.chance(NEMESIS_SHARE))
+                && self.nemesis(&mut heals).await
+            {
+                continue;
+            }
             let kind = self.world.rng(|r| r.below(100));
             let span = Duration::from_secs_f64(self.world.rng(|r| r.between(0.2, 2.5)) * lease);
             let Some(id) = self.pick() else {
@@ -127,7 +137,7 @@ impl Sim {
         }
     }
 
-    fn heal(&mut self, heal: Heal) {
+    pub(super) fn heal(&mut self, heal: Heal) {
         match heal {
             Heal::Link(link, what) => {
                 self.world
@@ -139,6 +149,7 @@ impl Sim {
                     HealWhat::Watch => {
                         s.stale = 0.0;
                         s.hiccups = 0.0;
+                        s.lag = Duration::ZERO;
                     }
                 });
             }
@@ -156,6 +167,7 @@ impl Sim {
                 self.world.event("heal store up");
                 self.world.store_down.store(false, Ordering::Relaxed);
             }
+            Heal::Retire(id) => self.retire(id),
         }
     }
 
@@ -165,6 +177,10 @@ impl Sim {
         self.world.event("quiet: every fault healed");
         self.quiet = true;
         self.world.store_down.store(false, Ordering::Relaxed);
+        self.world.stall_store(false);
+        for id in std::mem::take(&mut self.transient) {
+            self.retire(id);
+        }
         for r in self.replicas.values() {
             r.link.change(|s| {
                 *s = crate::link::State {
@@ -181,7 +197,16 @@ impl Sim {
     }
 }
 
-enum HealWhat {
+impl Sim {
+    /// A replica started for a while only (a resize's first step): it leaves for good.
+    fn retire(&mut self, id: usize) {
+        self.transient.remove(&id);
+        self.leave(id);
+        self.down.retain(|d| *d != id);
+    }
+}
+
+pub(super) enum HealWhat {
     Spike,
     Cut,
     Freeze,
@@ -199,8 +224,10 @@ impl std::fmt::Debug for HealWhat {
     }
 }
 
-enum Heal {
+pub(super) enum Heal {
     Link(Link, HealWhat),
     Restart(usize, bool),
     StoreUp,
+    /// A transient replica leaves for good.
+    Retire(usize),
 }

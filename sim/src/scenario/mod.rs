@@ -20,11 +20,14 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::link::{Latency, Link, SLOWEST_COVERED_RATE};
+use crate::link::{Bounds, Latency, Link, SLOWEST_COVERED_RATE};
 use crate::world::{Excuse, Finding, World};
 
 mod chaos;
+mod nemesis;
 mod quiet;
+
+pub use nemesis::NAMES as NEMESES;
 
 /// What a run simulates; with the seed, all that decides its history.
 #[derive(Clone, Debug)]
@@ -42,6 +45,8 @@ pub struct Params {
     pub keep_lines: bool,
     /// The share of terms whose workload ignores cancellation.
     pub stubborn: f64,
+    /// Targeted faults beside the random ones (`nemesis.rs`).
+    pub nemeses: bool,
 }
 
 impl Params {
@@ -56,6 +61,9 @@ impl Params {
         }
         if self.drift_beyond {
             cmd.push_str(" --drift-beyond");
+        }
+        if !self.nemeses {
+            cmd.push_str(" --no-nemeses");
         }
         if (self.stubborn - 0.5).abs() > f64::EPSILON {
             cmd.push_str(&format!(" --stubborn {}", self.stubborn));
@@ -90,12 +98,19 @@ pub struct Outcome {
     pub terms: u64,
     pub writes: (u64, u64, u64, u64),
     pub figures: Figures,
+    /// Every nemesis that fired: virtual ms, name, lease.
+    pub nemeses: Vec<(u64, &'static str, String)>,
+    pub lease_ms: u64,
 }
 
 /// The election timings of a run, drawn from the seed among valid configurations.
 struct Timing {
     lease: Duration,
     retry: Duration,
+    /// How long a renewal may take before the lock runtime stops waiting for its answer.
+    request_timeout: Duration,
+    renew_deadline: Duration,
+    grace: Duration,
     config: ElectionConfig,
 }
 
@@ -103,14 +118,35 @@ fn timing(world: &World) -> Timing {
     let lease_ms = world.rng(|r| [4_500u64, 9_000, 15_000][r.below(3) as usize]);
     let lease = Duration::from_millis(lease_ms);
     let retry = lease * 2 / 15;
+    let renew_deadline = lease * 2 / 3;
+    // The default stop margin (1 s) hides every error in the validity arithmetic smaller
+    // than itself: two runs in three use none or a few milliseconds, so the workload is
+    // dropped at the boundary the arithmetic computes. Likewise the grace of a stop.
+    let stop_margin = world.rng(|r| {
+        [
+            Duration::from_secs(1),
+            Duration::ZERO,
+            Duration::from_millis(5),
+        ][r.below(3) as usize]
+    });
+    let grace = world.rng(|r| [Duration::from_secs(5), lease / 3][r.below(2) as usize]);
     let config = ElectionConfig::new()
         .lease_duration(lease)
-        .renew_deadline(lease * 2 / 3)
+        .renew_deadline(renew_deadline)
         .retry_period(retry)
+        .stop_margin(stop_margin)
+        .grace(grace)
         .rejoin(true);
+    world.event(format_args!(
+        "timing stop margin {stop_margin:?} grace {grace:?}"
+    ));
     Timing {
         lease,
         retry,
+        // `ElectionConfig`'s default request timeout: half the retry period.
+        request_timeout: retry / 2,
+        renew_deadline,
+        grace,
         config,
     }
 }
@@ -139,6 +175,8 @@ struct Sim {
     stubborn: f64,
     /// Every fault healed: no new faults, no latency spikes.
     quiet: bool,
+    /// Replicas started for a while only (`resize-late`): retired, never restarted.
+    transient: std::collections::BTreeSet<usize>,
 }
 
 /// Runs one seed on a fresh runtime.
@@ -192,6 +230,7 @@ async fn simulate(p: Params) -> Outcome {
         write_every,
         stubborn: p.stubborn,
         quiet: false,
+        transient: Default::default(),
     };
     for _ in 0..p.replicas {
         let id = sim.next_id;
@@ -225,6 +264,8 @@ async fn simulate(p: Params) -> Outcome {
             c.late_writes_stopped.load(Ordering::Relaxed),
         ),
         figures,
+        nemeses: world.nemeses(),
+        lease_ms: u64::try_from(sim.t.lease.as_millis()).unwrap_or(u64::MAX),
     }
 }
 
@@ -263,7 +304,7 @@ async fn workload(
     let token = term.fencing_token().get();
     // Some terms (half by default) run a stubborn workload: it ignores cancellation and writes without
     // checking its term, as code stuck in a long call does. The elector must drop it in time.
-    let stubborn = world.rng(|r| r.chance(stubborn));
+    let mut stubborn = world.rng(|r| r.chance(stubborn));
     loop {
         let pause = Duration::from_secs_f64(world.rng(|r| r.between(every.0, every.1)));
         if stubborn {
@@ -271,7 +312,13 @@ async fn workload(
         } else {
             tokio::select! {
                 () = sleep(pause) => {}
-                () = term.cancellation().cancelled() => return,
+                () = term.cancellation().cancelled() => {
+                    // The `stubborn-stop` nemesis: this process's workloads ignore it.
+                    if !world.forced_stubborn(&label) {
+                        return;
+                    }
+                    stubborn = true;
+                }
             }
         }
         if stubborn || term.is_valid() {
@@ -287,6 +334,11 @@ impl Sim {
 
     /// Starts replica `id` (a new process: a new link, locker and elector).
     fn start(&mut self, id: usize) {
+        self.start_with(id, self.p.shards);
+    }
+
+    /// Starts replica `id` running a sharded group of `shards` shards (or one lease: 0).
+    fn start_with(&mut self, id: usize, shards: u32) {
         // One process per identity at a time, as a restarted container after the old one.
         if let Some(old) = self.leaving.remove(&id)
             && !old.task.is_finished()
@@ -307,6 +359,10 @@ impl Sim {
             self.world.clone(),
             label.clone(),
             self.latency,
+            Bounds {
+                renew_deadline: self.t.renew_deadline,
+                request_timeout: self.t.request_timeout,
+            },
         );
         // Every process's clock drifts a little, within the allowance (±1%).
         let rate = self.world.rng(|r| r.between(SLOWEST_COVERED_RATE, 1.01));
@@ -320,7 +376,7 @@ impl Sim {
         let locker = Locker::with_identity(link.clone(), &identity).expect("a valid identity");
         let (stop, stopped) = oneshot::channel::<()>();
         let (world, every, stubborn) = (self.world.clone(), self.write_every, self.stubborn);
-        let task = if self.p.shards == 0 {
+        let task = if shards == 0 {
             let elector =
                 LeaderElector::new(locker, "job", self.t.config.clone()).expect("valid config");
             let link2 = link.clone();
@@ -356,10 +412,9 @@ impl Sim {
                 }
             })
         } else {
-            let elector =
-                ShardedElector::new(locker, self.group(), self.p.shards, self.t.config.clone())
-                    .expect("valid sharded config");
-            if self.p.shards <= 256 {
+            let elector = ShardedElector::new(locker, self.group(), shards, self.t.config.clone())
+                .expect("valid sharded config");
+            if shards <= 256 {
                 // Each assignment this replica computes, in the history (small groups only;
                 // whether lines are kept must not change what runs, so not on `keep_lines`).
                 let mut assignment = elector.assignment();
@@ -385,7 +440,7 @@ impl Sim {
             let link2 = link.clone();
             let retry = self.t.retry;
             let group = self.group();
-            let count = self.p.shards;
+            let count = shards;
             tokio::spawn(async move {
                 let mut stopped = std::pin::pin!(stopped);
                 loop {

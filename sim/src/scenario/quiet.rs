@@ -13,7 +13,7 @@ use super::{Figures, Sim};
 use crate::world::Kind;
 
 impl Sim {
-    fn leases(&self) -> Vec<String> {
+    pub(super) fn leases(&self) -> Vec<String> {
         if self.p.shards == 0 {
             vec!["job".to_owned()]
         } else {
@@ -96,7 +96,9 @@ impl Sim {
         let from = Instant::now();
         let mut leaderless: BTreeMap<String, Instant> = BTreeMap::new();
         let mut reported: std::collections::BTreeSet<String> = Default::default();
+        let mut invalid: BTreeMap<(String, u64), Instant> = BTreeMap::new();
         while from.elapsed() <= window {
+            self.check_stalled(&mut invalid);
             for (lease, who) in self.owners() {
                 if who.is_some() {
                     leaderless.remove(&lease);
@@ -117,6 +119,37 @@ impl Sim {
             }
             sleep(self.sample_every()).await;
         }
+    }
+
+    /// A running term not cancelled (its lease has not ended) is valid: its renew deadline comes before
+    /// its validity ends. One that believes itself invalid for longer than a retry period
+    /// while its lease goes on has a workload that cannot act (checker `Stalled`).
+    fn check_stalled(&self, invalid: &mut BTreeMap<(String, u64), Instant>) {
+        let mut seen = std::collections::BTreeSet::new();
+        for lease in self.leases() {
+            for (token, holder, term) in self.world.running_terms(&lease) {
+                if term.cancellation().is_cancelled() || term.is_valid() {
+                    continue;
+                }
+                let key = (lease.clone(), token);
+                seen.insert(key.clone());
+                let since = *invalid.entry(key).or_insert_with(Instant::now);
+                if since.elapsed() > self.t.retry
+                    && since.elapsed() <= self.t.retry + self.sample_every()
+                {
+                    self.world.find(
+                        &lease,
+                        Kind::Stalled,
+                        None,
+                        format!(
+                            "term #{token} ({holder}) has not ended but believes itself invalid for {:?}",
+                            since.elapsed()
+                        ),
+                    );
+                }
+            }
+        }
+        invalid.retain(|k, _| seen.contains(k));
     }
 
     /// Counts the leases whose owner differs between two snapshots.

@@ -127,7 +127,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck, FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck,
+    FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken,
+    InvalidName, LeaseRecord, Member, Released, Renewed,
 };
 use store::Store;
 use watch::{Hub, Watcher};

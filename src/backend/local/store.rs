@@ -27,7 +27,9 @@ use super::record::{Holder, Record};
 use super::sys;
 use crate::backend::completion::MAX_COMPLETION_RECORD;
 use crate::backend::{
-    AcquireRequest, Acquired, BackendError, BackendErrorKind, Completion, CompletionCheck, CompletionRead, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken, LeaseRecord, Released, Renewed, TermEnd,
+    AcquireRequest, Acquired, BackendError, BackendErrorKind, Completion, CompletionCheck,
+    CompletionRead, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken, LeaseRecord,
+    Released, Renewed, TermEnd,
 };
 
 /// Where the kernel publishes the id of the current boot.

@@ -59,7 +59,9 @@ pub(crate) static HANDOFF: LazyLock<Lua> =
 /// The lock scripts, for loading them up front (with the other scripts of the backend: see
 /// [`Engine::load_scripts`]).
 pub(crate) fn lock_scripts() -> [&'static Lua; 6] {
-    [&*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*HANDOFF, &*RELEASED]
+    [
+        &*ACQUIRE, &*RENEW, &*RELEASE, &*INSPECT, &*HANDOFF, &*RELEASED,
+    ]
 }
 
 /// `released.lua`: a released lock's tombstone, for `tenure status`.

@@ -13,7 +13,9 @@ use super::engine::{self, AcquireEntry, ReleaseEntry, RenewEntry, hex, millis};
 use super::error::name_error;
 use super::{completion, group, keys, members};
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck, FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken, InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, Completion, CompletionCheck,
+    FencingToken, GroupRead, GroupRecord, GroupVersion, Handoff, HolderChange, HolderToken,
+    InvalidName, LeaseRecord, Member, Released, RenewRequest, Renewed,
 };
 
 impl RedisBackend {

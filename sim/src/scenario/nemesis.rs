@@ -1,0 +1,334 @@
+//! Targeted faults ("nemeses"): each aims at a boundary a guarantee rests on, and is aimed
+//! from the state of the run — who holds which lease, when that holder's renew deadline
+//! falls, when the store's record expires — not from the seed alone. They run in the chaos
+//! phase beside the random faults; each is named in the history (`nemesis NAME …`), counted
+//! in the summary, and named beside the replay line of a violation it preceded.
+//!
+//! Seeded random faults almost never line up with a boundary: a renewal answered at the
+//! last instant it counts, then silence until the store's expiry while another replica
+//! campaigns at that instant, is one order of faults among millions. Defects that only break
+//! at a boundary need the nemeses to be seen (docs/evidence.md).
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use tenure::Backend;
+use tokio::time::Instant;
+
+use super::Sim;
+use super::chaos::{Heal, HealWhat};
+use crate::link::{Cut, HoldRenewal, SLOWEST_COVERED_RATE};
+
+/// Every nemesis, in the order the summary lists them.
+pub const NAMES: [&str; 9] = [
+    "slow-renewal",
+    "drift-edge",
+    "drift-past",
+    "store-stall",
+    "watch-lag",
+    "stubborn-stop",
+    "join-late",
+    "leave-late",
+    "resize-late",
+];
+
+/// The clock rate of `drift-past`: just slower than the drift allowance covers.
+const JUST_PAST_RATE: f64 = 0.985;
+
+/// A lease held now, as the store sees it.
+struct Held {
+    lease: String,
+    id: usize,
+    /// The store's expiry of the holder's record.
+    expiry: Instant,
+}
+
+impl Sim {
+    /// The leases held now by a live replica, as the store sees them.
+    fn held(&self) -> Vec<Held> {
+        let now = Instant::now();
+        self.leases()
+            .into_iter()
+            .filter_map(|lease| {
+                // The memory store answers at once; reading it wakes nothing and draws nothing.
+                let record = self
+                    .store
+                    .inspect(&lease)
+                    .now_or_never()
+                    .and_then(Result::ok)
+                    .flatten()?;
+                let (id, _) = self
+                    .replicas
+                    .iter()
+                    .find(|(_, r)| r.identity == record.identity)?;
+                Some(Held {
+                    lease,
+                    id: *id,
+                    expiry: now + record.remaining?,
+                })
+            })
+            .collect()
+    }
+
+    /// Waits until `at`, healing on the way whatever falls due.
+    async fn wait_until(&mut self, at: Instant, heals: &mut Vec<(Instant, Heal)>) {
+        heals.sort_by_key(|(at, _)| *at);
+        while heals.first().is_some_and(|(due, _)| *due <= at) {
+            let (due, heal) = heals.remove(0);
+            tokio::time::sleep_until(due).await;
+            self.heal(heal);
+        }
+        tokio::time::sleep_until(at).await;
+    }
+
+    /// Runs one nemesis, drawn among those that fit the run now. False if none fits (no
+    /// lease is held by a live replica).
+    pub(super) async fn nemesis(&mut self, heals: &mut Vec<(Instant, Heal)>) -> bool {
+        let held = self.held();
+        if held.is_empty() {
+            return false;
+        }
+        let sharded = self.p.shards > 0;
+        // Weights: the boundary of validity most, the membership moments only in groups.
+        let weights: [u64; 9] = [
+            3,
+            3,
+            1,
+            2,
+            2,
+            2,
+            u64::from(sharded),
+            u64::from(sharded),
+            u64::from(sharded),
+        ];
+        let total: u64 = weights.iter().sum();
+        let mut draw = self.world.rng(|r| r.below(total));
+        let mut which = 0;
+        while draw >= weights[which] {
+            draw -= weights[which];
+            which += 1;
+        }
+        let target = &held[self.world.rng(|r| r.below(held.len() as u64)) as usize];
+        let (lease, id, expiry) = (target.lease.clone(), target.id, target.expiry);
+        let name = NAMES[which];
+        match name {
+            "slow-renewal" | "drift-edge" | "drift-past" => self.hold_renewal(name, &lease, id),
+            "store-stall" => self.stall_across_expiry(&lease, id, expiry, heals).await,
+            "watch-lag" => self.lag_watches_around_hand_off(&lease, id, heals),
+            "stubborn-stop" => self.stubborn_stop(&lease, id, expiry, heals),
+            _ => self.at_last_renew_period(name, &lease, id, heals).await,
+        }
+        true
+    }
+
+    /// `slow-renewal`: the holder's next renewal of `lease` is answered at the last instant
+    /// it counts, then the holder is cut off until well past the store's expiry while the
+    /// others' campaigns are aimed at the expiry instant. `drift-edge` does the same with the
+    /// holder's clock exactly at the edge of the drift allowance (rate 0.99); `drift-past`
+    /// just past it (0.985: overlaps are expected, and reported as such).
+    fn hold_renewal(&mut self, name: &'static str, lease: &str, id: usize) {
+        let link = self.replicas[&id].link.clone();
+        if link.holding() {
+            return;
+        }
+        let l = self.t.lease;
+        let cut_for = l.mul_f64(self.world.rng(|r| r.between(1.2, 2.0)));
+        match name {
+            "drift-edge" => link.change(|s| s.rate = SLOWEST_COVERED_RATE),
+            "drift-past" => link.change(|s| s.rate = JUST_PAST_RATE),
+            _ => {}
+        }
+        self.world.event(format_args!(
+            "nemesis {name} armed on {} {lease} (clock rate {:.4})",
+            link.label(),
+            link.state().rate
+        ));
+        link.hold_next_renewal(HoldRenewal {
+            nemesis: name,
+            lease: lease.to_owned(),
+            cut_for,
+            armed_until: Instant::now() + l,
+        });
+    }
+
+    /// `store-stall`: the holder of `lease` goes silent (its requests held), the store
+    /// stalls shortly before the lease's expiry and resumes after it with the campaigns
+    /// (aimed at the expiry) and the holder's last renewal queued at its door.
+    async fn stall_across_expiry(
+        &mut self,
+        lease: &str,
+        id: usize,
+        expiry: Instant,
+        heals: &mut Vec<(Instant, Heal)>,
+    ) {
+        let link = self.replicas[&id].link.clone();
+        let patience = self.t.request_timeout;
+        let (before, after) = self
+            .world
+            .rng(|r| (r.between(0.1, 0.9), r.between(0.3, 0.9)));
+        let (from, to) = (
+            expiry - patience.mul_f64(before),
+            expiry + patience.mul_f64(after),
+        );
+        self.world.nemesis(
+            "store-stall",
+            lease,
+            format_args!(
+                "{} {lease}: holder silent, store stalled {} to {} ms across the expiry at {} ms",
+                link.label(),
+                self.world.ms(from),
+                self.world.ms(to),
+                self.world.ms(expiry)
+            ),
+        );
+        link.change(|s| s.cut = Cut::Requests);
+        heals.push((from, Heal::Link(link, HealWhat::Cut)));
+        self.world.aim_at(lease, expiry);
+        self.wait_until(from, heals).await;
+        self.world.stall_store(true);
+        self.wait_until(to, heals).await;
+        self.world.event("heal store resumes (nemesis)");
+        self.world.stall_store(false);
+    }
+
+    /// `watch-lag`: every other replica's watches lag (items held, some lost) while the
+    /// holder of `lease` hands it off with a graceful stop.
+    fn lag_watches_around_hand_off(
+        &mut self,
+        lease: &str,
+        id: usize,
+        heals: &mut Vec<(Instant, Heal)>,
+    ) {
+        let l = self.t.lease;
+        let (lag, hiccups, span) = self.world.rng(|r| {
+            (
+                l.mul_f64(r.between(0.3, 1.5)),
+                r.between(0.1, 0.6),
+                l.mul_f64(r.between(1.0, 2.5)),
+            )
+        });
+        let holder = self.replicas[&id].link.label().to_owned();
+        self.world.nemesis(
+            "watch-lag",
+            lease,
+            format_args!(
+                "{holder} hands {lease} off; the others' watches lag {lag:?}, hiccups {hiccups:.2}, for {span:?}"
+            ),
+        );
+        for (other, r) in &self.replicas {
+            if *other == id {
+                continue;
+            }
+            r.link.change(|s| {
+                s.lag = lag;
+                s.hiccups = hiccups;
+            });
+            heals.push((
+                Instant::now() + span,
+                Heal::Link(r.link.clone(), HealWhat::Watch),
+            ));
+        }
+        self.leave(id);
+        heals.push((Instant::now() + span, Heal::Restart(id, true)));
+    }
+
+    /// `stubborn-stop`: the holder of `lease` stops gracefully while its workloads ignore
+    /// cancellation, and is cut off at once (its renewals and its release never land): the
+    /// elector's drop deadline alone must end the workload before the store's expiry, at
+    /// which the others' campaigns are aimed.
+    fn stubborn_stop(
+        &mut self,
+        lease: &str,
+        id: usize,
+        expiry: Instant,
+        heals: &mut Vec<(Instant, Heal)>,
+    ) {
+        let link = self.replicas[&id].link.clone();
+        let l = self.t.lease;
+        self.world.nemesis(
+            "stubborn-stop",
+            lease,
+            format_args!(
+                "{} stops gracefully holding {lease}, its workloads ignoring cancellation, cut off; campaigns aimed at the expiry {} ms",
+                link.label(),
+                self.world.ms(expiry)
+            ),
+        );
+        self.world.force_stubborn(link.label());
+        self.world.aim_at(lease, expiry);
+        self.leave(id);
+        link.change(|s| s.cut = Cut::Both);
+        let back = Instant::now() + self.t.grace.max(l) + l;
+        heals.push((back, Heal::Link(link, HealWhat::Cut)));
+        heals.push((back, Heal::Restart(id, true)));
+    }
+
+    /// `join-late`, `leave-late`, `resize-late` (sharded groups): the holder of a shard goes
+    /// silent until its term of the shard is in its last renew period (its renewals failing,
+    /// its renew deadline within a retry period), and at that moment a replica joins, the
+    /// holder leaves, or a replica of another shard count starts (a resize's first step).
+    async fn at_last_renew_period(
+        &mut self,
+        name: &'static str,
+        lease: &str,
+        id: usize,
+        heals: &mut Vec<(Instant, Heal)>,
+    ) {
+        let link = self.replicas[&id].link.clone();
+        let Some(deadline) = link.renew_deadline(lease) else {
+            return;
+        };
+        let retry = self.t.retry;
+        let l = self.t.lease;
+        link.change(|s| s.cut = Cut::Requests);
+        let heal_at = deadline - retry / 2 + l.mul_f64(self.world.rng(|r| r.between(0.0, 0.5)));
+        heals.push((heal_at, Heal::Link(link.clone(), HealWhat::Cut)));
+        // The cut may come while a renewal is on its way: the deadline read again then.
+        let moment = deadline.saturating_sub_dur(retry);
+        self.wait_until(moment.max(Instant::now()), heals).await;
+        if !self.replicas.contains_key(&id) {
+            return;
+        }
+        let deadline = link.renew_deadline(lease).unwrap_or(deadline);
+        self.world.nemesis(
+            name,
+            lease,
+            format_args!(
+                "{} holds {lease} in its last renew period (renew deadline {} ms)",
+                link.label(),
+                self.world.ms(deadline)
+            ),
+        );
+        match name {
+            "join-late" => {
+                let new = self.next_id;
+                self.next_id += 1;
+                self.start(new);
+            }
+            "leave-late" => {
+                self.leave(id);
+                heals.push((Instant::now() + l * 2, Heal::Restart(id, true)));
+            }
+            _ => {
+                let new = self.next_id;
+                self.next_id += 1;
+                let count = (self.p.shards + 4).min(tenure::shard::MAX_SHARDS);
+                self.start_with(new, count);
+                self.transient.insert(new);
+                let span = l.mul_f64(self.world.rng(|r| r.between(1.0, 2.0)));
+                heals.push((Instant::now() + span, Heal::Retire(new)));
+            }
+        }
+    }
+}
+
+/// `Instant - Duration`, saturating at the run's origin rather than panicking.
+trait SaturatingSub {
+    fn saturating_sub_dur(self, d: Duration) -> Instant;
+}
+
+impl SaturatingSub for Instant {
+    fn saturating_sub_dur(self, d: Duration) -> Instant {
+        self.checked_sub(d).unwrap_or(self)
+    }
+}
