@@ -7,7 +7,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 
-use super::proof::{Answer, PROOF_WINDOW, RETRY, dry_create};
+use super::proof::{Answer, PROOF_WINDOW, Probe, RETRY, dry_create};
 use super::{REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
 /// What [`check`] found.
@@ -307,10 +307,9 @@ async fn read_floor(
         .annotations
         .as_ref()
         .and_then(|a| a.get(crate::backend::kube::record::FENCING_FLOOR).cloned());
-    Ok(match floor_text.as_deref().map(str::parse::<u64>) {
-        None => Ok(0),
-        Some(Ok(f)) if floor_text.as_deref() == Some(f.to_string().as_str()) => Ok(f),
-        Some(_) => Err(CheckVerdict::Open {
+    Ok(match parse_floor(floor_text.as_deref()) {
+        Some(f) => Ok(f),
+        None => Err(CheckVerdict::Open {
             cause: OpenCause::BrokenFloor,
             message: format!(
                 "the Lease {lease}'s annotation {} is {:?}, not a fencing token: every participant write is refused until the next grant rewrites it (or remove the annotation)",
@@ -319,6 +318,16 @@ async fn read_floor(
             ),
         }),
     })
+}
+
+/// The floor a Lease's `tenure.dev/fencing-floor` annotation gives (0 when there is none: no
+/// term yet), or `None` when it is not a fencing token as tenure writes it (decimal, no sign,
+/// no leading zeros): the policy's CEL refuses every participant write under such a floor.
+fn parse_floor(text: Option<&str>) -> Option<u64> {
+    let Some(text) = text else {
+        return Some(0);
+    };
+    text.parse::<u64>().ok().filter(|f| f.to_string() == text)
 }
 
 /// The two dry runs at `floor`: `None` when the floor's own token was refused as stale (a
@@ -338,9 +347,57 @@ async fn prove_floor(
             .lease_namespace(policy.namespace());
     let probe = policy.probe();
     let election = policy.lease_name();
+    // Before any term (floor 0) there is no lower token: a write without one must be refused.
+    let below = fencer.probe_api(election, floor.checked_sub(1));
+    let at = fencer.probe_api(election, Some(floor));
+    let facts = Floor {
+        participant,
+        namespace: policy.namespace(),
+        lease,
+        floor,
+    };
+    judge_floor(&facts, |which| {
+        let api = match which {
+            Probe::Below => &below,
+            Probe::At => &at,
+        };
+        dry_create(api, &probe, lease)
+    })
+    .await
+}
+
+/// What a check's two dry runs are about.
+struct Floor<'a> {
+    participant: &'a Participant,
+    /// The Lease namespace.
+    namespace: &'a str,
+    /// `namespace/name` of the election's Lease.
+    lease: &'a str,
+    /// The Lease's floor (0: no term yet).
+    floor: u64,
+}
+
+/// The check's decisions, given a way to `ask` each dry run: the token below the floor (none
+/// at floor 0) must be refused as stale, asked again every 100 ms within [`PROOF_WINDOW`]
+/// while the server admits it or does not answer; then the floor's own token must be
+/// admitted. `None` when the floor's own token was refused as stale (a newer term came).
+async fn judge_floor<F, Fut>(
+    facts: &Floor<'_>,
+    mut ask: F,
+) -> Result<Option<CheckVerdict>, CheckError>
+where
+    F: FnMut(Probe) -> Fut,
+    Fut: std::future::Future<Output = Answer>,
+{
+    let Floor {
+        participant,
+        lease,
+        floor,
+        ..
+    } = *facts;
     let forbidden = |message: String| CheckError::Forbidden {
         participant: participant.to_string(),
-        namespace: policy.namespace().to_owned(),
+        namespace: facts.namespace.to_owned(),
         message,
     };
     let refused = |what: &str, message: String| {
@@ -349,12 +406,10 @@ async fn prove_floor(
             message: format!("{what} refused as {participant}: {message}"),
         }))
     };
-    // Before any term (floor 0) there is no lower token: a write without one must be refused.
     let below = floor.checked_sub(1);
-    let api = fencer.probe_api(election, below);
     let deadline = tokio::time::Instant::now() + PROOF_WINDOW;
     loop {
-        match dry_create(&api, &probe, lease).await {
+        match ask(Probe::Below).await {
             Answer::Stale(_) => break,
             Answer::Refused(message) if below.is_none() && message.contains(": missing token") => {
                 break;
@@ -388,10 +443,9 @@ async fn prove_floor(
         }
     }
     // Then the floor's own token: what the live term writes with must be admitted.
-    let at = fencer.probe_api(election, Some(floor));
     let deadline = tokio::time::Instant::now() + PROOF_WINDOW;
     loop {
-        match dry_create(&at, &probe, lease).await {
+        match ask(Probe::At).await {
             Answer::Admitted => return Ok(Some(CheckVerdict::Enforced { floor })),
             Answer::Stale(_) => return Ok(None),
             Answer::Refused(message)
@@ -405,5 +459,290 @@ async fn prove_floor(
             }
             Answer::Failed(_) => tokio::time::sleep(RETRY * 10).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::script::Script;
+    use super::*;
+    use crate::fence::kube::FencingPolicy;
+    use crate::fence::kube::error::Current;
+
+    const LEASE: &str = "ops/ctl";
+
+    /// The verdict at `floor` on `s`'s answers, bounded (the clock is paused).
+    async fn judge(s: &Script, floor: u64) -> Result<Option<CheckVerdict>, CheckError> {
+        let participant = Participant::new("system:serviceaccount:ops:w");
+        let facts = Floor {
+            participant: &participant,
+            namespace: "ops",
+            lease: LEASE,
+            floor,
+        };
+        tokio::time::timeout(PROOF_WINDOW * 10, judge_floor(&facts, |p| s.ask(p)))
+            .await
+            .expect("a verdict within ten proof windows")
+    }
+
+    fn stale() -> Answer {
+        Answer::Stale(Some(Current::Term(50)))
+    }
+
+    fn open(verdict: Result<Option<CheckVerdict>, CheckError>) -> (OpenCause, String) {
+        match verdict {
+            Ok(Some(CheckVerdict::Open { cause, message })) => (cause, message),
+            other => panic!("expected Open, got {other:?}"),
+        }
+    }
+
+    fn times(s: &Script) -> Vec<Duration> {
+        s.asked().into_iter().map(|(_, t)| t).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_floor_is_enforced_once_the_token_below_is_stale_and_its_own_admitted() {
+        let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, Answer::Admitted)]);
+        assert!(matches!(
+            judge(&s, 50).await,
+            Ok(Some(CheckVerdict::Enforced { floor: 50 }))
+        ));
+        // Before the first term a write without a token must be refused as missing one.
+        let missing =
+            "tenure fencing: lease ops/ctl: missing token: a participant must name its term";
+        let s = Script::new(vec![
+            (Probe::Below, Answer::Refused(missing.into())),
+            (Probe::At, Answer::Admitted),
+        ]);
+        assert!(matches!(
+            judge(&s, 0).await,
+            Ok(Some(CheckVerdict::Enforced { floor: 0 }))
+        ));
+        // With a term, a missing token is not the refusal that proves the floor.
+        let s = Script::new(vec![(Probe::Below, Answer::Refused(missing.into()))]);
+        let (cause, message) = open(judge(&s, 50).await);
+        assert_eq!(cause, OpenCause::Refused);
+        assert!(
+            message.starts_with("a dry run below the floor was refused as system:serviceaccount:ops:w: tenure fencing"),
+            "{message}"
+        );
+        // At floor 0 another refusal proves nothing either.
+        let s = Script::new(vec![(
+            Probe::Below,
+            Answer::Refused("tenure fencing: lease ops/ctl: malformed".into()),
+        )]);
+        assert_eq!(open(judge(&s, 0).await).0, OpenCause::Refused);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lagging_server_is_asked_again_every_100_ms_within_the_window() {
+        let s = Script::new(vec![
+            (Probe::Below, Answer::Admitted),
+            (Probe::Below, Answer::Failed("timeout".into())),
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Failed("timeout".into())),
+            (Probe::At, Answer::Admitted),
+        ]);
+        assert!(matches!(
+            judge(&s, 50).await,
+            Ok(Some(CheckVerdict::Enforced { floor: 50 }))
+        ));
+        assert_eq!(
+            times(&s),
+            [0, 100, 200, 200, 300].map(Duration::from_millis)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_below_the_floor_admitted_for_the_whole_window_is_an_open_fence() {
+        let s = Script::new(vec![(Probe::Below, Answer::Admitted)]);
+        let (cause, message) = open(judge(&s, 50).await);
+        assert_eq!(cause, OpenCause::NotEnforced);
+        assert!(
+            message.contains("admitted token 49, below the Lease's floor 50, from system:serviceaccount:ops:w on lease ops/ctl")
+                && message.contains("#130887"),
+            "{message}"
+        );
+        let asked = times(&s);
+        let last = *asked.last().expect("asked");
+        assert!(
+            last >= PROOF_WINDOW && last < PROOF_WINDOW + RETRY * 10,
+            "gave up at {last:?}, not at the window's end"
+        );
+        assert!(s.asked().iter().all(|(p, _)| *p == Probe::Below));
+        let s = Script::new(vec![(Probe::Below, Answer::Admitted)]);
+        let (_, message) = open(judge(&s, 0).await);
+        assert!(
+            message.contains("admitted a write without a token"),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_answer_within_the_window_is_no_verdict() {
+        for script in [
+            vec![(Probe::Below, Answer::Failed("connection refused".into()))],
+            vec![
+                (Probe::Below, stale()),
+                (Probe::At, Answer::Failed("connection refused".into())),
+            ],
+        ] {
+            let s = Script::new(script);
+            match judge(&s, 50).await {
+                Err(CheckError::NoAnswer { message }) => assert_eq!(message, "connection refused"),
+                other => panic!("expected NoAnswer, got {other:?}"),
+            }
+            let asked = s.asked();
+            let (which, _) = *asked.last().expect("asked");
+            let tries: Vec<Duration> = asked
+                .iter()
+                .filter(|(p, _)| *p == which)
+                .map(|(_, t)| *t)
+                .collect();
+            let span = *tries.last().expect("asked") - tries[0];
+            assert!(
+                span >= PROOF_WINDOW && span < PROOF_WINDOW + RETRY * 10,
+                "{which:?}: gave up after {span:?}"
+            );
+            assert!(
+                tries.windows(2).all(|w| w[1] - w[0] == RETRY * 10),
+                "paced every 100 ms"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_name_what_was_refused_and_a_newer_term_reads_the_floor_again() {
+        let other = || Answer::OtherElection {
+            lease: "ops/other".into(),
+            message: "tenure fencing: lease ops/other: stale".into(),
+        };
+        let s = Script::new(vec![(Probe::Below, other())]);
+        let (cause, message) = open(judge(&s, 50).await);
+        assert_eq!(cause, OpenCause::Refused);
+        assert!(
+            message.starts_with("a dry run naming this election was refused as"),
+            "{message}"
+        );
+        let s = Script::new(vec![(
+            Probe::Below,
+            Answer::OtherAdmission("webhook: no".into()),
+        )]);
+        assert!(open(judge(&s, 50).await).1.ends_with("webhook: no"));
+        for answer in [
+            Answer::Refused("tenure fencing: lease ops/ctl: malformed".into()),
+            other(),
+            Answer::OtherAdmission("webhook: no".into()),
+        ] {
+            let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, answer.clone())]);
+            let (cause, message) = open(judge(&s, 50).await);
+            assert_eq!(cause, OpenCause::Refused, "{answer:?}");
+            assert!(
+                message.starts_with(
+                    "the floor's own token 50 was refused as system:serviceaccount:ops:w"
+                ),
+                "{answer:?}: {message}"
+            );
+        }
+        for script in [
+            vec![(
+                Probe::Below,
+                Answer::Denied("cannot impersonate (403)".into()),
+            )],
+            vec![
+                (Probe::Below, stale()),
+                (Probe::At, Answer::Denied("cannot impersonate (403)".into())),
+            ],
+        ] {
+            let s = Script::new(script);
+            match judge(&s, 50).await {
+                Err(CheckError::Forbidden {
+                    participant,
+                    namespace,
+                    message,
+                }) => {
+                    assert_eq!(participant, "system:serviceaccount:ops:w");
+                    assert_eq!(namespace, "ops");
+                    assert_eq!(message, "cannot impersonate (403)");
+                }
+                other => panic!("expected Forbidden, got {other:?}"),
+            }
+        }
+        let s = Script::new(vec![
+            (Probe::Below, stale()),
+            (Probe::At, Answer::Stale(Some(Current::Term(51)))),
+        ]);
+        assert!(
+            matches!(judge(&s, 50).await, Ok(None)),
+            "a newer term: read again"
+        );
+    }
+
+    fn policy() -> FencingPolicy {
+        FencingPolicy::new("ops", "ctl").expect("a valid policy")
+    }
+
+    #[test]
+    fn a_binding_fences_this_election_only_if_it_applies_this_policy_with_this_lease() {
+        let policy = policy();
+        assert_eq!(binding_mismatch(&policy.binding(), &policy), None);
+        let mut other_policy = policy.binding();
+        other_policy.spec.policy_name = "tenure-fencing.ops.other".into();
+        let message = binding_mismatch(&other_policy, &policy).expect("a mismatch");
+        assert!(
+            message.contains("applies the policy \"tenure-fencing.ops.other\"")
+                && message.contains("lease ops/ctl"),
+            "{message}"
+        );
+        let mut other_lease = policy.binding();
+        if let Some(p) = other_lease.spec.param_ref.as_mut() {
+            p.name = Some("other".into());
+        }
+        let message = binding_mismatch(&other_lease, &policy).expect("a mismatch");
+        assert!(
+            message.contains("reads the Lease ops/other as its parameter, not ops/ctl"),
+            "{message}"
+        );
+        let mut no_param = policy.binding();
+        no_param.spec.param_ref = None;
+        assert!(binding_mismatch(&no_param, &policy).is_some());
+    }
+
+    #[test]
+    fn a_floor_is_a_canonical_fencing_token_or_none_at_all() {
+        assert_eq!(parse_floor(None), Some(0), "no term yet");
+        assert_eq!(parse_floor(Some("0")), Some(0));
+        assert_eq!(parse_floor(Some("4711")), Some(4711));
+        assert_eq!(parse_floor(Some(&u64::MAX.to_string())), Some(u64::MAX));
+        for broken in ["", "007", "+7", "-1", "7 ", "x", "18446744073709551616"] {
+            assert_eq!(parse_floor(Some(broken)), None, "{broken:?}");
+        }
+    }
+
+    #[test]
+    fn a_participant_is_shown_with_its_groups() {
+        let alone = Participant::new("system:serviceaccount:ops:w");
+        assert_eq!(alone.user(), "system:serviceaccount:ops:w");
+        assert!(alone.groups().is_empty());
+        assert_eq!(alone.to_string(), "system:serviceaccount:ops:w");
+        let grouped = Participant::new("alice").group("dev").group("ops");
+        assert_eq!(grouped.groups(), ["dev", "ops"]);
+        assert_eq!(grouped.to_string(), "alice (groups dev, ops)");
+    }
+
+    #[test]
+    fn a_forbidden_read_says_who_may_run_the_check() {
+        let status = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("no", "Forbidden")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        assert!(read_hint(&status(403)).contains("cluster admin"));
+        assert_eq!(read_hint(&status(404)), "");
+        assert_eq!(read_hint(&status(401)), "");
     }
 }
