@@ -715,6 +715,53 @@ mod tests {
         assert_eq!((grant(&two, "a").await, grant(&two, "b").await), (1, 2));
     }
 
+    /// A release's replay (its answer lost) counts as released for [`RELEASE_ACK_TTL`] and for
+    /// the last [`RELEASE_ACKS_KEPT`] releases of the lease, and never for `release_as`: a
+    /// restart record's token must not release what the store no longer says it holds.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_replayed_counts_for_the_last_releases_within_the_ack_ttl() {
+        async fn release(b: &MemoryBackend, r: &AcquireRequest) -> Option<Released> {
+            b.release(&r.name, &r.holder).await.ok()
+        }
+        let b = MemoryBackend::new();
+        let mut terms = Vec::new();
+        for _ in 0..=RELEASE_ACKS_KEPT {
+            let r = req("acks", 1000);
+            assert!(matches!(
+                b.try_acquire(&r).await,
+                Ok(Acquired::Granted { .. })
+            ));
+            assert_eq!(release(&b, &r).await, Some(Released::Released));
+            terms.push(r);
+        }
+        let (oldest, kept) = terms.split_first().expect("terms");
+        assert_eq!(
+            release(&b, oldest).await,
+            Some(Released::NotHeld),
+            "only the last {RELEASE_ACKS_KEPT} releases are remembered"
+        );
+        for r in kept {
+            assert_eq!(release(&b, r).await, Some(Released::Released), "a replay");
+            assert_eq!(
+                b.release_as(&r.name, &r.holder, "me").await.ok(),
+                Some(Released::NotHeld),
+                "release_as: a replay is not held"
+            );
+        }
+        let last = kept.last().expect("kept");
+        tokio::time::advance(RELEASE_ACK_TTL - Duration::from_nanos(1)).await;
+        assert_eq!(release(&b, last).await, Some(Released::Released));
+        tokio::time::advance(Duration::from_nanos(1)).await;
+        assert_eq!(
+            release(&b, last).await,
+            Some(Released::NotHeld),
+            "forgotten once the ack's time is up"
+        );
+        // A token that never held the lease is not held, acks or not.
+        let never = req("acks", 1000);
+        assert_eq!(release(&b, &never).await, Some(Released::NotHeld));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn memory_should_notify_observers_of_release() {
         let b = MemoryBackend::new();
@@ -734,9 +781,10 @@ mod tests {
             b.release(&a.name, &a.holder).await.ok(),
             Some(Released::Released)
         );
-        assert_eq!(
-            changes.next().await.and_then(Result::ok),
-            Some(HolderChange::free())
-        );
+        // Bounded (the clock is paused): a release that frees nothing fails, not hangs.
+        let freed = tokio::time::timeout(Duration::from_secs(10), changes.next())
+            .await
+            .expect("the release is published");
+        assert_eq!(freed.and_then(Result::ok), Some(HolderChange::free()));
     }
 }

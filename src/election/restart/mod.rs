@@ -513,6 +513,28 @@ mod tests {
         std::fs::remove_dir_all(&d).expect("cleanup");
     }
 
+    /// A held lock is given up when the wait ends, not a poll later and not never (the
+    /// clock is paused, so the times are exact and cost nothing).
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lock_is_given_up_exactly_when_the_wait_ends() {
+        let d = dir("bound");
+        let first = free_lock(&d).await;
+        for wait in [Duration::ZERO, POLL * 3] {
+            let started = tokio::time::Instant::now();
+            let second = tokio::time::timeout(
+                wait + Duration::from_secs(10),
+                RestartLock::take(&d, "jobs", wait),
+            )
+            .await
+            .expect("gives up")
+            .expect("no error");
+            assert!(second.is_none(), "the lock is held");
+            assert_eq!(started.elapsed(), wait, "gave up at the end of {wait:?}");
+        }
+        drop(first);
+        std::fs::remove_dir_all(&d).expect("cleanup");
+    }
+
     #[tokio::test]
     async fn a_lock_freed_while_waiting_is_taken() {
         let d = dir("wait");

@@ -108,6 +108,8 @@ mod policy;
 mod proof;
 mod proxy;
 mod rbac;
+#[cfg(test)]
+mod script;
 mod service;
 
 pub use api::FencedApi;

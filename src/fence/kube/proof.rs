@@ -518,11 +518,9 @@ async fn lease_event(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
     use std::sync::Mutex;
 
-    use tokio::time::Instant;
-
+    use super::super::script::Script;
     use super::*;
 
     const LEASE: &str = "ops/ctl";
@@ -535,55 +533,15 @@ mod tests {
         }
     }
 
-    /// A scripted server: the answers to give in order (the last one repeated), and when each
-    /// dry run was asked, relative to the start.
-    struct Script {
-        answers: Mutex<VecDeque<(Probe, Answer)>>,
-        asked: Mutex<Vec<(Probe, Duration)>>,
-        start: Instant,
-    }
-
-    impl Script {
-        fn new(answers: Vec<(Probe, Answer)>) -> Self {
-            Self {
-                answers: Mutex::new(answers.into()),
-                asked: Mutex::new(Vec::new()),
-                start: Instant::now(),
-            }
-        }
-
-        fn ask(&self, which: Probe) -> std::future::Ready<Answer> {
-            self.asked
-                .lock()
-                .expect("lock")
-                .push((which, self.start.elapsed()));
-            let mut answers = self.answers.lock().expect("lock");
-            let (expected, answer) = if answers.len() > 1 {
-                answers.pop_front().expect("scripted")
-            } else {
-                answers.front().cloned().expect("scripted")
-            };
-            assert_eq!(
-                which, expected,
-                "asked {which:?} where the script has {expected:?}"
-            );
-            std::future::ready(answer)
-        }
-
-        fn asked(&self) -> Vec<(Probe, Duration)> {
-            self.asked.lock().expect("lock").clone()
-        }
-
-        /// The verdict, bounded: a decision that never comes fails the test instead of
-        /// hanging it (the clock is paused, so the bound costs no real time).
-        async fn run(&self, first: bool, open: bool) -> Option<FenceState> {
-            tokio::time::timeout(
-                PROOF_WINDOW * 10,
-                decide(&facts(), first, open, |p| self.ask(p)),
-            )
-            .await
-            .expect("a decision within ten proof windows")
-        }
+    /// The verdict on `s`'s answers, bounded: a decision that never comes fails the test
+    /// instead of hanging it (the clock is paused, so the bound costs no real time).
+    async fn run(s: &Script, first: bool, open: bool) -> Option<FenceState> {
+        tokio::time::timeout(
+            PROOF_WINDOW * 10,
+            decide(&facts(), first, open, |p| s.ask(p)),
+        )
+        .await
+        .expect("a decision within ten proof windows")
     }
 
     fn stale() -> Answer {
@@ -709,12 +667,12 @@ mod tests {
             (Probe::Below, stale()),
             (Probe::At, Answer::Admitted),
         ]);
-        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        assert_eq!(run(&s, true, false).await, Some(FenceState::Enforced));
         let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
         assert_eq!(at, [0, 10, 20, 20].map(Duration::from_millis));
         // Never reached within the window: closed, saying what was seen and why.
         let s = Script::new(vec![(Probe::Below, unseen())]);
-        let cause = cause_of(s.run(true, false).await);
+        let cause = cause_of(run(&s, true, false).await);
         let asked = s.asked();
         let last = asked.last().expect("asked").1;
         assert!(
@@ -729,12 +687,12 @@ mod tests {
         );
         // A recheck of a fence found open asks once.
         let s = Script::new(vec![(Probe::Below, unseen())]);
-        let cause = cause_of(s.run(false, true).await);
+        let cause = cause_of(run(&s, false, true).await);
         assert_eq!(s.asked().len(), 1);
         assert!(cause.contains("token 50"), "{cause}");
         // Its own token unseen after the lower one was refused: closed at once.
         let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, unseen())]);
-        assert!(cause_of(s.run(true, false).await).contains("has not reached"));
+        assert!(cause_of(run(&s, true, false).await).contains("has not reached"));
     }
 
     #[test]
@@ -754,7 +712,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_proof_sees_the_lower_token_refused_then_its_own_admitted() {
         let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, Answer::Admitted)]);
-        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        assert_eq!(run(&s, true, false).await, Some(FenceState::Enforced));
         let probes: Vec<Probe> = s.asked().into_iter().map(|(p, _)| p).collect();
         assert_eq!(probes, [Probe::Below, Probe::At]);
     }
@@ -768,7 +726,7 @@ mod tests {
             (Probe::Below, stale()),
             (Probe::At, Answer::Admitted),
         ]);
-        assert_eq!(s.run(true, false).await, Some(FenceState::Enforced));
+        assert_eq!(run(&s, true, false).await, Some(FenceState::Enforced));
         let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
         assert_eq!(
             at,
@@ -785,7 +743,7 @@ mod tests {
             (Probe::Below, stale()),
             (Probe::At, Answer::Admitted),
         ]);
-        assert_eq!(s.run(false, false).await, Some(FenceState::Enforced));
+        assert_eq!(run(&s, false, false).await, Some(FenceState::Enforced));
         let at: Vec<Duration> = s.asked().into_iter().map(|(_, t)| t).collect();
         assert_eq!(at, [0, 100, 200, 200].map(Duration::from_millis));
     }
@@ -793,7 +751,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lower_token_admitted_for_the_whole_window_is_an_open_fence() {
         let s = Script::new(vec![(Probe::Below, Answer::Admitted)]);
-        let cause = cause_of(s.run(true, false).await);
+        let cause = cause_of(run(&s, true, false).await);
         let asked = s.asked();
         let last = asked.last().expect("asked").1;
         assert!(
@@ -817,7 +775,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_recheck_of_an_open_fence_asks_once() {
         let s = Script::new(vec![(Probe::Below, Answer::Admitted)]);
-        let cause = cause_of(s.run(false, true).await);
+        let cause = cause_of(run(&s, false, true).await);
         assert_eq!(s.asked().len(), 1);
         assert!(cause.contains("token 49"), "{cause}");
     }
@@ -828,7 +786,7 @@ mod tests {
             Probe::Below,
             Answer::Failed("connection refused".into()),
         )]);
-        let cause = cause_of(s.run(true, false).await);
+        let cause = cause_of(run(&s, true, false).await);
         assert!(
             cause.starts_with(
                 "no answer within 3s: the fence could not be proven: connection refused"
@@ -842,17 +800,21 @@ mod tests {
             "a transport failure is asked again every 100 ms"
         );
         let s = Script::new(vec![(Probe::Below, Answer::Failed("timeout".into()))]);
-        assert_eq!(s.run(false, false).await, None, "a recheck keeps the state");
+        assert_eq!(
+            run(&s, false, false).await,
+            None,
+            "a recheck keeps the state"
+        );
         let s = Script::new(vec![
             (Probe::Below, stale()),
             (Probe::At, Answer::Failed("timeout".into())),
         ]);
-        assert_eq!(s.run(false, false).await, None);
+        assert_eq!(run(&s, false, false).await, None);
         let s = Script::new(vec![
             (Probe::Below, stale()),
             (Probe::At, Answer::Failed("timeout".into())),
         ]);
-        assert!(cause_of(s.run(true, false).await).contains("could not be proven: timeout"));
+        assert!(cause_of(run(&s, true, false).await).contains("could not be proven: timeout"));
     }
 
     #[tokio::test(start_paused = true)]
@@ -880,12 +842,12 @@ mod tests {
         ];
         for (answer, expected) in cases {
             let s = Script::new(vec![(Probe::Below, answer.clone())]);
-            let cause = cause_of(s.run(true, false).await);
+            let cause = cause_of(run(&s, true, false).await);
             assert!(cause.contains(expected), "{answer:?}: {cause}");
             assert_eq!(s.asked().len(), 1, "{answer:?}: asked again");
             // The same answer to the term's own token.
             let s = Script::new(vec![(Probe::Below, stale()), (Probe::At, answer.clone())]);
-            let cause = cause_of(s.run(false, false).await);
+            let cause = cause_of(run(&s, false, false).await);
             let own = expected.replace("writes", "own token");
             assert!(cause.contains(&own), "{answer:?} (own token): {cause}");
         }
@@ -898,7 +860,7 @@ mod tests {
             (Probe::At, Answer::Stale(Some(Current::Term(77)))),
         ]);
         assert_eq!(
-            s.run(true, false).await,
+            run(&s, true, false).await,
             Some(FenceState::Superseded {
                 current: Current::Term(77)
             })
@@ -908,7 +870,7 @@ mod tests {
             (Probe::At, Answer::Stale(None)),
         ]);
         assert_eq!(
-            s.run(true, false).await,
+            run(&s, true, false).await,
             Some(FenceState::Superseded {
                 current: Current::Term(0)
             })
