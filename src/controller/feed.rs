@@ -3,13 +3,8 @@
 //! once the store is current, then each change) and the wait for that first list.
 
 use std::fmt::Debug;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::task::AtomicWaker;
 use futures::{FutureExt, Stream, StreamExt};
 use kube::Resource;
 use kube::api::Api;
@@ -169,15 +164,11 @@ fn is_refusal(e: &watcher::Error) -> bool {
 /// every object, then each change of the primary kind and each trigger (an owned or watched
 /// object's change, `reconcile_all_on`, `reconcile_on`), until `until` completes; `ready`'s
 /// error instead, as the only item.
-///
-/// The snapshot is fed through `intake`: no more than [`AHEAD`] of its requests wait in the
-/// applier at once (see [`Intake`]).
 pub(super) fn requests<K>(
     running: Running<K>,
     triggers: broadcast::Sender<Trigger<K>>,
     ready: impl Future<Output = Result<(), ControllerError>> + Send + 'static,
     until: impl Future<Output = ()> + Send + 'static,
-    intake: Arc<Intake>,
 ) -> impl Stream<Item = Result<ReconcileRequest<K>, ControllerError>> + Send
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -194,8 +185,7 @@ where
                     let all = every_object(&store, &ReconcileReason::ObjectUpdated);
                     let live = live.resubscribe();
                     Box::pin(
-                        intake
-                            .admit(Box::pin(paced(all)))
+                        paced(all)
                             .chain(
                                 futures::stream::unfold(live, |mut live| async move {
                                     live.next().await.map(|requests| (requests, live))
@@ -331,78 +321,6 @@ pub(super) fn paced<T: Send + 'static>(items: Vec<T>) -> impl Stream<Item = T> +
     })
 }
 
-/// The most requests of a snapshot waiting in the applier at once (taken in, not yet taken
-/// out into a slot). kube-runtime 5.0's scheduler keeps the requests that find every slot
-/// taken in a `HashSet` and takes each next one with a scan from the start of its table
-/// (`pending.iter().find(..)`), which the ones taken before have emptied: fed 100,000 objects
-/// at once, the new leader spent most of its time scanning. A request taken in waits a timer
-/// tick (the scheduler's queue rounds to the millisecond) before it can be taken out, so
-/// this many may be taken out per tick.
-pub(super) const AHEAD: usize = 1024;
-
-/// Counts the requests the applier takes out of its scheduler, so that a snapshot's requests
-/// are fed only as fast as it does (see [`AHEAD`]).
-///
-/// Every request taken out either starts a reconcile or ends as `ObjectNotFound`; whoever
-/// sees either calls [`taken`](Self::taken). Requests that are not the snapshot's (a
-/// change, a trigger) count too: that only lets the snapshot run a little further ahead.
-/// A snapshot's request merged with another for the same object is taken out once, with the
-/// other's (the snapshot's keys are distinct, and the other is counted).
-#[derive(Default)]
-pub(super) struct Intake {
-    taken: AtomicUsize,
-    waiting: AtomicWaker,
-}
-
-impl Intake {
-    /// The applier took a request out of its scheduler.
-    pub(super) fn taken(&self) {
-        self.taken.fetch_add(1, Ordering::AcqRel);
-        self.waiting.wake();
-    }
-
-    /// `snapshot`, yielding while [`AHEAD`] of its requests are taken in and not taken out.
-    fn admit<S: Stream + Unpin>(self: &Arc<Self>, snapshot: S) -> Admit<S> {
-        Admit {
-            intake: self.clone(),
-            snapshot,
-            admitted: self.taken.load(Ordering::Acquire),
-        }
-    }
-}
-
-/// See [`Intake::admit`].
-struct Admit<S> {
-    intake: Arc<Intake>,
-    snapshot: S,
-    /// The requests yielded, plus the count of taken ones when this began (so that only
-    /// the requests taken since count against this snapshot's).
-    admitted: usize,
-}
-
-impl<S: Stream + Unpin> Stream for Admit<S> {
-    type Item = S::Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
-        let ahead = |this: &Self| {
-            this.admitted
-                .saturating_sub(this.intake.taken.load(Ordering::Acquire))
-        };
-        if ahead(&self) >= AHEAD {
-            self.intake.waiting.register(cx.waker());
-            // Taken meanwhile: its wake may have come before the registration.
-            if ahead(&self) >= AHEAD {
-                return Poll::Pending;
-            }
-        }
-        let item = std::task::ready!(self.snapshot.poll_next_unpin(cx));
-        if item.is_some() {
-            self.admitted += 1;
-        }
-        Poll::Ready(item)
-    }
-}
-
 /// Waits until the watch has listed once. Fails at once when the API server refuses it, and
 /// when the watch is failing at `valid_until` (the term's validity, read again at each
 /// deadline: a leader that keeps renewing keeps waiting while its first list is still going —
@@ -445,30 +363,3 @@ pub(super) async fn warm_or_refused(
 
 /// The least a term's queue waits for its first list, even late in a term.
 const MIN_WAIT: Duration = Duration::from_secs(1);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_snapshot_runs_no_more_than_ahead_of_the_requests_taken_out() {
-        let intake = Arc::new(Intake::default());
-        // Taken before the snapshot began: not this snapshot's.
-        intake.taken();
-        let mut admitted = intake.admit(futures::stream::iter(0..AHEAD * 3));
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        let mut yielded = 0;
-        while let Poll::Ready(Some(_)) = admitted.poll_next_unpin(&mut cx) {
-            yielded += 1;
-        }
-        assert_eq!(yielded, AHEAD, "held at AHEAD waiting");
-        intake.taken();
-        intake.taken();
-        let mut more = 0;
-        while let Poll::Ready(Some(_)) = admitted.poll_next_unpin(&mut cx) {
-            more += 1;
-        }
-        assert_eq!(more, 2, "one more per request taken out");
-    }
-}

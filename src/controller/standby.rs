@@ -24,7 +24,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerError;
-use super::feed::{Intake, Reconcile, Running, requests};
+use super::feed::{Reconcile, Running, requests};
 use super::triggers::Trigger;
 use crate::election::Term;
 use crate::util::AbortOnDrop;
@@ -284,14 +284,11 @@ where
             }
         };
         let store = running.store.clone();
-        let intake = Arc::new(Intake::default());
-        let queue = requests(running, triggers.clone(), ready, ended, intake.clone());
+        let queue = requests(running, triggers.clone(), ready, ended);
         let parked_gate = gate.clone();
         let parked_store = store.clone();
-        let parked_intake = intake.clone();
         let applier = applier(
             move |obj: Arc<K>, _: Arc<()>| {
-                parked_intake.taken();
                 parked(
                     parked_gate.clone(),
                     parked_store.clone(),
@@ -307,7 +304,7 @@ where
             config,
         );
         let (tx, items) = mpsc::channel(ITEMS);
-        let driver = AbortOnDrop(tokio::spawn(drive(applier, gate.clone(), intake, tx)));
+        let driver = AbortOnDrop(tokio::spawn(drive(applier, gate.clone(), tx)));
         Self {
             gate,
             items,
@@ -409,13 +406,9 @@ where
 /// Drives the applier, handing its results to the term once the gate is open. Before that,
 /// nothing has reconciled and what comes concerns no term (an object deleted before its
 /// turn): dropped.
-///
-/// A request the applier took out of its scheduler for an object no longer in the store
-/// ends as `ObjectNotFound` without a reconcile: counted to `intake` here.
 async fn drive<K, Ctx, E>(
     applier: impl Stream<Item = Item<K, E>> + Send,
     gate: Arc<Gate<Ctx>>,
-    intake: Arc<Intake>,
     tx: mpsc::Sender<Item<K, E>>,
 ) where
     K: Resource<DynamicType = ()> + Clone + 'static,
@@ -427,9 +420,6 @@ async fn drive<K, Ctx, E>(
         applier.as_mut().poll_next(cx)
     });
     while let Some(item) = rounds.next().await {
-        if let Err(controller::Error::ObjectNotFound(_)) = &item {
-            intake.taken();
-        }
         if gate.is_open() && tx.send(item).await.is_err() {
             return;
         }
@@ -601,74 +591,6 @@ mod tests {
         );
         assert!(pass.as_mut().poll(&mut cx).is_ready());
         assert!(gate.is_open());
-    }
-
-    /// More objects than the applier's slots and the snapshot's intake hold, most deleted
-    /// while their requests wait (in the scheduler or not yet taken in): each of those ends
-    /// as `ObjectNotFound` without a reconcile, and must still make room for the rest.
-    #[tokio::test(start_paused = true)]
-    async fn every_object_is_reconciled_after_the_grant_when_most_were_deleted_while_queued() {
-        use super::super::feed::{AHEAD, CacheState};
-        let objects = 3 * AHEAD;
-        let (store, mut writer) = reflector::store::<ConfigMap>();
-        writer.apply_watcher_event(&Event::Init);
-        for i in 0..objects {
-            writer.apply_watcher_event(&Event::InitApply(cm(&format!("o{i}"), "0")));
-        }
-        writer.apply_watcher_event(&Event::InitDone);
-        let running = Running {
-            store: store.clone(),
-            changes: broadcast::channel(16).0,
-            state: watch::channel(CacheState::Warm).1,
-        };
-        let (triggers, _) = broadcast::channel(16);
-        let standby = Standby::prepare(
-            running,
-            &triggers,
-            async { Ok(()) },
-            Config::default().concurrency(4),
-            reconciler(),
-            None,
-        );
-        // The queue has taken its snapshot and filled the slots.
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        assert!(standby.is_armed());
-        // Every object but one in ten is deleted while queued.
-        let kept: std::collections::BTreeSet<String> =
-            (0..objects).step_by(10).map(|i| format!("o{i}")).collect();
-        for i in 0..objects {
-            let name = format!("o{i}");
-            if !kept.contains(&name) {
-                writer.apply_watcher_event(&Event::Delete(cm(&name, "0")));
-            }
-        }
-        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
-        let seen: Arc<Seen> = Arc::default();
-        standby.open(session(&term.term(), &seen));
-        let mut results = std::pin::pin!(standby.results());
-        let reconciled = |seen: &Seen| {
-            seen.lock()
-                .expect("not poisoned")
-                .iter()
-                .map(|(name, _)| name.clone())
-                .collect::<std::collections::BTreeSet<_>>()
-        };
-        // A liveness bound in paused time, not a performance target.
-        let all = tokio::time::timeout(std::time::Duration::from_secs(600), async {
-            while reconciled(&seen) != kept {
-                results
-                    .next()
-                    .await
-                    .expect("the applier runs while the term lasts");
-            }
-        })
-        .await;
-        assert!(
-            all.is_ok(),
-            "{} of {} kept objects reconciled",
-            reconciled(&seen).len(),
-            kept.len()
-        );
     }
 
     #[tokio::test]
