@@ -378,6 +378,9 @@ pub trait Backend: Send + Sync + 'static {
     fn observe(&self, name: &str) -> BoxStream<'static, Result<HolderChange, BackendError>>;
 }
 
+// Every method forwarded: a method left to its default here would silently bypass the
+// inner backend's own (an atomic `release_as`, a store's `release_to`) for every `Arc` user.
+#[deny(clippy::missing_trait_methods)]
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn validate_name(&self, name: &str) -> Result<(), InvalidName> {
         (**self).validate_name(name)
