@@ -49,9 +49,6 @@ const MAX_ENTRY: usize = 1024;
 /// The first line of a record of entries.
 const MAGIC: &str = "tenure-restart v2";
 
-/// The first line of the one-lease record of earlier versions, still read after an upgrade.
-const MAGIC_V1: &str = "tenure-restart v1";
-
 /// The file is rewritten with only the latest entry of each lease once it is larger than this
 /// and than twice those entries.
 const COMPACT_AT: u64 = 64 * 1024;
@@ -374,20 +371,11 @@ fn read_record(file: &mut File, path: &Path) -> (BTreeMap<String, Recorded>, boo
 }
 
 /// The entries of a record (the last of each lease), how many lines were skipped, and whether
-/// it is a current record. An earlier version's one-lease record is read whole or not at all.
+/// it is a current record.
 fn parse_record(text: &str) -> (BTreeMap<String, Recorded>, usize, bool) {
     let mut entries = BTreeMap::new();
     if text.is_empty() {
         return (entries, 0, false);
-    }
-    if let Some(v1) = text.strip_prefix(MAGIC_V1) {
-        return match parse_v1(v1) {
-            Some((lease, r)) => {
-                entries.insert(lease, r);
-                (entries, 0, false)
-            }
-            None => (entries, 1, false),
-        };
     }
     let mut lines = text.split_inclusive('\n');
     if lines.next() != Some(&format!("{MAGIC}\n")[..]) {
@@ -429,18 +417,6 @@ fn parse_entry(line: &str) -> Option<(String, Recorded)> {
     ))
 }
 
-/// The rest of an earlier version's record after its first line.
-fn parse_v1(text: &str) -> Option<(String, Recorded)> {
-    let mut lines = text.strip_prefix('\n')?.strip_suffix('\n')?.split('\n');
-    let lease = lines.next()?.strip_prefix("lease ")?.to_owned();
-    let identity = lines.next()?.strip_prefix("identity ")?.to_owned();
-    let holder = HolderToken::from_hex(lines.next()?.strip_prefix("holder ")?)?;
-    if lines.next().is_some() || text.len() > 4096 {
-        return None;
-    }
-    Some((lease, Recorded { identity, holder }))
-}
-
 /// The record file's name for `lease`: the name itself when it is a safe file name, else a
 /// hash of it (two leases sharing a file share its lock too, which only costs the second one
 /// its fast restart).
@@ -455,9 +431,7 @@ fn file_name(lease: &str) -> String {
         return format!("{lease}.restart");
     }
     // FNV-1a: stable across versions and platforms, unlike std's hasher.
-    let hash = lease.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = crate::util::fnv1a64(lease.as_bytes());
     format!("x-{hash:016x}.restart")
 }
 
@@ -643,29 +617,18 @@ mod tests {
         assert!(parse_record("").0.is_empty());
     }
 
+    /// A record in any other format (such as an unreleased "v1") is not read: the restart
+    /// then waits for the lease, as without a record.
     #[test]
-    fn an_earlier_versions_record_is_read_whole_or_not_at_all() {
+    fn a_record_of_another_format_is_not_read() {
         let token = HolderToken::random();
-        let v1 = format!(
-            "{MAGIC_V1}\nlease jobs\nidentity a\nholder {}\n",
+        let other = format!(
+            "tenure-restart v1\nlease jobs\nidentity a\nholder {}\n",
             token.to_hex()
         );
-        let (entries, skipped, current) = parse_record(&v1);
-        assert_eq!(
-            entries.get("jobs"),
-            Some(&Recorded {
-                identity: "a".into(),
-                holder: token
-            })
-        );
-        assert_eq!((skipped, current), (0, false));
-        for bad in [
-            v1[..v1.len() - 1].to_owned(),
-            format!("{v1}extra\n"),
-            v1.replace("holder ", "holder x"),
-        ] {
-            assert!(parse_record(&bad).0.is_empty(), "{bad:?}");
-        }
+        let (entries, skipped, current) = parse_record(&other);
+        assert!(entries.is_empty());
+        assert_eq!((skipped, current), (1, false));
     }
 
     #[test]
