@@ -392,7 +392,7 @@ async fn healthz_answers_ok_for_a_healthy_elector_and_404_elsewhere() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(tenure::election::serve_healthz(
+    let server = tokio::spawn(tenure::probe::serve_healthz(
         listener,
         e.clone(),
         Duration::ZERO,

@@ -9,7 +9,8 @@ use std::time::Duration;
 use tenure::Locker;
 use tenure::backend::memory::MemoryBackend;
 use tenure::backend::{AcquireRequest, Backend, HolderToken};
-use tenure::election::{ElectionConfig, LeaderElector, ProbeServer};
+use tenure::election::{ElectionConfig, LeaderElector};
+use tenure::probe::ProbeServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
@@ -260,7 +261,7 @@ async fn metrics_are_served_when_a_registry_is_given() {
 #[tokio::test]
 async fn the_applications_own_metrics_share_the_endpoint() {
     use prometheus_client::metrics::counter::Counter;
-    let registry: tenure::election::SharedRegistry = Default::default();
+    let registry: tenure::probe::SharedRegistry = Default::default();
     let e = elector(MemoryBackend::new());
     let e = e.with_metrics(tenure::election::ElectionMetrics::register(
         &mut registry.lock().expect("registry"),

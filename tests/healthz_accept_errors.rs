@@ -13,7 +13,8 @@ use std::time::Duration;
 use open_files::limit_open_files;
 use tenure::Locker;
 use tenure::backend::memory::MemoryBackend;
-use tenure::election::{ElectionConfig, LeaderElector, ProbeServer};
+use tenure::election::{ElectionConfig, LeaderElector};
+use tenure::probe::ProbeServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What the server logged.

@@ -12,7 +12,8 @@ use std::time::Duration;
 use open_files::limit_open_files;
 use tenure::Locker;
 use tenure::backend::memory::MemoryBackend;
-use tenure::election::{ElectionConfig, LeaderElector, ProbeServer};
+use tenure::election::{ElectionConfig, LeaderElector};
+use tenure::probe::ProbeServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Whether the server closes `stream` (end of stream, no answer) within 10 s.

@@ -53,10 +53,3 @@ pub(crate) use restart::end_recorded_terms;
 pub use restart::{RestartLock, RestartLockError};
 pub use term::Term;
 pub use testing::TestTerm;
-
-// The probe server moved above election and shard (`crate::probe`); these re-exports keep
-// the paths it had here. Election itself never uses it.
-#[cfg(all(feature = "healthz", feature = "metrics"))]
-pub use crate::probe::SharedRegistry;
-#[cfg(feature = "healthz")]
-pub use crate::probe::{ProbeServer, serve_healthz};

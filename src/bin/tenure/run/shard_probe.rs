@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tenure::election::ProbeServer;
+use tenure::probe::ProbeServer;
 use tenure::shard::{GroupStatus, ShardedElector};
 use tokio::net::TcpListener;
 

@@ -44,7 +44,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     }
     if let Some(addr) = args.listen {
         let listener = setup::listen(addr).await?;
-        let server = tenure::election::ProbeServer::new(elector.clone())
+        let server = tenure::probe::ProbeServer::new(elector.clone())
             .tolerance(args.lease_duration)
             .store_liveness(args.store_liveness)
             .metrics(registry);
