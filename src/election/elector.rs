@@ -72,8 +72,8 @@ pub(super) struct Inner {
     /// Whether this elector runs a shard of a sharded group (made by [`crate::shard`]); a
     /// plain election never takes a lease named like a group's shard.
     pub(super) shard: bool,
-    /// Step-down requests and health reports (`handover.rs`).
-    pub(super) intent: Arc<super::handover::Intent>,
+    /// Step-down requests and health reports (`intent.rs`; acted on in `handover.rs`).
+    pub(super) intent: Arc<super::intent::Intent>,
     /// The proof that this replica's previous process is gone, if the caller took it.
     pub(super) restart: Mutex<Option<Arc<RestartLock>>>,
     #[cfg(feature = "metrics")]

@@ -8,172 +8,22 @@
 //! Fencing is untouched: the next term is a new grant with a higher token.
 //!
 //! Followers tell the leader that they are healthy by announcing themselves in a membership
-//! group named after the lease ([`health_group`]), the store's own member records with a ttl
+//! group named after the lease ([`health_group`](super::health_group)), the store's own member records with a ttl
 //! (the same machinery as sharded leadership): a follower that dies or turns unhealthy drops
 //! out of it within one lease duration, with nothing to clean up. The leader reads that group
 //! only when it is about to step down for its health.
 
-use std::time::Duration;
-
 use futures::StreamExt;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::LeaderElector;
+use super::intent::{StepDown, health_group};
 use crate::backend::{FencingToken, Handoff, Member};
-
-/// When a leader's bad health moves leadership, and how long a replica that stepped down for
-/// it stays out.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use tenure::election::{ElectionConfig, HealthPolicy};
-///
-/// let config = ElectionConfig::new().health(
-///     HealthPolicy::new()
-///         .unhealthy_after(Duration::from_secs(10))
-///         .recovery(Duration::from_secs(60)),
-/// );
-/// # let _ = config;
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use]
-pub struct HealthPolicy {
-    pub(super) unhealthy_after: Duration,
-    pub(super) recovery: Duration,
-}
-
-impl Default for HealthPolicy {
-    fn default() -> Self {
-        Self {
-            unhealthy_after: Duration::from_secs(10),
-            recovery: Duration::from_secs(60),
-        }
-    }
-}
-
-impl HealthPolicy {
-    /// Defaults: hand over after 10 s of continuous bad health; sit out until healthy for
-    /// 60 s after such a step-down.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// How long the leader must stay unhealthy, without a healthy report in between, before
-    /// it hands over (when a healthy follower exists).
-    pub fn unhealthy_after(mut self, bound: Duration) -> Self {
-        self.unhealthy_after = bound;
-        self
-    }
-
-    /// The hysteresis: how long a replica that stepped down for its health must be healthy
-    /// again before it campaigns (and counts as a healthy follower) again.
-    pub fn recovery(mut self, window: Duration) -> Self {
-        self.recovery = window;
-        self
-    }
-}
-
-/// A request to end the current term on purpose.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct StepDown {
-    /// The term it is for: a request made through an older term's handle is ignored.
-    pub(super) fencing: Option<FencingToken>,
-    pub(super) to: Handoff,
-    pub(super) reason: String,
-    /// Made because this replica was unhealthy: it then sits out until it recovers.
-    pub(super) for_health: bool,
-}
-
-/// The replica's health as its workload last reported it, and since when.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct HealthReport {
-    pub(super) healthy: bool,
-    pub(super) since: Instant,
-}
-
-/// What the workload and the operator tell the elector: step-down requests and health.
-#[derive(Debug)]
-pub(crate) struct Intent {
-    pub(super) step_down: watch::Sender<Option<StepDown>>,
-    pub(super) health: watch::Sender<HealthReport>,
-    /// When this replica last stepped down for its health, if it did.
-    pub(super) health_step_down: std::sync::Mutex<Option<Instant>>,
-}
-
-impl Default for Intent {
-    fn default() -> Self {
-        Self {
-            step_down: watch::channel(None).0,
-            health: watch::channel(HealthReport {
-                healthy: true,
-                since: Instant::now(),
-            })
-            .0,
-            health_step_down: std::sync::Mutex::new(None),
-        }
-    }
-}
-
-impl Intent {
-    /// Records a health report; only a change moves `since`.
-    pub(super) fn report_health(&self, healthy: bool) {
-        self.health.send_if_modified(|h| {
-            if h.healthy == healthy {
-                return false;
-            }
-            *h = HealthReport {
-                healthy,
-                since: Instant::now(),
-            };
-            true
-        });
-    }
-
-    /// Asks the term `fencing` (or whichever runs, with `None`) to step down.
-    pub(super) fn request(&self, fencing: Option<FencingToken>, to: Handoff, reason: &str) {
-        self.step_down.send_replace(Some(StepDown {
-            fencing,
-            to,
-            reason: reason.to_owned(),
-            for_health: false,
-        }));
-    }
-
-    fn last_health_step_down(&self) -> Option<Instant> {
-        *self
-            .health_step_down
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// When this replica may campaign and count as a healthy follower again: `None` while
-    /// unhealthy, `now` when nothing holds it back.
-    fn eligible_at(&self, policy: Option<&HealthPolicy>) -> Option<Instant> {
-        let report = *self.health.borrow();
-        match (policy, self.last_health_step_down()) {
-            (Some(policy), Some(stepped)) => report
-                .healthy
-                .then(|| report.since.max(stepped) + policy.recovery),
-            (Some(_), None) => report.healthy.then(Instant::now),
-            (None, _) => Some(Instant::now()),
-        }
-    }
-}
-
-/// The membership group in which the healthy replicas of election `lease` announce
-/// themselves.
-#[must_use]
-pub fn health_group(lease: &str) -> String {
-    format!("{lease}-healthy")
-}
 
 impl LeaderElector {
     /// Reports this replica's health: whether its workload can make progress (its database,
     /// its downstream API). Followers that are healthy announce it in the store; a leader
-    /// that stays unhealthy for the [`HealthPolicy`]'s bound hands over to a healthy follower,
+    /// that stays unhealthy for the [`HealthPolicy`](super::HealthPolicy)'s bound hands over to a healthy follower,
     /// and keeps the lease when there is none. Without a policy
     /// ([`ElectionConfig::health`](super::ElectionConfig::health)) reports change nothing.
     pub fn report_health(&self, healthy: bool) {

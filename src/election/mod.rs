@@ -33,6 +33,7 @@ mod elector;
 mod error;
 mod handover;
 mod health;
+mod intent;
 mod leader;
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -44,8 +45,8 @@ mod testing;
 pub use config::ElectionConfig;
 pub use elector::LeaderElector;
 pub use error::ElectionError;
-pub use handover::{HealthPolicy, health_group};
 pub use health::Health;
+pub use intent::{HealthPolicy, health_group};
 pub use leader::Leader;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;

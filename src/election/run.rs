@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::handover::StepDown;
+use super::intent::StepDown;
 use super::{ElectionError, LeaderElector, Term};
 use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
 use crate::{Lease, LeaseEnd, LockError, LostReason};

@@ -42,7 +42,7 @@ pub struct Term {
     /// only what listens to it, not the term.
     workload_cancel: CancellationToken,
     tasks: Arc<TermTasks>,
-    intent: Arc<super::handover::Intent>,
+    intent: Arc<super::intent::Intent>,
 }
 
 impl std::fmt::Debug for Term {
@@ -63,7 +63,7 @@ impl Term {
         lease: Arc<LeaseShared>,
         identity: &str,
         cancel: CancellationToken,
-        intent: Arc<super::handover::Intent>,
+        intent: Arc<super::intent::Intent>,
     ) -> (Self, Arc<TermTasks>) {
         let tasks = Arc::new(TermTasks::default());
         let term = Self {
