@@ -33,6 +33,37 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A ServiceAccount `bare` in `ns` that may use leases and write events but not impersonate:
+/// a worker whose fence cannot be carried. Its kubeconfig.
+async fn bare_worker(ns: &str) -> std::path::PathBuf {
+    let admin = shared().admin().await;
+    apply(
+        &Api::<Role>::namespaced(admin.clone(), ns),
+        "bare",
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "bare"},
+            "rules": [
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+            ]
+        })),
+    )
+    .await;
+    apply(
+        &Api::<RoleBinding>::namespaced(admin, ns),
+        "bare",
+        &obj(serde_json::json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "bare"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bare"},
+            "subjects": [{"kind": "ServiceAccount", "name": "bare", "namespace": ns}]
+        })),
+    )
+    .await;
+    fencing::service_account(ns, "bare").await.1
+}
+
 /// A namespace with the ServiceAccount `worker` whose lease and impersonation RBAC is exactly
 /// what `tenure policy` prints (applied with kubectl, as a user would), plus the workload's
 /// own (configmaps, and secrets for Helm's release records); the fencing policy of `lease`
@@ -691,34 +722,7 @@ fn a_fence_that_cannot_be_proven_starts_no_command_and_exits_8() {
     let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
     let dir = kube_support::fresh_dir("fence-closed");
     // A ServiceAccount that may lead (the Lease, Events) but not impersonate itself.
-    let bare = rt.block_on(async {
-        let admin = shared().admin().await;
-        apply(
-            &Api::<Role>::namespaced(admin.clone(), &ns),
-            "bare",
-            &obj(serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "bare"},
-                "rules": [
-                    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-                    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-                ]
-            })),
-        )
-        .await;
-        apply(
-            &Api::<RoleBinding>::namespaced(admin, &ns),
-            "bare",
-            &obj(serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "bare"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bare"},
-                "subjects": [{"kind": "ServiceAccount", "name": "bare", "namespace": ns}]
-            })),
-        )
-        .await;
-        fencing::service_account(&ns, "bare").await.1
-    });
+    let bare = rt.block_on(bare_worker(&ns));
     let run = |kubeconfig: &Path, lease: &str, who: &str| {
         let marker = dir.join(format!("{who}-started"));
         let mut tenure = Tenure::start(
@@ -930,34 +934,7 @@ fn run_check_names_the_missing_impersonate_permission_with_its_fix() {
     let rt = runtime();
     let lease = "fenced-check";
     let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
-    let bare = rt.block_on(async {
-        let admin = shared().admin().await;
-        apply(
-            &Api::<Role>::namespaced(admin.clone(), &ns),
-            "bare",
-            &obj(serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "bare"},
-                "rules": [
-                    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]},
-                    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-                ]
-            })),
-        )
-        .await;
-        apply(
-            &Api::<RoleBinding>::namespaced(admin, &ns),
-            "bare",
-            &obj(serde_json::json!({
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "bare"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "bare"},
-                "subjects": [{"kind": "ServiceAccount", "name": "bare", "namespace": ns}]
-            })),
-        )
-        .await;
-        fencing::service_account(&ns, "bare").await.1
-    });
+    let bare = rt.block_on(bare_worker(&ns));
     let dir = kube_support::fresh_dir("fence-check");
     let marker = dir.join("started");
     let check = |kubeconfig: &Path| {
