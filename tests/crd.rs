@@ -538,16 +538,27 @@ async fn status_writes_do_not_scale_with_renewals() {
     let per_candidate = 2 + (RUN.as_secs_f64() / (0.9 * HEARTBEAT.as_secs_f64())).ceil() as u64;
     let bound = 2 * per_candidate + 2;
     let published = leader_stats.writes() + follower_stats.writes();
+    // A write the publisher cannot confirm may still have landed: kube's client retries a
+    // 504 whose PUT the server did apply, the retry then conflicts, and the re-read finds the
+    // status already as intended (nothing left to write). Each such write is counted as a
+    // conflict (or, past the request timeout, a failure), so those bound the difference.
+    let unconfirmed = leader_stats.conflicts()
+        + follower_stats.conflicts()
+        + leader_stats.failures()
+        + follower_stats.failures();
     println!(
         "renewals: {renewals}, status writes seen by the watch: {watched}, counted by the \
-         publishers: {published} (leader {}, follower {}), bound: {bound}",
+         publishers: {published} (leader {}, follower {}), unconfirmed: {unconfirmed}, \
+         bound: {bound}",
         leader_stats.writes(),
         follower_stats.writes()
     );
     assert!(renewals >= 40, "the lease renewed only {renewals} times");
-    assert_eq!(
-        watched, published,
-        "every write the publishers count is one the watch saw"
+    assert!(
+        (published..=published + unconfirmed).contains(&watched),
+        "every write the publishers count is one the watch saw, and the watch saw no write \
+         the publishers did not attempt: watched {watched}, published {published}, \
+         unconfirmed {unconfirmed}"
     );
     assert!(
         watched <= bound,

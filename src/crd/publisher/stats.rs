@@ -44,7 +44,7 @@ impl PublisherStats {
         self.inner.conflicts.load(Ordering::Relaxed)
     }
 
-    /// Publishing attempts that failed (each retried later).
+    /// Publishing attempts that failed: each is retried later, except the leave on shutdown.
     #[must_use]
     pub fn failures(&self) -> u64 {
         self.inner.failures.load(Ordering::Relaxed)

@@ -127,8 +127,17 @@ impl StatusPublisher {
                 }
                 tracing::debug!(wrote, "left the election's status");
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "could not leave the election's status"),
-            Err(_) => tracing::debug!("leaving the election's status timed out"),
+            // Counted as failures: the write may still have landed, and a caller comparing
+            // its count of writes with what the server saw must know it was attempted.
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "could not leave the election's status");
+                self.stats.count_failure();
+                self.stats.set_last_error(e);
+            }
+            Err(_) => {
+                tracing::debug!("leaving the election's status timed out");
+                self.stats.count_failure();
+            }
         }
     }
 
