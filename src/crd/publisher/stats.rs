@@ -44,7 +44,8 @@ impl PublisherStats {
         self.inner.conflicts.load(Ordering::Relaxed)
     }
 
-    /// Publishing attempts that failed: each is retried later, except the leave on shutdown.
+    /// Publishing attempts that failed or were cut off by shutdown (such a write may still
+    /// have landed): each is retried later, except the leave on shutdown and the cut-off ones.
     #[must_use]
     pub fn failures(&self) -> u64 {
         self.inner.failures.load(Ordering::Relaxed)

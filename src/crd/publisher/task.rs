@@ -67,7 +67,12 @@ impl StatusPublisher {
                     }
                     let lease = elector.lease_name();
                     let result = tokio::select! {
-                        () = &mut shutdown => break,
+                        () = &mut shutdown => {
+                            // The request may have been sent: it may yet land, uncounted
+                            // as a write, so it counts as an attempt that did not finish.
+                            self.stats.count_failure();
+                            break;
+                        }
                         result = self.sync(&intent, lease, &mut st.spec_checked, true) => result,
                     };
                     let settings = Settings {
