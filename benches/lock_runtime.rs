@@ -185,23 +185,23 @@ fn tenure_held(n: usize, backend_bytes: f64) -> Held {
             leases.push(locker.try_acquire(name, &opts).await.expect("free"));
         }
         // Let the scheduler take in every lease before measuring.
-        while locker.stats().tracked_leases < n {
+        while locker.stats().scheduler_internals().tracked_leases < n {
             tokio::task::yield_now().await;
         }
         let total = (live() - before) as f64 / n as f64;
         let tasks_alive = tokio::runtime::Handle::current()
             .metrics()
             .num_alive_tasks();
-        let scheduler_tasks = locker.stats().scheduler_tasks;
+        let scheduler_tasks = locker.stats().scheduler_tasks();
 
         // Every lease was acquired at the same (paused) instant, so all fall due together.
         tokio::time::advance(Duration::from_secs(10)).await;
         let start = Instant::now();
-        while locker.stats().renewals < n as u64 {
+        while locker.stats().renewals() < n as u64 {
             tokio::task::yield_now().await;
         }
         let renew_all = start.elapsed();
-        let renew_round_trips = locker.stats().renew_batches;
+        let renew_round_trips = locker.stats().renew_batches();
         drop(leases);
         Held {
             bytes_per_lease: total - backend_bytes,

@@ -360,16 +360,16 @@ async fn renewals(server: &RedisServer, leases: usize, secs: f64) -> RenewalFigu
     let (s1, b1) = (locker.stats(), backend.stats());
     let elapsed = started.elapsed().as_secs_f64();
     let lost = held.iter().filter(|l| l.end().is_some()).count();
-    let batches = s1.renew_batches - s0.renew_batches;
+    let batches = s1.renew_batches() - s0.renew_batches();
     let per_batch = |x: u64| x as f64 / batches.max(1) as f64;
     let figures = RenewalFigures {
         leases,
         offered_per_sec: leases as f64 / (ttl.as_secs_f64() / 3.0),
-        renewals_per_sec: (s1.renewals - s0.renewals) as f64 / elapsed,
+        renewals_per_sec: (s1.renewals() - s0.renewals()) as f64 / elapsed,
         batches,
         round_trips_per_batch: per_batch(b1.round_trips - b0.round_trips),
         script_calls_per_batch: per_batch(b1.script_calls - b0.script_calls),
-        renewals_per_batch: per_batch(s1.renewals - s0.renewals),
+        renewals_per_batch: per_batch(s1.renewals() - s0.renewals()),
         lost,
     };
     for l in held {

@@ -806,7 +806,7 @@ impl Suite {
         assert!(lease.end().is_none(), "lease ended: {:?}", lease.end());
         assert!(lease.is_valid());
         assert!(
-            locker.stats().renewals >= 6,
+            locker.stats().renewals() >= 6,
             "renewals: {:?}",
             locker.stats()
         );

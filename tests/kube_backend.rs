@@ -422,7 +422,7 @@ async fn a_waiting_follower_sits_on_the_watch_without_polling() {
         sent.iter().any(|r| r.ends_with("(watch)")),
         "no watch: {sent:#?}"
     );
-    assert!(leader.stats().renewals >= 6, "{:?}", leader.stats());
+    assert!(leader.stats().renewals() >= 6, "{:?}", leader.stats());
     held.release().await.expect("release");
 }
 
@@ -458,7 +458,7 @@ async fn observers_hear_grants_and_releases_but_not_renewals() {
     // Three seconds of renewals (one every ~333 ms), including the fencing stamp: no item.
     let quiet = tokio::time::timeout(Duration::from_secs(3), changes.next()).await;
     assert!(quiet.is_err(), "a renewal was reported: {quiet:?}");
-    assert!(locker.stats().renewals >= 6);
+    assert!(locker.stats().renewals() >= 6);
 
     let released_at = Instant::now();
     lease.release().await.expect("release");
@@ -843,7 +843,7 @@ async fn an_unlabelled_shard_lease_held_by_a_live_holder_is_never_taken() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(attempts > 20);
-    assert!(holder.stats().renewals >= 8, "{:?}", holder.stats());
+    assert!(holder.stats().renewals() >= 8, "{:?}", holder.stats());
     held.release().await.expect("release");
 }
 

@@ -63,10 +63,10 @@ async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due
                 .expect("free"),
         );
     }
-    while locker.stats().tracked_leases < 500 {
+    while locker.stats().scheduler_internals().tracked_leases < 500 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert_eq!(locker.stats().scheduler_tasks(), 1);
     assert_eq!(
         tokio::runtime::Handle::current()
             .metrics()
@@ -83,7 +83,7 @@ async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due
         "renewals due together must share one renew_many"
     );
     assert!(leases.iter().all(|l| l.is_valid() && l.end().is_none()));
-    assert_eq!(locker.stats().renewals, 500);
+    assert_eq!(locker.stats().renewals(), 500);
 }
 
 /// Runs `cycles` lock cycles of ttl 20 s, five per millisecond, `window` leases held
@@ -91,7 +91,7 @@ async fn scheduler_should_serve_many_leases_from_one_task_and_batch_renewals_due
 /// in. Returns how often the scheduler task woke meanwhile.
 async fn short_cycles(locker: &Locker, cycles: u64, window: usize) -> u64 {
     let short = LockOptions::new().ttl(Duration::from_secs(20));
-    let start = locker.stats().scheduler_wakeups;
+    let start = locker.stats().scheduler_internals().wakeups;
     let mut held = std::collections::VecDeque::new();
     for i in 0..cycles {
         let lease = locker
@@ -113,7 +113,7 @@ async fn short_cycles(locker: &Locker, cycles: u64, window: usize) -> u64 {
         lease.release().await.expect("released");
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    locker.stats().scheduler_wakeups - start
+    locker.stats().scheduler_internals().wakeups - start
 }
 
 /// A new lease due sooner than every lease the task tracks wakes it: with one lease held for
@@ -149,7 +149,7 @@ async fn a_lease_due_sooner_than_the_task_sleeps_wakes_it() {
         .expect("free");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(short.is_valid(), "{:?}", short.end());
-    assert!(locker.stats().renewals >= 10, "{:?}", locker.stats());
+    assert!(locker.stats().renewals() >= 10, "{:?}", locker.stats());
 }
 
 /// A task that wakes late (its thread was busy) fires every bucket due by then, not only the
@@ -162,7 +162,7 @@ async fn a_task_woken_late_fires_every_timer_due_by_then() {
     // Renewal due at 1 s; the task sees the clock at 1.5 s.
     tokio::time::advance(Duration::from_millis(1500)).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(locker.stats().renewals, 1, "{:?}", locker.stats());
+    assert_eq!(locker.stats().renewals(), 1, "{:?}", locker.stats());
     assert!(lease.is_valid());
 }
 
@@ -174,11 +174,11 @@ async fn a_lease_due_in_the_bucket_the_task_sleeps_until_does_not_wake_it() {
     let opts = LockOptions::new().ttl(Duration::from_millis(500));
     let _first = locker.try_acquire("first", &opts).await.expect("free");
     tokio::task::yield_now().await;
-    let asleep = locker.stats().scheduler_wakeups;
+    let asleep = locker.stats().scheduler_internals().wakeups;
     tokio::time::advance(Duration::from_micros(500)).await;
     let _second = locker.try_acquire("second", &opts).await.expect("free");
     tokio::task::yield_now().await;
-    assert_eq!(locker.stats().scheduler_wakeups, asleep);
+    assert_eq!(locker.stats().scheduler_internals().wakeups, asleep);
 }
 
 /// A lease the scheduler took in while it was held leaves its timer behind when it is
@@ -201,18 +201,19 @@ async fn scheduler_should_not_wake_for_or_hoard_the_timers_of_released_leases() 
     assert!(woke <= cycles / 100, "woke {woke} times in {cycles} cycles");
     assert!(early.is_valid());
     assert!(
-        before.timers <= 2 * 2 + 4096,
+        before.scheduler_internals().timers <= 2 * 2 + 4096,
         "timers must stay bounded by the leases tracked: {before:?}"
     );
     // `early` expires, and every cycle's deadline passes.
     tokio::time::sleep(Duration::from_secs(25)).await;
     let after = locker.stats();
     assert!(
-        after.scheduler_wakeups - before.scheduler_wakeups <= 30,
+        after.scheduler_internals().wakeups - before.scheduler_internals().wakeups <= 30,
         "the task woke for released leases' timers: {before:?} -> {after:?}"
     );
     assert_eq!(
-        after.timers, 1,
+        after.scheduler_internals().timers,
+        1,
         "only the held lease's timer is left: {after:?}"
     );
     assert!(matches!(
@@ -227,24 +228,24 @@ async fn scheduler_should_exit_a_second_after_the_last_lease_and_restart_for_the
     let locker = memory_locker();
     let lease = locker.try_acquire("a", &renewing()).await.expect("free");
     tokio::task::yield_now().await;
-    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert_eq!(locker.stats().scheduler_tasks(), 1);
     lease.release().await.expect("released");
     // It lingers a second for the next lease (no task started per lease), then exits.
     tokio::time::sleep(Duration::from_millis(900)).await;
-    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert_eq!(locker.stats().scheduler_tasks(), 1);
     let between = locker.try_acquire("b", &renewing()).await.expect("free");
     tokio::task::yield_now().await;
     between.release().await.expect("released");
     assert_eq!(
-        locker.stats().scheduler_tasks,
+        locker.stats().scheduler_tasks(),
         1,
         "the lingering task took it"
     );
     // The linger counts from the last end.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert_eq!(locker.stats().scheduler_tasks(), 1);
     tokio::time::sleep(Duration::from_millis(501)).await;
-    assert_eq!(locker.stats().scheduler_tasks, 0);
+    assert_eq!(locker.stats().scheduler_tasks(), 0);
     assert_eq!(
         tokio::runtime::Handle::current()
             .metrics()
@@ -254,7 +255,7 @@ async fn scheduler_should_exit_a_second_after_the_last_lease_and_restart_for_the
 
     let again = locker.try_acquire("a", &renewing()).await.expect("free");
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(locker.stats().scheduler_tasks, 1);
+    assert_eq!(locker.stats().scheduler_tasks(), 1);
     assert!(again.is_valid(), "a restarted scheduler must renew");
 }
 

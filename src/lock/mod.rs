@@ -100,25 +100,67 @@ impl std::fmt::Debug for Locker {
 }
 
 /// A snapshot of a locker's bookkeeping, from [`Locker::stats`].
+///
+/// Read through methods: the renewal scheduler's own bookkeeping is not part of the API, so
+/// that the scheduler can change without breaking callers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockerStats {
+    active_leases: usize,
+    scheduler_tasks: usize,
+    renewals: u64,
+    renew_batches: u64,
+    internals: SchedulerInternals,
+}
+
+impl LockerStats {
+    /// Leases held: acquired and not yet released, orphaned or lost. Exact at every instant.
+    #[must_use]
+    pub fn active_leases(&self) -> usize {
+        self.active_leases
+    }
+
+    /// Renewal scheduler tasks running: 1 while any lease is held (and for a second after the
+    /// last one ended), 0 otherwise, however many leases the locker holds.
+    #[must_use]
+    pub fn scheduler_tasks(&self) -> usize {
+        self.scheduler_tasks
+    }
+
+    /// Successful background renewals so far.
+    #[must_use]
+    pub fn renewals(&self) -> u64 {
+        self.renewals
+    }
+
+    /// Renewal batches sent so far (each one `renew_many` round trip): with
+    /// [`renewals`](Self::renewals), how well renewals are batched.
+    #[must_use]
+    pub fn renew_batches(&self) -> u64 {
+        self.renew_batches
+    }
+
+    /// The renewal scheduler's own bookkeeping, for tenure's tests and benchmarks. Not part of
+    /// the stable API: it changes whenever the scheduler does.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn scheduler_internals(&self) -> SchedulerInternals {
+        self.internals
+    }
+}
+
+/// The renewal scheduler's bookkeeping ([`LockerStats::scheduler_internals`]); not part of
+/// the stable API.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct LockerStats {
-    /// Leases held: acquired and not yet released, orphaned or lost.
-    pub active_leases: usize,
+pub struct SchedulerInternals {
     /// Leases the scheduler task has taken in. It takes new leases in from a queue when it
     /// next wakes — at the latest when the earliest of them falls due, or once 1,024 changes
     /// are queued — so this can trail `active_leases` until then.
     pub tracked_leases: usize,
-    /// Renewal scheduler tasks running: 1 while any lease is held (and for a second after the
-    /// last one ended), 0 otherwise.
-    pub scheduler_tasks: usize,
-    /// Successful background renewals so far.
-    pub renewals: u64,
-    /// Renewal batches sent so far (each one `renew_many` round trip).
-    pub renew_batches: u64,
     /// Times the scheduler task woke up so far: for a locker taking many short leases, about
     /// one per 500 lock cycles, plus one per renewal batch and per lease that falls due.
-    pub scheduler_wakeups: u64,
+    pub wakeups: u64,
     /// Timers the scheduler task held when it last went to sleep, including those left by
     /// released leases: bounded by twice the tracked leases plus 4,096.
     pub timers: usize,
@@ -189,12 +231,14 @@ impl Locker {
         let s = self.inner.scheduler.stats();
         LockerStats {
             active_leases: s.active.load(Ordering::Relaxed),
-            tracked_leases: s.tracked.load(Ordering::Relaxed),
             scheduler_tasks: s.tasks.load(Ordering::Relaxed),
             renewals: s.renewals.load(Ordering::Relaxed),
             renew_batches: s.batches.load(Ordering::Relaxed),
-            scheduler_wakeups: s.wakeups.load(Ordering::Relaxed),
-            timers: s.timers.load(Ordering::Relaxed),
+            internals: SchedulerInternals {
+                tracked_leases: s.tracked.load(Ordering::Relaxed),
+                wakeups: s.wakeups.load(Ordering::Relaxed),
+                timers: s.timers.load(Ordering::Relaxed),
+            },
         }
     }
 
