@@ -102,7 +102,7 @@ mod util;
 pub use backend::{Backend, FencingToken};
 pub use election::{ElectionConfig, ElectionError, LeaderElector, Term};
 pub use lock::{
-    Lease, LeaseEnd, LockError, LockGuard, LockOptions, Locker, LockerStats, LostReason,
+    Lease, LeaseEnd, LockContext, LockError, LockOptions, Locker, LockerStats, LostReason,
     WithLockError,
 };
 pub use util::default_identity;

@@ -1855,7 +1855,7 @@ async fn the_kube_backend_works_under_exactly_the_chart_role() {
     // Events: create is granted.
     let events_backend = backend().await;
     events_backend
-        .announce(
+        .record_event(
             lease_name,
             &LeadershipEvent::BecameLeader {
                 identity: "wk-1".into(),

@@ -531,7 +531,7 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
         .expect("free lock");
     let fencing = lease.fencing_token();
     backend
-        .announce(
+        .record_event(
             &name,
             &LeadershipEvent::BecameLeader {
                 identity: "announcer".into(),
@@ -540,7 +540,7 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
         )
         .await;
     backend
-        .announce(
+        .record_event(
             &name,
             &LeadershipEvent::StoppedLeading {
                 identity: "announcer".into(),

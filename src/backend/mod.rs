@@ -223,7 +223,7 @@ pub trait Backend: Send + Sync + 'static {
     /// backend writes an Event on the Lease ("became leader", "stopped leading"), as client-go
     /// does. The default does nothing. Failures are the backend's to log; they never affect the
     /// lease.
-    fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
+    fn record_event<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
         let _ = (name, event);
         Box::pin(std::future::ready(()))
     }
@@ -449,8 +449,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     ) -> BoxFuture<'a, Result<Option<EndedTerm>, BackendError>> {
         (**self).last_term(name)
     }
-    fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
-        (**self).announce(name, event)
+    fn record_event<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
+        (**self).record_event(name, event)
     }
     fn announce_member<'a>(
         &'a self,

@@ -322,7 +322,7 @@ pub struct Member {
 }
 
 /// A change of leadership worth recording for people, passed to
-/// [`Backend::announce`](super::Backend::announce) by the elector.
+/// [`Backend::record_event`](super::Backend::record_event) by the elector.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LeadershipEvent {

@@ -324,7 +324,7 @@ impl LeaderElector {
         });
         self.record_leading(true);
         tracing::info!(parent: &span, "became leader");
-        self.announce(LeadershipEvent::BecameLeader {
+        self.record_event(LeadershipEvent::BecameLeader {
             identity: self.identity().to_owned(),
             fencing,
         })
@@ -448,7 +448,7 @@ impl LeaderElector {
             Some(Stopping::StepDown(req)) => format!("stepped down: {}", req.reason),
             None => "workload finished: released".to_owned(),
         };
-        self.announce(LeadershipEvent::StoppedLeading {
+        self.record_event(LeadershipEvent::StoppedLeading {
             identity: self.identity().to_owned(),
             fencing,
             reason,
@@ -464,10 +464,10 @@ impl LeaderElector {
     }
     /// Records the event through the backend (a Kubernetes Event), bounded by the request
     /// timeout so that a slow store never delays a term by more than that.
-    async fn announce(&self, event: LeadershipEvent) {
+    async fn record_event(&self, event: LeadershipEvent) {
         let backend = self.inner.locker.backend();
         let timeout = self.inner.config.effective_request_timeout();
-        let _ = tokio::time::timeout(timeout, backend.announce(&self.inner.name, &event)).await;
+        let _ = tokio::time::timeout(timeout, backend.record_event(&self.inner.name, &event)).await;
     }
 }
 

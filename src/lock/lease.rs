@@ -1,4 +1,4 @@
-//! The handles of a held lease ([`Lease`], [`LockGuard`]): its fencing token, its validity, how it
+//! The handles of a held lease ([`Lease`], [`LockContext`]): its fencing token, its validity, how it
 //! ends, and the RAII release.
 
 use std::sync::Arc;
@@ -401,16 +401,17 @@ impl Drop for Lease {
 /// What the closure of [`Locker::with_lock`] gets: the fencing token, and a cancellation
 /// token that fires the moment the lease is lost.
 ///
-/// Cheap to clone; clones observe the same lease.
+/// It releases nothing (hence not a guard): `with_lock` releases the lease once the closure's
+/// future ends. Cheap to clone; clones observe the same lease.
 #[derive(Clone)]
-pub struct LockGuard {
+pub struct LockContext {
     shared: Arc<LeaseShared>,
     cancel: CancellationToken,
 }
 
-impl std::fmt::Debug for LockGuard {
+impl std::fmt::Debug for LockContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockGuard")
+        f.debug_struct("LockContext")
             .field("name", &self.shared.name)
             .field("fencing", &self.shared.fencing)
             .field("cancelled", &self.cancel.is_cancelled())
@@ -418,7 +419,7 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
-impl LockGuard {
+impl LockContext {
     pub(crate) fn new(shared: Arc<LeaseShared>, cancel: CancellationToken) -> Self {
         Self { shared, cancel }
     }

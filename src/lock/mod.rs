@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{LeaseEnd, LockError, LostReason, WithLockError};
-pub use lease::{Lease, LockGuard};
+pub use lease::{Lease, LockContext};
 pub use options::{DRIFT_FLOOR, LockOptions, MAX_DURATION, MIN_AUTO_RENEW_TTL};
 
 // The identity bound belongs to the backend contract (every store must keep that much);
@@ -385,7 +385,7 @@ impl Locker {
     /// Runs `f` while holding the lock `name`, then releases it.
     ///
     /// The lease is auto-renewed unless the options turn that off. The closure gets a
-    /// [`LockGuard`] with the fencing token and a cancellation token that fires the moment the
+    /// [`LockContext`] with the fencing token and a cancellation token that fires the moment the
     /// lease is lost. Afterwards the lease is always released — also when the closure panics,
     /// in which case the panic propagates after the release — and the release runs to
     /// completion even if this future is dropped.
@@ -409,7 +409,7 @@ impl Locker {
         f: F,
     ) -> Result<T, WithLockError<T>>
     where
-        F: FnOnce(LockGuard) -> Fut,
+        F: FnOnce(LockContext) -> Fut,
         Fut: Future<Output = T>,
     {
         let lease = self
@@ -423,7 +423,7 @@ impl Locker {
             .await
             .map_err(WithLockError::NotRun)?;
         let cancel = CancellationToken::new();
-        let guard = LockGuard::new(lease.shared().clone(), cancel.clone());
+        let guard = LockContext::new(lease.shared().clone(), cancel.clone());
         let work = AssertUnwindSafe(f(guard)).catch_unwind();
         tokio::pin!(work);
         let outcome = {

@@ -1,5 +1,5 @@
 //! The state of one held lease, shared by its handle ([`Lease`](super::Lease),
-//! [`LockGuard`](super::LockGuard)) and the renewal scheduler: validity, the renew deadline,
+//! [`LockContext`](super::LockContext)) and the renewal scheduler: validity, the renew deadline,
 //! how the lease ended, and the key the scheduler knows it by.
 //!
 //! Both sides read and write it, so neither file imports the other: the handle reaches the

@@ -12,7 +12,7 @@ use crate::backend::{BackendError, BackendErrorKind, LeadershipEvent};
 impl Inner {
     /// Writes a Normal Event, reason `LeaderElection`, on the Lease, as client-go's
     /// `LeaseLock.RecordEvent` does: "<identity> became leader" / "<identity> stopped leading".
-    pub(super) async fn announce(
+    pub(super) async fn record_event(
         &self,
         name: &str,
         event: &LeadershipEvent,

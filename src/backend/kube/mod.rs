@@ -92,7 +92,7 @@
 //! Lease; `tenure run` does, and refuses to campaign without it (exit 4).
 //! Without `list` and `watch`, [`observe`](Backend::observe) reports the error and waiters
 //! fall back to reading on every retry. Without `create` on events, the Events
-//! ([`announce`](Backend::announce)) are skipped (logged at debug level); the lease is
+//! ([`record_event`](Backend::record_event)) are skipped (logged at debug level); the lease is
 //! unaffected.
 //!
 //! [`BackendErrorKind::PermissionDenied`]: super::BackendErrorKind::PermissionDenied
@@ -291,9 +291,9 @@ impl Backend for KubeBackend {
         Box::pin(async move { self.inner.last_term(&Arc::from(name)).await })
     }
 
-    fn announce<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
+    fn record_event<'a>(&'a self, name: &'a str, event: &'a LeadershipEvent) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            if let Err(e) = self.inner.announce(name, event).await {
+            if let Err(e) = self.inner.record_event(name, event).await {
                 tracing::debug!(lock = name, error = %e, "could not record the leadership Event");
             }
         })
