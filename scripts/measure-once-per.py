@@ -3,8 +3,10 @@
 
     scripts/measure-once-per.py TENURE_BINARY BACKEND_ARGS... [-- PERIODS]
 
-e.g. `scripts/measure-once-per.py target/debug/tenure --backend redis://127.0.0.1:6379/`
-or `... --state-dir /tmp/m` (local).
+e.g. `scripts/measure-once-per.py target/debug/tenure --backend redis://127.0.0.1:6379/`,
+`... --state-dir /tmp/m` (local), or `KUBECONFIG=DIR/admin.kubeconfig ... --backend kube
+--namespace NS` (a kube-apiserver started by `e2e/scripts/kube-testenv.sh start DIR`; NS must
+exist). Figures: docs/measured.md.
 
 Once per period: two replicas, each running `tenure run --once-per 2s` in a loop (as two
 hosts' crons would, back to back), for PERIODS (default 24) periods of 2 s. The job logs its

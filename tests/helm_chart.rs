@@ -2055,18 +2055,17 @@ fn named<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
     found[0]
 }
 
-/// The chart's anchor name for a release of full name `fullname` in `ns`.
-fn anchor_name(ns: &str, fullname: &str) -> String {
-    format!("tenure-fencing-anchor.{ns}.{fullname}")
-}
+/// The anchor's name: one per cluster, the chart's and `tenure policy`'s alike.
+const ANCHOR: &str = tenure::fence::kube::ANCHOR_NAME;
 
-/// Asserts that `objs` carry the anchor of a release of full name `fullname` in `ns`, exactly
-/// as `FencingPolicy::anchor_named` generates it (both specs, compared as JSON; its labels and
-/// annotations), kept by `helm uninstall` (`helm.sh/resource-policy: keep`).
-fn assert_generators_anchor(objs: &[Value], ns: &str, fullname: &str, what: &str) {
-    let name = anchor_name(ns, fullname);
-    assert!(name.len() <= 253, "{name}");
-    let (policy, binding) = FencingPolicy::anchor_named(&name);
+/// Asserts that `objs` carry the anchor, exactly as `FencingPolicy::anchor` (what `tenure
+/// policy` prints) generates it: its name, both specs (compared as JSON), its labels and
+/// annotations; kept by `helm uninstall` (`helm.sh/resource-policy: keep`).
+fn assert_generators_anchor(objs: &[Value], what: &str) {
+    let name = ANCHOR;
+    let (policy, binding) = FencingPolicy::anchor();
+    assert_eq!(policy.metadata.name.as_deref(), Some(name));
+    assert_eq!(binding.metadata.name.as_deref(), Some(name));
     for (kind, spec, metadata) in [
         (
             "ValidatingAdmissionPolicy",
@@ -2079,7 +2078,7 @@ fn assert_generators_anchor(objs: &[Value], ns: &str, fullname: &str, what: &str
             &binding.metadata,
         ),
     ] {
-        let rendered = named(objs, kind, &name);
+        let rendered = named(objs, kind, name);
         assert_eq!(rendered["apiVersion"], "admissionregistration.k8s.io/v1");
         assert!(
             rendered["metadata"]["namespace"].is_null(),
@@ -2173,8 +2172,8 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .expect("valid policy");
     assert_eq!(policy.name(), "tenure-fencing.apps.demo-tenure");
     assert_generators_policy(&objs, &policy, "defaults");
-    // One anchor per release, named after its namespace and full name, kept on uninstall.
-    assert_generators_anchor(&objs, "apps", "demo-tenure", "defaults");
+    // The one anchor of the cluster, as `tenure policy` prints it, kept on uninstall.
+    assert_generators_anchor(&objs, "defaults");
     assert_eq!(
         names(&objs)
             .into_iter()
@@ -2185,18 +2184,12 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
                 "ValidatingAdmissionPolicy",
                 "tenure-fencing.apps.demo-tenure"
             ),
-            (
-                "ValidatingAdmissionPolicy",
-                "tenure-fencing-anchor.apps.demo-tenure"
-            ),
+            ("ValidatingAdmissionPolicy", "tenure-fencing-anchor"),
             (
                 "ValidatingAdmissionPolicyBinding",
                 "tenure-fencing.apps.demo-tenure"
             ),
-            (
-                "ValidatingAdmissionPolicyBinding",
-                "tenure-fencing-anchor.apps.demo-tenure"
-            ),
+            ("ValidatingAdmissionPolicyBinding", "tenure-fencing-anchor"),
         ]
         .map(|(k, n)| (k.to_owned(), n.to_owned()))
         .into()
@@ -2283,11 +2276,7 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         })
     );
     // The anchor, spelled out once too: a Lease parameter, a resource nobody serves.
-    let anchor = named(
-        &objs,
-        "ValidatingAdmissionPolicy",
-        "tenure-fencing-anchor.apps.demo-tenure",
-    );
+    let anchor = named(&objs, "ValidatingAdmissionPolicy", "tenure-fencing-anchor");
     assert_eq!(
         anchor["spec"],
         json!({
@@ -2303,11 +2292,11 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         named(
             &objs,
             "ValidatingAdmissionPolicyBinding",
-            "tenure-fencing-anchor.apps.demo-tenure"
+            "tenure-fencing-anchor"
         )["spec"],
         json!({
-            "policyName": "tenure-fencing-anchor.apps.demo-tenure",
-            "paramRef": {"name": "tenure-fencing-anchor.apps.demo-tenure",
+            "policyName": "tenure-fencing-anchor",
+            "paramRef": {"name": "tenure-fencing-anchor",
                          "parameterNotFoundAction": "Allow"},
             "validationActions": ["Deny"]
         })
@@ -2385,7 +2374,7 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .and_then(|p| p.resource("configmaps"))
         .expect("valid policy");
     assert_generators_policy(&objs, &policy, "resources and participants");
-    assert_generators_anchor(&objs, "ops", "r-tenure", "resources and participants");
+    assert_generators_anchor(&objs, "resources and participants");
     let rules = named(&objs, "ValidatingAdmissionPolicy", &policy.name())["spec"]
         ["matchConstraints"]["resourceRules"]
         .clone();
@@ -2418,20 +2407,49 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .and_then(|p| p.resource("deployments.apps"))
         .expect("valid policy");
     assert_generators_policy(&objs, &policy, "ci values");
-    assert_generators_anchor(&objs, "ci", "ci-tenure", "ci values");
+    assert_generators_anchor(&objs, "ci values");
 
-    // A fullname override names the anchor (the longest names stay far below 253).
-    let long_ns = "n".repeat(63);
-    let long_name = "f".repeat(63);
+    // Neither the namespace nor the release names the anchor: one per cluster.
     let objs = render(
         "x",
-        &long_ns,
+        "other",
         &[
             "--set",
-            &format!("fencing.policy.enabled=true,fullnameOverride={long_name},election.lease=l"),
+            "fencing.policy.enabled=true,fullnameOverride=f,election.lease=l",
         ],
     );
-    assert_generators_anchor(&objs, &long_ns, &long_name, "long names");
+    assert_generators_anchor(&objs, "another release");
+    // fencing.policy.anchor: true renders it as auto does without a cluster (helm template
+    // has none to look up), false never.
+    let objs = render(
+        "x",
+        "apps",
+        &[
+            "--set",
+            "fencing.policy.enabled=true,fencing.policy.anchor=true",
+        ],
+    );
+    assert_generators_anchor(&objs, "anchor=true");
+    let objs = render(
+        "x",
+        "apps",
+        &[
+            "--set",
+            "fencing.policy.enabled=true,fencing.policy.anchor=false",
+        ],
+    );
+    assert!(
+        !names(&objs).iter().any(|(_, name)| name == ANCHOR),
+        "anchor=false renders the anchor: {:?}",
+        names(&objs)
+    );
+    assert_generators_policy(
+        &objs,
+        &FencingPolicy::new("apps", "x-tenure")
+            .and_then(|p| p.service_account("apps", "x-tenure"))
+            .expect("valid policy"),
+        "anchor=false",
+    );
 }
 
 #[test]
@@ -2500,7 +2518,7 @@ fn fencing_is_rendered_only_when_asked_for() {
         // The anchor comes with the policy, and only with it.
         let anchors: BTreeSet<(String, String)> = names(&objs)
             .into_iter()
-            .filter(|(_, name)| name.starts_with("tenure-fencing-anchor."))
+            .filter(|(_, name)| name == ANCHOR)
             .collect();
         let expected_anchors: BTreeSet<(String, String)> =
             if expected.contains(&"ValidatingAdmissionPolicy") {
@@ -2508,7 +2526,7 @@ fn fencing_is_rendered_only_when_asked_for() {
                     "ValidatingAdmissionPolicy",
                     "ValidatingAdmissionPolicyBinding",
                 ]
-                .map(|k| (k.to_owned(), anchor_name("apps", "off-tenure")))
+                .map(|k| (k.to_owned(), ANCHOR.to_owned()))
                 .into()
             } else {
                 BTreeSet::new()
@@ -2536,6 +2554,13 @@ fn bad_fencing_values_fail_with_a_clear_message() {
         (
             &["--set", "fencing.impersonation=maybe"],
             &[schema, "at '/fencing/impersonation'"],
+        ),
+        (
+            &["--set", "fencing.policy.anchor=maybe"],
+            &[
+                schema,
+                "at '/fencing/policy/anchor': value must be one of 'auto', true, false",
+            ],
         ),
         (
             &[
@@ -2918,6 +2943,119 @@ fn helm_uninstall(release: &str, ns: &str) -> Run {
     )
 }
 
+/// The release (name, namespace) that Helm's ownership annotations on the anchor's policy name;
+/// None without an anchor. Its binding must name the same.
+fn anchor_owner() -> Option<(String, String)> {
+    let owner = |kind: &str| {
+        let out = run(
+            kubectl_cmd().args(["get", kind, ANCHOR, "--ignore-not-found", "-o", "json"]),
+            None,
+        )
+        .expect_ok();
+        if out.trim().is_empty() {
+            return None;
+        }
+        let obj: Value = serde_json::from_str(&out).expect("kubectl get -o json");
+        let a = &obj["metadata"]["annotations"];
+        Some((
+            a["meta.helm.sh/release-name"].as_str()?.to_owned(),
+            a["meta.helm.sh/release-namespace"].as_str()?.to_owned(),
+        ))
+    };
+    let policy = owner("validatingadmissionpolicy");
+    assert_eq!(
+        policy,
+        owner("validatingadmissionpolicybinding"),
+        "the anchor's policy and binding have different owners"
+    );
+    policy
+}
+
+/// (kind, name) of the objects in release `release`'s manifest as Helm stored it.
+fn manifest_names(release: &str, ns: &str) -> BTreeSet<(String, String)> {
+    let out = run(
+        helm_cmd()
+            .args([
+                "get",
+                "manifest",
+                release,
+                "--namespace",
+                ns,
+                "--kubeconfig",
+            ])
+            .arg(shared().admin_kubeconfig()),
+        None,
+    )
+    .expect_ok();
+    names(&objects(&out))
+}
+
+/// With the anchor installed by `owner` (in `owner_ns`): a second fenced release in another
+/// namespace installs without it (fencing.policy.anchor auto; true is refused by Helm, as the
+/// object is another release's), `owner`'s upgrade keeps it in its manifest, and uninstalling
+/// the second release leaves it.
+fn second_release_leaves_the_anchor_to_its_owner(owner: &str, owner_ns: &str) {
+    let ns = restricted_namespace("fencing-second");
+    let forced = helm_install(
+        "fy",
+        &ns,
+        &[
+            "--set",
+            "fencing.policy.enabled=true,fencing.policy.anchor=true",
+        ],
+    );
+    assert!(!forced.ok, "a second owner of the anchor was accepted");
+    assert!(
+        forced.stderr.contains(ANCHOR) && forced.stderr.contains("cannot be imported"),
+        "{}",
+        forced.stderr
+    );
+    helm_uninstall("fy", &ns);
+    helm_install("fy", &ns, &["--set", "fencing.policy.enabled=true"]).expect_ok();
+    let fy = manifest_names("fy", &ns);
+    assert!(
+        fy.contains(&(
+            "ValidatingAdmissionPolicy".to_owned(),
+            format!("tenure-fencing.{ns}.fy-tenure")
+        )),
+        "{fy:?}"
+    );
+    assert!(
+        !fy.iter().any(|(_, n)| n == ANCHOR),
+        "the second release renders the anchor: {fy:?}"
+    );
+    assert_eq!(
+        anchor_owner(),
+        Some((owner.to_owned(), owner_ns.to_owned()))
+    );
+    // The owner's upgrade finds its own anchor and keeps it in its manifest.
+    run(
+        helm_cmd()
+            .args(["upgrade", owner])
+            .arg(chart())
+            .args(["--namespace", owner_ns, "--reuse-values", "--kubeconfig"])
+            .arg(shared().admin_kubeconfig()),
+        None,
+    )
+    .expect_ok();
+    let kept = manifest_names(owner, owner_ns);
+    for kind in [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(
+            kept.contains(&(kind.to_owned(), ANCHOR.to_owned())),
+            "the owner's upgrade dropped the anchor's {kind}: {kept:?}"
+        );
+    }
+    helm_uninstall("fy", &ns).expect_ok();
+    assert_eq!(installed_anchor(ANCHOR).len(), 2);
+    assert_eq!(
+        anchor_owner(),
+        Some((owner.to_owned(), owner_ns.to_owned()))
+    );
+}
+
 /// A Role of the user's (not the chart's) letting `sa` write ConfigMaps: the workload's own
 /// permissions, which the chart leaves to its user.
 fn grant_configmaps(ns: &str, sa: &str) {
@@ -3034,7 +3172,12 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
             .collect();
         assert_eq!(expected.len(), 7, "{expected:?}");
         let mut found = installed_fencing(&ns, lease);
-        found.extend(installed_anchor(&anchor_name(&ns, "fx-tenure")));
+        found.extend(installed_anchor(ANCHOR));
+        assert_eq!(
+            anchor_owner(),
+            Some((release.to_owned(), ns.clone())),
+            "the first fenced release installs the cluster's anchor"
+        );
         let lease_json = run(
             kubectl_cmd().args(["get", "lease", lease, "-n", &ns, "-o", "json"]),
             None,
@@ -3154,6 +3297,16 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
     assert!(admin.get_opt("stale").await.expect("read").is_none());
     current_term.release().await.expect("release");
 
+    // A second fenced release while fx owns the anchor: the cluster keeps one anchor. With
+    // fencing.policy.anchor=true it would own it too, which Helm refuses; with auto (the
+    // default) it leaves the anchor to fx, and fx keeps it in its manifest on an upgrade.
+    tokio::task::spawn_blocking({
+        let ns = ns.clone();
+        move || second_release_leaves_the_anchor_to_its_owner(release, &ns)
+    })
+    .await
+    .expect("a second release");
+
     // `helm uninstall` deletes the election's policy, binding and RBAC, and leaves the Lease
     // and the anchor (policy and binding). This is the regression test of the anchor: with no
     // Lease-parameter binding left (nothing else in this test binary installs one), the test
@@ -3166,14 +3319,13 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
         move || {
             helm_uninstall(release, &ns).expect_ok();
             assert_eq!(installed_fencing(&ns, lease), BTreeSet::new());
-            let anchor = anchor_name(&ns, "fx-tenure");
             assert_eq!(
-                installed_anchor(&anchor),
+                installed_anchor(ANCHOR),
                 [
                     "ValidatingAdmissionPolicy",
                     "ValidatingAdmissionPolicyBinding"
                 ]
-                .map(|k| (k.to_owned(), anchor.clone()))
+                .map(|k| (k.to_owned(), ANCHOR.to_owned()))
                 .into(),
                 "the anchor must outlive `helm uninstall`"
             );
@@ -3184,7 +3336,8 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
     .expect("uninstall");
 
     // Every resource governed (the default), no impersonation RBAC from the chart.
-    let (ns2, kubeconfig2) = tokio::task::spawn_blocking(|| {
+    let fx_ns = ns.clone();
+    let (ns2, kubeconfig2) = tokio::task::spawn_blocking(move || {
         let ns = restricted_namespace("fencing-all");
         helm_install(
             "all",
@@ -3195,6 +3348,12 @@ async fn the_charts_fencing_policy_is_enforced_by_the_apiserver() {
             ],
         )
         .expect_ok();
+        // The anchor fx left behind stays the cluster's one anchor, still fx's.
+        assert!(
+            !manifest_names("all", &ns).iter().any(|(_, n)| n == ANCHOR),
+            "a release installed after the anchor's owner left renders the anchor again"
+        );
+        assert_eq!(anchor_owner(), Some(("fx".to_owned(), fx_ns)));
         let (kubeconfig, sa) = workload_service_account(&ns, "all-tenure");
         assert!(!can_i(
             &sa,
@@ -3466,7 +3625,18 @@ fn sharded_fencing_renders_the_groups_one_policy_as_tenure_policy_prints_it() {
                 .contains(&self_impersonation("sh-tenure")),
             "{rules}"
         );
-        assert_generators_anchor(&objs, "ns", "sh-tenure", "sharded");
+        assert_generators_anchor(&objs, "sharded");
+        // What `tenure policy --shards` prints: the same anchor, by name and spec.
+        for kind in [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ] {
+            assert_eq!(
+                named(&objs, kind, ANCHOR)["spec"],
+                named(&cli, kind, ANCHOR)["spec"],
+                "{shards} shards: the chart's anchor {kind} is not what tenure policy prints"
+            );
+        }
     }
     // Without sharding, the single election's policy and its Lease, as before.
     let single = render("sh", "ns", &["--set", "fencing.policy.enabled=true"]);

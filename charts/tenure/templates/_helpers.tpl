@@ -71,12 +71,38 @@ tenure::fence::kube::FencingPolicy::name() spells it.
 
 {{/*
 The name of the fencing anchor's policy and binding (templates/fencing-anchor.yaml):
-tenure-fencing-anchor.<namespace>.<fullname>, one per release, as
-tenure::fence::kube::FencingPolicy::anchor_named is given it. At most 21 + 1 + 63 + 1 + 63
-characters (tenure.validate checks the 253 all the same).
+tenure-fencing-anchor, one per cluster, as tenure::fence::kube::ANCHOR_NAME (what `tenure
+policy` prints), so that the chart and `tenure policy` install one and the same anchor.
 */}}
 {{- define "tenure.fencingAnchorName" -}}
-{{- printf "tenure-fencing-anchor.%s.%s" .Release.Namespace (include "tenure.fullname" .) -}}
+tenure-fencing-anchor
+{{- end -}}
+
+{{/*
+Whether this release renders the anchor's object of kind (index . 1), "true" or "":
+fencing.policy.anchor true always, false never; auto when the cluster has no such object, or
+when this release manages it already (Helm's ownership annotations name this release and
+namespace). So the first fenced release of a cluster installs the one anchor, keeps it in its
+manifest on every upgrade, and every other release leaves it to its owner: Helm refuses to
+install an object another release owns. `helm template` and a client-side dry run see no
+cluster: they render it.
+*/}}
+{{- define "tenure.fencingAnchorRendered" -}}
+{{- $ctx := index . 0 -}}
+{{- $mode := $ctx.Values.fencing.policy.anchor -}}
+{{- if kindIs "bool" $mode -}}
+{{- if $mode -}}true{{- end -}}
+{{- else -}}
+{{- $found := lookup "admissionregistration.k8s.io/v1" (index . 1) "" (include "tenure.fencingAnchorName" $ctx) -}}
+{{- if not $found -}}
+true
+{{- else -}}
+{{- $owner := dig "metadata" "annotations" dict $found -}}
+{{- if and (eq (get $owner "meta.helm.sh/release-name") $ctx.Release.Name) (eq (get $owner "meta.helm.sh/release-namespace") $ctx.Release.Namespace) -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -264,10 +290,6 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- $name := include "tenure.fencingName" . -}}
 {{- if gt (len $name) 253 -}}
 {{- fail (printf "the fencing policy's name %q would be longer than 253 characters" $name) -}}
-{{- end -}}
-{{- $anchor := include "tenure.fencingAnchorName" . -}}
-{{- if gt (len $anchor) 253 -}}
-{{- fail (printf "the fencing anchor's name %q would be longer than 253 characters" $anchor) -}}
 {{- end -}}
 {{- /* What the election itself writes without a token (FencingPolicy::resource refuses them too). */ -}}
 {{- $own := list "leases.coordination.k8s.io" "events" "events.events.k8s.io" "elections.tenure.dev" -}}

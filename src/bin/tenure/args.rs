@@ -252,13 +252,13 @@ pub struct RunArgs {
     /// Take the lease now or exit 6 without running the command: one campaign, ended as soon
     /// as another holder is seen (or after --retry-period without an answer). For a job that
     /// must not queue behind another replica's run. Like `consul lock -try`.
-    #[arg(long = "try", conflicts_with_all = ["timeout", "shards"])]
+    #[arg(long = "try", env = "TENURE_TRY", conflicts_with_all = ["timeout", "shards"])]
     pub try_once: bool,
 
     /// Give up waiting for the lease after DURATION: exit 6 without running the command if no
     /// term began by then. Once a term began it is not cut short.
     /// Example: --timeout 10m
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, conflicts_with = "shards")]
+    #[arg(long, value_name = "DURATION", env = "TENURE_TIMEOUT", value_parser = parse_duration, conflicts_with = "shards")]
     pub timeout: Option<Duration>,
 
     /// Run CMD at most once per PERIOD across every replica of the lease: a run-once job
@@ -273,12 +273,18 @@ pub struct RunArgs {
     /// record and the next run of the period runs it again; a command that exited 0 whose
     /// record was refused or could not be written exits 9 (it may run again). At least 1s.
     /// Example: --once-per 24h
-    #[arg(long, value_name = "PERIOD", value_parser = parse_period, conflicts_with = "shards")]
+    #[arg(long, value_name = "PERIOD", env = "TENURE_ONCE_PER", value_parser = parse_period, conflicts_with = "shards")]
     pub once_per: Option<Duration>,
 
     /// With --once-per: the exit code when this period's run was completed already. A
     /// CronJob's pod sets 0, so that a Job finding the work done succeeds.
-    #[arg(long, value_name = "CODE", default_value_t = 7, requires = "once_per")]
+    #[arg(
+        long,
+        value_name = "CODE",
+        env = "TENURE_DONE_EXIT_CODE",
+        default_value_t = 7,
+        requires = "once_per"
+    )]
     pub done_exit_code: u8,
 
     /// Check this invocation instead of running it: the store answers; on Kubernetes this
@@ -406,7 +412,7 @@ pub fn parse_shards(s: &str) -> Result<u32, String> {
 /// clap's multi-line error text as one line: the message (its indented continuation lines
 /// joined with ", "), the tip, and the help to read (`tenure run --help`, from the usage
 /// line, else `subcommand`'s).
-pub fn one_line(rendered: &str, subcommand: Option<&str>) -> String {
+pub fn one_line(rendered: &str, subcommand: Option<&str>, sources: &[String]) -> String {
     let mut message = String::new();
     let mut tips = Vec::new();
     let mut help = subcommand.map_or("tenure --help".to_owned(), |s| format!("tenure {s} --help"));
@@ -441,8 +447,72 @@ pub fn one_line(rendered: &str, subcommand: Option<&str>) -> String {
             .unwrap_or("invalid arguments")
             .to_owned();
     }
+    tips.extend(sources.iter().cloned());
     tips.push(format!("see '{help}'"));
     format!("{message} ({})", tips.join("; "))
+}
+
+/// The command line as clap parses it, with two rules for the job flags' environment
+/// variables, which a host or an image sets as defaults for every job it runs: `TENURE_TRY=false`
+/// is `--try` off, as if unset (clap counts a flag set from the environment as given, even to
+/// `false`, so it would conflict with `--timeout`); and `TENURE_DONE_EXIT_CODE` does not need
+/// `--once-per` (on the command line `--done-exit-code` without it is a mistake; in the
+/// environment it is the code for those jobs that run once per period).
+pub fn command() -> clap::Command {
+    command_in(|name| std::env::var_os(name))
+}
+
+/// [`command`] against the environment `env`.
+fn command_in(env: impl Fn(&str) -> Option<std::ffi::OsString>) -> clap::Command {
+    use clap::CommandFactory;
+    let try_off = env("TENURE_TRY").is_some_and(|v| v == "false");
+    let done_code_from_env = env("TENURE_DONE_EXIT_CODE").is_some();
+    // The ids are the fields of `RunArgs` (`cli_definition_is_consistent` builds both shapes).
+    Cli::command().mut_subcommand("run", |run| {
+        let run = if try_off {
+            run.mut_arg("try_once", |a| a.env(clap::builder::Resettable::Reset))
+        } else {
+            run
+        };
+        if done_code_from_env {
+            run.mut_arg("done_exit_code", |a| {
+                a.requires(clap::builder::Resettable::Reset)
+            })
+        } else {
+            run
+        }
+    })
+}
+
+/// For a usage error: which flags it names were set by an environment variable rather than on
+/// the command line (`--try is set by $TENURE_TRY`), so that an error about a flag nobody typed
+/// says where it came from. `message` is clap's rendered error, `argv` the arguments after the
+/// subcommand's name.
+pub fn set_by_env(
+    cmd: &clap::Command,
+    subcommand: Option<&str>,
+    message: &str,
+    argv: &[String],
+) -> Vec<String> {
+    let Some(sub) = subcommand.and_then(|s| cmd.find_subcommand(s)) else {
+        return Vec::new();
+    };
+    // The error itself, not clap's usage line (which lists every flag set, wherever from).
+    let message = message.split("Usage:").next().unwrap_or(message);
+    sub.get_arguments()
+        .filter_map(|arg| {
+            let (long, var) = (arg.get_long()?, arg.get_env()?);
+            let flag = format!("--{long}");
+            let given = argv
+                .iter()
+                .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+            let named = message.contains(&format!("'{flag}'"))
+                || message.contains(&format!("'{flag} "))
+                || message.contains(&format!("{flag} <"));
+            (named && !given && std::env::var_os(var).is_some())
+                .then(|| format!("{flag} is set by ${}", var.to_string_lossy()))
+        })
+        .collect()
 }
 
 /// `--lease`: one rule on every backend, Kubernetes' for object names (a DNS-1123 subdomain of
@@ -685,6 +755,8 @@ mod tests {
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+        // The environment's rules name fields of `RunArgs` (`mut_arg` panics on an unknown id).
+        command_in(|_| Some("false".into())).debug_assert();
     }
 
     #[test]
@@ -713,7 +785,7 @@ mod tests {
     fn clap_errors_become_one_line_with_the_tip_and_the_help_to_read() {
         let err = |argv: &[&str]| {
             let e = Cli::try_parse_from(argv).expect_err("refused");
-            one_line(&e.render().to_string(), argv.get(1).copied())
+            one_line(&e.render().to_string(), argv.get(1).copied(), &[])
         };
         let line = err(&["tenure", "run", "--lease", "x", "--bogus", "--", "true"]);
         assert_eq!(

@@ -20,7 +20,7 @@ mod status;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, FromArgMatches};
+use clap::FromArgMatches;
 
 use crate::args::{Cli, Command};
 
@@ -77,7 +77,7 @@ fn main() -> ExitCode {
 /// The command line, as `Cli::parse` would return it, also noting where `--backend` came from
 /// (its password warning names the place).
 fn parse() -> Cli {
-    let matches = Cli::command()
+    let matches = args::command()
         .try_get_matches()
         .unwrap_or_else(|e| usage_error(&e));
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(&e));
@@ -109,10 +109,24 @@ fn usage_error(e: &clap::Error) -> ! {
     ) {
         e.exit();
     }
-    let subcommand = std::env::args()
-        .nth(1)
-        .filter(|a| Cli::command().find_subcommand(a).is_some());
-    let line = args::one_line(&e.render().to_string(), subcommand.as_deref());
+    // Lossy: an argument need not be UTF-8 (`args()` would panic on it), and these are only
+    // looked up.
+    let argv: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let command = args::command();
+    let subcommand = argv
+        .first()
+        .filter(|a| command.find_subcommand(a).is_some());
+    let rendered = e.render().to_string();
+    let sources = args::set_by_env(
+        &command,
+        subcommand.map(String::as_str),
+        &rendered,
+        argv.get(1..).unwrap_or_default(),
+    );
+    let line = args::one_line(&rendered, subcommand.map(String::as_str), &sources);
     // The line quotes the arguments as given: escape what a terminal would interpret.
     eprintln!("tenure: {}", error::printable(&line));
     std::process::exit(2);

@@ -49,8 +49,9 @@
 //! policy with a Lease parameter has a binding (kubernetes/kubernetes#130887, #133827; fix
 //! #141015 open): every fencing policy then reads a frozen Lease, or none, and admits stale
 //! writes until that API server restarts. Install [`FencingPolicy::anchor`] before the first
-//! election's policy and never delete it (`tenure policy` prints it first; the chart keeps one
-//! per release on uninstall): its binding keeps the Lease kind in use. The proof catches the
+//! election's policy and never delete it (`tenure policy` prints it first; the chart installs
+//! the same object, [`ANCHOR_NAME`], and keeps it on uninstall): its binding keeps the Lease
+//! kind in use. The proof catches the
 //! bug where the anchor came too late.
 //!
 //! # What remains unfenced

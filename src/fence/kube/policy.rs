@@ -579,9 +579,9 @@ impl FencingPolicy {
         Self::anchor_named(ANCHOR_NAME)
     }
 
-    /// [`anchor`](Self::anchor) under another name: the Helm chart installs one per release
-    /// (`tenure-fencing-anchor.<namespace>.<release fullname>`), so that releases never share an
-    /// object. Any number of anchors may exist; one is enough.
+    /// [`anchor`](Self::anchor) under another name. Any number of anchors may exist; one is
+    /// enough, and `tenure policy` and the Helm chart both install the one named
+    /// [`ANCHOR_NAME`] (the chart's releases leave it to the first of them that installed it).
     #[must_use]
     pub fn anchor_named(
         name: &str,
@@ -673,8 +673,7 @@ pub(crate) fn probe_name(lease: &str) -> String {
     format!("{PROBE_PREFIX}{lease}")
 }
 
-/// The anchor policy and binding under `name` (the chart names one per release, so that two
-/// releases do not fight over one object).
+/// The anchor policy and binding under `name`.
 fn anchor_named(name: &str) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
     let metadata = ObjectMeta {
         name: Some(name.to_owned()),
