@@ -69,7 +69,7 @@ fn replica(
     oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 ) {
-    let backend = KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
+    let backend = KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns))
         .expect("backend");
     let locker = Locker::with_identity(backend, identity).expect("identity");
     let config = ElectionConfig::new()

@@ -174,7 +174,7 @@ async fn trivial_policy(ns: &str, sa: &str) -> String {
 }
 
 fn backend(client: &kube::Client, ns: &str) -> KubeBackend {
-    KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
+    KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns))
         .unwrap_or_else(|e| panic!("backend: {e}"))
 }
 

@@ -3131,7 +3131,7 @@ async fn two_terms(
     lease: &str,
 ) -> (tenure::FencingToken, tenure::lock::Lease) {
     let locker = Locker::with_identity(
-        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.to_owned()))
+        KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns.to_owned()))
             .expect("backend"),
         "pod-0",
     )

@@ -376,7 +376,7 @@ async fn counting_backend(requests: &Requests) -> KubeBackend {
         .expect("builder")
         .with_layer(&layer)
         .build();
-    KubeBackend::with_options(client, KubeOptions::new().namespace(NS)).expect("backend")
+    KubeBackend::from_client(client, KubeOptions::new().namespace(NS)).expect("backend")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -508,7 +508,7 @@ async fn a_refused_watch_ends_the_term_with_an_error_instead_of_a_silent_followe
     // A ServiceAccount that may campaign but not list ConfigMaps.
     let (client, _) = kube_support::fencing::participant(&ns, "no-configmaps").await;
     let backend =
-        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+        KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns.clone()))
             .expect("backend");
     let elector = LeaderElector::new(
         Locker::with_identity(backend, "refused").expect("identity"),
@@ -568,7 +568,7 @@ async fn a_panicking_reconcile_ends_the_term_and_surfaces_from_run() {
     api.create(&PostParams::default(), &cm)
         .await
         .expect("configmap");
-    let backend = KubeBackend::with_options(client, KubeOptions::new().namespace(ns.clone()))
+    let backend = KubeBackend::from_client(client, KubeOptions::new().namespace(ns.clone()))
         .expect("backend");
     let elector = LeaderElector::new(
         Locker::with_identity(backend, "panics").expect("identity"),
@@ -627,7 +627,7 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
     let seen: Seen = Arc::default();
     let replica = |who: &'static str| {
         let backend =
-            KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+            KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns.clone()))
                 .expect("backend");
         let sharded = ShardedElector::new(
             Locker::with_identity(backend, who).expect("identity"),

@@ -36,7 +36,7 @@ async fn a_stopped_lease_cache_is_caught_by_the_proof_and_fails_closed() {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(admin.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(admin.clone());
     let backend = || {
-        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+        KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns.clone()))
             .expect("backend")
     };
     let first = take(&Locker::with_identity(backend(), "one").expect("id"), lease).await;

@@ -29,7 +29,7 @@ use tenure::election::{ElectionConfig, ElectionMetrics, LeaderElector};
 use tenure::fence::kube::{FenceError, FenceState, FencedApi, Fencer, FencingPolicy};
 
 fn backend(client: &kube::Client, ns: &str) -> KubeBackend {
-    KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns)).expect("backend")
+    KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns)).expect("backend")
 }
 
 /// An election `ctl` in a fresh namespace: its participant `ctl`, a first term, and its

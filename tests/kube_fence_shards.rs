@@ -80,7 +80,7 @@ fn replica(
     identity: &str,
     shards: u32,
 ) -> (mpsc::UnboundedReceiver<(u32, Term)>, oneshot::Sender<()>) {
-    let backend = KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns))
+    let backend = KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns))
         .expect("backend");
     let locker = Locker::with_identity(backend, identity).expect("identity");
     let config = ElectionConfig::new()

@@ -340,7 +340,7 @@ fn the_endpoint_refuses_strangers_and_everything_after_its_term() {
             .unwrap_or_else(|e| panic!("{e}"))
             .lease_namespace(&ns);
         let backend = |client: kube::Client| {
-            tenure::backend::kube::KubeBackend::with_options(
+            tenure::backend::kube::KubeBackend::from_client(
                 client,
                 tenure::backend::kube::KubeOptions::new().namespace(ns.clone()),
             )

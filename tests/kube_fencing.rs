@@ -83,7 +83,7 @@ async fn the_api_server_refuses_every_stale_write_and_admits_the_successor() {
 
     // Term A: the Lease exists from the first grant.
     let backend = |c: kube::Client| {
-        KubeBackend::with_options(c, KubeOptions::new().namespace(ns.clone())).expect("backend")
+        KubeBackend::from_client(c, KubeOptions::new().namespace(ns.clone())).expect("backend")
     };
     let a = Locker::with_identity(backend(client.clone()), "a").expect("identity");
     let (held_a, token_a) = take(&a, lease).await;
@@ -354,7 +354,7 @@ async fn object_tokens_foreign_holders_and_a_missing_lease_fences_nothing_and_bl
         .expect("a non-participant is never fenced, Lease or not");
 
     let locker = Locker::with_identity(
-        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+        KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns.clone()))
             .expect("backend"),
         "rust-1",
     )
@@ -1036,7 +1036,7 @@ async fn with_a_client_go_leader_tokenless_writes_pass_and_tenure_tokens_are_sta
     let pp = PostParams::default();
     // A tenure term first, then it ends (released) and a real client-go candidate leads.
     let tenure_side = Locker::with_identity(
-        KubeBackend::with_options(client.clone(), KubeOptions::new().namespace(ns.clone()))
+        KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns.clone()))
             .expect("backend"),
         "rust-1",
     )

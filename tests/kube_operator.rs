@@ -309,7 +309,7 @@ async fn watches_reconcile_all_on_and_reconcile_on_trigger_the_leader_only() {
     let (on_tx, _) = tokio::sync::broadcast::channel::<ObjectRef<ConfigMap>>(4);
     let replica = |who: &'static str, stop: tokio_util::sync::CancellationToken| {
         let backend =
-            KubeBackend::with_options(admin.clone(), KubeOptions::new().namespace(ns.clone()))
+            KubeBackend::from_client(admin.clone(), KubeOptions::new().namespace(ns.clone()))
                 .expect("backend");
         let elector = LeaderElector::new(
             Locker::with_identity(backend, who).expect("identity"),

@@ -65,7 +65,7 @@
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = kube::Client::try_default().await?;
-//! let backend = KubeBackend::new(client.clone());
+//! let backend = KubeBackend::from_client(client.clone(), KubeOptions::new())?;
 //! let elector = LeaderElector::new(Locker::new(backend), "my-controller", ElectionConfig::new())?;
 //!
 //! let spec = ElectionSpec::for_elector(&elector, ElectionBackend::kubernetes());

@@ -235,7 +235,7 @@ pub async fn elect(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
 ) {
-    let backend = tenure::backend::kube::KubeBackend::with_options(
+    let backend = tenure::backend::kube::KubeBackend::from_client(
         client.clone(),
         tenure::backend::kube::KubeOptions::new().namespace(ns),
     )

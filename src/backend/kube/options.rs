@@ -49,23 +49,18 @@ impl KubeOptions {
 }
 
 impl KubeBackend {
-    /// A backend on `client`, in the client's default namespace, with default options.
+    /// A backend on a client you already have (a kube-rs operator's), with `options`; the
+    /// namespace defaults to the client's.
     ///
-    /// Prefer [`from_config`](Self::from_config) (or [`infer`](Self::infer)) to a client
-    /// built by kube's `Client::try_from`: see there about `TCP_NODELAY`.
-    #[must_use]
-    pub fn new(client: kube::Client) -> Self {
-        let namespace = client.default_namespace().to_owned();
-        Self::build(client, namespace, DEFAULT_REQUEST_TIMEOUT)
-    }
-
-    /// A backend on `client` with `options`.
+    /// A client built by kube's `Client::try_from` / `Client::try_default` leaves Nagle's
+    /// algorithm on, which [`from_config`](Self::from_config) (and [`infer`](Self::infer))
+    /// avoid: see there.
     ///
     /// # Errors
     ///
     /// [`BackendErrorKind::Config`] if the namespace is not a valid namespace name (a DNS-1123
     /// label) or the request timeout is zero.
-    pub fn with_options(client: kube::Client, options: KubeOptions) -> Result<Self, BackendError> {
+    pub fn from_client(client: kube::Client, options: KubeOptions) -> Result<Self, BackendError> {
         let namespace = options
             .namespace
             .unwrap_or_else(|| client.default_namespace().to_owned());
@@ -86,7 +81,7 @@ impl KubeBackend {
     /// # Errors
     ///
     /// [`BackendErrorKind::Config`] if no usable configuration is found, or as
-    /// [`with_options`](Self::with_options).
+    /// [`from_client`](Self::from_client).
     ///
     /// # Cancel safety
     ///
@@ -106,7 +101,7 @@ impl KubeBackend {
     /// # Errors
     ///
     /// [`BackendErrorKind::Config`] if the file cannot be read or used, or as
-    /// [`with_options`](Self::with_options).
+    /// [`from_client`](Self::from_client).
     ///
     /// # Cancel safety
     ///
@@ -140,9 +135,9 @@ impl KubeBackend {
     /// # Errors
     ///
     /// [`BackendErrorKind::Config`] if the TLS or authentication setup fails, or as
-    /// [`with_options`](Self::with_options).
+    /// [`from_client`](Self::from_client).
     pub fn from_config(config: kube::Config, options: KubeOptions) -> Result<Self, BackendError> {
-        Self::with_options(client::build(config)?, options)
+        Self::from_client(client::build(config)?, options)
     }
 
     fn build(client: kube::Client, namespace: String, request_timeout: Duration) -> Self {
