@@ -198,6 +198,12 @@ async fn write_register(
 
 const CHILD_ENV: &str = "TENURE_FENCED_CHILD_URL";
 
+/// The register's connection: no response timeout (redis-rs defaults to 500 ms, which a
+/// loaded test machine can outlast, failing a write that would have been judged).
+fn register_connection() -> redis::AsyncConnectionConfig {
+    redis::AsyncConnectionConfig::new().set_response_timeout(None)
+}
+
 /// The child's side: hold the lock, write when told to (without checking the lease, as a
 /// process that checked just before it froze would), report on stdout.
 async fn child(url: String) {
@@ -206,7 +212,7 @@ async fn child(url: String) {
         .unwrap_or_else(|e| panic!("{e}"));
     let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("{e}"));
     let mut conn = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&register_connection())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let lease = locker(&backend, "frozen-child")
@@ -304,7 +310,7 @@ async fn frozen_holder_process_is_fenced_and_never_deletes_the_successor() {
     assert!(lease.fencing_token().get() > child_token);
     let client = redis::Client::open(server.url().as_str()).unwrap_or_else(|e| panic!("{e}"));
     let mut conn = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&register_connection())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(write_register(&mut conn, lease.fencing_token(), "successor").await);

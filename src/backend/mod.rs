@@ -36,6 +36,7 @@ pub mod group;
 pub mod kube;
 #[cfg(feature = "local")]
 pub mod local;
+mod member;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -51,6 +52,7 @@ pub use completion::{Completion, CompletionCheck, CompletionRead};
 pub(crate) use error::check_common_name_rules;
 pub use error::{BackendError, BackendErrorKind, InvalidName};
 pub use group::{GroupRead, GroupRecord, GroupVersion, ShardLeaseWatch};
+pub use member::MAX_MEMBER_RECORD;
 pub use types::{
     AcquireRequest, Acquired, EndedTerm, FencingToken, Handoff, HolderChange, HolderToken,
     LeadershipEvent, LeaseRecord, Member, Released, RenewRequest, Renewed, TermEnd,

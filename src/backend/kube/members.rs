@@ -49,35 +49,6 @@ pub(crate) fn label_value(group: &str) -> String {
     }
 }
 
-fn encode(member: &Member) -> String {
-    serde_json::json!({
-        "v": 1,
-        "identity": member.identity,
-        "shards": member.shards,
-        "joinedMs": member.joined_ms,
-        "holds": member.holds,
-    })
-    .to_string()
-}
-
-fn decode(text: &str) -> Option<Member> {
-    let v: serde_json::Value = serde_json::from_str(text).ok()?;
-    if v["v"].as_u64() != Some(1) {
-        return None;
-    }
-    let holds = v["holds"]
-        .as_array()?
-        .iter()
-        .map(|s| s.as_u64().and_then(|s| u32::try_from(s).ok()))
-        .collect::<Option<Vec<u32>>>()?;
-    Some(Member {
-        identity: v["identity"].as_str()?.to_owned(),
-        shards: u32::try_from(v["shards"].as_u64()?).ok()?,
-        joined_ms: v["joinedMs"].as_u64()?,
-        holds,
-    })
-}
-
 impl Inner {
     /// Writes the member's Lease: an unconditional replace (one request), or a create the
     /// first time.
@@ -87,11 +58,12 @@ impl Inner {
         member: &Member,
         ttl: Duration,
     ) -> Result<(), BackendError> {
+        let record = member.record()?;
         let name = lease_name(group, &member.identity);
         let mut lease = Lease::default();
         lease.metadata.name = Some(name.clone());
         lease.metadata.labels = Some([(GROUP_LABEL.to_owned(), label_value(group))].into());
-        lease.metadata.annotations = Some([(MEMBER_ANNOTATION.to_owned(), encode(member))].into());
+        lease.metadata.annotations = Some([(MEMBER_ANNOTATION.to_owned(), record)].into());
         lease.spec = Some(LeaseSpec {
             holder_identity: Some(member.identity.clone()),
             lease_duration_seconds: Some(
@@ -254,15 +226,27 @@ impl View {
             into.remove(name);
             return;
         }
-        let member = lease
+        // The identity is the Lease's holder, the record its annotation.
+        let identity = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref());
+        let record = lease
             .metadata
             .annotations
             .as_ref()
-            .and_then(|a| a.get(MEMBER_ANNOTATION))
-            .and_then(|t| decode(t));
-        let Some(member) = member else {
-            tracing::warn!(lease = %name, "a member Lease without a readable record: ignored");
-            return;
+            .and_then(|a| a.get(MEMBER_ANNOTATION));
+        let member = match (identity, record) {
+            (Some(identity), Some(record)) => Member::decode(identity, record.as_bytes()),
+            (None, _) => Err("no holderIdentity"),
+            (_, None) => Err("no tenure.dev/member annotation"),
+        };
+        let member = match member {
+            Ok(member) => member,
+            Err(why) => {
+                tracing::warn!(lease = %name, why, "a member Lease without a readable record: ignored");
+                return;
+            }
         };
         let ttl = Duration::from_secs(
             lease

@@ -2,16 +2,15 @@
 //!
 //! Group `G` is the directory `<dir>/groups/G/` (mode 0700), with one file per member,
 //! `<h>.member`, where `<h>` is the FNV-1a 128-bit hash of the identity in 32 hex digits (any
-//! identity makes a safe file name). A member file is a few `key value` lines:
+//! identity makes a safe file name). A member file is a few `key value` lines, `record` the
+//! member record every backend stores ([`Member::encode`]):
 //!
 //! ```text
-//! tenure-local-member v1
+//! tenure-local-member v2
 //! boot 0c6e1f3a-5b2d-4c47-9d8e-3f1a2b4c5d6e
 //! expires 81234567890123
 //! identity web-1-4242
-//! shards 8
-//! joined 1767225600123
-//! holds 1 5
+//! record m1:8:1767225600123:1,5
 //! end
 //! ```
 //!
@@ -45,10 +44,10 @@ use super::watch::{FALLBACK_POLL, Hub};
 use crate::backend::{BackendError, BackendErrorKind, Member};
 
 /// The first line of every member file: the format and its version.
-const MAGIC: &str = "tenure-local-member v1";
-/// Member files are small; 64 KiB holds 4,096 shards several times over. Larger files are not
-/// read, and none larger is written.
-const MAX_FILE: u64 = 64 * 1024;
+const MAGIC: &str = "tenure-local-member v2";
+/// The longest member file read or written: the longest member record, with room for the
+/// other lines (an escaped identity of at most `MAX_IDENTITY_LEN` bytes among them).
+const MAX_FILE: u64 = crate::backend::MAX_MEMBER_RECORD as u64 + 16 * 1024;
 /// How long a change waits for another process's critical section on the same group.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// The name of a group's lock file (hidden: never taken for a member).
@@ -77,13 +76,8 @@ impl MemberFile {
         let _ = writeln!(s, "boot {}", self.boot);
         let _ = writeln!(s, "expires {}", self.expires_ns);
         let _ = writeln!(s, "identity {}", escape(&m.identity));
-        let _ = writeln!(s, "shards {}", m.shards);
-        let _ = writeln!(s, "joined {}", m.joined_ms);
-        s.push_str("holds");
-        for h in &m.holds {
-            let _ = write!(s, " {h}");
-        }
-        s.push_str("\nend\n");
+        let _ = writeln!(s, "record {}", m.encode());
+        s.push_str("end\n");
         s
     }
 
@@ -99,24 +93,13 @@ impl MemberFile {
         let boot = fields.boot()?;
         let expires_ns = number("expires", &fields.next("expires")?)?;
         let identity = unescape(&fields.next("identity")?)?;
-        let shards = number("shards", &fields.next("shards")?)?;
-        let joined_ms = number("joined", &fields.next("joined")?)?;
-        let holds = fields
-            .next("holds")?
-            .split(' ')
-            .filter(|h| !h.is_empty())
-            .map(|h| number("holds", h))
-            .collect::<Result<Vec<u32>, _>>()?;
+        let member = Member::decode(identity, fields.next("record")?.as_bytes())
+            .map_err(|why| format!("`record`: {why}"))?;
         fields.finish()?;
         Ok(Self {
             boot,
             expires_ns,
-            member: Member {
-                identity,
-                shards,
-                joined_ms,
-                holds,
-            },
+            member,
         })
     }
 }
@@ -324,6 +307,8 @@ pub(super) fn announce(
     ttl: Duration,
     abandoned: &AtomicBool,
 ) -> Result<(), BackendError> {
+    // The record's own bound, checked before anything is written.
+    member.record()?;
     let dir = ensure_group_dir(store, group)?;
     let _lock = lock_group(&dir, true, abandoned)?;
     let now = now_ns()?;
@@ -631,18 +616,20 @@ mod tests {
             }
         }
         for (from, to) in [
-            ("shards 8", "shards -8"),
-            ("shards 8", "shards +8"),
-            ("holds 1 5", "holds 1 x"),
-            ("joined 1767225600123", "joined"),
-            ("shards 8", "shards 4294967296"),
+            ("record m1:8:", "record m1:-8:"),
+            ("record m1:8:", "record m1:+8:"),
+            (":1,5", ":1,x"),
+            (":1767225600123:", "::"),
+            ("record m1:8:", "record m1:4294967296:"),
+            ("record m1", "record m2"),
+            ("expires 8", "expires -8"),
         ] {
             assert!(
                 MemberFile::parse(&text.replace(from, to)).is_err(),
                 "{to:?} accepted"
             );
         }
-        assert!(MemberFile::parse(&text.replace("holds", "bogus 1\nholds")).is_err());
+        assert!(MemberFile::parse(&text.replace("record", "bogus 1\nrecord")).is_err());
     }
 
     #[test]

@@ -42,13 +42,11 @@ pub(crate) fn scripts() -> [&'static Lua; 3] {
     [&*ANNOUNCE, &*WITHDRAW, &*MEMBERS]
 }
 
-/// The first field of every record: the encoding and its version.
-const VERSION: &str = "m1";
 /// The longest member identity accepted, in bytes (a [`Locker`](crate::Locker)'s identity is
 /// far shorter).
 const MAX_IDENTITY: usize = 4096;
-/// The longest encoded record accepted, in bytes: 4,096 held shards fit several times over.
-const MAX_RECORD: usize = 64 * 1024;
+/// The longest encoded record accepted (`members.lua` marks a longer one unread).
+const MAX_RECORD: usize = crate::backend::MAX_MEMBER_RECORD;
 /// What one read of a group may return, identities and records with their framing: half of
 /// [`MAX_REPLY_BYTES`], so a read never trips the reply limit that would cut the connection
 /// every lease shares.
@@ -56,53 +54,6 @@ const READ_BUDGET: usize = MAX_REPLY_BYTES / 2;
 /// The first and the longest pause before reading again after a failed read.
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-
-/// A member's record as stored: `m1:<shards>:<joined_ms>:<holds>`, with `<holds>` the held
-/// shards in decimal, comma-separated (empty when none). The identity is the hash field.
-pub(super) fn encode(member: &Member) -> String {
-    let mut s = format!("{VERSION}:{}:{}:", member.shards, member.joined_ms);
-    for (i, shard) in member.holds.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&shard.to_string());
-    }
-    s
-}
-
-/// The parts of a record (shards, joined_ms, holds), or what is wrong with it.
-fn decode(record: &[u8]) -> Result<(u32, u64, Vec<u32>), &'static str> {
-    let text = std::str::from_utf8(record).map_err(|_| "not UTF-8")?;
-    let mut fields = text.split(':');
-    if fields.next() != Some(VERSION) {
-        return Err("not a member record of version m1");
-    }
-    let (Some(shards), Some(joined), Some(holds), None) =
-        (fields.next(), fields.next(), fields.next(), fields.next())
-    else {
-        return Err("not four fields");
-    };
-    let shards = number(shards).ok_or("the shard count is not a number")?;
-    let joined = number(joined).ok_or("the join time is not a number")?;
-    let holds = if holds.is_empty() {
-        Vec::new()
-    } else {
-        holds
-            .split(',')
-            .map(number)
-            .collect::<Option<Vec<u32>>>()
-            .ok_or("a held shard is not a number")?
-    };
-    Ok((shards, joined, holds))
-}
-
-/// A decimal number of digits only (no sign, no spaces), as `encode` writes them.
-fn number<T: std::str::FromStr>(s: &str) -> Option<T> {
-    if s.is_empty() || s.len() > 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
 
 /// The record of `member`, or why it cannot be announced.
 pub(super) fn record_of(member: &Member) -> Result<String, BackendError> {
@@ -115,19 +66,7 @@ pub(super) fn record_of(member: &Member) -> Result<String, BackendError> {
             ),
         ));
     }
-    let record = encode(member);
-    if record.len() > MAX_RECORD {
-        return Err(BackendError::new(
-            BackendErrorKind::Config,
-            format!(
-                "member {:?} holds {} shards: its record would be {} bytes, over {MAX_RECORD}",
-                member.identity,
-                member.holds.len(),
-                record.len()
-            ),
-        ));
-    }
-    Ok(record)
+    member.record()
 }
 
 /// One read of a group.
@@ -269,19 +208,14 @@ fn parse_read(reply: &Value) -> Option<Result<GroupRead, BackendError>> {
             continue;
         };
         let decoded = match &pair[1] {
-            Value::BulkString(record) => decode(record),
+            Value::BulkString(record) => Member::decode(identity.as_str(), record),
             Value::Nil => Err("no record"),
             // members.lua's mark for an identity or record over its bound.
             Value::Int(-1) => Err("identity or record too large (its first 64 bytes shown)"),
             _ => return None,
         };
         match decoded {
-            Ok((shards, joined_ms, holds)) => members.push(Member {
-                identity,
-                shards,
-                joined_ms,
-                holds,
-            }),
+            Ok(member) => members.push(member),
             Err(why) => skipped.push((identity, why)),
         }
     }
@@ -430,37 +364,6 @@ mod tests {
             joined_ms: 1_700_000_000_000,
             holds,
         }
-    }
-
-    #[test]
-    fn records_round_trip_and_refuse_what_encode_never_writes() {
-        for m in [
-            member("a", vec![]),
-            member("b", vec![0]),
-            member("c", vec![1, 5, 4095]),
-        ] {
-            let r = encode(&m);
-            assert_eq!(decode(r.as_bytes()), Ok((m.shards, m.joined_ms, m.holds)));
-        }
-        assert_eq!(encode(&member("x", vec![1, 5])), "m1:8:1700000000000:1,5");
-        for bad in [
-            "",
-            "m1",
-            "m2:8:1:",
-            "m1:8:1",
-            "m1:8:1::",
-            "m1:-8:1:",
-            "m1:+8:1:",
-            "m1:8:x:",
-            "m1:8:1:1,,2",
-            "m1:8:1:1,",
-            "m1:8:1: 1",
-            "m1:4294967296:1:",
-            "m1:8:1:99999999999",
-        ] {
-            assert!(decode(bad.as_bytes()).is_err(), "{bad:?} accepted");
-        }
-        assert!(decode(&[0xff, 0xfe]).is_err());
     }
 
     #[test]
