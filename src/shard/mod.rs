@@ -836,7 +836,12 @@ impl Inner {
     }
 }
 
-/// The lease of one shard: `GROUP-SHARD` ([`crate::backend::group::shard_lease_name`]).
+/// The lease of one shard: `GROUP-SHARD`; [`crate::backend::group::parse_shard_lease_name`]
+/// reads it back.
+///
+/// ```
+/// assert_eq!(tenure::shard::lease_name("mailer", 3), "mailer-3");
+/// ```
 #[must_use]
 pub fn lease_name(group: &str, shard: u32) -> String {
     crate::backend::group::shard_lease_name(group, shard)

@@ -102,8 +102,7 @@ pub async fn serve(listener: TcpListener, elector: ShardedElector, mut registry:
     let gauges = Gauges::default();
     gauges.register(&mut registry);
     gauges.update(&elector);
-    let server =
-        ProbeServer::sharded(elector.clone()).shared_metrics(Arc::new(Mutex::new(registry)));
+    let server = ProbeServer::sharded(elector.clone()).metrics(Arc::new(Mutex::new(registry)));
     let (mut assignment, mut owned, mut group) =
         (elector.assignment(), elector.owned(), elector.group());
     let gauges_follow = async {
