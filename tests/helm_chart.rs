@@ -4302,8 +4302,7 @@ fn the_helm_test_checks_the_release_leads_with_only_get_on_its_leases() {
     )
     .expect_ok();
     let as_test = kubeconfig_with_token(token.trim());
-    let args = command(one(&tests, "Pod"));
-    let check = || {
+    let check_with = |args: &[String]| {
         let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
             .args(&args[1..])
             .env("KUBECONFIG", &as_test)
@@ -4318,6 +4317,8 @@ fn the_helm_test_checks_the_release_leads_with_only_get_on_its_leases() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    let args = command(one(&tests, "Pod"));
+    let check = || check_with(&args);
     let (code, out, err) = check();
     assert_eq!(code, Some(10), "nobody leads yet:\n{out}\n{err}");
     assert!(err.contains("nobody holds lease \"demo-tenure\""), "{err}");
@@ -4354,4 +4355,19 @@ fn the_helm_test_checks_the_release_leads_with_only_get_on_its_leases() {
     assert!(passed.contains("demo-pod"), "{passed}");
     let _ = leader.kill();
     let _ = leader.wait();
+    // Sharded, the same ServiceAccount under the sharded Role: every shard read (the members,
+    // which it may not list, show as unknown), none held: 10, naming the free shards.
+    let sharded = hooks_of(
+        render_hooks("demo", &ns, &["--set", "sharding.shards=2"]),
+        "test",
+    );
+    apply(&one(&sharded, "Role").to_string());
+    wait_allowed(&sa, &ns, "get", "leases/demo-tenure-1");
+    let (code, out, err) = check_with(&command(one(&sharded, "Pod")));
+    assert_eq!(code, Some(10), "{out}\n{err}");
+    assert!(
+        err.contains("nobody holds the lease of 2 of the 2 shards of \"demo-tenure\": shard 0, 1"),
+        "{err}"
+    );
+    assert!(out.contains("MEMBERS: unknown"), "{out}");
 }
