@@ -1,5 +1,6 @@
 //! `tenure status` of a free lease on every backend's real store: who held it last, with which
-//! fencing token, and when and how that term ended (released, or expired after a `kill -9`).
+//! fencing token, and when and how that term ended (released, or expired after a `kill -9`);
+//! and `--require-leader`'s exit code with and without a holder.
 
 mod cli_support;
 mod kube_support;
@@ -182,5 +183,101 @@ fn kube_status_names_the_last_holder_and_when_it_released() {
         &[("KUBECONFIG", kubeconfig.as_str())],
         true,
         Crash::NotChecked,
+    );
+}
+
+/// `tenure status --require-leader` (the chart's `helm test`): exit 10 with a line naming the
+/// lease while nobody holds it, 0 while someone does; without the flag 0 either way. With
+/// `--shards`, 10 until every shard's lease is held.
+fn require_leader(backend: &[String], env: &[(&str, &str)]) {
+    let dir = TempDir::new("cli-status-require");
+    let check = |lease: &str, extra: &[&str]| {
+        let mut args = with(&["status", "--lease", lease, "--require-leader"], backend);
+        args.extend(cli_support::strings(extra));
+        tenure(&args, env)
+    };
+    // Nobody holds it: 10, the table still printed, one line naming the lease.
+    let (code, out, err) = check("leads", &[]);
+    assert_eq!(code, 10, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("<none>"), "{out}");
+    assert!(
+        err.contains("tenure: nobody holds lease \"leads\""),
+        "{err}"
+    );
+    let (code, _, err) = tenure(&with(&["status", "--lease", "leads"], backend), env);
+    assert_eq!(code, 0, "without --require-leader: {err}");
+    let (code, out, err) = check("group", &["--shards", "2", "-o", "json"]);
+    assert_eq!(code, 10, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains("nobody holds the lease of 2 of the 2 shards of \"group\": shard 0, 1"),
+        "{err}"
+    );
+
+    // A holder: 0.
+    let pid = dir.path().join("pid");
+    let mut run = with(&["run", "--lease", "leads", "--identity", "one"], backend);
+    run.extend(cli_support::strings(&cli_support::FAST));
+    run.extend(cli_support::strings(&[
+        "--",
+        "sh",
+        "-c",
+        &format!("echo $$ > {}; exec sleep 60", pid.display()),
+    ]));
+    let mut single = Tenure::start(&run, env, dir.path().join("single.err"));
+    read_pid(&pid, Duration::from_secs(30));
+    let (code, out, err) = check("leads", &[]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("one"), "{out}");
+
+    // A group whose one replica holds both shards: 0 once both are held.
+    let mut run = with(
+        &[
+            "run",
+            "--lease",
+            "group",
+            "--identity",
+            "two",
+            "--shards",
+            "2",
+        ],
+        backend,
+    );
+    run.extend(cli_support::strings(&cli_support::FAST));
+    run.extend(cli_support::strings(&["--", "sleep", "60"]));
+    let mut group = Tenure::start(&run, env, dir.path().join("group.err"));
+    wait_until(
+        Duration::from_secs(30),
+        "both shards held (status --require-leader exits 0)",
+        || check("group", &["--shards", "2"]).0 == 0,
+    );
+    for holder in [&mut single, &mut group] {
+        holder.signal(libc::SIGTERM);
+        holder.wait(Duration::from_secs(15));
+    }
+    // Released: nobody leads again.
+    let (code, _, err) = check("leads", &[]);
+    assert_eq!(code, 10, "after the release: {err}");
+}
+
+#[test]
+fn local_status_require_leader_exits_10_while_nobody_leads() {
+    let dir = TempDir::new("cli-status-require-local");
+    let state = dir.path().join("state").display().to_string();
+    require_leader(&cli_support::strings(&["--state-dir", &state]), &[]);
+}
+
+#[test]
+fn kube_status_require_leader_exits_10_while_nobody_leads() {
+    let server = kube_support::shared();
+    let ns = kube_support::unique("require");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+        .block_on(server.namespace(&ns));
+    let kubeconfig = server.admin_kubeconfig().display().to_string();
+    require_leader(
+        &cli_support::strings(&["--backend", "kube", "--namespace", &ns]),
+        &[("KUBECONFIG", kubeconfig.as_str())],
     );
 }

@@ -392,11 +392,11 @@ async fn healthz_answers_ok_for_a_healthy_elector_and_404_elsewhere() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let server = tokio::spawn(tenure::probe::serve_healthz(
-        listener,
-        e.clone(),
-        Duration::ZERO,
-    ));
+    let server = tokio::spawn(
+        tenure::probe::ProbeServer::new(e.clone())
+            .tolerance(Duration::ZERO)
+            .serve(listener),
+    );
     let get = |path: &'static str| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         c.write_all(

@@ -248,7 +248,9 @@ async fn metrics_are_served_when_a_registry_is_given() {
     let mut registry = prometheus_client::registry::Registry::default();
     let e = elector(MemoryBackend::new());
     let e = e.with_metrics(tenure::election::ElectionMetrics::register(&mut registry));
-    let addr = start(ProbeServer::new(e).metrics(registry)).await;
+    let addr =
+        start(ProbeServer::new(e).metrics(std::sync::Arc::new(std::sync::Mutex::new(registry))))
+            .await;
     let mut c = Client::connect(addr).await;
     for _ in 0..2 {
         let m = c.get("/metrics?name[]=x").await;
@@ -266,7 +268,7 @@ async fn the_applications_own_metrics_share_the_endpoint() {
     let e = e.with_metrics(tenure::election::ElectionMetrics::register(
         &mut registry.lock().expect("registry"),
     ));
-    let addr = start(ProbeServer::new(e).shared_metrics(registry.clone())).await;
+    let addr = start(ProbeServer::new(e).metrics(registry.clone())).await;
     // Registered after the server started, and updated by the application.
     let jobs = Counter::<u64>::default();
     registry.lock().expect("registry").register(

@@ -191,6 +191,14 @@ fn render_hooks(release: &str, ns: &str, args: &[&str]) -> Vec<Value> {
         .collect()
 }
 
+/// The hooks of `event` (`pre-delete`, `test`, ...) among `hooks`.
+fn hooks_of(hooks: Vec<Value>, event: &str) -> Vec<Value> {
+    hooks
+        .into_iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"] == event)
+        .collect()
+}
+
 fn render_all(release: &str, ns: &str, args: &[&str]) -> Vec<Value> {
     let yaml = template(release, ns, args)
         .unwrap_or_else(|e| panic!("helm template {release} {args:?} failed:\n{e}"));
@@ -3854,7 +3862,8 @@ fn the_rendered_sharded_command_line_runs_the_real_tenure() {
 /// their ServiceAccount or RBAC.
 #[test]
 fn the_uninstall_hook_drains_the_deployment_with_only_that_permission() {
-    let hooks = render_hooks("demo", "apps", &[]);
+    let pre_delete = |args: &[&str]| hooks_of(render_hooks("demo", "apps", args), "pre-delete");
+    let hooks = pre_delete(&[]);
     assert_eq!(
         names(&hooks),
         ["Job", "Role", "RoleBinding", "ServiceAccount"]
@@ -3915,7 +3924,7 @@ fn the_uninstall_hook_drains_the_deployment_with_only_that_permission() {
         "{labels} matches the Deployment's selector {selector}"
     );
     // tenure already in the workload image: the hook runs it from there.
-    let hooks = render_hooks("demo", "apps", &["--set", "tenure.inject=false"]);
+    let hooks = pre_delete(&["--set", "tenure.inject=false"]);
     let c = container(
         &one(&hooks, "Job")["spec"]["template"]["spec"]["containers"],
         "drain",
@@ -3940,13 +3949,13 @@ fn the_uninstall_hook_drains_the_deployment_with_only_that_permission() {
             "serviceAccount.create=false",
         ][..],
     ] {
-        assert!(render_hooks("demo", "apps", args).is_empty(), "{args:?}");
+        assert!(pre_delete(args).is_empty(), "{args:?}");
     }
 
     // On the real apiserver: the Job is admitted under "restricted", and the ServiceAccount
     // may get and delete this Deployment only.
     let ns = restricted_namespace("drain-hook");
-    let hooks = render_hooks("demo", &ns, &[]);
+    let hooks = hooks_of(render_hooks("demo", &ns, &[]), "pre-delete");
     let r = create_dry_run(&ns, one(&hooks, "Job"));
     assert!(
         r.ok && !r.stderr.contains("PodSecurity"),
@@ -4304,4 +4313,231 @@ fn the_chart_packages_and_holds_to_its_kube_version_range() {
     assert!(err.contains("kubeVersion"), "{err}");
     template("r", "jobs", &["--kube-version", "1.36.0"])
         .unwrap_or_else(|e| panic!("1.36 is in range: {e}"));
+}
+
+/// `helm test`: a Pod runs `tenure status --require-leader` against the release's Lease (every
+/// shard's when sharded) with a ServiceAccount that may only get those Leases; admitted under
+/// "restricted"; not rendered where the release holds no Lease of its own (Redis, a CronJob)
+/// or the chart creates no RBAC. On the real apiserver, the Pod's own command with a token of
+/// that ServiceAccount exits 10 while nobody holds the Lease and 0 once someone does.
+#[test]
+fn the_helm_test_checks_the_release_leads_with_only_get_on_its_leases() {
+    let tests = hooks_of(render_hooks("demo", "apps", &[]), "test");
+    assert_eq!(
+        names(&tests),
+        ["Pod", "Role", "RoleBinding", "ServiceAccount"]
+            .map(|k| (k.to_owned(), "demo-tenure-test".to_owned()))
+            .into()
+    );
+    for h in &tests {
+        assert_eq!(
+            h["metadata"]["annotations"]["helm.sh/hook-delete-policy"],
+            "before-hook-creation,hook-succeeded",
+            "{h}"
+        );
+    }
+    let weight = |kind: &str| {
+        one(&tests, kind)["metadata"]["annotations"]["helm.sh/hook-weight"]
+            .as_str()
+            .unwrap_or_default()
+            .parse::<i32>()
+            .unwrap_or_else(|e| panic!("{kind}: {e}"))
+    };
+    assert!(
+        weight("Role") < weight("Pod")
+            && weight("RoleBinding") < weight("Pod")
+            && weight("ServiceAccount") < weight("Pod")
+    );
+    assert_eq!(
+        one(&tests, "Role")["rules"],
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                "resourceNames": ["demo-tenure"], "verbs": ["get"]}])
+    );
+    let pod = one(&tests, "Pod");
+    let spec = &pod["spec"];
+    assert_eq!(spec["serviceAccountName"], "demo-tenure-test");
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_restricted(spec);
+    let command = |pod: &Value| {
+        let c = container(&pod["spec"]["containers"], "leader");
+        strings(&c["command"])
+            .into_iter()
+            .chain(strings(&c["args"]))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        command(pod),
+        [
+            "/usr/local/bin/tenure",
+            "status",
+            "--lease=demo-tenure",
+            "--backend=kube",
+            "--namespace=apps",
+            "--require-leader"
+        ]
+    );
+    assert_eq!(
+        container(&spec["containers"], "leader")["image"],
+        "tenure:0.1.0"
+    );
+    // Not one of the Deployment's pods.
+    let objs = render("demo", "apps", &[]);
+    let selector = &one(&objs, "Deployment")["spec"]["selector"]["matchLabels"];
+    let labels = &pod["metadata"]["labels"];
+    assert!(
+        !selector
+            .as_object()
+            .is_some_and(|m| m.iter().all(|(k, v)| &labels[k] == v)),
+        "{labels} matches the Deployment's selector {selector}"
+    );
+    // Sharded: every shard's Lease and the group record, by name; --shards.
+    let sharded = hooks_of(
+        render_hooks("demo", "apps", &["--set", "sharding.shards=3"]),
+        "test",
+    );
+    assert_eq!(
+        one(&sharded, "Role")["rules"][0]["resourceNames"],
+        json!([
+            "demo-tenure-group",
+            "demo-tenure-0",
+            "demo-tenure-1",
+            "demo-tenure-2"
+        ])
+    );
+    assert!(
+        command(one(&sharded, "Pod")).contains(&"--shards=3".to_owned()),
+        "{:?}",
+        command(one(&sharded, "Pod"))
+    );
+    // tenure in the workload image: run from there.
+    let own = hooks_of(
+        render_hooks("demo", "apps", &["--set", "tenure.inject=false"]),
+        "test",
+    );
+    assert_eq!(command(one(&own, "Pod"))[0], "tenure");
+    // Not rendered: turned off; Redis; a CronJob; no RBAC from the chart.
+    for args in [
+        &["--set", "test.enabled=false"][..],
+        &[
+            "--set",
+            "backend.type=redis",
+            "--set",
+            "backend.redis.url=redis://r:6379",
+        ][..],
+        &[
+            "--set",
+            "job.schedule=0 3 * * *",
+            "--set",
+            "job.oncePer=24h",
+        ][..],
+        &["--set", "rbac.create=false"][..],
+    ] {
+        assert!(
+            hooks_of(render_hooks("demo", "apps", args), "test").is_empty(),
+            "{args:?}"
+        );
+    }
+
+    // On the real apiserver: admitted under "restricted"; the ServiceAccount may get the
+    // release's Lease and nothing else.
+    let ns = restricted_namespace("helm-test");
+    let tests = hooks_of(render_hooks("demo", &ns, &[]), "test");
+    let r = create_dry_run(&ns, one(&tests, "Pod"));
+    assert!(
+        r.ok && !r.stderr.contains("PodSecurity"),
+        "{}\n{}",
+        r.stdout,
+        r.stderr
+    );
+    for kind in ["ServiceAccount", "Role", "RoleBinding"] {
+        apply(&one(&tests, kind).to_string());
+    }
+    let sa = format!("system:serviceaccount:{ns}:demo-tenure-test");
+    wait_allowed(&sa, &ns, "get", "leases/demo-tenure");
+    assert_eq!(
+        granted(&ns, "demo-tenure-test"),
+        [rule("leases.coordination.k8s.io", "demo-tenure", "get")].into()
+    );
+    // The Pod's own command, authenticated as its ServiceAccount.
+    let token = run(
+        kubectl_cmd().args([
+            "create",
+            "token",
+            "demo-tenure-test",
+            "-n",
+            &ns,
+            "--duration=10m",
+        ]),
+        None,
+    )
+    .expect_ok();
+    let as_test = kubeconfig_with_token(token.trim());
+    let check_with = |args: &[String]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+            .args(&args[1..])
+            .env("KUBECONFIG", &as_test)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("TENURE_BACKEND")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tenure status");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let args = command(one(&tests, "Pod"));
+    let check = || check_with(&args);
+    let (code, out, err) = check();
+    assert_eq!(code, Some(10), "nobody leads yet:\n{out}\n{err}");
+    assert!(err.contains("nobody holds lease \"demo-tenure\""), "{err}");
+    // A leader (as admin): the same command passes.
+    let mut leader = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args([
+            "run",
+            "--lease=demo-tenure",
+            "--backend=kube",
+            &format!("--namespace={ns}"),
+            "--identity=demo-pod",
+            "--",
+            "sleep",
+            "60",
+        ])
+        .env("KUBECONFIG", shared().admin_kubeconfig())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("TENURE_BACKEND")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tenure run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let passed = loop {
+        let (code, out, err) = check();
+        if code == Some(0) {
+            break out;
+        }
+        assert_eq!(code, Some(10), "{out}\n{err}");
+        assert!(Instant::now() < deadline, "no leader seen:\n{out}\n{err}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(passed.contains("demo-pod"), "{passed}");
+    let _ = leader.kill();
+    let _ = leader.wait();
+    // Sharded, the same ServiceAccount under the sharded Role: every shard read (the members,
+    // which it may not list, show as unknown), none held: 10, naming the free shards.
+    let sharded = hooks_of(
+        render_hooks("demo", &ns, &["--set", "sharding.shards=2"]),
+        "test",
+    );
+    apply(&one(&sharded, "Role").to_string());
+    wait_allowed(&sa, &ns, "get", "leases/demo-tenure-1");
+    let (code, out, err) = check_with(&command(one(&sharded, "Pod")));
+    assert_eq!(code, Some(10), "{out}\n{err}");
+    assert!(
+        err.contains("nobody holds the lease of 2 of the 2 shards of \"demo-tenure\": shard 0, 1"),
+        "{err}"
+    );
+    assert!(out.contains("MEMBERS: unknown"), "{out}");
 }

@@ -16,6 +16,7 @@
 //! writes (6 shards to 4, the replica holding a shard the new count never takes frozen through
 //! it): no write of the old count lands after the new count's first write to that object, and
 //! the old count's tokens are refused on every shard Lease, those beyond the new count too.
+//! A fenced sharded run's `/metrics` carries each shard lease's token and fence state.
 
 mod cli_support;
 mod kube_support;
@@ -545,7 +546,13 @@ impl Fleet {
     /// on two cores shared with other builds, the 3 s of the other CLI tests lose terms to
     /// scheduling delays alone, which tests the machine rather than the fence.
     fn replica(&self, identity: &str, shards: u32) -> Tenure {
+        self.replica_with(identity, shards, &[])
+    }
+
+    /// [`replica`](Self::replica) with `extra` flags of `tenure run`.
+    fn replica_with(&self, identity: &str, shards: u32, extra: &[&str]) -> Tenure {
         let mut args = cli_support::strings(&["run", "--lease", GROUP, "--backend", "kube"]);
+        args.extend(cli_support::strings(extra));
         args.extend(cli_support::strings(&[
             "--namespace",
             &self.ns,
@@ -983,4 +990,60 @@ async fn after_a_resize_a_thawed_copy_of_the_old_count_writes_nothing() {
         stale.is_empty(),
         "old-count writes accepted after a newer term's: {stale:?}"
     );
+}
+
+/// `tenure run --shards 2 --fence --listen`: `/metrics` carries each shard lease's
+/// `tenure_fencing_token` (the token its copy writes with), `tenure_fence_enforced` (1) and
+/// `leader_election_master_status` (1), named `GROUP-SHARD`, as a one-lease run exports them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_sharded_run_exports_each_shard_leases_token_and_fence_state() {
+    const SHARDS: u32 = 2;
+    let fleet = Fleet::new("shardmetrics", &[SHARDS]).await;
+    let port = cli_support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let replica = fleet.replica_with("r1", SHARDS, &["--listen", &listen]);
+    wait_until(
+        Duration::from_secs(120),
+        "both shards' copies writing",
+        || (0..SHARDS).all(|s| fleet.last_ok(s).is_some()),
+    );
+    let sample = |text: &str, metric: &str, shard: u32| -> Option<u64> {
+        let head = format!("{metric}{{name=\"{GROUP}-{shard}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&head))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let mut text = String::new();
+    wait_until(Duration::from_secs(30), "every shard's series", || {
+        text = cli_support::http_get(port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        (0..SHARDS).all(|s| {
+            sample(&text, "tenure_fence_enforced", s).is_some()
+                && sample(&text, "tenure_fencing_token", s).is_some()
+        })
+    });
+    for shard in 0..SHARDS {
+        let (who, token) = fleet.last_ok(shard).expect("the shard wrote");
+        assert_eq!(who, "r1");
+        assert_eq!(
+            sample(&text, "tenure_fencing_token", shard),
+            Some(token),
+            "shard {shard}'s token on /metrics is the one its copy writes with:\n{text}\n{}",
+            replica.log()
+        );
+        assert_eq!(
+            sample(&text, "tenure_fence_enforced", shard),
+            Some(1),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "leader_election_master_status", shard),
+            Some(1),
+            "{text}"
+        );
+    }
+    assert!(fleet.stale().is_empty(), "{:?}", fleet.stale());
+    drop(replica);
+    fleet.watch.abort();
 }

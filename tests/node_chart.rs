@@ -332,6 +332,85 @@ fn chart_pods_on_a_real_node() {
     let _ = pod_processes;
 }
 
+/// `helm test` (templates/tests/leader.yaml) on the node: it passes while the release leads
+/// and leaves nothing behind; with the Deployment scaled to 0 (its leader released the Lease
+/// on SIGTERM) it fails, and its pod's log names the free Lease.
+#[test]
+fn helm_test_passes_while_the_release_leads_and_fails_without_a_leader() {
+    if skip("helm_test_passes_while_the_release_leads_and_fails_without_a_leader") {
+        return;
+    }
+    let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut report = Report::new("node_chart helm test");
+    let node = Node::start();
+    let register = Register::start(&node);
+    let ns = "helmtest";
+    let release = "lead";
+    let lease_name = "lead-tenure";
+    restricted_namespace(&node, ns);
+    let _diagnose = Diagnose::chart(&node, ns);
+    install(&node, release, ns, &register, &[]);
+    let holder = wait_for(Duration::from_secs(90), "a leader", || {
+        let (holder, _) = lease(&node, ns, lease_name);
+        (!holder.is_empty()).then_some(holder)
+    });
+    let helm_test = || {
+        let t0 = Instant::now();
+        let out = run(
+            node.helm()
+                .args(["test", release, "-n", ns, "--timeout", "120s"]),
+            None,
+        );
+        (out, t0.elapsed())
+    };
+    let (out, took) = helm_test();
+    assert!(
+        out.ok,
+        "helm test failed while {holder} leads:\n{}\n{}",
+        out.stdout, out.stderr
+    );
+    report.add("helm test, release leading: passed in", secs(took));
+    let left = run(
+        node.kubectl().args([
+            "get",
+            "pods,roles,rolebindings,serviceaccounts",
+            "-n",
+            ns,
+            "-o",
+            "name",
+        ]),
+        None,
+    )
+    .expect_ok();
+    assert!(
+        !left.contains("lead-tenure-test"),
+        "a passed test left objects:\n{left}"
+    );
+
+    run(
+        node.kubectl()
+            .args(["scale", "deployment", lease_name, "-n", ns, "--replicas=0"]),
+        None,
+    )
+    .expect_ok();
+    wait_for(Duration::from_secs(60), "the Lease released", || {
+        lease(&node, ns, lease_name).0.is_empty().then_some(())
+    });
+    let (out, took) = helm_test();
+    assert!(
+        !out.ok,
+        "helm test passed with nobody leading:\n{}",
+        out.stdout
+    );
+    report.add("helm test, nobody leading: failed in", secs(took));
+    let log = node_support::chart::logs(&node, ns, "lead-tenure-test", "leader", false);
+    assert!(
+        log.contains("tenure: nobody holds lease \"lead-tenure\""),
+        "the failed test's log:\n{log}"
+    );
+    report.print();
+}
+
 /// Issue #26: a sharded release whose `sharding.shards` changes with `helm upgrade`
 /// completes the rolling update, and the commands of the two counts never run at once: every
 /// write of a count-2 copy reaches the register before the first write of a count-3 copy.

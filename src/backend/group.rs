@@ -8,17 +8,18 @@
 
 use std::fmt;
 
-/// The lease of shard `shard` of the sharded group `group`: `GROUP-SHARD`.
+/// The lease of shard `shard` of the sharded group `group`: `GROUP-SHARD`; public as
+/// [`crate::shard::lease_name`].
 ///
 /// The one naming scheme of shard leases, here beside the group record so the election layer
 /// can tell a plain election's name from a group's shard without knowing the sharding layer.
 #[must_use]
-pub fn shard_lease_name(group: &str, shard: u32) -> String {
+pub(crate) fn shard_lease_name(group: &str, shard: u32) -> String {
     format!("{group}-{shard}")
 }
 
-/// The group and shard a lease name would be under [`shard_lease_name`]'s scheme, if it has
-/// that shape (`GROUP-DIGITS`, the digits a `u32` without a leading zero).
+/// The group and shard a lease name would be under [`crate::shard::lease_name`]'s scheme, if
+/// it has that shape (`GROUP-DIGITS`, the digits a `u32` without a leading zero).
 #[must_use]
 pub fn parse_shard_lease_name(name: &str) -> Option<(&str, u32)> {
     let (group, shard) = name.rsplit_once('-')?;

@@ -5,8 +5,7 @@
 //! One [`ProbeServer`] reports on one [`LeaderElector`] ([`ProbeServer::new`]) or on a replica
 //! of sharded leadership ([`ProbeServer::sharded`]). It sits above [`election`](crate::election)
 //! and [`shard`](crate::shard): it reads their state, and neither of them knows it exists.
-//! [`ProbeServer`] and [`serve_healthz`] are re-exported from [`election`](crate::election)
-//! too, where they lived before.
+//! [`ProbeServer::serve`] serves them.
 
 mod elector;
 mod server;
@@ -26,36 +25,6 @@ const TEXT: &str = "text/plain; charset=utf-8";
 
 /// An answer before it becomes a response: status, content type, body.
 type Answer = (StatusCode, &'static str, String);
-
-/// Serves the probe endpoints on `listener` until the future is dropped; shorthand for
-/// [`ProbeServer::new(elector).tolerance(tolerance).serve(listener)`](ProbeServer).
-///
-/// # Errors
-///
-/// None at present: see [`ProbeServer::serve`].
-///
-/// # Cancel safety
-///
-/// Dropping the future stops accepting; connections in flight finish on their own tasks.
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn demo(elector: tenure::election::LeaderElector) -> std::io::Result<()> {
-/// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
-/// tokio::spawn(tenure::probe::serve_healthz(listener, elector, std::time::Duration::from_secs(20)));
-/// # Ok(()) }
-/// ```
-pub async fn serve_healthz(
-    listener: TcpListener,
-    elector: LeaderElector,
-    tolerance: Duration,
-) -> std::io::Result<()> {
-    ProbeServer::new(elector)
-        .tolerance(tolerance)
-        .serve(listener)
-        .await
-}
 
 /// HTTP endpoints for probes and scraping, answering `GET` and `HEAD`:
 ///
@@ -267,15 +236,10 @@ impl ProbeServer {
         self
     }
 
-    /// Serves `registry` on `/metrics` (feature `metrics`). The server owns it from then on;
-    /// to keep registering metrics of your own, use [`shared_metrics`](Self::shared_metrics).
-    #[cfg(feature = "metrics")]
-    pub fn metrics(self, registry: prometheus_client::registry::Registry) -> Self {
-        self.shared_metrics(std::sync::Arc::new(std::sync::Mutex::new(registry)))
-    }
-
-    /// Serves a registry the application shares (feature `metrics`): metrics it registers
-    /// later, even while the server runs, appear on `/metrics` too.
+    /// Serves `registry` on `/metrics` (feature `metrics`). The registry is shared: metrics
+    /// the application registers in it later, even while the server runs, appear on
+    /// `/metrics` too. A registry nothing else needs is wrapped once:
+    /// `Arc::new(Mutex::new(registry))`.
     ///
     /// ```
     /// # use std::sync::{Arc, Mutex};
@@ -288,14 +252,14 @@ impl ProbeServer {
     ///
     /// let registry = Arc::new(Mutex::new(Registry::default()));
     /// let elector = elector.with_metrics(ElectionMetrics::register(&mut registry.lock().unwrap()));
-    /// let server = ProbeServer::new(elector).shared_metrics(registry.clone());
+    /// let server = ProbeServer::new(elector).metrics(registry.clone());
     /// // The application's own metrics, on the same /metrics:
     /// let jobs = Counter::<u64>::default();
     /// registry.lock().unwrap().register("jobs_done", "Jobs finished", jobs.clone());
     /// # drop(server);
     /// ```
     #[cfg(feature = "metrics")]
-    pub fn shared_metrics(mut self, registry: SharedRegistry) -> Self {
+    pub fn metrics(mut self, registry: SharedRegistry) -> Self {
         self.registry = Some(registry);
         self
     }

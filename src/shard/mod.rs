@@ -166,6 +166,9 @@ struct Inner {
     losses: losses::Losses,
     /// Proves this replica's previous process gone (see [`ShardedElector::with_restart_lock`]).
     restart: std::sync::Mutex<Option<Arc<RestartLock>>>,
+    /// Given to every shard's elector (see [`ShardedElector::with_metrics`]).
+    #[cfg(feature = "metrics")]
+    metrics: std::sync::Mutex<Option<crate::election::ElectionMetrics>>,
 }
 
 impl std::fmt::Debug for ShardedElector {
@@ -214,8 +217,44 @@ impl ShardedElector {
                 losses: losses::Losses::default(),
                 running: AtomicBool::new(false),
                 restart: std::sync::Mutex::new(None),
+                #[cfg(feature = "metrics")]
+                metrics: std::sync::Mutex::new(None),
             }),
         })
+    }
+
+    /// Reports every shard's elector into `metrics` (feature `metrics`), as
+    /// [`LeaderElector::with_metrics`] does for one lease: the series of shard `s` carry
+    /// `name="NAME-s"` (`leader_election_master_status`, `tenure_fencing_token`, the terms'
+    /// counters and latencies), from the first campaign for that shard on this replica. The
+    /// same metrics given to a `Fencer` (feature `kube`) add each shard term's
+    /// fence state under the same names.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use prometheus_client::registry::Registry;
+    /// use tenure::backend::memory::MemoryBackend;
+    /// use tenure::election::{ElectionConfig, ElectionMetrics};
+    /// use tenure::shard::ShardedElector;
+    /// use tenure::Locker;
+    ///
+    /// let mut registry = Registry::default();
+    /// let locker = Locker::with_identity(MemoryBackend::new(), "replica-a").expect("identity");
+    /// let elector = ShardedElector::new(locker, "mailer", 4, ElectionConfig::new())
+    ///     .expect("valid group")
+    ///     .with_metrics(ElectionMetrics::register(&mut registry));
+    /// # let _ = elector;
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn with_metrics(self, metrics: crate::election::ElectionMetrics) -> Self {
+        *self
+            .inner
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(metrics);
+        self
     }
 
     /// Lets a restart of this replica take its shards back at once, as
@@ -589,6 +628,16 @@ impl ShardedElector {
         if let Some(lock) = self.inner.restart_lock() {
             elector = elector.with_shared_restart_lock(lock);
         }
+        #[cfg(feature = "metrics")]
+        if let Some(metrics) = self
+            .inner
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        {
+            elector = elector.with_metrics(metrics);
+        }
         let stop = CancellationToken::new();
         let inner = self.inner.clone();
         let workload = workload.clone();
@@ -787,7 +836,12 @@ impl Inner {
     }
 }
 
-/// The lease of one shard: `GROUP-SHARD` ([`crate::backend::group::shard_lease_name`]).
+/// The lease of one shard: `GROUP-SHARD`; [`crate::backend::group::parse_shard_lease_name`]
+/// reads it back.
+///
+/// ```
+/// assert_eq!(tenure::shard::lease_name("mailer", 3), "mailer-3");
+/// ```
 #[must_use]
 pub fn lease_name(group: &str, shard: u32) -> String {
     crate::backend::group::shard_lease_name(group, shard)

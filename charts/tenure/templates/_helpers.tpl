@@ -148,6 +148,23 @@ did before fencing.command existed).
 {{- else if $f.command -}}true{{- end -}}
 {{- end -}}
 
+{{/*
+image, imagePullPolicy and command of a hook's container that runs tenure alone (the uninstall
+hook's `tenure drain`, the test's `tenure status`): the tenure image when it is injected, else
+the workload image, which then has tenure at tenure.path. At column 0 (callers nindent it).
+*/}}
+{{- define "tenure.cliContainer" -}}
+{{- if .Values.tenure.inject -}}
+image: {{ include "tenure.imageRef" (list .Values.tenure.image .Chart.AppVersion) | quote }}
+imagePullPolicy: {{ .Values.tenure.image.pullPolicy }}
+command: ["/usr/local/bin/tenure"]
+{{- else -}}
+image: {{ include "tenure.imageRef" (list .Values.image "latest") | quote }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+command: [{{ .Values.tenure.path | quote }}]
+{{- end -}}
+{{- end -}}
+
 {{/* An image reference from {repository, tag, digest} and a default tag. */}}
 {{- define "tenure.imageRef" -}}
 {{- $img := index . 0 -}}

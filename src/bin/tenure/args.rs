@@ -21,6 +21,7 @@ Exit codes:
   8        --fence: the term's fence could not be proven; CMD did not start
   9        --once-per: CMD exited 0 but its completion could not be recorded (the store
            refused it: a newer term began; or it could not be reached): it may run again
+  10       status --require-leader: nobody holds the lease (with --shards: some shard's)
   126/127  the command could not be run / was not found
   128 + N  tenure stopped by signal N while it was not leading
 With --shards: 0 after SIGTERM or SIGINT (the copies' own exit codes are logged only).";
@@ -619,6 +620,12 @@ pub struct StatusArgs {
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = Output::Table)]
     pub output: Output,
+
+    /// Exit 10 when nobody holds the lease (with --shards: when any shard's lease is free),
+    /// after printing what was read: a check for scripts and the chart's `helm test`. Without
+    /// it status exits 0 whether or not the lease is held.
+    #[arg(long)]
+    pub require_leader: bool,
 }
 
 /// Output formats of `tenure status`.

@@ -57,6 +57,12 @@ pub enum CliError {
         /// Why, and what it means (the job may run again this period).
         message: String,
     },
+    /// `tenure status --require-leader`: nobody holds the lease (or some shard's lease).
+    #[error("{message}")]
+    Leaderless {
+        /// Which lease (or shards) nobody holds.
+        message: String,
+    },
     /// Something tenure itself could not do (a thread, a socket, a signal handler).
     #[error("{message}")]
     Internal {
@@ -76,6 +82,7 @@ impl CliError {
             Self::NotAcquired { .. } => 6,
             Self::Unfenced { .. } => 8,
             Self::NotRecorded { .. } => 9,
+            Self::Leaderless { .. } => 10,
             Self::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => 127,
             Self::Spawn { .. } => 126,
             Self::Internal { .. } => 1,

@@ -17,7 +17,8 @@ const CONCURRENT_READS: usize = 16;
 /// How long the group's members may take to read before `status` shows them as unknown.
 const MEMBERS_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Prints the lease's holder; exit code 0 whether or not it is held.
+/// Prints the lease's holder; exit code 0 whether or not it is held, unless
+/// `--require-leader` (then [`CliError::Leaderless`] when it is free, after the print).
 pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
     let connected = backend::connect(&args.backend, false).await?;
     connected
@@ -26,9 +27,12 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::Config {
             message: format!("--lease: {e}"),
         })?;
-    let text = match args.shards {
+    let (text, free) = match args.shards {
         None => {
             let record = inspect(&connected, &args.lease).await?;
+            let free = record
+                .is_none()
+                .then(|| format!("nobody holds lease {:?}", printable(&args.lease)));
             let ended = if record.is_none() {
                 // Only shown, never decided on: a store that cannot say is not an error.
                 connected
@@ -46,13 +50,37 @@ pub async fn status(args: StatusArgs) -> Result<u8, CliError> {
             } else {
                 None
             };
-            single(&args, &connected, record.as_ref(), ended.as_ref())
+            (
+                single(&args, &connected, record.as_ref(), ended.as_ref()),
+                free,
+            )
         }
         Some(shards) => sharded(&args, &connected, shards).await?,
     };
     // A closed pipe (`tenure status | head -0`) is not an error worth a message.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
-    Ok(0)
+    match free {
+        Some(message) if args.require_leader => Err(CliError::Leaderless { message }),
+        _ => Ok(0),
+    }
+}
+
+/// What `--require-leader` refuses in a group: the shards whose lease nobody holds.
+fn free_shards(group: &str, records: &[Option<LeaseRecord>]) -> Option<String> {
+    let free: Vec<String> = (0u32..)
+        .zip(records)
+        .filter(|(_, r)| r.is_none())
+        .map(|(shard, _)| shard.to_string())
+        .collect();
+    (!free.is_empty()).then(|| {
+        format!(
+            "nobody holds the lease of {} of the {} shards of {:?}: shard {}",
+            free.len(),
+            records.len(),
+            printable(group),
+            free.join(", ")
+        )
+    })
 }
 
 async fn inspect(connected: &Connected, lease: &str) -> Result<Option<LeaseRecord>, CliError> {
@@ -226,11 +254,12 @@ fn count_warning(group: &str, shards: u32, members: &[tenure::backend::Member]) 
     ))
 }
 
+/// The group's table or JSON, and which shards nobody holds ([`free_shards`]).
 async fn sharded(
     args: &StatusArgs,
     connected: &Connected,
     shards: u32,
-) -> Result<String, CliError> {
+) -> Result<(String, Option<String>), CliError> {
     let names: Vec<String> = (0..shards)
         .map(|s| tenure::shard::lease_name(&args.lease, s))
         .collect();
@@ -266,7 +295,8 @@ async fn sharded(
         Ok(_) => "none".to_owned(),
         Err(e) => format!("unknown ({e})"),
     };
-    Ok(match args.output {
+    let free = free_shards(&args.lease, &records);
+    let text = match args.output {
         Output::Json => {
             let leases: Vec<serde_json::Value> = names
                 .iter()
@@ -366,7 +396,8 @@ async fn sharded(
             }
             out
         }
-    })
+    };
+    Ok((text, free))
 }
 
 /// The group's live members, or why they could not be read.
@@ -417,6 +448,25 @@ mod tests {
             joined_ms: 0,
             holds: Vec::new(),
         }
+    }
+
+    fn held() -> Option<LeaseRecord> {
+        Some(LeaseRecord {
+            identity: "a".into(),
+            fencing: tenure::FencingToken::new(1),
+            remaining: None,
+            transitions: None,
+            handoff: None,
+        })
+    }
+
+    #[test]
+    fn require_leader_names_the_free_shards() {
+        assert_eq!(free_shards("g", &[held(), held()]), None);
+        assert_eq!(
+            free_shards("g", &[None, held(), None]).as_deref(),
+            Some("nobody holds the lease of 2 of the 3 shards of \"g\": shard 0, 2")
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `/metrics`: `tenure_shards`, `tenure_shards_assigned`, `tenure_shards_owned` and
 //! `tenure_shard_group_members`, `tenure_shard_group_waiting` and
 //! `tenure_shard_group_generation`, and the counter `tenure_shard_terms_lost_total`, updated
-//! whenever the assignment, the held shards or the group record change.
+//! whenever the assignment, the held shards or the group record change; beside each shard
+//! lease's own series (`ElectionMetrics`, registered by the caller).
 
 use std::sync::{Arc, Mutex};
 
@@ -101,8 +102,7 @@ pub async fn serve(listener: TcpListener, elector: ShardedElector, mut registry:
     let gauges = Gauges::default();
     gauges.register(&mut registry);
     gauges.update(&elector);
-    let server =
-        ProbeServer::sharded(elector.clone()).shared_metrics(Arc::new(Mutex::new(registry)));
+    let server = ProbeServer::sharded(elector.clone()).metrics(Arc::new(Mutex::new(registry)));
     let (mut assignment, mut owned, mut group) =
         (elector.assignment(), elector.owned(), elector.group());
     let gauges_follow = async {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tenure::backend::BackendErrorKind;
+use tenure::election::ElectionMetrics;
 use tenure::shard::{ShardError, ShardedElector, lease_name};
 use tokio_util::sync::CancellationToken;
 
@@ -34,10 +35,14 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
     setup::probe(&connected, &lease_name(&args.lease, 0), args.retry_period).await?;
     probe_membership(&connected, &args.lease, args.retry_period).await?;
 
+    // Every shard lease's series as one lease's run exports them (`name="GROUP-SHARD"`), the
+    // fence's included: the same metrics go to the fence below.
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ElectionMetrics::register(&mut registry);
+    elector = elector.with_metrics(metrics.clone());
+    connected.register_metrics(&mut registry);
     if let Some(addr) = args.listen {
         let listener = setup::listen(addr).await?;
-        let mut registry = prometheus_client::registry::Registry::default();
-        connected.register_metrics(&mut registry);
         tokio::spawn(shard_probe::serve(listener, elector.clone(), registry));
     }
 
@@ -51,7 +56,7 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
     let (mut supervisor, signalled) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::Several)?;
     if let Some(fence) = fence {
-        supervisor = supervisor.with_fence(fence);
+        supervisor = supervisor.with_fence(fence.with_metrics(metrics));
     }
     // A copy that cannot be started (command not found, no watchdog process) stops tenure:
     // every shard would fail the same way.

@@ -47,7 +47,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         let server = tenure::probe::ProbeServer::new(elector.clone())
             .tolerance(args.lease_duration)
             .store_liveness(args.store_liveness)
-            .metrics(registry);
+            .metrics(std::sync::Arc::new(std::sync::Mutex::new(registry)));
         tokio::spawn(async move {
             if let Err(e) = server.serve(listener).await {
                 tracing::error!(error = %e, "the /metrics and probe endpoint stopped");
