@@ -282,8 +282,41 @@ async fn a_flapping_check_moves_leadership_at_most_once_per_window(
     );
 }
 
+/// A replica that stepped down for its health, recovered and campaigns again turns unhealthy
+/// once more while it waits: it must stop campaigning, not take the next term unhealthy (the
+/// simulation's `health-flip` found it taking a hand-over while unhealthy: `Flapping`).
+async fn a_replica_that_turns_unhealthy_while_campaigning_stops(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    let r = Replicas::start(backend, &["a", "b"], unit, Some(policy(unit))).await;
+    r.elector("a").report_health(false);
+    let terms = r.until(unit * 20, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"], "a handed over for its health");
+    // a recovers and sits out its recovery window; then it campaigns again.
+    r.elector("a").report_health(true);
+    tokio::time::sleep(unit * 24).await;
+    // Unhealthy again while b leads and a waits for the lease.
+    r.elector("a").report_health(false);
+    tokio::time::sleep(unit * 2).await;
+    // b steps down for anyone: a is the only campaigner while b sits out its hand-off window.
+    assert!(r.elector("b").hand_over(Handoff::Anyone, "maintenance"));
+    let terms = r.until(unit * 30, |t| t.len() == 3).await;
+    assert_eq!(
+        ids(&terms),
+        ["a", "b", "b"],
+        "the unhealthy replica that stepped down for its health took no term"
+    );
+    r.finish();
+}
+
 mod memory {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
+        super::a_replica_that_turns_unhealthy_while_campaigning_stops(store(), UNIT).await;
+    }
 
     const UNIT: Duration = Duration::from_secs(1);
 
@@ -365,6 +398,12 @@ mod redis {
     async fn an_unhealthy_leader_hands_over_within_the_bound() {
         let (_s, b) = store().await;
         super::an_unhealthy_leader_hands_over_within_the_bound(b, UNIT, SLACK).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
+        let (_s, b) = store().await;
+        super::a_replica_that_turns_unhealthy_while_campaigning_stops(b, UNIT).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

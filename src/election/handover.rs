@@ -251,6 +251,26 @@ impl LeaderElector {
         }
     }
 
+    /// Resolves when this replica may no longer campaign: it stepped down for its health
+    /// before and is unhealthy now. Never resolves for a replica that did not (an unhealthy
+    /// replica still takes a lease nobody else takes) or without a health policy.
+    pub(super) async fn until_ineligible(&self) {
+        if self.inner.config.health.is_none()
+            || self.inner.intent.last_health_step_down().is_none()
+        {
+            return std::future::pending().await;
+        }
+        let mut rx = self.inner.intent.health.subscribe();
+        loop {
+            if !rx.borrow_and_update().healthy {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// With a health policy, keeps this replica's announcement in [`health_group`] current
     /// for as long as the run lasts: announced (ttl one lease duration, renewed every retry
     /// period) while eligible, withdrawn otherwise. Never returns.

@@ -129,6 +129,9 @@ impl LeaderElector {
                 }
                 let lease = tokio::select! {
                     lease = self.campaign(&mut changes) => lease?,
+                    // Eligibility is not for the campaign's start only: a replica that stepped
+                    // down for its health and turns unhealthy again stops campaigning.
+                    () = self.until_ineligible() => continue,
                     () = &mut shutdown => return Ok(None),
                 };
                 match self
