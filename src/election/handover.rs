@@ -255,8 +255,7 @@ impl LeaderElector {
     /// before and is unhealthy now. Never resolves for a replica that did not (an unhealthy
     /// replica still takes a lease nobody else takes) or without a health policy.
     pub(super) async fn until_ineligible(&self) {
-        if self.inner.config.health.is_none()
-            || self.inner.intent.last_health_step_down().is_none()
+        if self.inner.config.health.is_none() || self.inner.intent.last_health_step_down().is_none()
         {
             return std::future::pending().await;
         }
