@@ -46,8 +46,8 @@ impl LeaderElector {
     /// The last term this replica ended on purpose (a step-down, a hand-over, a graceful
     /// shutdown), once its lease is released: why, to whom, when. `None` until then. Terms
     /// that were lost (the lease ran out, the store refused a renewal) are not hand-offs.
-    /// [`StatusPublisher`](crate::crd::StatusPublisher) follows it into the `Election`
-    /// status.
+    /// The `Election` resource's status publisher (feature `crd`) follows it into
+    /// `status.lastHandoff`.
     #[must_use]
     pub fn last_handoff(&self) -> tokio::sync::watch::Receiver<Option<HandedOff>> {
         self.inner.intent.handed_off.subscribe()
