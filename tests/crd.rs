@@ -17,13 +17,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use kube_support::{shared, unique};
 use tenure::FencingToken;
+use tenure::backend::Handoff;
 use tenure::backend::faulty::FaultyBackend;
 use tenure::backend::memory::MemoryBackend;
 use tenure::crd::{
-    BackendKind, Election, ElectionBackend, ElectionSpec, ElectionStatus, LEADER_ELECTED,
-    PublishError, PublisherStats, StatusPublisher,
+    BackendKind, Election, ElectionBackend, ElectionSpec, ElectionStatus, HandoffReason,
+    LEADER_ELECTED, PublishError, PublisherStats, StatusPublisher,
 };
-use tenure::election::{ElectionConfig, LeaderElector};
+use tenure::election::{ElectionConfig, HealthPolicy, LeaderElector};
 use tenure::{Backend, Locker};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -715,7 +716,11 @@ async fn printer_columns_show_leader_and_token() {
         .filter(|(_, p)| *p > 0)
         .map(|(n, _)| n.as_str())
         .collect();
-    assert_eq!(wide, ["TRANSITIONS", "LEASE", "BACKEND"], "{text}");
+    assert_eq!(
+        wide,
+        ["TRANSITIONS", "HANDOFF", "LEASE", "BACKEND"],
+        "{text}"
+    );
     let rows = table["rows"]
         .as_array()
         .unwrap_or_else(|| panic!("no rows: {text}"));
@@ -814,4 +819,165 @@ async fn a_leader_that_stepped_down_is_cleared_when_nobody_takes_over() {
     stop.cancel();
     publishing.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(stats.failures(), 0, "{stats:?}");
+}
+
+/// The hand-off `s` shows: reason, from, to and the ended term's token.
+fn handoff(s: &ElectionStatus) -> Option<(HandoffReason, &str, Option<&str>, u64)> {
+    s.last_handoff
+        .as_ref()
+        .map(|h| (h.reason, h.from.as_str(), h.to.as_deref(), h.fencing_token))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_shows_why_leadership_was_handed_over() {
+    let server = shared();
+    let (client, ns) = setup("el-handoff").await;
+    let lease = unique("lease");
+    let a = elector(server.backend(&ns).await, "alpha", &lease, kube_config());
+    let store = server.backend(&ns).await;
+    let b = elector(store.clone(), "beta", &lease, kube_config());
+    create_election(
+        &client,
+        &ns,
+        "moved",
+        ElectionSpec::for_elector(&a, ElectionBackend::kubernetes()),
+    )
+    .await;
+    let publisher = || {
+        StatusPublisher::new(client.clone(), &ns, "moved").min_interval(Duration::from_millis(100))
+    };
+    let mut alpha = Replica::start(a, publisher());
+    let first = alpha.term().await;
+    let mut beta = Replica::start(b, publisher());
+    until_status(&client, &ns, "moved", "both candidates are listed", |s| {
+        candidates(s) == ["alpha", "beta"]
+    })
+    .await;
+    assert_eq!(
+        status(&client, &ns, "moved")
+            .await
+            .and_then(|s| s.last_handoff),
+        None,
+        "no hand-off yet"
+    );
+
+    // The library call.
+    assert!(
+        alpha
+            .elector
+            .hand_over(Handoff::To("beta".into()), "maintenance")
+    );
+    let second = beta.term().await;
+    assert!(second > first);
+    let s = until_status(&client, &ns, "moved", "alpha's hand-over is shown", |s| {
+        s.last_handoff.is_some()
+    })
+    .await;
+    assert_eq!(
+        handoff(&s),
+        Some((HandoffReason::Requested, "alpha", Some("beta"), first.get())),
+        "{s:#?}"
+    );
+    let shown = s.last_handoff.as_ref().and_then(|h| h.message.as_deref());
+    assert_eq!(shown, Some("maintenance"));
+
+    // An operator's request through the store (what `tenure handoff --to alpha` writes).
+    store
+        .request_handoff(
+            &lease,
+            &Handoff::To("alpha".into()),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("request_handoff: {e}"));
+    let third = alpha.term().await;
+    assert!(third > second);
+    let s = until_status(&client, &ns, "moved", "beta's hand-over is shown", |s| {
+        s.last_handoff.as_ref().is_some_and(|h| h.from == "beta")
+    })
+    .await;
+    assert_eq!(
+        handoff(&s),
+        Some((
+            HandoffReason::Requested,
+            "beta",
+            Some("alpha"),
+            second.get()
+        )),
+        "{s:#?}"
+    );
+
+    // A graceful shutdown of the leader.
+    alpha.shutdown().await;
+    let s = until_status(&client, &ns, "moved", "alpha's shutdown is shown", |s| {
+        s.last_handoff.as_ref().is_some_and(|h| h.from == "alpha")
+    })
+    .await;
+    assert_eq!(
+        handoff(&s),
+        Some((HandoffReason::GracefulShutdown, "alpha", None, third.get())),
+        "{s:#?}"
+    );
+    beta.term().await;
+    beta.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_shows_a_health_step_down() {
+    let server = shared();
+    let (client, ns) = setup("el-health").await;
+    let lease = unique("lease");
+    let config = kube_config().health(
+        HealthPolicy::new()
+            .unhealthy_after(Duration::from_secs(1))
+            .recovery(Duration::from_secs(60)),
+    );
+    let a = elector(server.backend(&ns).await, "alpha", &lease, config.clone());
+    let b = elector(server.backend(&ns).await, "beta", &lease, config);
+    create_election(
+        &client,
+        &ns,
+        "healthy",
+        ElectionSpec::for_elector(&a, ElectionBackend::kubernetes()),
+    )
+    .await;
+    let publisher = || {
+        StatusPublisher::new(client.clone(), &ns, "healthy")
+            .min_interval(Duration::from_millis(100))
+    };
+    let mut alpha = Replica::start(a, publisher());
+    let first = alpha.term().await;
+    let mut beta = Replica::start(b, publisher());
+    until_status(&client, &ns, "healthy", "both candidates are listed", |s| {
+        candidates(s) == ["alpha", "beta"]
+    })
+    .await;
+    alpha.elector.report_health(false);
+    let second = beta.term().await;
+    assert!(second > first);
+    let s = until_status(
+        &client,
+        &ns,
+        "healthy",
+        "the step-down and the new leader are shown",
+        |s| s.last_handoff.is_some() && s.fencing_token == Some(second.get()),
+    )
+    .await;
+    assert_eq!(
+        handoff(&s),
+        Some((
+            HandoffReason::HealthStepDown,
+            "alpha",
+            Some("beta"),
+            first.get()
+        )),
+        "{s:#?}"
+    );
+    assert_eq!(
+        s.leader.as_deref(),
+        Some("beta"),
+        "the new leader is published beside the hand-off: {s:#?}"
+    );
+    alpha.shutdown().await;
+    beta.shutdown().await;
 }

@@ -282,8 +282,41 @@ async fn a_flapping_check_moves_leadership_at_most_once_per_window(
     );
 }
 
+/// A replica that stepped down for its health, recovered and campaigns again turns unhealthy
+/// once more while it waits: it must stop campaigning, not take the next term unhealthy (the
+/// simulation's `health-flip` found it taking a hand-over while unhealthy: `Flapping`).
+async fn a_replica_that_turns_unhealthy_while_campaigning_stops(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    let r = Replicas::start(backend, &["a", "b"], unit, Some(policy(unit))).await;
+    r.elector("a").report_health(false);
+    let terms = r.until(unit * 20, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"], "a handed over for its health");
+    // a recovers and sits out its recovery window; then it campaigns again.
+    r.elector("a").report_health(true);
+    tokio::time::sleep(unit * 24).await;
+    // Unhealthy again while b leads and a waits for the lease.
+    r.elector("a").report_health(false);
+    tokio::time::sleep(unit * 2).await;
+    // b steps down for anyone: a is the only campaigner while b sits out its hand-off window.
+    assert!(r.elector("b").hand_over(Handoff::Anyone, "maintenance"));
+    let terms = r.until(unit * 30, |t| t.len() == 3).await;
+    assert_eq!(
+        ids(&terms),
+        ["a", "b", "b"],
+        "the unhealthy replica that stepped down for its health took no term"
+    );
+    r.finish();
+}
+
 mod memory {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
+        super::a_replica_that_turns_unhealthy_while_campaigning_stops(store(), UNIT).await;
+    }
 
     const UNIT: Duration = Duration::from_secs(1);
 
@@ -368,6 +401,12 @@ mod redis {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
+        let (_s, b) = store().await;
+        super::a_replica_that_turns_unhealthy_while_campaigning_stops(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn all_unhealthy_keeps_the_lease() {
         let (_s, b) = store().await;
         super::all_unhealthy_keeps_the_lease(b, UNIT).await;
@@ -378,4 +417,118 @@ mod redis {
         let (_s, b) = store().await;
         super::a_flapping_check_moves_leadership_at_most_once_per_window(b, UNIT, SLACK).await;
     }
+}
+
+/// Step-down detection → the new leader's first write, on a real `redis-server`: the leader
+/// reports itself unhealthy; detection is the instant its bound runs out (the elector acts
+/// then); the first write is the new term's first `fenced_set` landing in Redis. Two
+/// replicas, leadership moving back and forth; the recovery window is short so that each run
+/// can move it back. Prints every run, then p50 / p99.
+/// `RUNS=N cargo test --all-features --test handover -- --ignored --nocapture measure_step_down`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn measure_step_down_to_first_write() {
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(50);
+    const BOUND: Duration = Duration::from_millis(500);
+    let server = support::RedisServer::start();
+    let backend: Arc<dyn Backend> = Arc::new(support::backend(&server).await);
+    let client = ::redis::Client::open(server.url().as_str()).expect("client");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let config = ElectionConfig::new()
+        .lease_duration(Duration::from_secs(3))
+        .renew_deadline(Duration::from_secs(2))
+        .retry_period(Duration::from_millis(250))
+        .request_timeout(Duration::from_millis(200))
+        .stop_margin(Duration::from_millis(500))
+        .rejoin(true)
+        .health(
+            HealthPolicy::new()
+                .unhealthy_after(BOUND)
+                .recovery(Duration::from_millis(500)),
+        );
+    // Each term's first write: (identity, token, landed at).
+    let writes: Arc<Mutex<Vec<(String, u64, Instant)>>> = Arc::default();
+    let mut electors = Vec::new();
+    let mut tasks = Vec::new();
+    for id in ["a", "b"] {
+        let locker = Locker::with_identity(backend.clone(), id).expect("identity");
+        let e = LeaderElector::new(locker, "measure-health", config.clone()).expect("config");
+        let (run, writes, conn) = (e.clone(), writes.clone(), conn.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = run
+                .run(|term| {
+                    let (writes, mut conn) = (writes.clone(), conn.clone());
+                    async move {
+                        let token = term.fencing_token();
+                        let ok = tenure::fence::redis::fenced_set(
+                            &mut conn,
+                            "{measure}",
+                            "{measure}:fence",
+                            token,
+                            "first",
+                        )
+                        .await
+                        .expect("fenced_set");
+                        assert!(ok, "the new term's first write was refused");
+                        writes.lock().expect("not poisoned").push((
+                            term.identity().to_owned(),
+                            token.get(),
+                            Instant::now(),
+                        ));
+                        term.cancellation().cancelled().await;
+                    }
+                })
+                .await;
+        }));
+        electors.push(e);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Followers announced healthy.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut samples = Vec::new();
+    for run in 0..runs {
+        let (leader, n) = {
+            let w = writes.lock().expect("not poisoned");
+            (w.last().expect("a term").0.clone(), w.len())
+        };
+        let e = electors
+            .iter()
+            .find(|e| e.identity() == leader)
+            .expect("the leader's elector");
+        let reported = Instant::now();
+        e.report_health(false);
+        let detected = reported + BOUND;
+        let landed = loop {
+            if let Some(w) = writes.lock().expect("not poisoned").get(n) {
+                break w.2;
+            }
+            assert!(reported.elapsed() < Duration::from_secs(10), "no hand-over");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        let ms = landed.saturating_duration_since(detected).as_secs_f64() * 1e3;
+        println!("run {run}: {leader} unhealthy; detection → first write {ms:.2} ms");
+        samples.push(ms);
+        e.report_health(true);
+        // The old leader sits out its recovery window, then announces itself healthy.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    for t in tasks {
+        t.abort();
+    }
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "step-down detection → new leader's first write, {} runs: p50 {:.2} ms, p99 {:.2} ms, min {:.2} ms, max {:.2} ms",
+        samples.len(),
+        at(0.5),
+        at(0.99),
+        samples[0],
+        samples[samples.len() - 1]
+    );
 }

@@ -194,8 +194,10 @@ fn main() -> ExitCode {
     let (mut violations, mut faults, mut events, mut excused) = (0u64, 0u64, 0u64, Vec::new());
     let mut nemeses = [0u64; scenario::NEMESES.len()];
     let mut writes = (0u64, 0u64, 0u64, 0u64);
+    let mut health_moves = 0u64;
     for (o, again) in &results {
         faults += o.faults;
+        health_moves += o.health_moves;
         events += o.fingerprint.1;
         for (_, name, _) in &o.nemeses {
             if let Some(i) = scenario::NEMESES.iter().position(|n| n == name) {
@@ -327,7 +329,7 @@ fn main() -> ExitCode {
     println!(
         "sim: seeds {}, faults injected {faults}, histories checked {} ({events} events), violations {violations}; \
          expected overlaps: {data_loss} {}, {beyond} {}; fenced writes: {} issued, {} accepted, {} refused \
-         ({} of them a plain store would have taken late); nemeses: {}; peak memory +{} KiB; {:.1} s",
+         ({} of them a plain store would have taken late); health step-downs {health_moves}; nemeses: {}; peak memory +{} KiB; {:.1} s",
         results.len(),
         results.len() * if args.determinism { 2 } else { 1 },
         excuse_name(world::Excuse::DataLoss),

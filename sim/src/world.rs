@@ -38,6 +38,13 @@ pub enum Kind {
     /// A term whose lease the store still holds for it, with renewals answered, believed
     /// itself invalid for longer than a retry period (its workload could not act).
     Stalled,
+    /// A leader stepped down for its health when it had not been unhealthy for the policy's
+    /// bound, or handed over to a replica that was not healthy at any instant in the window
+    /// its announcement can outlive (every replica unhealthy: stepping down helps nobody).
+    NeedlessStepDown,
+    /// A process that stepped down for its health led again before it had been healthy for
+    /// the recovery window: leadership flapping between replicas.
+    Flapping,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
 }
@@ -126,6 +133,12 @@ pub struct World {
     forced_stubborn: Mutex<std::collections::BTreeSet<String>>,
     /// Every nemesis that fired: when, which, on which lease.
     nemeses: Mutex<Vec<(Instant, &'static str, String)>>,
+    /// Each process's health as its workload reported it, by label.
+    health: Mutex<BTreeMap<String, ProcessHealth>>,
+    /// Health step-downs (hand-overs for health) seen.
+    pub health_moves: AtomicU64,
+    /// The health policy of the run's electors, when they have one.
+    health_bounds: Mutex<Option<HealthBounds>>,
     findings: Mutex<Vec<Finding>>,
     pub counters: Counters,
 }
@@ -148,6 +161,9 @@ impl World {
             aims: Mutex::default(),
             forced_stubborn: Mutex::default(),
             nemeses: Mutex::default(),
+            health: Mutex::default(),
+            health_moves: AtomicU64::new(0),
+            health_bounds: Mutex::default(),
             findings: Mutex::default(),
             counters: Counters::default(),
         }
@@ -352,6 +368,7 @@ impl World {
         self.counters.terms.fetch_add(1, Ordering::Relaxed);
         let token = term.fencing_token().get();
         self.event(format_args!("term {lease} #{token} {holder} starts"));
+        self.check_flapping(lease, holder);
         let running = Running {
             holder: holder.to_owned(),
             started: Instant::now(),
@@ -475,6 +492,183 @@ impl World {
         self.counters
             .writes_accepted
             .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One process's health: its identity, each change (the first: healthy at its start), when
+/// it ended, and when it last stepped down for its health.
+struct ProcessHealth {
+    identity: String,
+    changes: Vec<(Instant, bool)>,
+    ended: Option<Instant>,
+    stepped_down: Option<Instant>,
+}
+
+impl ProcessHealth {
+    /// Whether the process was alive and healthy at some instant of `[from, to]`.
+    fn healthy_within(&self, from: Instant, to: Instant) -> bool {
+        let to = self.ended.map_or(to, |e| e.min(to));
+        self.changes.iter().enumerate().any(|(i, (at, healthy))| {
+            let until = self.changes.get(i + 1).map_or(to, |(next, _)| *next);
+            *healthy && *at <= to && until >= from
+        })
+    }
+
+    /// Since when the process has been healthy without a break, if it is now.
+    fn healthy_since(&self) -> Option<Instant> {
+        match self.changes.last() {
+            Some((at, true)) => Some(*at),
+            _ => None,
+        }
+    }
+}
+
+/// The health policy the checker judges step-downs by.
+#[derive(Clone, Copy, Debug)]
+pub struct HealthBounds {
+    pub unhealthy_after: std::time::Duration,
+    pub recovery: std::time::Duration,
+    /// How long a healthy announcement can outlive the health it announced: its ttl, plus
+    /// the longest a request can be held on its way (a cut or freeze healed late, a spike).
+    pub stale_for: std::time::Duration,
+}
+
+impl World {
+    /// A process (a label) started: healthy, as every workload is at first.
+    pub fn process_started(&self, label: &str, identity: &str) {
+        lock(&self.health).insert(
+            label.to_owned(),
+            ProcessHealth {
+                identity: identity.to_owned(),
+                changes: vec![(Instant::now(), true)],
+                ended: None,
+                stepped_down: None,
+            },
+        );
+    }
+
+    /// A process ended (killed, or stopped).
+    pub fn process_ended(&self, label: &str) {
+        if let Some(h) = lock(&self.health).get_mut(label) {
+            h.ended.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// A process's workload reported its health.
+    pub fn report_health(&self, label: &str, healthy: bool) {
+        let mut all = lock(&self.health);
+        let Some(h) = all.get_mut(label) else { return };
+        if h.ended.is_some() || h.changes.last().is_some_and(|(_, was)| *was == healthy) {
+            return;
+        }
+        h.changes.push((Instant::now(), healthy));
+        drop(all);
+        let what = if healthy { "healthy" } else { "unhealthy" };
+        self.event(format_args!("health {label} {what}"));
+    }
+
+    /// Process `label` ended the term `token` of `lease` for its health, handing over to
+    /// `to`. Judged: it had been unhealthy for the bound, and `to` was healthy at some instant
+    /// its announcement can still have been read from.
+    pub fn health_step_down(&self, lease: &str, label: &str, token: u64, to: Option<&str>) {
+        let Some(bounds) = *lock(&self.health_bounds) else {
+            return;
+        };
+        self.health_moves.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        self.event(format_args!(
+            "health step-down {lease} #{token} {label} to {}",
+            to.unwrap_or("anyone")
+        ));
+        let mut all = lock(&self.health);
+        let mut problems = Vec::new();
+        if let Some(me) = all.get_mut(label) {
+            me.stepped_down = Some(now);
+            // The decision came before the release (the workload's grace, the store's
+            // answers): judge every unhealthy streak that reached the bound and ended (or
+            // goes on) within the window the decision can lie in.
+            let window_from = now.checked_sub(bounds.stale_for).unwrap_or(self.origin);
+            let long_enough = me.changes.iter().enumerate().any(|(i, (from, healthy))| {
+                let until = me.changes.get(i + 1).map_or(now, |(next, _)| *next);
+                !*healthy
+                    && until.duration_since(*from) >= bounds.unhealthy_after
+                    && until >= window_from
+            });
+            if !long_enough {
+                problems.push(format!(
+                    "{label} had not been unhealthy for the bound {:?} (health changes {:?})",
+                    bounds.unhealthy_after,
+                    me.changes
+                        .iter()
+                        .map(|(at, h)| (self.ms(*at), *h))
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+        let Some(to) = to else {
+            // A step-down for health always names the healthy follower it hands to; without
+            // one it keeps the lease.
+            drop(all);
+            self.find(
+                lease,
+                Kind::NeedlessStepDown,
+                None,
+                format!("{label} stepped down for its health with no healthy follower named"),
+            );
+            return;
+        };
+        {
+            let from = now.checked_sub(bounds.stale_for).unwrap_or(self.origin);
+            let healthy = all
+                .values()
+                .filter(|h| h.identity == to)
+                .any(|h| h.healthy_within(from, now));
+            if !healthy {
+                problems.push(format!(
+                    "it handed over to {to}, which was not healthy at any instant of the last {:?}",
+                    bounds.stale_for
+                ));
+            }
+        }
+        drop(all);
+        for problem in problems {
+            self.find(lease, Kind::NeedlessStepDown, None, problem);
+        }
+    }
+
+    /// The run's electors have this health policy: judge their step-downs by it.
+    pub fn set_health_bounds(&self, bounds: HealthBounds) {
+        *lock(&self.health_bounds) = Some(bounds);
+    }
+
+    /// Whether process `label` may lead now: if it stepped down for its health, it must have
+    /// been healthy for the recovery window since (and since that step-down).
+    fn flapping(&self, label: &str) -> Option<String> {
+        let recovery = lock(&self.health_bounds).as_ref()?.recovery;
+        let all = lock(&self.health);
+        let h = all.get(label)?;
+        let stepped = h.stepped_down?;
+        let now = Instant::now();
+        match h.healthy_since() {
+            None => Some(format!(
+                "{label} leads again while unhealthy after its health step-down at {} ms",
+                self.ms(stepped)
+            )),
+            Some(since) if now < since.max(stepped) + recovery => Some(format!(
+                "{label} leads again {:?} after its health step-down at {} ms, healthy since {} ms (recovery {recovery:?})",
+                now.duration_since(stepped),
+                self.ms(stepped),
+                self.ms(since)
+            )),
+            Some(_) => None,
+        }
+    }
+
+    /// A term starts on process `label`: judged against its last health step-down.
+    fn check_flapping(&self, lease: &str, label: &str) {
+        if let Some(problem) = self.flapping(label) {
+            self.find(lease, Kind::Flapping, None, problem);
+        }
     }
 }
 

@@ -302,6 +302,7 @@ impl MemoryBackend {
             remaining: Some(h.expires_at - now),
             transitions: Some(slot.transitions.saturating_sub(1)),
             handoff: slot.handoff(now).cloned(),
+            preferred_holder: false,
         })
     }
 

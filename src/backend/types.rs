@@ -244,6 +244,9 @@ pub struct LeaseRecord {
     /// A hand-over asked of the holder and not yet done (an operator's `tenure handoff`,
     /// [`Backend::request_handoff`](super::Backend::request_handoff)), while its window runs.
     pub handoff: Option<Handoff>,
+    /// Whether `handoff` is not tenure's request but the Kubernetes Lease's
+    /// `spec.preferredHolder` (coordinated leader election) naming another candidate.
+    pub preferred_holder: bool,
 }
 
 /// Who a lease should go to next: the target of a hand-over.

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::DURATION_PATTERN;
 use super::duration::deserialize_optional;
-use crate::election::LeaderElector;
+use crate::election::{HandoffCause, LeaderElector};
 use crate::shard::ShardedElector;
 
 /// The condition type the publisher maintains: `True` while a leader is published.
@@ -62,6 +62,13 @@ pub const LEADER_ELECTED: &str = "LeaderElected";
         type_ = "integer",
         json_path = ".status.transitions",
         description = "How many times a new term was published after the first",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Handoff",
+        type_ = "string",
+        json_path = ".status.lastHandoff.reason",
+        description = "Why the last leader ended its term on purpose",
         priority = 1
     ),
     printcolumn(
@@ -276,6 +283,11 @@ pub struct ElectionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["shard"]))]
     pub shards: Vec<ShardHolder>,
+    /// The last term a leader ended on purpose (a hand-over, a step-down, a graceful
+    /// shutdown), as that leader published it: why, from whom, to whom. Only a newer term's
+    /// hand-off replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handoff: Option<LastHandoff>,
     /// `LeaderElected`: `True` while a leader is published.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -315,4 +327,54 @@ pub struct ShardHolder {
     /// The fencing token of the holder's term of this shard.
     #[schemars(extend("format" = "int64"))]
     pub fencing_token: u64,
+}
+
+/// Why a leader ended its term on purpose, in the `Election` status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum HandoffReason {
+    /// The leader was shut down gracefully and released the lease.
+    GracefulShutdown,
+    /// The leader stayed unhealthy for its health policy's bound and handed over to a
+    /// healthy follower.
+    HealthStepDown,
+    /// Asked for: `tenure handoff`, [`LeaderElector::hand_over`], or the workload's
+    /// [`Term::step_down`](crate::Term::step_down) / [`Term::hand_over`](crate::Term::hand_over).
+    Requested,
+    /// The Lease's `spec.preferredHolder` (Kubernetes coordinated leader election) named
+    /// another candidate.
+    PreferredHolder,
+}
+
+impl From<HandoffCause> for HandoffReason {
+    fn from(cause: HandoffCause) -> Self {
+        match cause {
+            HandoffCause::Shutdown => Self::GracefulShutdown,
+            HandoffCause::Unhealthy => Self::HealthStepDown,
+            HandoffCause::PreferredHolder => Self::PreferredHolder,
+            // `HandoffCause` is non-exhaustive: a cause added later reads as a request.
+            _ => Self::Requested,
+        }
+    }
+}
+
+/// The last term a leader ended on purpose.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastHandoff {
+    /// Why the term ended.
+    pub reason: HandoffReason,
+    /// The identity that led it.
+    pub from: String,
+    /// The replica the lease was released to, when the hand-off named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The fencing token of the term that ended.
+    #[schemars(extend("format" = "int64"))]
+    pub fencing_token: u64,
+    /// When the lease was released (the releasing leader's wall clock, whole seconds).
+    pub time: Time,
+    /// The reason in words, as the caller or the elector gave it (at most 256 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub message: Option<String>,
 }

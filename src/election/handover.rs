@@ -17,7 +17,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use super::LeaderElector;
-use super::intent::{StepDown, health_group};
+use super::intent::{HandedOff, HandoffCause, StepDown, health_group};
 use crate::backend::{FencingToken, Handoff, Member};
 
 impl LeaderElector {
@@ -41,6 +41,34 @@ impl LeaderElector {
         };
         self.inner.intent.request(Some(lease.fencing), to, reason);
         true
+    }
+
+    /// The last term this replica ended on purpose (a step-down, a hand-over, a graceful
+    /// shutdown), once its lease is released: why, to whom, when. `None` until then. Terms
+    /// that were lost (the lease ran out, the store refused a renewal) are not hand-offs.
+    /// The `Election` resource's status publisher (feature `crd`) follows it into
+    /// `status.lastHandoff`.
+    #[must_use]
+    pub fn last_handoff(&self) -> tokio::sync::watch::Receiver<Option<HandedOff>> {
+        self.inner.intent.handed_off.subscribe()
+    }
+
+    /// Records that the term `fencing` ended on purpose, for [`last_handoff`](Self::last_handoff).
+    pub(super) fn record_handoff(
+        &self,
+        fencing: FencingToken,
+        cause: HandoffCause,
+        to: Option<&str>,
+        reason: &str,
+    ) {
+        self.inner.intent.handed_off.send_replace(Some(HandedOff {
+            cause,
+            from: self.identity().to_owned(),
+            to: to.map(str::to_owned),
+            fencing,
+            at: std::time::SystemTime::now(),
+            reason: reason.to_owned(),
+        }));
     }
 
     /// Resolves when the term `fencing` should step down: its workload or this elector asked,
@@ -88,15 +116,22 @@ impl LeaderElector {
                 && let Some(to) = record.handoff
                 && to.target() != Some(self.identity())
             {
-                let reason = match to.target() {
-                    Some(who) => format!("hand-over to {who} requested"),
-                    None => "step-down requested".to_owned(),
+                let (cause, reason) = match (record.preferred_holder, to.target()) {
+                    (true, Some(who)) => (
+                        HandoffCause::PreferredHolder,
+                        format!("the Lease's preferredHolder names {who}"),
+                    ),
+                    (_, Some(who)) => (
+                        HandoffCause::Requested,
+                        format!("hand-over to {who} requested"),
+                    ),
+                    (_, None) => (HandoffCause::Requested, "step-down requested".to_owned()),
                 };
                 return StepDown {
                     fencing: Some(fencing),
                     to,
                     reason,
-                    for_health: false,
+                    cause,
                 };
             }
         }
@@ -136,7 +171,7 @@ impl LeaderElector {
                             policy.unhealthy_after
                         ),
                         to: Handoff::To(to),
-                        for_health: true,
+                        cause: HandoffCause::Unhealthy,
                     };
                 }
                 tracing::warn!(lease = %self.inner.name, "unhealthy, but no healthy follower: keeping the lease");
@@ -174,7 +209,7 @@ impl LeaderElector {
     /// store keeps it out of a targeted one by itself).
     pub(super) async fn after_step_down(&self, req: &StepDown) {
         self.inner.intent.step_down.send_replace(None);
-        if req.for_health {
+        if req.cause == HandoffCause::Unhealthy {
             *self
                 .inner
                 .intent
@@ -212,6 +247,25 @@ impl LeaderElector {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// Resolves when this replica may no longer campaign: it stepped down for its health
+    /// before and is unhealthy now. Never resolves for a replica that did not (an unhealthy
+    /// replica still takes a lease nobody else takes) or without a health policy.
+    pub(super) async fn until_ineligible(&self) {
+        if self.inner.config.health.is_none() || self.inner.intent.last_health_step_down().is_none()
+        {
+            return std::future::pending().await;
+        }
+        let mut rx = self.inner.intent.health.subscribe();
+        loop {
+            if !rx.borrow_and_update().healthy {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
             }
         }
     }

@@ -2,7 +2,7 @@
 //! health reports, the health policy, and when a replica that stepped down for its health may
 //! lead again. State only; the elector acts on it in `handover.rs`.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -63,6 +63,45 @@ impl HealthPolicy {
     }
 }
 
+/// Why a leader ended its term on purpose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HandoffCause {
+    /// The run was shut down gracefully; the lease was released for whoever campaigns next.
+    Shutdown,
+    /// The leader's health stayed bad for its [`HealthPolicy`]'s bound while a healthy
+    /// follower waited.
+    Unhealthy,
+    /// Asked for: by the workload ([`Term::step_down`](super::Term::step_down),
+    /// [`Term::hand_over`](super::Term::hand_over)), through
+    /// [`LeaderElector::hand_over`](super::LeaderElector::hand_over), or by an operator through
+    /// the store (`tenure handoff`, [`Backend::request_handoff`](crate::Backend::request_handoff)).
+    Requested,
+    /// The Kubernetes Lease's `spec.preferredHolder` (coordinated leader election) named
+    /// another candidate.
+    PreferredHolder,
+}
+
+/// A term this replica ended on purpose: why, to whom, when. What
+/// [`LeaderElector::last_handoff`](super::LeaderElector::last_handoff) reports, and what the
+/// `Election` status shows as `lastHandoff`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HandedOff {
+    /// Why the term ended.
+    pub cause: HandoffCause,
+    /// The identity that led the term.
+    pub from: String,
+    /// The replica the lease was released to, when the hand-off named one.
+    pub to: Option<String>,
+    /// The fencing token of the term that ended.
+    pub fencing: FencingToken,
+    /// When the lease was released, on this replica's wall clock.
+    pub at: SystemTime,
+    /// The reason given (by the caller, or the elector's own words), for humans.
+    pub reason: String,
+}
+
 /// A request to end the current term on purpose.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct StepDown {
@@ -70,8 +109,8 @@ pub(super) struct StepDown {
     pub(super) fencing: Option<FencingToken>,
     pub(super) to: Handoff,
     pub(super) reason: String,
-    /// Made because this replica was unhealthy: it then sits out until it recovers.
-    pub(super) for_health: bool,
+    /// Why; a step-down for health makes this replica sit out until it recovers.
+    pub(super) cause: HandoffCause,
 }
 
 /// The replica's health as its workload last reported it, and since when.
@@ -88,6 +127,8 @@ pub(crate) struct Intent {
     pub(super) health: watch::Sender<HealthReport>,
     /// When this replica last stepped down for its health, if it did.
     pub(super) health_step_down: std::sync::Mutex<Option<Instant>>,
+    /// The last term this replica ended on purpose.
+    pub(super) handed_off: watch::Sender<Option<HandedOff>>,
 }
 
 impl Default for Intent {
@@ -100,6 +141,7 @@ impl Default for Intent {
             })
             .0,
             health_step_down: std::sync::Mutex::new(None),
+            handed_off: watch::channel(None).0,
         }
     }
 }
@@ -125,7 +167,7 @@ impl Intent {
             fencing,
             to,
             reason: reason.to_owned(),
-            for_health: false,
+            cause: HandoffCause::Requested,
         }));
     }
 

@@ -46,7 +46,7 @@ pub use config::ElectionConfig;
 pub use elector::LeaderElector;
 pub use error::ElectionError;
 pub use health::Health;
-pub use intent::{HealthPolicy, health_group};
+pub use intent::{HandedOff, HandoffCause, HealthPolicy, health_group};
 pub use leader::Leader;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;

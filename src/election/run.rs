@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::intent::StepDown;
+use super::intent::{HandoffCause, StepDown};
 use super::{ElectionError, LeaderElector, Term};
 use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
 use crate::{Lease, LeaseEnd, LockError, LostReason};
@@ -129,6 +129,9 @@ impl LeaderElector {
                 }
                 let lease = tokio::select! {
                     lease = self.campaign(&mut changes) => lease?,
+                    // Eligibility is not for the campaign's start only: a replica that stepped
+                    // down for its health and turns unhealthy again stops campaigning.
+                    () = self.until_ineligible() => continue,
                     () = &mut shutdown => return Ok(None),
                 };
                 match self
@@ -437,6 +440,15 @@ impl LeaderElector {
         };
         if let Err(e) = &released {
             tracing::debug!(parent: &span, error = %e, "release after the term");
+        }
+        match &stopping {
+            Some(Stopping::StepDown(req)) => {
+                self.record_handoff(fencing, req.cause, req.to.target(), &req.reason);
+            }
+            Some(Stopping::Shutdown) => {
+                self.record_handoff(fencing, HandoffCause::Shutdown, None, "shut down");
+            }
+            _ => {}
         }
         // `leader()` must not keep naming this replica for a term that is over; the next
         // campaign's watch reports whoever leads next.

@@ -168,6 +168,7 @@ impl Sim {
                 self.world.store_down.store(false, Ordering::Relaxed);
             }
             Heal::Retire(id) => self.retire(id),
+            Heal::Health(label, healthy) => self.report_health(&label, healthy),
         }
     }
 
@@ -193,6 +194,14 @@ impl Sim {
         }
         for id in std::mem::take(&mut self.down) {
             self.start(id);
+        }
+        let labels: Vec<String> = self
+            .replicas
+            .values()
+            .map(|r| r.link.label().to_owned())
+            .collect();
+        for label in labels {
+            self.report_health(&label, true);
         }
     }
 }
@@ -230,4 +239,7 @@ pub(super) enum Heal {
     StoreUp,
     /// A transient replica leaves for good.
     Retire(usize),
+    /// Process `label`'s workload reports its health (`health-*` nemeses); nothing if the
+    /// process is gone.
+    Health(String, bool),
 }

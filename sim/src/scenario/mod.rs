@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tenure::backend::memory::MemoryBackend;
+use tenure::election::{HandoffCause, HealthPolicy};
 use tenure::shard::{ShardedElector, lease_name};
 use tenure::{ElectionConfig, LeaderElector, Locker, Term};
 use tokio::sync::oneshot;
@@ -21,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
 use crate::link::{Bounds, Latency, Link, SLOWEST_COVERED_RATE};
-use crate::world::{Excuse, Finding, World};
+use crate::world::{Excuse, Finding, HealthBounds, World};
 
 mod chaos;
 mod nemesis;
@@ -101,6 +102,8 @@ pub struct Outcome {
     /// Every nemesis that fired: virtual ms, name, lease.
     pub nemeses: Vec<(u64, &'static str, String)>,
     pub lease_ms: u64,
+    /// Step-downs for health (one lease's runs).
+    pub health_moves: u64,
 }
 
 /// The election timings of a run, drawn from the seed among valid configurations.
@@ -112,6 +115,8 @@ struct Timing {
     renew_deadline: Duration,
     grace: Duration,
     config: ElectionConfig,
+    /// One lease's electors follow their workloads' health (`health-*` nemeses).
+    health: HealthBounds,
 }
 
 fn timing(world: &World) -> Timing {
@@ -140,9 +145,18 @@ fn timing(world: &World) -> Timing {
     world.event(format_args!(
         "timing stop margin {stop_margin:?} grace {grace:?}"
     ));
+    // Derived, not drawn: a draw here would change every sharded run's history too.
+    let health = HealthBounds {
+        unhealthy_after: lease / 3,
+        recovery: lease * 2,
+        // The announcement's ttl (one lease), plus the longest a request can be held on its
+        // way: a cut or freeze (≤ 2.5 leases), a spike on top (≤ 1.2 leases + 2 s).
+        stale_for: lease * 5 + Duration::from_secs(2),
+    };
     Timing {
         lease,
         retry,
+        health,
         // `ElectionConfig`'s default request timeout: half the retry period.
         request_timeout: retry / 2,
         renew_deadline,
@@ -154,6 +168,8 @@ fn timing(world: &World) -> Timing {
 struct Replica {
     identity: String,
     link: Link,
+    /// One lease's elector (its workload's health is reported to it); `None` in a group.
+    elector: Option<LeaderElector>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -266,6 +282,7 @@ async fn simulate(p: Params) -> Outcome {
         figures,
         nemeses: world.nemeses(),
         lease_ms: u64::try_from(sim.t.lease.as_millis()).unwrap_or(u64::MAX),
+        health_moves: world.health_moves.load(Ordering::Relaxed),
     }
 }
 
@@ -376,9 +393,29 @@ impl Sim {
         let locker = Locker::with_identity(link.clone(), &identity).expect("a valid identity");
         let (stop, stopped) = oneshot::channel::<()>();
         let (world, every, stubborn) = (self.world.clone(), self.write_every, self.stubborn);
+        self.world.process_started(&label, &identity);
+        let mut one = None;
         let task = if shards == 0 {
-            let elector =
-                LeaderElector::new(locker, "job", self.t.config.clone()).expect("valid config");
+            let policy = HealthPolicy::new()
+                .unhealthy_after(self.t.health.unhealthy_after)
+                .recovery(self.t.health.recovery);
+            self.world.set_health_bounds(self.t.health);
+            let config = self.t.config.clone().health(policy);
+            let elector = LeaderElector::new(locker, "job", config).expect("valid config");
+            one = Some(elector.clone());
+            // Every step-down for health goes to the checker as the elector reports it.
+            let mut handoffs = elector.last_handoff();
+            let (w, l) = (world.clone(), label.clone());
+            tokio::spawn(async move {
+                while handoffs.changed().await.is_ok() {
+                    let last = handoffs.borrow_and_update().clone();
+                    if let Some(h) = last
+                        && h.cause == HandoffCause::Unhealthy
+                    {
+                        w.health_step_down("job", &l, h.fencing.get(), h.to.as_deref());
+                    }
+                }
+            });
             let link2 = link.clone();
             let retry = self.t.retry;
             tokio::spawn(async move {
@@ -478,6 +515,7 @@ impl Sim {
             Replica {
                 identity,
                 link,
+                elector: one,
                 stop: Some(stop),
                 task,
             },
@@ -490,6 +528,7 @@ impl Sim {
         if let Some(r) = self.replicas.remove(&id) {
             self.world
                 .event(format_args!("fault kill {}", r.link.label()));
+            self.world.process_ended(r.link.label());
             r.link.change(|s| s.dead = true);
             r.task.abort();
             self.down.push(id);
@@ -500,11 +539,23 @@ impl Sim {
     fn leave(&mut self, id: usize) {
         if let Some(mut r) = self.replicas.remove(&id) {
             self.world.event(format_args!("leave {}", r.link.label()));
+            self.world.process_ended(r.link.label());
             if let Some(stop) = r.stop.take() {
                 let _ = stop.send(());
             }
             self.leaving.insert(id, r);
             self.down.push(id);
+        }
+    }
+
+    /// Replica process `label`'s workload reports its health (if it still runs).
+    fn report_health(&self, label: &str, healthy: bool) {
+        let Some(r) = self.replicas.values().find(|r| r.link.label() == label) else {
+            return;
+        };
+        if let Some(elector) = &r.elector {
+            self.world.report_health(label, healthy);
+            elector.report_health(healthy);
         }
     }
 

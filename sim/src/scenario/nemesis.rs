@@ -20,7 +20,7 @@ use super::chaos::{Heal, HealWhat};
 use crate::link::{Cut, HoldRenewal, SLOWEST_COVERED_RATE};
 
 /// Every nemesis, in the order the summary lists them.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 12] = [
     "slow-renewal",
     "drift-edge",
     "drift-past",
@@ -30,6 +30,9 @@ pub const NAMES: [&str; 9] = [
     "join-late",
     "leave-late",
     "resize-late",
+    "health-flip",
+    "health-turns",
+    "all-unhealthy",
 ];
 
 /// The clock rate of `drift-past`: just slower than the drift allowance covers.
@@ -89,8 +92,10 @@ impl Sim {
             return false;
         }
         let sharded = self.p.shards > 0;
-        // Weights: the boundary of validity most, the membership moments only in groups.
-        let weights: [u64; 9] = [
+        // Weights: the boundary of validity most, the membership moments only in groups,
+        // health only for one lease (whose electors follow it; zero weights in groups keep
+        // their histories as they were).
+        let weights: [u64; 12] = [
             3,
             3,
             1,
@@ -100,6 +105,9 @@ impl Sim {
             u64::from(sharded),
             u64::from(sharded),
             u64::from(sharded),
+            2 * u64::from(!sharded),
+            2 * u64::from(!sharded),
+            u64::from(!sharded),
         ];
         let total: u64 = weights.iter().sum();
         let mut draw = self.world.rng(|r| r.below(total));
@@ -116,6 +124,9 @@ impl Sim {
             "store-stall" => self.stall_across_expiry(&lease, id, expiry, heals).await,
             "watch-lag" => self.lag_watches_around_hand_off(&lease, id, heals),
             "stubborn-stop" => self.stubborn_stop(&lease, id, expiry, heals),
+            "health-flip" => self.health_flip(&lease, id, heals),
+            "health-turns" => self.health_turns(&lease, id, heals),
+            "all-unhealthy" => self.all_unhealthy(&lease, heals),
             _ => self.at_last_renew_period(name, &lease, id, heals).await,
         }
         true
@@ -330,5 +341,93 @@ trait SaturatingSub {
 impl SaturatingSub for Instant {
     fn saturating_sub_dur(self, d: Duration) -> Instant {
         self.checked_sub(d).unwrap_or(self)
+    }
+}
+
+impl Sim {
+    /// `health-flip`: the holder's health flips, unhealthy for spans around the policy's
+    /// bound (some shorter, some longer) with healthy spells between: it may hand over once,
+    /// and must not lead again before it has been healthy for the recovery window.
+    fn health_flip(&mut self, lease: &str, id: usize, heals: &mut Vec<(Instant, Heal)>) {
+        let label = self.replicas[&id].link.label().to_owned();
+        let bound = self.t.health.unhealthy_after;
+        let flips = self.world.rng(|r| 2 + r.below(5));
+        self.world
+            .nemesis("health-flip", lease, format_args!("{label} {flips} flips"));
+        self.report_health(&label, false);
+        let mut at = Instant::now();
+        for i in 0..flips {
+            let (bad, good) = self
+                .world
+                .rng(|r| (r.between(0.3, 2.0), r.between(0.2, 1.5)));
+            at += bound.mul_f64(bad);
+            heals.push((at, Heal::Health(label.clone(), true)));
+            if i + 1 < flips {
+                at += bound.mul_f64(good);
+                heals.push((at, Heal::Health(label.clone(), false)));
+            }
+        }
+    }
+
+    /// `health-turns`: two replicas unhealthy in turn: the holder first, then (about when it
+    /// has handed over) another replica, while the first is unhealthy or sitting out; each
+    /// recovers later. Leadership must not flap between the two.
+    fn health_turns(&mut self, lease: &str, id: usize, heals: &mut Vec<(Instant, Heal)>) {
+        let first = self.replicas[&id].link.label().to_owned();
+        let others: Vec<String> = self
+            .replicas
+            .iter()
+            .filter(|(other, _)| **other != id)
+            .map(|(_, r)| r.link.label().to_owned())
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        let second = others[self.world.rng(|r| r.below(others.len() as u64)) as usize].clone();
+        let l = self.t.lease;
+        let bound = self.t.health.unhealthy_after;
+        let (turn, first_back, second_back) = self.world.rng(|r| {
+            (
+                r.between(1.0, 3.0),
+                r.between(0.5, 3.0),
+                r.between(1.0, 4.0),
+            )
+        });
+        self.world
+            .nemesis("health-turns", lease, format_args!("{first} then {second}"));
+        self.report_health(&first, false);
+        let now = Instant::now();
+        let second_at = now + bound + l.mul_f64(turn);
+        heals.push((second_at, Heal::Health(second.clone(), false)));
+        heals.push((second_at + l.mul_f64(first_back), Heal::Health(first, true)));
+        heals.push((
+            second_at + l.mul_f64(second_back),
+            Heal::Health(second, true),
+        ));
+    }
+
+    /// `all-unhealthy`: every replica unhealthy for longer than an announcement can outlive
+    /// its health: the leader must keep the lease (stepping down helps nobody).
+    fn all_unhealthy(&mut self, lease: &str, heals: &mut Vec<(Instant, Heal)>) {
+        let labels: Vec<String> = self
+            .replicas
+            .values()
+            .map(|r| r.link.label().to_owned())
+            .collect();
+        self.world.nemesis(
+            "all-unhealthy",
+            lease,
+            format_args!("{} replicas", labels.len()),
+        );
+        let stale = self.t.health.stale_for;
+        let now = Instant::now();
+        for label in labels {
+            self.report_health(&label, false);
+            let extra = self
+                .t
+                .lease
+                .mul_f64(self.world.rng(|r| r.between(0.5, 2.5)));
+            heals.push((now + stale + extra, Heal::Health(label, true)));
+        }
     }
 }

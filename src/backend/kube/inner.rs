@@ -214,6 +214,7 @@ impl Inner {
             remaining: Some(remaining),
             transitions: u64::try_from(view.transitions).ok(),
             handoff: view.handoff.map(|(h, _)| h),
+            preferred_holder: view.handoff_preferred,
         }))
     }
 

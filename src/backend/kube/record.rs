@@ -165,6 +165,8 @@ pub struct View {
     /// asked for through `spec.preferredHolder` naming someone other than the holder (window
     /// zero: it asks the holder to step down, and keeps nobody out).
     pub handoff: Option<(Handoff, Duration)>,
+    /// Whether `handoff` comes from `spec.preferredHolder` rather than tenure's annotations.
+    pub handoff_preferred: bool,
 }
 
 fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
@@ -201,6 +203,7 @@ impl View {
             .and_then(|f| f.parse::<u64>().ok())
             .map(FencingToken::new);
         let handoff = handoff_of(lease, holder.as_deref());
+        let handoff_preferred = handoff.is_some() && annotation(lease, HANDOFF_TO).is_none();
         Self {
             holder,
             duration,
@@ -209,6 +212,7 @@ impl View {
             released: annotation(lease, RELEASED_TOKEN).and_then(HolderToken::from_hex),
             transitions: spec.and_then(|s| s.lease_transitions).unwrap_or(0),
             handoff,
+            handoff_preferred,
         }
     }
 
@@ -562,6 +566,7 @@ mod tests {
             View::of(&lease).handoff,
             Some((Handoff::To("b".into()), Duration::from_millis(4000)))
         );
+        assert!(!View::of(&lease).handoff_preferred, "tenure's own request");
         // The next grant clears tenure's hand-over.
         take_over(
             &mut lease,
@@ -580,6 +585,7 @@ mod tests {
             View::of(&lease).handoff,
             Some((Handoff::To("c".into()), Duration::ZERO))
         );
+        assert!(View::of(&lease).handoff_preferred, "the cluster's request");
         if let Some(spec) = lease.spec.as_mut() {
             spec.preferred_holder = Some("b".into());
         }

@@ -620,6 +620,7 @@ impl Store {
             remaining: Some(Duration::from_nanos(h.expires_ns - now)),
             transitions: Some(r.grants.saturating_sub(1)),
             handoff: r.handoff(&self.boot, now).cloned(),
+            preferred_holder: false,
         }))
     }
 

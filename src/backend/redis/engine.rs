@@ -693,6 +693,7 @@ fn parse_snapshot(reply: &Value) -> Option<Snapshot> {
                     handoff: handoff
                         .filter(|(term, _)| *term == fencing.get())
                         .map(|(_, to)| to),
+                    preferred_holder: false,
                 }),
                 version: Version(fencing.get(), 0),
             })

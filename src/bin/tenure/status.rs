@@ -457,6 +457,7 @@ mod tests {
             remaining: None,
             transitions: None,
             handoff: None,
+            preferred_holder: false,
         })
     }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::stats::PublisherStats;
 use super::status::Intent;
 use crate::FencingToken;
-use crate::crd::PublishError;
+use crate::crd::{LastHandoff, PublishError};
 
 /// A repeated failure of the same kind is logged at `warn` at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(300);
@@ -35,6 +35,10 @@ pub(super) struct State {
     pub(super) backoff: Option<Duration>,
     pub(super) logged: LogGate,
     pub(super) spec_checked: bool,
+    /// A term this candidate ended on purpose, not yet published.
+    pub(super) handoff: Option<LastHandoff>,
+    /// The token of the last term whose hand-off was published (or seen superseded).
+    pub(super) handoff_done: Option<u64>,
 }
 
 impl State {
@@ -50,6 +54,17 @@ impl State {
             backoff: None,
             logged: LogGate::default(),
             spec_checked: false,
+            handoff: None,
+            handoff_done: None,
+        }
+    }
+
+    /// Takes in the last term this candidate ended on purpose.
+    pub(super) fn observe_handoff(&mut self, handoff: Option<LastHandoff>) {
+        if let Some(h) = handoff
+            && self.handoff_done != Some(h.fencing_token)
+        {
+            self.handoff = Some(h);
         }
     }
 
@@ -74,7 +89,7 @@ impl State {
     /// When the next write is due.
     pub(super) fn due(&self) -> Instant {
         let mut due = self.heartbeat_at;
-        if self.want.is_some() {
+        if self.want.is_some() || self.handoff.is_some() {
             due = Instant::now();
         }
         if let Some((_, at)) = self.step_down {
@@ -111,6 +126,12 @@ impl State {
                 if intent.clear.is_some() {
                     self.published = None;
                     self.step_down = None;
+                }
+                if let Some(h) = intent.handoff {
+                    self.handoff_done = Some(h.fencing_token);
+                    if self.handoff.as_ref() == Some(h) {
+                        self.handoff = None;
+                    }
                 }
                 self.backoff = None;
                 if self.logged.recover() {

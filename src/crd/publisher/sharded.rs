@@ -58,6 +58,7 @@ impl StatusPublisher {
                             count: elector.shards(),
                             held: &held,
                         }),
+                        handoff: None,
                     };
                     let result = tokio::select! {
                         () = &mut shutdown => {
@@ -88,6 +89,7 @@ impl StatusPublisher {
                     count: elector.shards(),
                     held: &none,
                 }),
+                handoff: None,
             };
             self.leave(&intent, elector.name()).await;
         }

@@ -12,10 +12,10 @@ use serde_json::Value;
 use crate::FencingToken;
 use std::collections::BTreeMap;
 
-use crate::crd::{Candidate, ElectionStatus, LEADER_ELECTED, ShardHolder};
+use crate::crd::{Candidate, ElectionStatus, LEADER_ELECTED, LastHandoff, ShardHolder};
 
 /// The fields of `.status` this publisher owns; others (from a newer version) are kept.
-const OWNED_FIELDS: [&str; 9] = [
+const OWNED_FIELDS: [&str; 10] = [
     "leader",
     "fencingToken",
     "transitions",
@@ -25,6 +25,7 @@ const OWNED_FIELDS: [&str; 9] = [
     "shardCount",
     "heldShards",
     "shards",
+    "lastHandoff",
 ];
 
 /// Now, truncated to whole seconds as `metav1.Time` serializes it, so that comparing a
@@ -50,6 +51,8 @@ pub(super) struct Intent<'a> {
     pub(super) prune_older_than: Duration,
     /// A member of a sharded group: its count and the shards it holds now.
     pub(super) shards: Option<ShardIntent<'a>>,
+    /// A term this candidate ended on purpose: published unless a newer term's is.
+    pub(super) handoff: Option<&'a LastHandoff>,
 }
 
 /// What a member of a sharded group publishes: its shard count, and the shards it holds
@@ -62,7 +65,11 @@ pub(super) struct ShardIntent<'a> {
 
 impl Intent<'_> {
     pub(super) fn is_empty(&self) -> bool {
-        self.lead.is_none() && self.clear.is_none() && !self.heartbeat && !self.leave
+        self.lead.is_none()
+            && self.clear.is_none()
+            && self.handoff.is_none()
+            && !self.heartbeat
+            && !self.leave
     }
 }
 
@@ -120,6 +127,14 @@ pub(super) fn apply(
             generation,
             now,
         );
+    }
+    if let Some(handoff) = intent.handoff
+        && status
+            .last_handoff
+            .as_ref()
+            .is_none_or(|h| h.fencing_token < handoff.fencing_token)
+    {
+        status.last_handoff = Some(handoff.clone());
     }
     // Candidates: prune others not seen for a while; refresh ours on a heartbeat or with
     // any other change, keep it as it is otherwise.
@@ -275,6 +290,7 @@ mod tests {
             leave: false,
             prune_older_than: Duration::from_secs(180),
             shards: None,
+            handoff: None,
         }
     }
 
@@ -489,6 +505,52 @@ mod tests {
         assert!(apply(&mut s, &leave, None, at(201)));
         assert!(s.candidates.is_empty());
         assert!(!apply(&mut s, &leave, None, at(202)));
+    }
+
+    fn handed_off(from: &str, token: u64, reason: crate::crd::HandoffReason) -> LastHandoff {
+        LastHandoff {
+            reason,
+            from: from.to_owned(),
+            to: None,
+            fencing_token: token,
+            time: Time(at(0)),
+            message: None,
+        }
+    }
+
+    #[test]
+    fn apply_should_keep_the_newest_terms_handoff() {
+        use crate::crd::HandoffReason::{GracefulShutdown, HealthStepDown};
+        let mut s = ElectionStatus::default();
+        let b_hands_off = handed_off("b", 12, HealthStepDown);
+        let newer = Intent {
+            handoff: Some(&b_hands_off),
+            ..intent("b")
+        };
+        assert!(apply(&mut s, &newer, None, at(1)));
+        assert_eq!(s.last_handoff.as_ref(), Some(&b_hands_off));
+        // An older term's hand-off, published late, does not replace it; the same one
+        // again changes nothing.
+        let a_hands_off = handed_off("a", 10, GracefulShutdown);
+        let older = Intent {
+            handoff: Some(&a_hands_off),
+            ..intent("a")
+        };
+        apply(&mut s, &older, None, at(2));
+        assert_eq!(s.last_handoff.as_ref(), Some(&b_hands_off));
+        assert!(!apply(&mut s, &newer, None, at(3)));
+        // A newer term's does.
+        let c_hands_off = handed_off("c", 13, GracefulShutdown);
+        apply(
+            &mut s,
+            &Intent {
+                handoff: Some(&c_hands_off),
+                ..intent("c")
+            },
+            None,
+            at(4),
+        );
+        assert_eq!(s.last_handoff.as_ref(), Some(&c_hands_off));
     }
 
     #[test]

@@ -13,8 +13,11 @@ use super::schedule::{Settings, State, after};
 use super::status::{Intent, apply, merge_status, now_seconds, salvage};
 use super::{MIN_DEFAULT_HEARTBEAT, StatusPublisher};
 use crate::FencingToken;
-use crate::crd::{Election, ElectionStatus, PublishError};
-use crate::election::{Leader, LeaderElector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::crd::{Election, ElectionStatus, HandoffReason, LastHandoff, PublishError};
+use crate::election::{HandedOff, Leader, LeaderElector};
 
 /// Compare-and-swap attempts per write before giving up until the next backoff.
 const CAS_ATTEMPTS: u32 = 5;
@@ -32,12 +35,14 @@ impl StatusPublisher {
         // Saturating: durations come from the caller unbounded.
         let step_down_grace = lease_duration.saturating_mul(2);
         let mut leader_rx = elector.leader();
+        let mut handoff_rx = elector.last_handoff();
         let mut shutdown = pin!(shutdown);
         let mut poll = self.poll();
         let mut st = State::new();
         loop {
             let term = leading(elector, &leader_rx.borrow_and_update());
             st.observe(term, after(Instant::now(), step_down_grace));
+            st.observe_handoff(handoff_rx.borrow_and_update().as_ref().map(published));
             let due = st.due();
             tokio::select! {
                 biased;
@@ -48,11 +53,17 @@ impl StatusPublisher {
                         poll.tick().await;
                     }
                 }
+                changed = handoff_rx.changed() => {
+                    if changed.is_err() {
+                        poll.tick().await;
+                    }
+                }
                 _ = poll.tick() => {}
                 () = tokio::time::sleep_until(due) => {
                     let now = Instant::now();
                     let term = leading(elector, &leader_rx.borrow());
                     st.observe(term, after(now, step_down_grace));
+                    let handoff = st.handoff.clone();
                     let intent = Intent {
                         identity: elector.identity(),
                         lead: st.want,
@@ -61,6 +72,7 @@ impl StatusPublisher {
                         leave: false,
                         prune_older_than,
                         shards: None,
+                        handoff: handoff.as_ref(),
                     };
                     if intent.is_empty() {
                         continue;
@@ -84,6 +96,26 @@ impl StatusPublisher {
             }
         }
         if self.clear_on_shutdown {
+            // The elector shuts down with this publisher: the term it leads (or the one the
+            // status shows as ours) ends gracefully now, unless the elector already said how
+            // it ended.
+            st.observe_handoff(handoff_rx.borrow().as_ref().map(published));
+            let ending = leading(elector, &leader_rx.borrow()).or(st.published);
+            let shutdown = ending
+                .filter(|t| st.handoff_done != Some(t.get()))
+                .filter(|t| {
+                    st.handoff
+                        .as_ref()
+                        .is_none_or(|h| h.fencing_token < t.get())
+                })
+                .map(|token| LastHandoff {
+                    reason: HandoffReason::GracefulShutdown,
+                    from: elector.identity().to_owned(),
+                    to: None,
+                    fencing_token: token.get(),
+                    time: Time(now_seconds()),
+                    message: Some("shut down".to_owned()),
+                });
             let intent = Intent {
                 identity: elector.identity(),
                 lead: None,
@@ -92,6 +124,7 @@ impl StatusPublisher {
                 leave: true,
                 prune_older_than,
                 shards: None,
+                handoff: shutdown.as_ref().or(st.handoff.as_ref()),
             };
             self.leave(&intent, elector.lease_name()).await;
         }
@@ -255,6 +288,30 @@ impl StatusPublisher {
             Ok(Err(e)) => Err(PublishError::from_kube(e, op, &self.election())),
             Err(_) => Err(PublishError::timeout(op)),
         }
+    }
+}
+
+/// The longest `message` a hand-off publishes (the reason may come from a caller).
+const MAX_MESSAGE: usize = 256;
+
+/// How the `Election` status shows a term this elector ended on purpose.
+fn published(h: &HandedOff) -> LastHandoff {
+    let at = Timestamp::try_from(h.at).unwrap_or_else(|_| now_seconds());
+    let mut message = h.reason.clone();
+    if message.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    LastHandoff {
+        reason: h.cause.into(),
+        from: h.from.clone(),
+        to: h.to.clone(),
+        fencing_token: h.fencing.get(),
+        time: Time(Timestamp::from_second(at.as_second()).unwrap_or(at)),
+        message: (!message.is_empty()).then_some(message),
     }
 }
 
