@@ -179,7 +179,7 @@ where
             ctx,
         });
         let standby = match self.take_standby() {
-            Some(standby) => {
+            Some(mut standby) => {
                 standby.open(session);
                 standby
             }

@@ -5,13 +5,17 @@
 //!
 //! Nothing the user wrote runs before the grant: a parked reconcile holds only the object's
 //! key, and once the gate opens it reads the object as the store has it then (an object
-//! deleted meanwhile is not reconciled) and spawns the user's reconcile as a task of the term.
+//! deleted meanwhile is not reconciled) and runs the user's reconcile. The grant hands the
+//! applier from the follower's task to the term's stream, so every reconcile is polled by the
+//! term's workload, as kube-runtime's applier polls its own: none outlives the workload, which
+//! the elector drops at the term's stop deadline, and the grant's burst costs no task, no
+//! `JoinHandle` and no channel per object.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use futures::future::BoxFuture;
@@ -20,11 +24,11 @@ use kube::Resource;
 use kube::runtime::controller::{self, Action, Config, applier};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde::de::DeserializeOwned;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ControllerError;
-use super::feed::{Reconcile, Running, requests};
+use super::feed::{Running, requests};
 use super::triggers::Trigger;
 use crate::election::Term;
 use tokio_util::task::AbortOnDropHandle;
@@ -33,9 +37,6 @@ use tokio_util::task::AbortOnDropHandle;
 /// action.
 pub(super) type Item<K, E> =
     Result<(ObjectRef<K>, Action), controller::Error<Failed<E>, ControllerError>>;
-
-/// Items a term's stream may fall behind its applier before the applier waits.
-const ITEMS: usize = 256;
 
 /// A reconcile's error with the action the error policy chose for it (the policy needs the
 /// term's context, which only the reconcile has; the applier's own policy reads the action).
@@ -106,73 +107,33 @@ pub(super) struct Session<Ctx> {
 
 /// Where reconciles wait for the grant.
 struct Gate<Ctx> {
-    state: Mutex<GateState<Ctx>>,
+    /// Set once, by the grant: read without the lock by every reconcile after it.
+    session: OnceLock<Arc<Session<Ctx>>>,
+    /// One waker per parked reconcile, by the slot it registered in. kube-runtime's runner
+    /// polls every reconcile in flight at each of its wake-ups, so a parked one is polled
+    /// again and again: it replaces its waker, never adds one.
+    parked: Mutex<Vec<Waker>>,
     /// The term's cancellation once open: the applier's queue ends when it fires.
     opened: watch::Sender<Option<CancellationToken>>,
 }
 
-struct GateState<Ctx> {
-    session: Option<Arc<Session<Ctx>>>,
-    /// One waker per parked reconcile, by the slot it registered in. kube-runtime's runner
-    /// polls every reconcile in flight at each of its wake-ups, so a parked one is polled
-    /// again and again: it replaces its waker, never adds one.
-    parked: Vec<Waker>,
-    /// The driver's polls of the applier, counted: each is one pass over the parked.
-    round: u64,
-    /// The round `budget` was granted for.
-    budget_round: u64,
-    /// How many more may pass in this round.
-    budget: usize,
-    /// The next round's budget: 1, then doubling up to [`MAX_BUDGET`].
-    next_budget: usize,
-}
-
-/// The most parked reconciles released in one round. The first round releases one: the
-/// runner polls all of its slots before the driver yields and the released reconciles (tasks
-/// of the term) get to run, so releasing 256 at once delayed the first by ~0.5 ms.
-const MAX_BUDGET: usize = 64;
-
 impl<Ctx> Gate<Ctx> {
     fn new() -> Self {
         Self {
-            state: Mutex::new(GateState {
-                session: None,
-                parked: Vec::new(),
-                round: 0,
-                // Not a round yet: the first poll after the opening grants a budget.
-                budget_round: u64::MAX,
-                budget: 0,
-                next_budget: 1,
-            }),
+            session: OnceLock::new(),
+            parked: Mutex::new(Vec::new()),
             opened: watch::Sender::new(None),
         }
     }
 
-    /// The driver is about to poll the applier again.
-    fn new_round(&self) {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .round += 1;
-    }
-
     fn open(&self, session: Arc<Session<Ctx>>) {
         let token = session.term.cancellation().clone();
-        let parked = {
-            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            state.session = Some(session);
-            std::mem::take(&mut state.parked)
-        };
+        // A gate opens once (a standby serves one term).
+        let _ = self.session.set(session);
+        let parked =
+            std::mem::take(&mut *self.parked.lock().unwrap_or_else(PoisonError::into_inner));
         self.opened.send_replace(Some(token));
         parked.into_iter().for_each(Waker::wake);
-    }
-
-    fn is_open(&self) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .session
-            .is_some()
     }
 
     fn pass(self: &Arc<Self>) -> Pass<Ctx> {
@@ -183,9 +144,7 @@ impl<Ctx> Gate<Ctx> {
     }
 }
 
-/// Waits at the gate. Polled by the standby's driver, which counts a round per poll of the
-/// applier (a budget not spent in one round is not carried over; one not granted in a round
-/// waits for the next).
+/// Waits at the gate.
 struct Pass<Ctx> {
     gate: Arc<Gate<Ctx>>,
     /// Where this one's waker is, once it has waited.
@@ -196,49 +155,50 @@ impl<Ctx> Future for Pass<Ctx> {
     type Output = Arc<Session<Ctx>>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Some(session) = self.gate.session.get() {
+            return Poll::Ready(session.clone());
+        }
         let gate = self.gate.clone();
-        let mut state = gate.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(session) = state.session.clone() {
-            if state.budget_round != state.round {
-                state.budget_round = state.round;
-                state.budget = state.next_budget;
-                state.next_budget = (state.next_budget * 2).min(MAX_BUDGET);
-            }
-            if state.budget > 0 {
-                state.budget -= 1;
-                return Poll::Ready(session);
-            }
-            // Next round: the driver yields first, so the ones released run.
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
+        let mut parked = gate.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        // Read again under the lock: the grant sets the session before it takes the wakers.
+        if let Some(session) = gate.session.get() {
+            return Poll::Ready(session.clone());
         }
         match self.slot {
             Some(slot) => {
-                if let Some(waker) = state.parked.get_mut(slot)
+                if let Some(waker) = parked.get_mut(slot)
                     && !waker.will_wake(cx.waker())
                 {
                     waker.clone_from(cx.waker());
                 }
             }
             None => {
-                self.slot = Some(state.parked.len());
-                state.parked.push(cx.waker().clone());
+                self.slot = Some(parked.len());
+                parked.push(cx.waker().clone());
             }
         }
         Poll::Pending
     }
 }
 
-/// A controller ready for a term: an applier driven by a task of its own, its reconciles
-/// parked at the gate until [`open`](Self::open).
+/// A standby's applier, boxed so that it can move from the follower's driver to the term.
+type Applier<K, E> = Pin<Box<dyn Stream<Item = Item<K, E>> + Send>>;
+
+/// A controller ready for a term: an applier, driven by a task of its own until the grant
+/// hands it to the term, its reconciles parked at the gate until then.
 pub(super) struct Standby<K, Ctx, E>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
     E: 'static,
 {
     gate: Arc<Gate<Ctx>>,
-    items: mpsc::Receiver<Item<K, E>>,
-    driver: AbortOnDropHandle<()>,
+    /// The applier while the follower's driver polls it: taken out at the grant.
+    driven: Arc<Mutex<Option<Applier<K, E>>>>,
+    /// The applier once the term has it.
+    applier: Option<Applier<K, E>>,
+    /// Drives the applier until the grant (`None` once the term has it, or when built for a
+    /// term that had begun).
+    driver: Option<AbortOnDropHandle<()>>,
     /// Set once the store was current and the queue began requesting every object.
     armed: Arc<AtomicBool>,
 }
@@ -249,10 +209,11 @@ where
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + 'static,
 {
-    /// Builds the applier over `running` and `triggers` and starts driving it. Its queue waits
-    /// for `ready`, then requests every object, each change and each trigger. With a
-    /// `session` the gate is open from the start (nothing prepared ahead: the term's
-    /// controller built at its grant).
+    /// Builds the applier over `running` and `triggers`. Its queue waits for `ready`, then
+    /// requests every object, each change and each trigger. Without a `session` a task of its
+    /// own drives it until [`open`](Self::open); with one the gate is open from the start and
+    /// the term's stream drives it (nothing prepared ahead: the term's controller built at
+    /// its grant).
     pub(super) fn prepare(
         running: Running<K>,
         triggers: &broadcast::Sender<Trigger<K>>,
@@ -262,10 +223,6 @@ where
         session: Option<Arc<Session<Ctx>>>,
     ) -> Self {
         let gate = Arc::new(Gate::new());
-        if let Some(session) = session {
-            // Open before the driver starts, so an error from `ready` reaches the term.
-            gate.open(session);
-        }
         let armed = Arc::new(AtomicBool::new(false));
         let ready = {
             let armed = armed.clone();
@@ -287,66 +244,81 @@ where
         let queue = requests(running, triggers.clone(), ready, ended);
         let parked_gate = gate.clone();
         let parked_store = store.clone();
-        let applier = applier(
-            move |obj: Arc<K>, _: Arc<()>| {
-                parked(
+        let applier: Applier<K, E> = Box::pin(applier(
+            move |obj: Arc<K>, _: Arc<()>| match parked_gate.session.get() {
+                // Requested after the grant: the object as the applier read it just now.
+                Some(session) => granted(session, &reconcile, obj),
+                None => parked(
                     parked_gate.clone(),
                     parked_store.clone(),
                     reconcile.clone(),
                     obj,
                 )
-                .boxed()
+                .boxed(),
             },
             |_, failed: &Failed<E>, _| failed.action.clone(),
             Arc::new(()),
             store,
             queue,
             config,
-        );
-        let (tx, items) = mpsc::channel(ITEMS);
-        let driver = AbortOnDropHandle::new(tokio::spawn(drive(applier, gate.clone(), tx)));
-        Self {
+        ));
+        let mut standby = Self {
             gate,
-            items,
-            driver,
+            driven: Arc::new(Mutex::new(None)),
+            applier: None,
+            driver: None,
             armed,
+        };
+        match session {
+            Some(session) => {
+                standby.applier = Some(applier);
+                standby.gate.open(session);
+            }
+            None => {
+                *standby
+                    .driven
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(applier);
+                let driver = tokio::spawn(drive(standby.driven.clone()));
+                standby.driver = Some(AbortOnDropHandle::new(driver));
+            }
         }
+        standby
     }
 
     /// Whether a term can use this standby at once: its store has listed (the queue is
     /// requesting every object) and its applier still runs.
     pub(super) fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::Acquire) && !self.driver.is_finished()
+        self.armed.load(Ordering::Acquire) && self.driver.as_ref().is_some_and(|d| !d.is_finished())
     }
 
-    /// The grant: parked reconciles start, with `session`'s term and context.
-    pub(super) fn open(&self, session: Arc<Session<Ctx>>) {
+    /// The grant: the term takes the applier over from the follower's driver, and the parked
+    /// reconciles start with `session`'s term and context.
+    pub(super) fn open(&mut self, session: Arc<Session<Ctx>>) {
+        // Taken before the gate opens: no reconcile runs in the driver, which finds the
+        // applier gone (or is aborted here first).
+        self.applier = self
+            .driven
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.driver = None;
         self.gate.open(session);
     }
 
-    /// The term's results, each reconcile error as the reconciler returned it. Ends when the
-    /// applier does (the term ended and its reconciles finished); a reconcile's panic
-    /// resumes here.
+    /// The term's results, each reconcile error as the reconciler returned it: the applier
+    /// polled by the term's own stream, each reconcile with it (as kube-runtime's applier
+    /// polls its reconciles), so the term's workload holds every reconcile in flight. Ends
+    /// when the applier does (the term ended and its reconciles finished); a reconcile's
+    /// panic resumes here.
     pub(super) fn results(
         self,
     ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), controller::Error<E, ControllerError>>>
     + Send
     + use<K, Ctx, E> {
-        futures::stream::unfold(Some(self), |standby| async move {
-            let mut standby = standby?;
-            match standby.items.recv().await {
-                Some(item) => Some((unwrap_failed(item), Some(standby))),
-                None => {
-                    // The driver ended; if a reconcile's panic ended it, resume it here.
-                    if let Err(e) = (&mut standby.driver).await
-                        && e.is_panic()
-                    {
-                        std::panic::resume_unwind(e.into_panic());
-                    }
-                    None
-                }
-            }
-        })
+        futures::stream::iter(self.applier)
+            .flatten()
+            .map(unwrap_failed)
     }
 }
 
@@ -368,7 +340,7 @@ where
 }
 
 /// One reconcile of the standby's applier: parked until the grant, then the user's reconcile
-/// of the object as it is now, with the term's context, as a task of the term.
+/// of the object as it is now, with the term's context, polled by the term's stream.
 async fn parked<K, Ctx, E>(
     gate: Arc<Gate<Ctx>>,
     store: Store<K>,
@@ -399,28 +371,52 @@ where
     let Some(now) = store.get(&key) else {
         return Ok(Action::await_change());
     };
-    let work = reconcile(now, session.ctx.clone());
-    Reconcile(session.term.spawn(work)).await
+    granted(&session, &reconcile, now).await
 }
 
-/// Drives the applier, handing its results to the term once the gate is open. Before that,
-/// nothing has reconciled and what comes concerns no term (an object deleted before its
-/// turn): dropped.
-async fn drive<K, Ctx, E>(
-    applier: impl Stream<Item = Item<K, E>> + Send,
-    gate: Arc<Gate<Ctx>>,
-    tx: mpsc::Sender<Item<K, E>>,
-) where
-    K: Resource<DynamicType = ()> + Clone + 'static,
+/// One reconcile of the term: the user's reconcile of `obj` with the term's context, unless
+/// the term has ended.
+fn granted<K, Ctx, E>(
+    session: &Session<Ctx>,
+    reconcile: &ReconcileFn<K, Ctx, E>,
+    obj: Arc<K>,
+) -> BoxFuture<'static, Result<Action, Failed<E>>>
+where
+    K: Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: Send + 'static,
+{
+    if session.term.cancellation().is_cancelled() {
+        return futures::future::ready(Ok(Action::await_change())).boxed();
+    }
+    reconcile(obj, session.ctx.clone())
+}
+
+/// Drives a standby's applier on a follower until the grant takes it out of `slot`: its
+/// queue takes in every object and its reconciles park. What it yields before the grant
+/// concerns no term (an object deleted before its turn): dropped.
+async fn drive<K, E>(slot: Arc<Mutex<Option<Applier<K, E>>>>)
+where
+    K: Resource<DynamicType = ()> + 'static,
     E: 'static,
 {
-    let mut applier = std::pin::pin!(applier);
-    let mut rounds = futures::stream::poll_fn(|cx| {
-        gate.new_round();
-        applier.as_mut().poll_next(cx)
-    });
-    while let Some(item) = rounds.next().await {
-        if gate.is_open() && tx.send(item).await.is_err() {
+    loop {
+        let more = futures::future::poll_fn(|cx| {
+            let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(applier) = slot.as_mut() else {
+                return Poll::Ready(false);
+            };
+            match applier.as_mut().poll_next(cx) {
+                Poll::Ready(Some(_)) => Poll::Ready(true),
+                Poll::Ready(None) => {
+                    *slot = None;
+                    Poll::Ready(false)
+                }
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await;
+        if !more {
             return;
         }
     }
@@ -504,7 +500,7 @@ mod tests {
             parked.iter().all(|p| !p.is_finished()),
             "parked until the grant"
         );
-        assert_eq!(gate.state.lock().expect("not poisoned").parked.len(), 4);
+        assert_eq!(gate.parked.lock().expect("not poisoned").len(), 4);
         // While parked: one object changes, one is deleted.
         writer.apply_watcher_event(&Event::Apply(cm("a", "1")));
         writer.apply_watcher_event(&Event::Delete(cm("gone", "0")));
@@ -512,11 +508,6 @@ mod tests {
         let term = TestTerm::begin("standby", "pod-a").await.expect("term");
         let seen: Arc<Seen> = Arc::default();
         gate.open(session(&term.term(), &seen));
-        // The rounds the driver would count.
-        while !parked.iter().all(tokio::task::JoinHandle::is_finished) {
-            gate.new_round();
-            tokio::task::yield_now().await;
-        }
         let mut results = BTreeMap::new();
         for p in parked {
             match p.await.expect("no panic") {
@@ -570,7 +561,7 @@ mod tests {
         for _ in 0..1000 {
             assert!(pass.as_mut().poll(&mut cx).is_pending());
         }
-        assert_eq!(gate.state.lock().expect("not poisoned").parked.len(), 1);
+        assert_eq!(gate.parked.lock().expect("not poisoned").len(), 1);
         struct Count(std::sync::atomic::AtomicUsize);
         impl std::task::Wake for Count {
             fn wake(self: Arc<Self>) {
@@ -581,7 +572,7 @@ mod tests {
         let woken = Waker::from(count.clone());
         let mut cx = Context::from_waker(&woken);
         assert!(pass.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(gate.state.lock().expect("not poisoned").parked.len(), 1);
+        assert_eq!(gate.parked.lock().expect("not poisoned").len(), 1);
         let term = TestTerm::begin("gate", "pod-a").await.expect("term");
         gate.open(session(&term.term(), &Arc::default()));
         assert_eq!(
@@ -590,27 +581,54 @@ mod tests {
             "the latest waker is woken"
         );
         assert!(pass.as_mut().poll(&mut cx).is_ready());
-        assert!(gate.is_open());
+        assert!(gate.session.get().is_some());
     }
 
     #[tokio::test]
-    async fn the_grant_releases_one_then_twice_as_many_each_round() {
-        let gate: Arc<Gate<Seen>> = Arc::new(Gate::new());
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        let mut passes: Vec<_> = (0..200).map(|_| Box::pin(gate.pass())).collect();
-        for p in &mut passes {
-            assert!(p.as_mut().poll(&mut cx).is_pending());
+    async fn after_the_grant_reconciles_run_only_where_the_term_polls_its_results() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&Event::Init);
+        for name in ["a", "b", "c"] {
+            writer.apply_watcher_event(&Event::InitApply(cm(name, "0")));
         }
-        let term = TestTerm::begin("gate", "pod-a").await.expect("term");
-        gate.open(session(&term.term(), &Arc::default()));
-        let mut per_round = Vec::new();
-        while !passes.is_empty() {
-            gate.new_round();
-            let before = passes.len();
-            passes.retain_mut(|p| p.as_mut().poll(&mut cx).is_pending());
-            per_round.push(before - passes.len());
+        writer.apply_watcher_event(&Event::InitDone);
+        let (changes, _) = broadcast::channel(8);
+        let (triggers, _) = broadcast::channel(8);
+        let running = Running {
+            store,
+            changes,
+            state: watch::channel(super::super::CacheState::Warm).1,
+        };
+        let mut standby = Standby::prepare(
+            running,
+            &triggers,
+            async { Ok(()) },
+            Config::default(),
+            reconciler(),
+            None,
+        );
+        while !(standby.is_armed() && standby.gate.parked.lock().expect("not poisoned").len() == 3)
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
-        assert_eq!(per_round, [1, 2, 4, 8, 16, 32, 64, 64, 9]);
+        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
+        let seen: Arc<Seen> = Arc::default();
+        standby.open(session(&term.term(), &seen));
+        // The follower's driver no longer runs anything: the grant's reconciles are the
+        // term's to poll (the elector drops them with its workload at the stop deadline).
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(
+            seen.lock().expect("not poisoned").is_empty(),
+            "no reconcile ran before the term polled its results"
+        );
+        let results = standby.results();
+        let mut done: Vec<String> = results
+            .take(3)
+            .map(|r| r.expect("reconciled").0.name)
+            .collect()
+            .await;
+        done.sort();
+        assert_eq!(done, ["a", "b", "c"]);
+        assert_eq!(seen.lock().expect("not poisoned").len(), 3);
     }
 }
