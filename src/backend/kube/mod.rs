@@ -156,6 +156,7 @@ mod options;
 mod read;
 pub(crate) mod record;
 mod shard_watch;
+mod slots;
 mod state;
 mod watch;
 mod write;
