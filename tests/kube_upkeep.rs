@@ -252,6 +252,15 @@ async fn a_replica_whose_ordinary_traffic_is_stuck_keeps_every_shard_and_term() 
             .await
             .expect("every shard held within a minute")
             .expect("the elector runs");
+        // A shard counts as owned a moment before its workload is called.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while terms.lock().expect("terms").len() < SHARDS as usize {
+            assert!(
+                Instant::now() < deadline,
+                "a held shard's workload never started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let before = terms.lock().expect("terms").clone();
         let stallers = stall(&backend, &stuck).await;
         // Three leases: long enough for a heartbeat or renewal stuck behind the reads to

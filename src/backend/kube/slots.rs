@@ -152,11 +152,10 @@ impl Slots {
         loop {
             let granted = {
                 let mut state = self.state();
-                // A newcomer goes straight out only when nobody it must not overtake waits:
-                // upkeep overtakes ordinary waiters, nobody overtakes their own class.
-                let overtakes = !state.upkeep_waiting.is_empty()
-                    || (traffic == Traffic::Ordinary && !state.ordinary_waiting.is_empty());
-                if !overtakes && state.admits(traffic) {
+                // Every release serves the waiters it can, so a class with waiters admits
+                // nobody: a newcomer its class admits overtakes no one of its own class,
+                // and upkeep overtakes only ordinary waiters.
+                if state.admits(traffic) {
                     state.take(traffic);
                     return Slot {
                         slots: self,
