@@ -22,6 +22,7 @@ use kube::api::PostParams;
 use super::inner::{Fail, Inner};
 use super::read::ReadLease;
 use super::record;
+use super::slots::Traffic;
 use crate::backend::completion::MAX_COMPLETION_RECORD;
 use crate::backend::{
     BackendError, BackendErrorKind, Completion, CompletionCheck, CompletionRead, FencingToken,
@@ -141,11 +142,16 @@ impl Inner {
             lease_obj.metadata.managed_fields = None;
             let written = if lease_obj.metadata.resource_version.is_some() {
                 let op = self.op("update", &name);
-                self.call(op, self.api.replace(&name, &params, &lease_obj))
-                    .await
+                self.call(
+                    op,
+                    Traffic::Ordinary,
+                    self.api.replace(&name, &params, &lease_obj),
+                )
+                .await
             } else {
                 let op = self.op("create", &name);
-                self.call(op, self.api.create(&params, &lease_obj)).await
+                self.call(op, Traffic::Ordinary, self.api.create(&params, &lease_obj))
+                    .await
             };
             match written {
                 Ok(stored) => {
@@ -199,7 +205,11 @@ impl Inner {
                 .insert(COMPLETION_ANNOTATION.to_owned(), record.encode());
             let op = self.op("update", &name);
             match self
-                .call(op, self.api.replace(&name, &params, &lease_obj))
+                .call(
+                    op,
+                    Traffic::Ordinary,
+                    self.api.replace(&name, &params, &lease_obj),
+                )
                 .await
             {
                 Ok(_) => return Ok(true),

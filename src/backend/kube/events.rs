@@ -6,6 +6,7 @@ use kube::api::{Api, PostParams};
 use super::error::{self, Op};
 use super::inner::{Fail, Inner};
 use super::record;
+use super::slots::Traffic;
 use super::state::Current;
 use crate::backend::{BackendError, BackendErrorKind, LeadershipEvent};
 
@@ -75,7 +76,11 @@ impl Inner {
             name,
         };
         match self
-            .call(op, api.create(&PostParams::default(), &event))
+            .call(
+                op,
+                Traffic::Ordinary,
+                api.create(&PostParams::default(), &event),
+            )
             .await
         {
             Ok(_) => Ok(()),

@@ -13,6 +13,7 @@ use kube::api::PostParams;
 use super::inner::{Fail, Inner};
 use super::read::ReadLease;
 use super::record;
+use super::slots::Traffic;
 use crate::backend::{BackendError, BackendErrorKind, GroupRead, GroupRecord, GroupVersion};
 
 /// The annotation holding the group record's text.
@@ -35,7 +36,7 @@ impl Inner {
     /// none.
     pub(super) async fn get_record(&self, name: &str) -> Result<Option<ReadLease>, BackendError> {
         let op = self.op("get", name);
-        match self.call(op, self.reads.get(name)).await {
+        match self.call(op, Traffic::Ordinary, self.reads.get(name)).await {
             Ok(read) => Ok(Some(read)),
             Err(Fail::NotFound) => Ok(None),
             Err(Fail::Conflict) => Err(BackendError::new(
@@ -108,7 +109,10 @@ impl Inner {
             lease.metadata.annotations =
                 Some([(GROUP_RECORD_ANNOTATION.to_owned(), record.encode())].into());
             let op = self.op("create", &name);
-            return match self.call(op, self.api.create(&pp, &lease)).await {
+            return match self
+                .call(op, Traffic::Ordinary, self.api.create(&pp, &lease))
+                .await
+            {
                 Ok(_) => Ok(true),
                 // AlreadyExists: another member created it first.
                 Err(Fail::Conflict) => Ok(false),
@@ -138,6 +142,7 @@ impl Inner {
         match self
             .call(
                 self.op("update", &name),
+                Traffic::Ordinary,
                 self.api.replace(&name, &pp, &lease),
             )
             .await

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::error::{self, Op};
 use super::read::ReadLease;
 use super::record;
+use super::slots::{Slots, Traffic};
 use super::state::{Current, LockState, Own, Source};
 use crate::backend::{
     BackendError, BackendErrorKind, EndedTerm, HolderToken, LeaseRecord, TermEnd,
@@ -36,17 +37,10 @@ pub(super) struct Inner {
     /// The resourceVersion of each member Lease this backend wrote last (sharded
     /// leadership): the next announcement replaces it with one request.
     pub(super) member_versions: Mutex<HashMap<String, String>>,
-    /// Bounds the requests in flight. The Kubernetes client speaks HTTP/1.1, one connection
-    /// (one file descriptor) per request in flight: unbounded, a replica renewing a
-    /// thousand shard leases at once would open a thousand.
-    in_flight: tokio::sync::Semaphore,
+    /// Bounds the requests in flight (one connection, one file descriptor each), upkeep
+    /// served first: see [`slots`](super::slots).
+    slots: Slots,
 }
-
-/// How many requests one backend has in flight at most (watches count while they open).
-/// A plain election never has more than a few; a burst of shard renewals queues here, its
-/// wait counted in the request's timeout and, being before the send, in the lease's
-/// validity (which starts when the renewal was decided).
-pub(super) const MAX_IN_FLIGHT: usize = 32;
 
 /// Why a write or read did not succeed, for the caller to decide.
 pub(super) enum Fail {
@@ -67,7 +61,7 @@ impl Inner {
             locks: Mutex::new(HashMap::new()),
             max_rv: AtomicU64::new(0),
             member_versions: Mutex::new(HashMap::new()),
-            in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT),
+            slots: Slots::new(),
         }
     }
 
@@ -87,15 +81,16 @@ impl Inner {
         }
     }
 
-    /// Runs one request under the request timeout, the wait for a free slot included.
+    /// Runs one request under the request timeout, the wait for a free slot of its class
+    /// included: upkeep never waits behind ordinary traffic.
     pub(super) async fn call<T>(
         &self,
         op: Op<'_>,
+        traffic: Traffic,
         request: impl Future<Output = kube::Result<T>>,
     ) -> Result<T, Fail> {
         let sent = async {
-            // The semaphore is never closed; were it, the request would go out unbounded.
-            let _slot = self.in_flight.acquire().await.ok();
+            let _slot = self.slots.acquire(traffic).await;
             request.await
         };
         match tokio::time::timeout(self.request_timeout, sent).await {
@@ -134,11 +129,12 @@ impl Inner {
     }
 
     /// The Lease now: from the watch-fed view if `cached` is allowed and the watch is synced,
-    /// otherwise from the server.
+    /// otherwise from the server, as `traffic`.
     pub(super) async fn read(
         &self,
         name: &Arc<str>,
         cached: bool,
+        traffic: Traffic,
     ) -> Result<Current, BackendError> {
         if cached {
             let locks = self.locks();
@@ -151,7 +147,7 @@ impl Inner {
         }
         let op = self.op("get", name);
         let sent = Instant::now();
-        let lease = match self.call(op, self.reads.get(name)).await {
+        let lease = match self.call(op, traffic, self.reads.get(name)).await {
             Ok(l) => Some(l.into_lease()),
             Err(Fail::NotFound) => None,
             Err(Fail::Conflict) => {
@@ -197,7 +193,7 @@ impl Inner {
         &self,
         name: &Arc<str>,
     ) -> Result<Option<LeaseRecord>, BackendError> {
-        let Current::Present(seen) = self.read(name, true).await? else {
+        let Current::Present(seen) = self.read(name, true, Traffic::Ordinary).await? else {
             return Ok(None);
         };
         let view = record::View::of(&seen.lease);
@@ -225,7 +221,7 @@ impl Inner {
         &self,
         name: &Arc<str>,
     ) -> Result<Option<EndedTerm>, BackendError> {
-        let Current::Present(seen) = self.read(name, true).await? else {
+        let Current::Present(seen) = self.read(name, true, Traffic::Ordinary).await? else {
             return Ok(None);
         };
         let view = record::View::of(&seen.lease);

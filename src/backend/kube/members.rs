@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use super::inner::{Fail, Inner};
 use super::read::ReadLease;
+use super::slots::Traffic;
 use crate::backend::{BackendError, BackendErrorKind, Member};
 
 /// The label every member Lease of a group carries, with the group (or its hash) as value.
@@ -51,7 +52,8 @@ pub(crate) fn label_value(group: &str) -> String {
 
 impl Inner {
     /// Writes the member's Lease: an unconditional replace (one request), or a create the
-    /// first time.
+    /// first time. The heartbeat that keeps every shard this replica holds: upkeep, never
+    /// queued behind the replica's acquisitions and reads.
     pub(super) async fn announce_member(
         &self,
         group: &str,
@@ -83,6 +85,7 @@ impl Inner {
                     lease.metadata.resource_version = Some(rv);
                     self.call(
                         self.op("update", &name),
+                        Traffic::Upkeep,
                         self.api.replace(&name, &pp, &lease),
                     )
                     .await
@@ -90,12 +93,20 @@ impl Inner {
                 None => {
                     lease.metadata.resource_version = None;
                     match self
-                        .call(self.op("create", &name), self.api.create(&pp, &lease))
+                        .call(
+                            self.op("create", &name),
+                            Traffic::Upkeep,
+                            self.api.create(&pp, &lease),
+                        )
                         .await
                     {
                         Err(Fail::Conflict) => {
                             match self
-                                .call(self.op("get", &name), self.reads.get(&name))
+                                .call(
+                                    self.op("get", &name),
+                                    Traffic::Upkeep,
+                                    self.reads.get(&name),
+                                )
                                 .await
                             {
                                 Ok(found) => {
@@ -165,6 +176,7 @@ impl Inner {
         match self
             .call(
                 self.op("delete", &name),
+                Traffic::Upkeep,
                 self.api.delete(&name, &DeleteParams::default()),
             )
             .await

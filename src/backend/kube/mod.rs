@@ -66,7 +66,10 @@
 //! clock for each of them when the replica joins, so a killed member's shards are free one
 //! lease after its last renewal, not one lease after their next owner first looks. Requests
 //! in flight are bounded (32 per backend; kube's client is HTTP/1.1, a connection each):
-//! one process holds 1,000 shard Leases with 75 open files.
+//! one process holds 1,000 shard Leases with 75 open files. Eight of the 32 are kept for
+//! upkeep — renewals of held leases, the member heartbeat, releases — which is also served
+//! first when slots free up, so a burst of acquisitions and reads (or a server stuck on them)
+//! never holds a replica's heartbeat past its timeout.
 //!
 //! [`try_acquire`]: Backend::try_acquire
 //!
@@ -156,6 +159,7 @@ mod options;
 mod read;
 pub(crate) mod record;
 mod shard_watch;
+mod slots;
 mod state;
 mod watch;
 mod write;

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::inner::{Fail, Inner};
 use super::read::ReadLease;
 use super::record::{self, View};
+use super::slots::Traffic;
 use super::state::{Current, Notices, Source};
 use crate::backend::{BackendError, BackendErrorKind, HolderChange, HolderToken};
 
@@ -419,7 +420,10 @@ impl Inner {
         params: &ListParams,
     ) -> Result<(Vec<Lease>, String), BackendError> {
         let op = self.op("list", what);
-        let list = match self.call(op, self.reads.list(params)).await {
+        let list = match self
+            .call(op, Traffic::Ordinary, self.reads.list(params))
+            .await
+        {
             Ok(l) => l,
             Err(Fail::Error(e)) => return Err(e),
             Err(Fail::NotFound | Fail::Conflict) => {
@@ -445,7 +449,10 @@ impl Inner {
     ) -> Result<BoxStream<'static, kube::Result<WatchEvent<Lease>>>, BackendError> {
         let op = self.op("watch", what);
         let params = params.clone().timeout(WATCH_TIMEOUT_SECS);
-        match self.call(op, self.reads.watch(&params, rv)).await {
+        match self
+            .call(op, Traffic::Ordinary, self.reads.watch(&params, rv))
+            .await
+        {
             Ok(s) => Ok(boxed(s.map(|event| event.map(typed)))),
             Err(Fail::Error(e)) => Err(e),
             Err(Fail::NotFound | Fail::Conflict) => Err(BackendError::new(

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::inner::{Fail, Inner};
 use super::record;
+use super::slots::Traffic;
 use super::state::{Current, Own, Source};
 use crate::backend::{
     AcquireRequest, Acquired, BackendError, BackendErrorKind, FencingToken, Handoff, HolderToken,
@@ -83,7 +84,7 @@ impl Inner {
         let mut lease = granted;
         record::renewed(&mut lease, req.ttl, Some(*fencing));
         let started = Instant::now();
-        match self.replace(name, &lease).await {
+        match self.replace(name, &lease, Traffic::Ordinary).await {
             Ok(obj) => {
                 tracing::debug!(lease = %name, fencing = %fencing, elapsed = ?started.elapsed(), "stamped the term's fencing token");
                 if let Err(e) = self.note(name, Some(obj), None, Source::Answer(started)) {
@@ -99,9 +100,10 @@ impl Inner {
         }
     }
 
-    async fn replace(&self, name: &str, lease: &Lease) -> Result<Lease, Fail> {
+    async fn replace(&self, name: &str, lease: &Lease, traffic: Traffic) -> Result<Lease, Fail> {
         self.call(
             self.op("update", name),
+            traffic,
             self.api.replace(name, &PostParams::default(), lease),
         )
         .await
@@ -112,7 +114,7 @@ impl Inner {
         let mut last_holder = None;
         for round in 0..ROUNDS {
             // After a conflict, read from the server: the view lost a race.
-            let current = self.read(name, round == 0).await?;
+            let current = self.read(name, round == 0, Traffic::Ordinary).await?;
             let floor = self.max_rv.load(Ordering::Relaxed);
             let sent = Instant::now();
             let seen = match current {
@@ -129,7 +131,11 @@ impl Inner {
                     self.label_if_joint(name, &mut lease);
                     let op = self.op("create", name);
                     match self
-                        .call(op, self.api.create(&PostParams::default(), &lease))
+                        .call(
+                            op,
+                            Traffic::Ordinary,
+                            self.api.create(&PostParams::default(), &lease),
+                        )
                         .await
                     {
                         Ok(obj) => {
@@ -187,7 +193,7 @@ impl Inner {
                 self.label_if_joint(name, &mut lease);
                 None
             };
-            match self.replace(name, &lease).await {
+            match self.replace(name, &lease, Traffic::Ordinary).await {
                 Ok(obj) => {
                     let acquired = self.granted(name, req, obj.clone(), sent, replay, floor)?;
                     if replay.is_none() {
@@ -217,7 +223,7 @@ impl Inner {
             // The fast path (client-go's): write over our own last write, one request.
             let current = match cached.filter(|_| round == 0) {
                 Some(c) => c,
-                None => self.read(name, false).await?,
+                None => self.read(name, false, Traffic::Upkeep).await?,
             };
             let Current::Present(seen) = current else {
                 self.forget(name, holder);
@@ -241,7 +247,7 @@ impl Inner {
             let mut lease = seen.lease.clone();
             record::renewed(&mut lease, ttl, fencing);
             let sent = Instant::now();
-            match self.replace(name, &lease).await {
+            match self.replace(name, &lease, Traffic::Upkeep).await {
                 Ok(obj) => {
                     self.note(name, Some(obj), None, Source::Answer(sent))?;
                     if let Some(st) = self.locks().get_mut(&**name)
@@ -282,7 +288,7 @@ impl Inner {
             let (cached, _) = self.own_view(name, holder);
             let current = match cached.filter(|_| round == 0) {
                 Some(c) => c,
-                None => self.read(name, false).await?,
+                None => self.read(name, false, Traffic::Upkeep).await?,
             };
             let Current::Present(seen) = current else {
                 self.forget(name, holder);
@@ -309,7 +315,7 @@ impl Inner {
                 record::hand_over(&mut lease, &Handoff::To(to.to_owned()), window);
             }
             let sent = Instant::now();
-            match self.replace(name, &lease).await {
+            match self.replace(name, &lease, Traffic::Upkeep).await {
                 Ok(obj) => {
                     self.note(name, Some(obj), None, Source::Answer(sent))?;
                     self.forget(name, holder);
@@ -335,7 +341,7 @@ impl Inner {
         window: Duration,
     ) -> Result<bool, BackendError> {
         for _ in 0..ROUNDS {
-            let Current::Present(seen) = self.read(name, false).await? else {
+            let Current::Present(seen) = self.read(name, false, Traffic::Ordinary).await? else {
                 return Ok(false);
             };
             let view = record::View::of(&seen.lease);
@@ -345,7 +351,7 @@ impl Inner {
             let mut lease = seen.lease.clone();
             record::hand_over(&mut lease, handoff, window);
             let sent = Instant::now();
-            match self.replace(name, &lease).await {
+            match self.replace(name, &lease, Traffic::Ordinary).await {
                 Ok(obj) => {
                     self.note(name, Some(obj), None, Source::Answer(sent))?;
                     return Ok(true);

@@ -1,0 +1,299 @@
+//! Upkeep on the real kube-apiserver while a backend's ordinary traffic is stuck: renewals of
+//! held leases, the member heartbeat and releases still go out and finish within the request
+//! timeout, and a sharded replica loses no shard and no term. The stuck traffic is reads of
+//! Leases named `stalled-*` that a client layer holds until the backend gives up on them, as
+//! a server stuck on those requests would; everything else reaches the server.
+
+mod kube_support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use kube_support::{shared, unique};
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::backend::{AcquireRequest, Acquired, Backend, HolderToken, Member, Released, Renewed};
+use tenure::shard::ShardedElector;
+use tenure::{ElectionConfig, Locker};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+const NS: &str = "default";
+
+/// How many ordinary requests a backend has in flight at most: its bound of 32 less the 8
+/// slots kept for upkeep. The stuck readers hold at least this many before upkeep is tried.
+const ORDINARY_SHARE: usize = 24;
+
+/// Readers of stalled Leases: twice the whole bound of 32, so that without slots of its own
+/// upkeep would queue behind a full round of stuck requests whichever slot frees first.
+const STALLERS: usize = 64;
+
+/// Requests the layer holds now, and has held in all.
+#[derive(Clone, Default)]
+struct Stuck(Arc<AtomicUsize>, Arc<AtomicUsize>);
+
+impl Stuck {
+    fn now(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn total(&self) -> usize {
+        self.1.load(Ordering::SeqCst)
+    }
+}
+
+/// One stuck request, counted while the client waits for it.
+struct Held(Stuck);
+
+impl Held {
+    fn new(stuck: &Stuck) -> Self {
+        stuck.0.fetch_add(1, Ordering::SeqCst);
+        stuck.1.fetch_add(1, Ordering::SeqCst);
+        Self(stuck.clone())
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The client layer: requests naming a `stalled-*` Lease never get an answer.
+#[derive(Clone)]
+struct Stall<S> {
+    inner: S,
+    stuck: Stuck,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Stall<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if request.uri().path().contains("/leases/stalled-") {
+            let held = Held::new(&self.stuck);
+            return Box::pin(async move {
+                let _held = held;
+                std::future::pending().await
+            });
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+/// A backend in `NS` whose `stalled-*` reads never finish; requests time out after `timeout`.
+async fn stalling_backend(stuck: &Stuck, timeout: Duration) -> KubeBackend {
+    let path = shared().admin_kubeconfig();
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let stuck = stuck.clone();
+    let layer = tower::layer::layer_fn(move |inner| Stall {
+        inner,
+        stuck: stuck.clone(),
+    });
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("builder")
+        .with_layer(&layer)
+        .build();
+    KubeBackend::with_options(
+        client,
+        KubeOptions::new().namespace(NS).request_timeout(timeout),
+    )
+    .expect("backend")
+}
+
+/// [`STALLERS`] tasks reading stalled Leases through `backend`, each asking again as soon as
+/// its read times out; returns once the stuck reads hold the whole ordinary share.
+async fn stall(backend: &KubeBackend, stuck: &Stuck) -> Vec<JoinHandle<()>> {
+    let tag = unique("stalled");
+    let stallers = (0..STALLERS)
+        .map(|i| {
+            let backend = backend.clone();
+            let name = format!("stalled-{tag}-{i}");
+            tokio::spawn(async move {
+                loop {
+                    let _ = backend.inspect(&name).await;
+                }
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stuck.now() < ORDINARY_SHARE {
+        assert!(
+            Instant::now() < deadline,
+            "the stuck reads never filled the ordinary share: {}",
+            stuck.now()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stallers
+}
+
+/// The defect: every request shared one first-come queue of 32, so a replica's stuck reads
+/// held its renewals, heartbeat and releases past the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_heartbeats_and_releases_go_out_while_ordinary_traffic_is_stuck() {
+    let stuck = Stuck::default();
+    let backend = stalling_backend(&stuck, Duration::from_secs(3)).await;
+    let held: Vec<AcquireRequest> = (0..4)
+        .map(|i| AcquireRequest {
+            name: unique(&format!("upkeep-{i}")).into(),
+            holder: HolderToken::random(),
+            identity: "keeper".into(),
+            ttl: Duration::from_secs(30),
+        })
+        .collect();
+    for req in &held {
+        let granted = backend.try_acquire(req).await;
+        assert!(
+            matches!(granted, Ok(Acquired::Granted { .. })),
+            "{}: {granted:?}",
+            req.name
+        );
+    }
+    let group = unique("upkeep");
+    let me = Member {
+        identity: "keeper".into(),
+        shards: 4,
+        joined_ms: 1,
+        holds: vec![0, 1, 2, 3],
+    };
+    let stallers = stall(&backend, &stuck).await;
+    // Three rounds, a full request timeout apart: the stuck reads time out and queue again
+    // in between, so each round meets a fresh queue of them.
+    for round in 0..3 {
+        for req in &held {
+            let renewed = backend.renew(&req.name, &req.holder, req.ttl).await;
+            assert!(
+                matches!(renewed, Ok(Renewed::Held)),
+                "round {round}: renewing {}: {renewed:?}",
+                req.name
+            );
+        }
+        let announced = backend
+            .announce_member(&group, &me, Duration::from_secs(30))
+            .await;
+        assert!(announced.is_ok(), "round {round}: heartbeat: {announced:?}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    // Stuck again after each timeout: at least three full waves.
+    assert!(
+        stuck.total() >= 3 * ORDINARY_SHARE,
+        "the reads did not stay stuck: {} held in all",
+        stuck.total()
+    );
+    for req in &held {
+        let released = backend.release(&req.name, &req.holder).await;
+        assert!(
+            matches!(released, Ok(Released::Released)),
+            "releasing {}: {released:?}",
+            req.name
+        );
+    }
+    let withdrawn = backend.withdraw_member(&group, "keeper").await;
+    assert!(withdrawn.is_ok(), "withdrawing: {withdrawn:?}");
+    for s in stallers {
+        s.abort();
+    }
+}
+
+/// What the defect cost: a sharded replica whose ordinary traffic is stuck keeps every shard
+/// and every term (it dropped all of them when its heartbeat timed out behind that traffic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_ordinary_traffic_is_stuck_keeps_every_shard_and_term() {
+    const SHARDS: u32 = 4;
+    const LEASE: Duration = Duration::from_secs(6);
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let stuck = Stuck::default();
+    let backend = stalling_backend(&stuck, TIMEOUT).await;
+    let locker = Locker::with_identity(backend.clone(), "keeper").expect("identity");
+    let config = ElectionConfig::new()
+        .lease_duration(LEASE)
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_millis(2500))
+        .request_timeout(TIMEOUT);
+    let elector = ShardedElector::new(locker, &unique("keep"), SHARDS, config).expect("elector");
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let all: BTreeSet<u32> = (0..SHARDS).collect();
+    let mut owned = elector.owned();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let started = {
+        let terms = terms.clone();
+        elector.run_until(
+            async {
+                let _ = stopped.await;
+            },
+            move |shard, term| {
+                terms
+                    .lock()
+                    .expect("terms")
+                    .push((shard, term.fencing_token().get()));
+                async move { term.cancellation().cancelled().await }
+            },
+        )
+    };
+    let watched = async {
+        tokio::time::timeout(Duration::from_secs(60), owned.wait_for(|o| *o == all))
+            .await
+            .expect("every shard held within a minute")
+            .expect("the elector runs");
+        // A shard counts as owned a moment before its workload is called.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while terms.lock().expect("terms").len() < SHARDS as usize {
+            assert!(
+                Instant::now() < deadline,
+                "a held shard's workload never started"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let before = terms.lock().expect("terms").clone();
+        let stallers = stall(&backend, &stuck).await;
+        // Three leases: long enough for a heartbeat or renewal stuck behind the reads to
+        // time out and the member, or a shard's lease, to expire.
+        let until = Instant::now() + 3 * LEASE;
+        let mut seen = vec![owned.borrow_and_update().clone()];
+        while let Ok(changed) = tokio::time::timeout_at(until, owned.changed()).await {
+            changed.expect("the elector runs");
+            seen.push(owned.borrow_and_update().clone());
+        }
+        // Stuck again after each timeout: at least three full waves.
+        assert!(
+            stuck.total() >= 3 * ORDINARY_SHARE,
+            "the reads did not stay stuck: {} held in all",
+            stuck.total()
+        );
+        for s in stallers {
+            s.abort();
+        }
+        let after = terms.lock().expect("terms").clone();
+        let _ = stop.send(());
+        (seen, before, after)
+    };
+    let (result, (seen, before, after)) = tokio::join!(started, watched);
+    result.expect("the elector stopped cleanly");
+    assert!(
+        seen.iter().all(|o| *o == all),
+        "shards were lost while ordinary traffic was stuck: {seen:?}"
+    );
+    assert_eq!(
+        before.len(),
+        SHARDS as usize,
+        "one term per shard: {before:?}"
+    );
+    assert_eq!(after, before, "a term ended and another began");
+}
