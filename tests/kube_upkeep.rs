@@ -110,7 +110,7 @@ async fn stalling_backend(stuck: &Stuck, timeout: Duration) -> KubeBackend {
         .expect("builder")
         .with_layer(&layer)
         .build();
-    KubeBackend::with_options(
+    KubeBackend::from_client(
         client,
         KubeOptions::new().namespace(NS).request_timeout(timeout),
     )
