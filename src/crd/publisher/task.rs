@@ -100,7 +100,13 @@ impl StatusPublisher {
             // status shows as ours) ends gracefully now, unless the elector already said how
             // it ended.
             st.observe_handoff(handoff_rx.borrow().as_ref().map(published));
-            let ending = leading(elector, &leader_rx.borrow()).or(st.published);
+            // The newest term seen ours: still leading, published, or seen and not yet
+            // published (under load the elector may have ended it before this task ran, and
+            // the write publishing it may have been cut off by the shutdown).
+            let ending = [leading(elector, &leader_rx.borrow()), st.published, st.want]
+                .into_iter()
+                .flatten()
+                .max();
             let shutdown = ending
                 .filter(|t| st.handoff_done != Some(t.get()))
                 .filter(|t| {
