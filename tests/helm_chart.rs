@@ -2391,11 +2391,23 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .as_array()
         .expect("rules")
         .clone();
-    assert_eq!(rules.last(), Some(&self_impersonation("reporter")));
+    // The participants of the release's namespace impersonate themselves; every participant
+    // ServiceAccount (an extraUsers entry naming one too) carries the token, as `tenure policy`
+    // grants it. Another namespace's self-impersonation is its own to grant.
     assert_eq!(
-        one(&objs, "ClusterRoleBinding")["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "reporter", "namespace": "ops"}]),
-        "the extra participants get no RBAC from the chart"
+        rules.last(),
+        Some(&json!({"apiGroups": [""], "resources": ["serviceaccounts"],
+                     "resourceNames": ["reporter", "helper"], "verbs": ["impersonate"]}))
+    );
+    let participants = json!([
+        {"kind": "ServiceAccount", "name": "auditor", "namespace": "audit"},
+        {"kind": "ServiceAccount", "name": "reporter", "namespace": "ops"},
+        {"kind": "ServiceAccount", "name": "helper", "namespace": "ops"},
+    ]);
+    assert_eq!(one(&objs, "ClusterRoleBinding")["subjects"], participants);
+    assert_eq!(
+        named(&objs, "RoleBinding", "tenure-worker.reports.controller")["subjects"],
+        participants
     );
 
     // The CI values file, as lint and the install below use it.
@@ -3647,6 +3659,187 @@ fn sharded_fencing_renders_the_groups_one_policy_as_tenure_policy_prints_it() {
         "tenure-fencing.ns.sh-tenure",
     );
     assert_eq!(binding["spec"]["paramRef"]["name"], "sh-tenure");
+}
+
+/// The kind, namespace and name of an object.
+fn key(o: &Value) -> (String, String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        text(&o["kind"]),
+        text(&o["metadata"]["namespace"]),
+        text(&o["metadata"]["name"]),
+    )
+}
+
+/// The election's objects in a render: the fencing kinds, and the worker Role and RoleBinding
+/// `tenure-worker.<lease>` (the release's own Role `<fullname>` is the workload's, not the
+/// election's).
+fn elections_objects(objs: &[Value]) -> Vec<&Value> {
+    objs.iter()
+        .filter(|o| {
+            let (kind, _, name) = key(o);
+            FENCING_KINDS.contains(&kind.as_str())
+                || (["Role", "RoleBinding"].contains(&kind.as_str())
+                    && name.starts_with("tenure-worker."))
+        })
+        .collect()
+}
+
+/// Asserts that the chart's render `objs` and `tenure policy ARGS`'s output are the same
+/// objects: the same kinds, namespaces and names (but `only_printed`, which `tenure policy`
+/// prints and the chart does not render), and the same content — every field but metadata
+/// (specs, rules, roleRefs, subjects) equal as JSON, and `tenure policy`'s labels on the
+/// chart's object (but `app.kubernetes.io/managed-by`, Helm's).
+fn assert_chart_is_tenure_policy(
+    objs: &[Value],
+    args: &[&str],
+    only_printed: &[(&str, &str, &str)],
+    what: &str,
+) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .arg("policy")
+        .args(args)
+        .output()
+        .expect("tenure policy");
+    assert!(out.status.success(), "{what}: {out:?}");
+    let printed = objects(&String::from_utf8_lossy(&out.stdout));
+    let chart = elections_objects(objs);
+    let chart_keys: BTreeSet<_> = chart.iter().map(|o| key(o)).collect();
+    let printed_keys: BTreeSet<_> = printed.iter().map(key).collect();
+    let only_printed: BTreeSet<_> = only_printed
+        .iter()
+        .map(|(k, ns, n)| ((*k).to_owned(), (*ns).to_owned(), (*n).to_owned()))
+        .collect();
+    assert_eq!(
+        chart_keys,
+        printed_keys.difference(&only_printed).cloned().collect(),
+        "{what}: the chart renders other objects than tenure policy prints"
+    );
+    assert!(only_printed.is_subset(&printed_keys), "{what}");
+    for rendered in chart {
+        let (kind, _, name) = key(rendered);
+        let generated = printed
+            .iter()
+            .find(|o| key(o) == key(rendered))
+            .expect("same keys");
+        let content = |o: &Value| -> Value {
+            let mut o = o.clone();
+            let map = o.as_object_mut().expect("an object");
+            map.remove("metadata");
+            o
+        };
+        assert_eq!(
+            content(rendered),
+            content(generated),
+            "{what}: the chart's {kind} {name} is not what tenure policy prints"
+        );
+        let labels = &rendered["metadata"]["labels"];
+        for (k, v) in generated["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            if k != "app.kubernetes.io/managed-by" {
+                assert_eq!(&labels[k], v, "{what}: {kind} {name} label {k}");
+            }
+        }
+    }
+}
+
+/// Every object of a fenced election, the chart's and `tenure policy`'s alike (#44): the
+/// anchor, the Lease, the policy and its binding, the worker Role and RoleBinding, the token
+/// extra's ClusterRole and ClusterRoleBinding — the same names and the same content, for one
+/// election, a sharded group, and more participants (whose other namespaces' Roles `tenure
+/// policy` prints and the chart does not render).
+#[test]
+fn every_fencing_object_is_what_tenure_policy_prints() {
+    let objs = render("demo", "apps", &["--set", "fencing.policy.enabled=true"]);
+    let sa = ["--service-account", "demo-tenure"];
+    let election = ["--lease", "demo-tenure", "--namespace", "apps"];
+    assert_chart_is_tenure_policy(&objs, &[&election[..], &sa].concat(), &[], "defaults");
+    let names: BTreeSet<_> = elections_objects(&objs).into_iter().map(key).collect();
+    let expected: BTreeSet<_> = [
+        ("ValidatingAdmissionPolicy", "", ANCHOR),
+        ("ValidatingAdmissionPolicyBinding", "", ANCHOR),
+        ("Lease", "apps", "demo-tenure"),
+        (
+            "ValidatingAdmissionPolicy",
+            "",
+            "tenure-fencing.apps.demo-tenure",
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "",
+            "tenure-fencing.apps.demo-tenure",
+        ),
+        ("Role", "apps", "tenure-worker.demo-tenure"),
+        ("RoleBinding", "apps", "tenure-worker.demo-tenure"),
+        ("ClusterRole", "", "tenure-fencing.apps.demo-tenure"),
+        ("ClusterRoleBinding", "", "tenure-fencing.apps.demo-tenure"),
+    ]
+    .into_iter()
+    .map(|(k, ns, n)| (k.to_owned(), ns.to_owned(), n.to_owned()))
+    .collect();
+    assert_eq!(names, expected, "every object, by its name");
+
+    for shards in ["4", "16"] {
+        let objs = render(
+            "demo",
+            "apps",
+            &[
+                "--set",
+                &format!("sharding.shards={shards},fencing.policy.enabled=true"),
+            ],
+        );
+        assert_chart_is_tenure_policy(
+            &objs,
+            &[&election[..], &sa, &["--shards", shards]].concat(),
+            &[],
+            &format!("{shards} shards"),
+        );
+    }
+
+    // More participants, governed resources, a named lease and ServiceAccount.
+    let objs = render(
+        "r",
+        "ops",
+        &[
+            "--set",
+            "fencing.policy.enabled=true,election.lease=reports.controller,serviceAccount.name=reporter",
+            "--set-json",
+            r#"fencing.policy.resources=["configmaps","deployments.apps"]"#,
+            "--set-json",
+            r#"fencing.policy.extraServiceAccounts=[{"name":"helper"},{"name":"auditor","namespace":"audit"}]"#,
+            "--set-json",
+            r#"fencing.policy.extraUsers=["alice@example.com"]"#,
+        ],
+    );
+    assert_chart_is_tenure_policy(
+        &objs,
+        &[
+            "--lease",
+            "reports.controller",
+            "--namespace",
+            "ops",
+            "--service-account",
+            "reporter",
+            "--service-account",
+            "helper",
+            "--service-account",
+            "audit/auditor",
+            "--user",
+            "alice@example.com",
+            "--resource",
+            "configmaps",
+            "--resource",
+            "deployments.apps",
+        ],
+        &[
+            ("Role", "audit", "tenure-worker.reports.controller"),
+            ("RoleBinding", "audit", "tenure-worker.reports.controller"),
+        ],
+        "more participants",
+    );
 }
 
 /// With `sharding.shards`, the ServiceAccount may do exactly what sharded membership needs on
