@@ -3068,6 +3068,74 @@ fn second_release_leaves_the_anchor_to_its_owner(owner: &str, owner_ns: &str) {
     );
 }
 
+/// `tenure policy`'s RBAC applied first (`kubectl apply`), then a release of the same
+/// election with `fencing.impersonation`: the objects have the same names (#44), and Helm
+/// refuses to take over an object it did not create, so the release leaves them to what applied
+/// them (`tenure.absentOrOwned`), installs, and its ServiceAccount carries the token through
+/// them; uninstalling the release leaves them.
+#[test]
+fn a_release_leaves_the_rbac_tenure_policy_applied_in_place() {
+    let ns = restricted_namespace("fencing-both");
+    let lease = "both-tenure";
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["policy", "--lease", lease, "--namespace", &ns])
+        .args(["--service-account", lease])
+        .output()
+        .expect("tenure policy");
+    assert!(out.status.success(), "{out:?}");
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Its RBAC only: the anchor is shared with the other tests' releases, the policy is not
+    // what this test is about.
+    let rbac: Vec<&str> = printed
+        .split("\n---\n")
+        .filter(|doc| {
+            ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
+                .iter()
+                .any(|k| doc.contains(&format!("\nkind: {k}\n")))
+        })
+        .collect();
+    assert_eq!(rbac.len(), 4, "{printed}");
+    apply(&rbac.join("\n---\n"));
+    let election = [
+        (
+            "ClusterRole".to_owned(),
+            format!("tenure-fencing.{ns}.{lease}"),
+        ),
+        (
+            "ClusterRoleBinding".to_owned(),
+            format!("tenure-fencing.{ns}.{lease}"),
+        ),
+        ("Role".to_owned(), format!("tenure-worker.{lease}")),
+        ("RoleBinding".to_owned(), format!("tenure-worker.{lease}")),
+    ];
+    helm_install("both", &ns, &["--set", "fencing.impersonation=true"]).expect_ok();
+    let manifest = manifest_names("both", &ns);
+    for object in &election {
+        assert!(
+            !manifest.contains(object),
+            "the release took {object:?} (applied by tenure policy): {manifest:?}"
+        );
+    }
+    let sa = format!("system:serviceaccount:{ns}:{lease}");
+    assert!(may_impersonate_extra(&sa, "tenure.dev/fencing-token"));
+    assert!(can_i(
+        &sa,
+        &ns,
+        "impersonate",
+        &format!("serviceaccounts/{lease}"),
+        None
+    ));
+    helm_uninstall("both", &ns).expect_ok();
+    for (kind, name) in &election {
+        let mut get = kubectl_cmd();
+        get.args(["get", &kind.to_lowercase(), name, "-o", "name"]);
+        if kind.starts_with("Role") {
+            get.args(["--namespace", &ns]);
+        }
+        run(&mut get, None).expect_ok();
+    }
+}
+
 /// A Role of the user's (not the chart's) letting `sa` write ConfigMaps: the workload's own
 /// permissions, which the chart leaves to its user.
 fn grant_configmaps(ns: &str, sa: &str) {
