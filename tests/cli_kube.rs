@@ -329,15 +329,11 @@ async fn create_all(yaml: &str) -> Result<usize, String> {
         };
         match api.create(&PostParams::default(), &object).await {
             Ok(_) => {}
-            // The anchor and the token extra's ClusterRole are shared by every election: the
-            // first apply made them.
+            // The anchor is shared by every election: the first apply made it.
             Err(kube::Error::Api(s))
                 if s.code == 409
-                    && [
-                        tenure::fence::kube::ANCHOR_NAME,
-                        tenure::fence::kube::TOKEN_EXTRA_ROLE,
-                    ]
-                    .contains(&object.metadata.name.as_deref().unwrap_or_default()) => {}
+                    && object.metadata.name.as_deref()
+                        == Some(tenure::fence::kube::ANCHOR_NAME) => {}
             Err(e) => return Err(e.to_string()),
         }
         created += 1;

@@ -2399,11 +2399,23 @@ fn fencing_policy_renders_exactly_the_generators_objects_and_rbac() {
         .as_array()
         .expect("rules")
         .clone();
-    assert_eq!(rules.last(), Some(&self_impersonation("reporter")));
+    // The participants of the release's namespace impersonate themselves; every participant
+    // ServiceAccount (an extraUsers entry naming one too) carries the token, as `tenure policy`
+    // grants it. Another namespace's self-impersonation is its own to grant.
     assert_eq!(
-        one(&objs, "ClusterRoleBinding")["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "reporter", "namespace": "ops"}]),
-        "the extra participants get no RBAC from the chart"
+        rules.last(),
+        Some(&json!({"apiGroups": [""], "resources": ["serviceaccounts"],
+                     "resourceNames": ["reporter", "helper"], "verbs": ["impersonate"]}))
+    );
+    let participants = json!([
+        {"kind": "ServiceAccount", "name": "auditor", "namespace": "audit"},
+        {"kind": "ServiceAccount", "name": "reporter", "namespace": "ops"},
+        {"kind": "ServiceAccount", "name": "helper", "namespace": "ops"},
+    ]);
+    assert_eq!(one(&objs, "ClusterRoleBinding")["subjects"], participants);
+    assert_eq!(
+        named(&objs, "RoleBinding", "tenure-worker.reports.controller")["subjects"],
+        participants
     );
 
     // The CI values file, as lint and the install below use it.
@@ -3064,6 +3076,74 @@ fn second_release_leaves_the_anchor_to_its_owner(owner: &str, owner_ns: &str) {
     );
 }
 
+/// `tenure policy`'s RBAC applied first (`kubectl apply`), then a release of the same
+/// election with `fencing.impersonation`: the objects have the same names (#44), and Helm
+/// refuses to take over an object it did not create, so the release leaves them to what applied
+/// them (`tenure.absentOrOwned`), installs, and its ServiceAccount carries the token through
+/// them; uninstalling the release leaves them.
+#[test]
+fn a_release_leaves_the_rbac_tenure_policy_applied_in_place() {
+    let ns = restricted_namespace("fencing-both");
+    let lease = "both-tenure";
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .args(["policy", "--lease", lease, "--namespace", &ns])
+        .args(["--service-account", lease])
+        .output()
+        .expect("tenure policy");
+    assert!(out.status.success(), "{out:?}");
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Its RBAC only: the anchor is shared with the other tests' releases, the policy is not
+    // what this test is about.
+    let rbac: Vec<&str> = printed
+        .split("\n---\n")
+        .filter(|doc| {
+            ["Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"]
+                .iter()
+                .any(|k| doc.contains(&format!("\nkind: {k}\n")))
+        })
+        .collect();
+    assert_eq!(rbac.len(), 4, "{printed}");
+    apply(&rbac.join("\n---\n"));
+    let election = [
+        (
+            "ClusterRole".to_owned(),
+            format!("tenure-fencing.{ns}.{lease}"),
+        ),
+        (
+            "ClusterRoleBinding".to_owned(),
+            format!("tenure-fencing.{ns}.{lease}"),
+        ),
+        ("Role".to_owned(), format!("tenure-worker.{lease}")),
+        ("RoleBinding".to_owned(), format!("tenure-worker.{lease}")),
+    ];
+    helm_install("both", &ns, &["--set", "fencing.impersonation=true"]).expect_ok();
+    let manifest = manifest_names("both", &ns);
+    for object in &election {
+        assert!(
+            !manifest.contains(object),
+            "the release took {object:?} (applied by tenure policy): {manifest:?}"
+        );
+    }
+    let sa = format!("system:serviceaccount:{ns}:{lease}");
+    assert!(may_impersonate_extra(&sa, "tenure.dev/fencing-token"));
+    assert!(can_i(
+        &sa,
+        &ns,
+        "impersonate",
+        &format!("serviceaccounts/{lease}"),
+        None
+    ));
+    helm_uninstall("both", &ns).expect_ok();
+    for (kind, name) in &election {
+        let mut get = kubectl_cmd();
+        get.args(["get", &kind.to_lowercase(), name, "-o", "name"]);
+        if kind.starts_with("Role") {
+            get.args(["--namespace", &ns]);
+        }
+        run(&mut get, None).expect_ok();
+    }
+}
+
 /// A Role of the user's (not the chart's) letting `sa` write ConfigMaps: the workload's own
 /// permissions, which the chart leaves to its user.
 fn grant_configmaps(ns: &str, sa: &str) {
@@ -3655,6 +3735,187 @@ fn sharded_fencing_renders_the_groups_one_policy_as_tenure_policy_prints_it() {
         "tenure-fencing.ns.sh-tenure",
     );
     assert_eq!(binding["spec"]["paramRef"]["name"], "sh-tenure");
+}
+
+/// The kind, namespace and name of an object.
+fn key(o: &Value) -> (String, String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        text(&o["kind"]),
+        text(&o["metadata"]["namespace"]),
+        text(&o["metadata"]["name"]),
+    )
+}
+
+/// The election's objects in a render: the fencing kinds, and the worker Role and RoleBinding
+/// `tenure-worker.<lease>` (the release's own Role `<fullname>` is the workload's, not the
+/// election's).
+fn elections_objects(objs: &[Value]) -> Vec<&Value> {
+    objs.iter()
+        .filter(|o| {
+            let (kind, _, name) = key(o);
+            FENCING_KINDS.contains(&kind.as_str())
+                || (["Role", "RoleBinding"].contains(&kind.as_str())
+                    && name.starts_with("tenure-worker."))
+        })
+        .collect()
+}
+
+/// Asserts that the chart's render `objs` and `tenure policy ARGS`'s output are the same
+/// objects: the same kinds, namespaces and names (but `only_printed`, which `tenure policy`
+/// prints and the chart does not render), and the same content — every field but metadata
+/// (specs, rules, roleRefs, subjects) equal as JSON, and `tenure policy`'s labels on the
+/// chart's object (but `app.kubernetes.io/managed-by`, Helm's).
+fn assert_chart_is_tenure_policy(
+    objs: &[Value],
+    args: &[&str],
+    only_printed: &[(&str, &str, &str)],
+    what: &str,
+) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .arg("policy")
+        .args(args)
+        .output()
+        .expect("tenure policy");
+    assert!(out.status.success(), "{what}: {out:?}");
+    let printed = objects(&String::from_utf8_lossy(&out.stdout));
+    let chart = elections_objects(objs);
+    let chart_keys: BTreeSet<_> = chart.iter().map(|o| key(o)).collect();
+    let printed_keys: BTreeSet<_> = printed.iter().map(key).collect();
+    let only_printed: BTreeSet<_> = only_printed
+        .iter()
+        .map(|(k, ns, n)| ((*k).to_owned(), (*ns).to_owned(), (*n).to_owned()))
+        .collect();
+    assert_eq!(
+        chart_keys,
+        printed_keys.difference(&only_printed).cloned().collect(),
+        "{what}: the chart renders other objects than tenure policy prints"
+    );
+    assert!(only_printed.is_subset(&printed_keys), "{what}");
+    for rendered in chart {
+        let (kind, _, name) = key(rendered);
+        let generated = printed
+            .iter()
+            .find(|o| key(o) == key(rendered))
+            .expect("same keys");
+        let content = |o: &Value| -> Value {
+            let mut o = o.clone();
+            let map = o.as_object_mut().expect("an object");
+            map.remove("metadata");
+            o
+        };
+        assert_eq!(
+            content(rendered),
+            content(generated),
+            "{what}: the chart's {kind} {name} is not what tenure policy prints"
+        );
+        let labels = &rendered["metadata"]["labels"];
+        for (k, v) in generated["metadata"]["labels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+        {
+            if k != "app.kubernetes.io/managed-by" {
+                assert_eq!(&labels[k], v, "{what}: {kind} {name} label {k}");
+            }
+        }
+    }
+}
+
+/// Every object of a fenced election, the chart's and `tenure policy`'s alike (#44): the
+/// anchor, the Lease, the policy and its binding, the worker Role and RoleBinding, the token
+/// extra's ClusterRole and ClusterRoleBinding — the same names and the same content, for one
+/// election, a sharded group, and more participants (whose other namespaces' Roles `tenure
+/// policy` prints and the chart does not render).
+#[test]
+fn every_fencing_object_is_what_tenure_policy_prints() {
+    let objs = render("demo", "apps", &["--set", "fencing.policy.enabled=true"]);
+    let sa = ["--service-account", "demo-tenure"];
+    let election = ["--lease", "demo-tenure", "--namespace", "apps"];
+    assert_chart_is_tenure_policy(&objs, &[&election[..], &sa].concat(), &[], "defaults");
+    let names: BTreeSet<_> = elections_objects(&objs).into_iter().map(key).collect();
+    let expected: BTreeSet<_> = [
+        ("ValidatingAdmissionPolicy", "", ANCHOR),
+        ("ValidatingAdmissionPolicyBinding", "", ANCHOR),
+        ("Lease", "apps", "demo-tenure"),
+        (
+            "ValidatingAdmissionPolicy",
+            "",
+            "tenure-fencing.apps.demo-tenure",
+        ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "",
+            "tenure-fencing.apps.demo-tenure",
+        ),
+        ("Role", "apps", "tenure-worker.demo-tenure"),
+        ("RoleBinding", "apps", "tenure-worker.demo-tenure"),
+        ("ClusterRole", "", "tenure-fencing.apps.demo-tenure"),
+        ("ClusterRoleBinding", "", "tenure-fencing.apps.demo-tenure"),
+    ]
+    .into_iter()
+    .map(|(k, ns, n)| (k.to_owned(), ns.to_owned(), n.to_owned()))
+    .collect();
+    assert_eq!(names, expected, "every object, by its name");
+
+    for shards in ["4", "16"] {
+        let objs = render(
+            "demo",
+            "apps",
+            &[
+                "--set",
+                &format!("sharding.shards={shards},fencing.policy.enabled=true"),
+            ],
+        );
+        assert_chart_is_tenure_policy(
+            &objs,
+            &[&election[..], &sa, &["--shards", shards]].concat(),
+            &[],
+            &format!("{shards} shards"),
+        );
+    }
+
+    // More participants, governed resources, a named lease and ServiceAccount.
+    let objs = render(
+        "r",
+        "ops",
+        &[
+            "--set",
+            "fencing.policy.enabled=true,election.lease=reports.controller,serviceAccount.name=reporter",
+            "--set-json",
+            r#"fencing.policy.resources=["configmaps","deployments.apps"]"#,
+            "--set-json",
+            r#"fencing.policy.extraServiceAccounts=[{"name":"helper"},{"name":"auditor","namespace":"audit"}]"#,
+            "--set-json",
+            r#"fencing.policy.extraUsers=["alice@example.com"]"#,
+        ],
+    );
+    assert_chart_is_tenure_policy(
+        &objs,
+        &[
+            "--lease",
+            "reports.controller",
+            "--namespace",
+            "ops",
+            "--service-account",
+            "reporter",
+            "--service-account",
+            "helper",
+            "--service-account",
+            "audit/auditor",
+            "--user",
+            "alice@example.com",
+            "--resource",
+            "configmaps",
+            "--resource",
+            "deployments.apps",
+        ],
+        &[
+            ("Role", "audit", "tenure-worker.reports.controller"),
+            ("RoleBinding", "audit", "tenure-worker.reports.controller"),
+        ],
+        "more participants",
+    );
 }
 
 /// With `sharding.shards`, the ServiceAccount may do exactly what sharded membership needs on

@@ -531,7 +531,7 @@ impl Fleet {
             if out.status.success() {
                 return;
             }
-            // Another test applied the shared anchor or ClusterRole at the same moment.
+            // Another test applied the shared anchor at the same moment.
             assert!(
                 String::from_utf8_lossy(&out.stderr).contains("AlreadyExists"),
                 "kubectl apply: {out:?}"

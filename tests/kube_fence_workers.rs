@@ -86,9 +86,8 @@ async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
         .output()
         .unwrap_or_else(|e| panic!("tenure policy: {e}"));
     assert!(printed.status.success(), "{printed:?}");
-    // The anchor and the token extra's ClusterRole are shared by every election: the tests of
-    // this file apply them at once, and two `kubectl apply`s that both find one missing race to
-    // create it (AlreadyExists). Applying again is what a user would do; it is idempotent.
+    // The anchor is shared by every election: the tests of this file apply it at once, and two
+    // `kubectl apply`s that both find it missing race to create it (AlreadyExists). Applying again is what a user would do; it is idempotent.
     let apply_printed = || {
         let mut child = Command::new(kubectl())
             .arg("--kubeconfig")

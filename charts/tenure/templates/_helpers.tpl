@@ -93,14 +93,25 @@ cluster: they render it.
 {{- if kindIs "bool" $mode -}}
 {{- if $mode -}}true{{- end -}}
 {{- else -}}
-{{- $found := lookup "admissionregistration.k8s.io/v1" (index . 1) "" (include "tenure.fencingAnchorName" $ctx) -}}
+{{- include "tenure.absentOrOwned" (list $ctx "admissionregistration.k8s.io/v1" (index . 1) "" (include "tenure.fencingAnchorName" $ctx)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the object (list ctx apiVersion kind namespace name) does not exist, or when this
+release manages it (Helm's ownership annotations name this release and namespace); "" when
+something else made it (`tenure policy | kubectl apply`, another release), which Helm would
+refuse to take over. `helm template` and a client-side dry run see no cluster: "true".
+*/}}
+{{- define "tenure.absentOrOwned" -}}
+{{- $ctx := index . 0 -}}
+{{- $found := lookup (index . 1) (index . 2) (index . 3) (index . 4) -}}
 {{- if not $found -}}
 true
 {{- else -}}
 {{- $owner := dig "metadata" "annotations" dict $found -}}
 {{- if and (eq (get $owner "meta.helm.sh/release-name") $ctx.Release.Name) (eq (get $owner "meta.helm.sh/release-namespace") $ctx.Release.Namespace) -}}
 true
-{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -122,6 +133,67 @@ them (app.kubernetes.io/managed-by stays Helm's: Helm manages these objects).
 {{ include "tenure.labels" . }}
 tenure.dev/lease: {{ include "tenure.lease" . | quote }}
 tenure.dev/lease-namespace: {{ .Release.Namespace | quote }}
+{{- end -}}
+
+{{/*
+The election's participants (JSON list), as FencingPolicy::push_user collects them: the chart's
+ServiceAccount, then fencing.policy.extraServiceAccounts, then fencing.policy.extraUsers, each
+once.
+*/}}
+{{- define "tenure.fencingParticipants" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $p := .Values.fencing.policy -}}
+{{- $users := list (printf "system:serviceaccount:%s:%s" $ns (include "tenure.serviceAccountName" .)) -}}
+{{- range $p.extraServiceAccounts -}}
+{{- $u := printf "system:serviceaccount:%s:%s" (default $ns .namespace) .name -}}
+{{- if not (has $u $users) }}{{ $users = append $users $u }}{{ end -}}
+{{- end -}}
+{{- range $p.extraUsers -}}
+{{- if not (has . $users) }}{{ $users = append $users . }}{{ end -}}
+{{- end -}}
+{{- toJson $users -}}
+{{- end -}}
+
+{{/*
+The participants that are ServiceAccounts (JSON object: namespace -> names, in participant
+order), as FencingPolicy::worker_rbac reads them: every participant named
+system:serviceaccount:NS:NAME, an extraUsers entry of that form too.
+*/}}
+{{- define "tenure.fencingServiceAccounts" -}}
+{{- $byNs := dict -}}
+{{- range include "tenure.fencingParticipants" . | fromJsonArray -}}
+{{- if hasPrefix "system:serviceaccount:" . -}}
+{{- $rest := trimPrefix "system:serviceaccount:" . -}}
+{{- if contains ":" $rest -}}
+{{- $sa := splitn ":" 2 $rest -}}
+{{- $_ := set $byNs $sa._0 (append (default (list) (get $byNs $sa._0)) $sa._1) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $byNs -}}
+{{- end -}}
+
+{{/*
+The subjects of the election's RoleBinding and ClusterRoleBinding (JSON list): every
+participant ServiceAccount, by namespace in alphabetical order, as FencingPolicy::worker_rbac.
+*/}}
+{{- define "tenure.fencingSubjects" -}}
+{{- $byNs := include "tenure.fencingServiceAccounts" . | fromJson -}}
+{{- $subjects := list -}}
+{{- range $ns := keys $byNs | sortAlpha -}}
+{{- range get $byNs $ns -}}
+{{- $subjects = append $subjects (dict "kind" "ServiceAccount" "name" . "namespace" $ns) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $subjects -}}
+{{- end -}}
+
+{{/*
+The name of the election's worker Role and RoleBinding (the Lease, Events, impersonating the
+participants of the release's namespace), as FencingPolicy::worker_rbac names them.
+*/}}
+{{- define "tenure.workerRoleName" -}}
+{{- printf "tenure-worker.%s" (include "tenure.lease" .) -}}
 {{- end -}}
 
 {{/*

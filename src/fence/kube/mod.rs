@@ -120,7 +120,7 @@ pub use error::{Current, FenceError, FenceState};
 pub use policy::{ANCHOR_NAME, FencingPolicy, PolicyError};
 pub use proof::{DEFAULT_RECHECK, PROOF_WINDOW};
 pub use proxy::{FenceProxy, MAX_REQUEST_BODY};
-pub use rbac::{TOKEN_EXTRA_ROLE, WorkerRbac};
+pub use rbac::WorkerRbac;
 
 /// The user extra that carries a request's fencing token (sent as
 /// `Impersonate-Extra-tenure.dev%2ffencing-token`), read by the policy.

@@ -381,22 +381,30 @@ impl FencingPolicy {
         probe_name(&self.lease)
     }
 
+    /// The policy's and binding's metadata: their name and [`labels`](Self::labels).
     fn metadata(&self) -> ObjectMeta {
         ObjectMeta {
             name: Some(self.name()),
-            labels: Some(BTreeMap::from([
-                (
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    "tenure".to_owned(),
-                ),
-                ("tenure.dev/lease".to_owned(), self.lease.clone()),
-                (
-                    "tenure.dev/lease-namespace".to_owned(),
-                    self.namespace.clone(),
-                ),
-            ])),
+            labels: Some(self.labels()),
             ..ObjectMeta::default()
         }
+    }
+
+    /// The labels of every object generated for this election (the policy, its binding and
+    /// the workers' RBAC): `app.kubernetes.io/managed-by: tenure` and the election's Lease,
+    /// so `kubectl get -l tenure.dev/lease=LEASE` finds them all.
+    pub(super) fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (
+                "app.kubernetes.io/managed-by".to_owned(),
+                "tenure".to_owned(),
+            ),
+            ("tenure.dev/lease".to_owned(), self.lease.clone()),
+            (
+                "tenure.dev/lease-namespace".to_owned(),
+                self.namespace.clone(),
+            ),
+        ])
     }
 
     /// The `ValidatingAdmissionPolicy` (admissionregistration.k8s.io/v1). A sharded group's

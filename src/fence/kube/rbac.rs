@@ -13,20 +13,19 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::policy::FencingPolicy;
 use super::{REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
-/// The cluster-scoped role every fenced participant shares: impersonating the user extras
-/// that carry the token and name the election, which grants nothing else.
-pub const TOKEN_EXTRA_ROLE: &str = "tenure-fence-token";
-
 /// What [`FencingPolicy::worker_rbac`] gives: Roles (with their bindings) in the Lease's
 /// namespace and in each participant ServiceAccount's, and the token-extra ClusterRole with
-/// one binding per election.
+/// its binding — every object the election's own, named after it (a Helm release that
+/// renders them owns them; a shared object would be deleted with whichever release owned it).
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct WorkerRbac {
     /// Per namespace: the Lease rules (in the Lease's namespace) and `impersonate` on the
     /// participant ServiceAccounts of that namespace, by name.
     pub roles: Vec<(Role, RoleBinding)>,
-    /// [`TOKEN_EXTRA_ROLE`] and its binding to every participant ServiceAccount.
+    /// The ClusterRole granting `impersonate` on the token's and the election's user extras,
+    /// and its binding to every participant ServiceAccount: both named
+    /// [`FencingPolicy::name`], `tenure-fencing.<namespace>.<lease>`, as the policy.
     pub token_extra: Option<(ClusterRole, ClusterRoleBinding)>,
     /// Participants that are users, not ServiceAccounts: their RBAC depends on how they
     /// authenticate (a user also impersonates its groups), so it is not generated.
@@ -43,14 +42,11 @@ fn rule(group: &str, resource: &str, names: &[String], verbs: &[&str]) -> Policy
     }
 }
 
-fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+fn meta(policy: &FencingPolicy, name: &str, namespace: Option<&str>) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
         namespace: namespace.map(str::to_owned),
-        labels: Some(BTreeMap::from([(
-            "app.kubernetes.io/managed-by".to_owned(),
-            "tenure".to_owned(),
-        )])),
+        labels: Some(policy.labels()),
         ..ObjectMeta::default()
     }
 }
@@ -64,7 +60,10 @@ impl FencingPolicy {
     /// needs; `impersonate` on
     /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
     /// `impersonate` on `userextras/tenure.dev/fencing-token` and
-    /// `userextras/tenure.dev/fencing-election` ([`TOKEN_EXTRA_ROLE`]).
+    /// `userextras/tenure.dev/fencing-election` (the ClusterRole and ClusterRoleBinding
+    /// `tenure-fencing.<namespace>.<lease>`, [`name`](Self::name), like the policy's).
+    /// Every object carries the election's labels (`tenure.dev/lease`,
+    /// `tenure.dev/lease-namespace`), as the policy does.
     /// Impersonating yourself grants nothing you did not have. The workload's own access
     /// (what its command writes) is not included.
     #[must_use]
@@ -133,13 +132,13 @@ impl FencingPolicy {
                 rules.push(rule("", "serviceaccounts", sas, &["impersonate"]));
             }
             let role = Role {
-                metadata: meta(&name, Some(ns)),
+                metadata: meta(self, &name, Some(ns)),
                 rules: Some(rules),
             };
             // The Lease's namespace binds every participant; another namespace its own.
             let bound = subjects((ns != lease_ns).then_some(ns));
             let binding = RoleBinding {
-                metadata: meta(&name, Some(ns)),
+                metadata: meta(self, &name, Some(ns)),
                 role_ref: RoleRef {
                     api_group: Some("rbac.authorization.k8s.io".into()),
                     kind: "Role".into(),
@@ -151,7 +150,7 @@ impl FencingPolicy {
         }
         let token_extra = (!by_namespace.is_empty()).then(|| {
             let role = ClusterRole {
-                metadata: meta(TOKEN_EXTRA_ROLE, None),
+                metadata: meta(self, &self.name(), None),
                 rules: Some(vec![PolicyRule {
                     api_groups: Some(vec!["authentication.k8s.io".to_owned()]),
                     resources: Some(vec![
@@ -164,14 +163,11 @@ impl FencingPolicy {
                 ..ClusterRole::default()
             };
             let binding = ClusterRoleBinding {
-                metadata: meta(
-                    &format!("{TOKEN_EXTRA_ROLE}.{lease_ns}.{}", self.lease_name()),
-                    None,
-                ),
+                metadata: meta(self, &self.name(), None),
                 role_ref: RoleRef {
                     api_group: Some("rbac.authorization.k8s.io".into()),
                     kind: "ClusterRole".into(),
-                    name: TOKEN_EXTRA_ROLE.into(),
+                    name: self.name(),
                 },
                 subjects: Some(subjects(None)),
             };
@@ -211,11 +207,11 @@ impl FencingPolicy {
         let mut out = format!(
             "# What each participant of {what} {}/{} needs to lead and carry its fencing token\n\
              # (tenure run, with --fence or a Fencer): its Lease and Events, impersonating itself,\n\
-             # and the user extras of the token and the election ({TOKEN_EXTRA_ROLE} is shared by\n\
-             # every election).\n\
+             # and the user extras of the token and the election (the ClusterRole {}).\n\
              # Its command's own access is yours to add.\n",
             self.namespace(),
-            self.lease_name()
+            self.lease_name(),
+            self.name()
         );
         out.push_str(&docs.join("---\n"));
         for user in &rbac.users_left_out {
@@ -302,7 +298,17 @@ mod tests {
         assert_eq!(other_role.rules.as_ref().map(Vec::len), Some(1));
         assert_eq!(other_binding.subjects.as_ref().map(Vec::len), Some(1));
         let (extra, extra_binding) = rbac.token_extra.expect("service accounts need the extra");
-        assert_eq!(extra.metadata.name.as_deref(), Some(TOKEN_EXTRA_ROLE));
+        // The election's own, named as its policy: a Helm release owning a shared one would
+        // delete it with itself.
+        assert_eq!(
+            extra.metadata.name.as_deref(),
+            Some("tenure-fencing.jobs.nightly")
+        );
+        assert_eq!(extra.metadata.labels.as_ref(), Some(&policy.labels()));
+        assert_eq!(
+            policy.labels().get("tenure.dev/lease").map(String::as_str),
+            Some("nightly")
+        );
         assert_eq!(extra.metadata.namespace, None);
         let extra_rule = &extra.rules.unwrap_or_default()[0];
         assert_eq!(extra_rule.api_groups, one("authentication.k8s.io"));
@@ -316,9 +322,14 @@ mod tests {
         assert_eq!(extra_rule.verbs, ["impersonate"]);
         assert_eq!(
             extra_binding.metadata.name.as_deref(),
-            Some("tenure-fence-token.jobs.nightly")
+            Some("tenure-fencing.jobs.nightly")
         );
         assert_eq!(extra_binding.role_ref.kind, "ClusterRole");
+        assert_eq!(extra_binding.role_ref.name, "tenure-fencing.jobs.nightly");
+        assert_eq!(
+            lease_binding.metadata.labels.as_ref(),
+            Some(&policy.labels())
+        );
         assert_eq!(extra_binding.subjects.map(|s| s.len()), Some(2));
         assert_eq!(rbac.users_left_out, ["alice"]);
         let yaml = policy.worker_rbac_yaml();

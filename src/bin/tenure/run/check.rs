@@ -223,8 +223,12 @@ async fn fence_checks(ns: &str, lease: &str, report: &mut Report) {
             )
         }
     });
-    for (a, fix) in std::iter::once((own, "a Role (or ClusterRole) granting impersonate on this user's own ServiceAccount, by name; `tenure policy` prints it, the chart's fencing.impersonation grants it"))
-        .chain(extras.into_iter().map(|a| (a, "the ClusterRole tenure-fence-token (impersonate on userextras/tenure.dev/fencing-token and userextras/tenure.dev/fencing-election) bound to this user; `tenure policy` prints it, the chart grants it")))
+    let own_fix = "a Role (or ClusterRole) granting impersonate on this user's own ServiceAccount, by name; `tenure policy` prints it, the chart's fencing.impersonation grants it";
+    let extra_fix = format!(
+        "the election's ClusterRole tenure-fencing.{ns}.{lease} (impersonate on userextras/tenure.dev/fencing-token and userextras/tenure.dev/fencing-election) bound to this user; `tenure policy` prints it, the chart grants it"
+    );
+    for (a, fix) in
+        std::iter::once((own, own_fix)).chain(extras.into_iter().map(|a| (a, extra_fix.as_str())))
     {
         let what = format!("--fence: {shown} may {}", rule(&a));
         match may(&client, a.clone()).await {
