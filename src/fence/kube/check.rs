@@ -1,6 +1,8 @@
 //! `tenure policy --check`: the fence's proof run from outside, as a cluster admin
 //! impersonating a participant, against the Lease's current floor.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -382,7 +384,7 @@ async fn check_shards(
 /// The shard Leases of `group` among `listed` (the Leases carrying the group's label), by
 /// shard number: a labelled Lease whose name is not `GROUP-SHARD` of this group (another
 /// group's, one labelled by hand) is not a shard of it, whatever its label says.
-fn shard_leases(group: &str, listed: Vec<Lease>) -> std::collections::BTreeMap<u32, Lease> {
+fn shard_leases(group: &str, listed: Vec<Lease>) -> BTreeMap<u32, Lease> {
     listed
         .into_iter()
         .filter_map(|l| {
