@@ -185,9 +185,14 @@ async fn next_term_of_shard_0(
 
 async fn run() {
     let writes = knob("TENURE_BENCH_WRITES", 300);
-    let rounds = knob("TENURE_BENCH_ROUNDS", 5_usize);
-    let shards = knob("TENURE_BENCH_SHARDS", 16_u32);
     let static_group = knob("TENURE_BENCH_STATIC", 0_u32) == 1;
+    // A static group has no terms to prove.
+    let rounds = if static_group {
+        0
+    } else {
+        knob("TENURE_BENCH_ROUNDS", 5_usize)
+    };
+    let shards = knob("TENURE_BENCH_SHARDS", 16_u32);
     let server = shared();
     let ns = unique("bench-shardfence");
     server.namespace(&ns).await;
@@ -227,7 +232,7 @@ async fn run() {
     if static_group {
         static_shard_leases(&ns, &group, shards).await;
     }
-    for round in 0..if static_group { 0 } else { rounds } {
+    for round in 0..rounds {
         let (mut begun, stop, handle) = replica(&group_sa, &ns, &format!("r{round}"), shards);
         let t = Instant::now();
         let (took, terms) = prove_as_delivered(&fencer, &mut begun, shards).await;
@@ -374,7 +379,7 @@ async fn run() {
     save_json(
         "kube_fence_shards.json",
         &serde_json::json!({
-            "shards": shards, "static": static_group, "rounds": if static_group { 0 } else { rounds }, "writes": writes, "later_shard_terms": new_terms,
+            "shards": shards, "static": static_group, "rounds": rounds, "writes": writes, "later_shard_terms": new_terms,
             "proof_ms": {"p50": ms(all50), "p99": ms(all99), "n": all.len()},
             "proof_first_round_ms": {"p50": ms(first50), "p99": ms(first99)},
             "write_ms": {
