@@ -16,6 +16,11 @@
 //!   (one evaluation per shard Lease: `TENURE_BENCH_SHARDS` parameters). The participants of
 //!   (2) and (3) are different ServiceAccounts, so each write meets only its own policy's
 //!   match. p50 and p99 of each (`TENURE_BENCH_WRITES`, default 300), and the ratios.
+//! - `TENURE_BENCH_STATIC=1`: admission per write only, against a static group: the shard
+//!   Leases made directly (named, labelled and with a floor as a group's replicas leave them,
+//!   held by no one) instead of a replica's terms, so no elector's renewals compete with the
+//!   measured writes; for hundreds of shards on a small machine. Each write meets the same
+//!   parameters a running group's would.
 //!
 //! Run with `cargo bench --all-features --bench kube_fence_shards`; writes
 //! `target/bench/kube_fence_shards.json`.
@@ -131,9 +136,62 @@ async fn prove_as_delivered(
     (took, terms)
 }
 
+/// The floor of every shard Lease of a static group (`TENURE_BENCH_STATIC=1`).
+const STATIC_FLOOR: u64 = 1_000;
+
+/// A static group (`TENURE_BENCH_STATIC=1`): the `shards` shard Leases made directly, as a
+/// group's replicas leave them — named `GROUP-SHARD`, labelled for the group, each with a
+/// floor — but held by no one, so no elector's renewals load the API server under the
+/// measured writes (at 64 and more shards on a loaded two-core machine, a replica's terms
+/// churned). The policy evaluates exactly these parameters for each write.
+async fn static_shard_leases(ns: &str, group: &FencingPolicy, shards: u32) {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(shared().admin().await, ns);
+    for shard in 0..shards {
+        let lease = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": group.shard_lease(shard),
+                "labels": {tenure::backend::kube::SHARD_GROUP_LABEL: GROUP},
+                "annotations": {"tenure.dev/fencing-floor": STATIC_FLOOR.to_string()},
+            },
+        }))
+        .expect("a Lease");
+        leases
+            .create(&PostParams::default(), &lease)
+            .await
+            .unwrap_or_else(|e| panic!("shard Lease {shard}: {e}"));
+    }
+    // The API server's parameter informer sees them within a second or so.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+/// A fenced API of shard 0's next term, as the replica begins it (other shards' terms that
+/// begin meanwhile are left alone).
+async fn next_term_of_shard_0(
+    fencer: &Fencer,
+    begun: &mut mpsc::UnboundedReceiver<(u32, Term)>,
+    ns: &str,
+) -> tenure::fence::kube::FencedApi<ConfigMap> {
+    loop {
+        let (shard, term) = tokio::time::timeout(Duration::from_secs(120), begun.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no new term of shard 0 within 120 s"))
+            .expect("the replica runs");
+        if shard == 0 {
+            return fencer.namespaced::<ConfigMap>(&term, ns);
+        }
+    }
+}
+
 async fn run() {
     let writes = knob("TENURE_BENCH_WRITES", 300);
-    let rounds = knob("TENURE_BENCH_ROUNDS", 5_usize);
+    let static_group = knob("TENURE_BENCH_STATIC", 0_u32) == 1;
+    // A static group has no terms to prove.
+    let rounds = if static_group {
+        0
+    } else {
+        knob("TENURE_BENCH_ROUNDS", 5_usize)
+    };
     let shards = knob("TENURE_BENCH_SHARDS", 16_u32);
     let server = shared();
     let ns = unique("bench-shardfence");
@@ -171,6 +229,9 @@ async fn run() {
     let mut all: Vec<Duration> = Vec::new();
     let mut first_round: Vec<Duration> = Vec::new();
     let mut live = None;
+    if static_group {
+        static_shard_leases(&ns, &group, shards).await;
+    }
     for round in 0..rounds {
         let (mut begun, stop, handle) = replica(&group_sa, &ns, &format!("r{round}"), shards);
         let t = Instant::now();
@@ -187,13 +248,14 @@ async fn run() {
         }
         all.extend(took);
         if round + 1 == rounds {
-            live = Some((terms, stop, handle));
+            live = Some((terms, begun, stop, handle));
         } else {
             let _ = stop.send(());
             let _ = handle.await;
         }
     }
-    let (terms, stop, handle) = live.expect("at least one round");
+    // The shard writer: shard 0's term of the last round, or (static) its token.
+    let mut replica_run = live;
 
     // ---- admission per write: group policy vs a single lease's ----
     let single = FencingPolicy::new(&ns, "solo")
@@ -208,7 +270,17 @@ async fn run() {
         .lease_namespace(&ns);
     let baseline: Api<ConfigMap> = Api::namespaced(outsider.clone(), &ns);
     let single_api = single_fencer.namespaced::<ConfigMap>(&solo_term, &ns);
-    let shard_api = fencer.namespaced::<ConfigMap>(&terms[&0], &ns);
+    let mut shard_api = match &replica_run {
+        Some((terms, ..)) => fencer.namespaced::<ConfigMap>(&terms[&0], &ns),
+        None => fencer.namespaced_with_token(
+            &group.shard_lease(0),
+            tenure::FencingToken::new(STATIC_FLOOR),
+            &ns,
+        ),
+    };
+    // Shard 0's terms after the first (one ended under load: its replica could not renew in
+    // time); their writes' latency is measured like the first's.
+    let mut new_terms = 0;
     for name in ["lat-plain", "lat-single", "lat-shard"] {
         let _ = Api::<ConfigMap>::namespaced(server.admin().await, &ns)
             .create(&PostParams::default(), &cm(name, "0"))
@@ -240,11 +312,21 @@ async fn run() {
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
-                _ => shard_api
-                    .patch("lat-shard", &pp, &patch)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
+                _ => match shard_api.patch("lat-shard", &pp, &patch).await {
+                    Ok(_) => Ok(()),
+                    // The shard's term ended (a renewal late on a loaded machine): write
+                    // with its next term, and leave this sample out.
+                    Err(e) if e.is_stale() && replica_run.is_some() => {
+                        eprintln!("write {i}: shard 0's term ended ({e}); taking its next");
+                        let Some((_, begun, ..)) = replica_run.as_mut() else {
+                            unreachable!("guarded");
+                        };
+                        shard_api = next_term_of_shard_0(&fencer, begun, &ns).await;
+                        new_terms += 1;
+                        continue;
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
             };
             let elapsed = start.elapsed();
             if let Err(e) = result {
@@ -255,13 +337,17 @@ async fn run() {
             }
         }
     }
-    let _ = stop.send(());
-    let _ = handle.await;
+    if let Some((_, _, stop, handle)) = replica_run {
+        let _ = stop.send(());
+        let _ = handle.await;
+    }
 
     let (all50, all99) = p50_p99(all.clone());
     let (first50, first99) = p50_p99(first_round);
     let [plain, single_w, shard_w] = samples.map(p50_p99);
-    println!("kube_fence_shards: {shards} shards, {rounds} rounds, {writes} writes a mode");
+    println!(
+        "kube_fence_shards: {shards} shards, {rounds} rounds, {writes} writes a mode ({new_terms} later terms of shard 0 written with)"
+    );
     println!(
         "first-term proof per shard: p50 {:.1} ms, p99 {:.1} ms ({} proofs); first round (new Leases): p50 {:.1} ms, p99 {:.1} ms",
         ms(all50),
@@ -293,7 +379,7 @@ async fn run() {
     save_json(
         "kube_fence_shards.json",
         &serde_json::json!({
-            "shards": shards, "rounds": rounds, "writes": writes,
+            "shards": shards, "static": static_group, "rounds": rounds, "writes": writes, "later_shard_terms": new_terms,
             "proof_ms": {"p50": ms(all50), "p99": ms(all99), "n": all.len()},
             "proof_first_round_ms": {"p50": ms(first50), "p99": ms(first99)},
             "write_ms": {

@@ -9,89 +9,26 @@
 
 mod kube_support;
 
-use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
-use kube_support::fencing::{apply, cm, elect, install, install_anchor, participant, uninstall};
-use kube_support::{kubectl, shared, unique};
-use tenure::fence::kube::{FenceError, FenceState, Fencer, FencingPolicy};
+use kube::api::{Api, PostParams};
+use kube_support::fencing::{
+    apply, apply_policy, cm, elect, enforced, group_replica, install, participant, raw_write,
+    terms_of_all, uninstall,
+};
+use kube_support::{shared, unique};
+use tenure::election::Term;
+use tenure::fence::kube::{Current, FenceError, FenceState, FencedApi, Fencer, FencingPolicy};
 
 fn configmap_policy(ns: &str, lease: &str) -> FencingPolicy {
     FencingPolicy::new(ns, lease)
         .and_then(|p| p.service_account(ns, "ctl"))
         .and_then(|p| p.resource("configmaps"))
         .expect("valid policy")
-}
-
-/// Applies `policy` and its binding as admin (the anchor first), without waiting.
-async fn apply_policy(policy: &FencingPolicy) {
-    install_anchor().await;
-    let admin = shared().admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &policy.name(),
-        &policy.policy(),
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
-        &policy.name(),
-        &policy.binding(),
-    )
-    .await;
-}
-
-/// Proves `term`'s fence with fresh proofs until it is enforced (the API server loads a new
-/// policy within a second or so).
-async fn enforced(client: &kube::Client, ns: &str, term: &tenure::election::Term) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let fencer = Fencer::new(client.clone())
-            .await
-            .expect("identity")
-            .lease_namespace(ns);
-        match fencer.prove(term).await {
-            FenceState::Enforced => return,
-            other => assert!(
-                tokio::time::Instant::now() < deadline,
-                "{}'s fence not enforced within 30 s: {other:?}",
-                term.lease_name()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `kubectl annotate` of ConfigMap `name` as the participant (its own kubeconfig), with
-/// `extras` as `--as-user-extra` values: a write that bypasses tenure's client, judged by the
-/// API server alone. `Ok` or the API server's refusal.
-fn raw_write(kubeconfig: &Path, ns: &str, name: &str, extras: &[String]) -> Result<(), String> {
-    let sa = format!("system:serviceaccount:{ns}:ctl");
-    let out = std::process::Command::new(kubectl())
-        .args([
-            "annotate",
-            "configmap",
-            name,
-            "-n",
-            ns,
-            "--overwrite",
-            "raw=1",
-        ])
-        .arg(format!("--as={sa}"))
-        .args(extras.iter().map(|e| format!("--as-user-extra={e}")))
-        .env("KUBECONFIG", kubeconfig)
-        .output()
-        .expect("run kubectl");
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
 }
 
 fn extras(ns: &str, election: Option<&str>, token: u64) -> Vec<String> {
@@ -285,4 +222,193 @@ async fn a_policy_that_judges_every_election_is_seen_by_the_others_proof() {
     );
     assert!(!e.is_stale());
     uninstall(&legacy.name()).await;
+}
+
+/// A sharded group's policy over ConfigMaps for the participant `ctl`.
+fn group_policy(ns: &str, group: &str, shards: u32) -> FencingPolicy {
+    configmap_policy(ns, group)
+        .shards(shards)
+        .expect("valid policy")
+}
+
+/// One fenced writer: the election it names (a Lease's name) and its API.
+struct Writer {
+    lease: String,
+    api: FencedApi<ConfigMap>,
+}
+
+/// What `rounds` writes of `writer` got: each creates the ConfigMap `LEASE-TAG-ROUND`.
+/// Returns the admitted count and the refusals.
+async fn write_rounds(writer: &Writer, tag: &str, rounds: usize) -> (usize, Vec<FenceError>) {
+    let mut admitted = 0;
+    let mut refused = Vec::new();
+    for round in 0..rounds {
+        let name = format!("{}-{tag}-{round}", writer.lease);
+        match writer
+            .api
+            .create(&PostParams::default(), &cm(&name, tag))
+            .await
+        {
+            Ok(_) => admitted += 1,
+            Err(e) => refused.push(e),
+        }
+    }
+    (admitted, refused)
+}
+
+/// One ServiceAccount in three fenced elections at once — two single leases and a sharded
+/// group of three shards, each with its own policy — writing through its fenced clients: every
+/// live term's writes are admitted; then each election's term is superseded while a writer of
+/// it is frozen (its election and token kept, its proof made, no look at the term: a process
+/// stopped between its proof and its write), and all of them, live and frozen, write at once:
+/// every write of a new term is admitted and no write of a superseded term of any of the
+/// three (each shard counted) is, each refused by its own election's policy as stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_elections_of_one_participant_write_at_once_and_no_superseded_term_writes() {
+    const GROUP: &str = "orders";
+    const SHARDS: u32 = 3;
+    const ROUNDS: usize = 8;
+    let ns = unique("three");
+    shared().namespace(&ns).await;
+    let (client, _) = participant(&ns, "ctl").await;
+    let (alpha, end_a, run_a) = elect(&client, &ns, "alpha").await;
+    let (beta, end_b, run_b) = elect(&client, &ns, "beta").await;
+    let (mut begun, stop_group) = group_replica(&client, &ns, GROUP, "r1", SHARDS);
+    let shards = terms_of_all(&mut begun, SHARDS).await;
+    // Each policy once its Leases exist (a policy without its Lease admits everything).
+    for policy in [
+        configmap_policy(&ns, "alpha"),
+        configmap_policy(&ns, "beta"),
+        group_policy(&ns, GROUP, SHARDS),
+    ] {
+        apply_policy(&policy).await;
+    }
+    let old_terms: Vec<&Term> = [&alpha, &beta].into_iter().chain(shards.values()).collect();
+    for term in &old_terms {
+        enforced(&client, &ns, term).await;
+    }
+    // The writers that will be frozen: their fence proven once (no recheck in the test), the
+    // term's election and token, and nothing that sees the term end.
+    let frozen_fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns)
+        .recheck_every(Duration::from_secs(3600));
+    let frozen: Vec<Writer> = old_terms
+        .iter()
+        .map(|term| Writer {
+            lease: term.lease_name().to_owned(),
+            api: frozen_fencer.namespaced_with_token(term.lease_name(), term.fencing_token(), &ns),
+        })
+        .collect();
+    // In their live terms, all five write at once, every write admitted.
+    let live_then =
+        futures::future::join_all(frozen.iter().map(|w| write_rounds(w, "then", 2))).await;
+    for (writer, (admitted, refused)) in frozen.iter().zip(&live_then) {
+        assert!(
+            refused.is_empty(),
+            "{}'s live term was refused: {refused:?}",
+            writer.lease
+        );
+        assert_eq!(*admitted, 2, "{}", writer.lease);
+    }
+
+    // Every term superseded: both elections end and are won again, the group moves to
+    // another replica. The new tokens are above the old ones (resourceVersions).
+    let _ = end_a.send(());
+    let _ = end_b.send(());
+    let _ = stop_group.send(());
+    run_a.await.expect("alpha's election ends");
+    run_b.await.expect("beta's election ends");
+    let (alpha2, _end_a2, _run_a2) = elect(&client, &ns, "alpha").await;
+    let (beta2, _end_b2, _run_b2) = elect(&client, &ns, "beta").await;
+    let (mut begun2, _stop_group2) = group_replica(&client, &ns, GROUP, "r2", SHARDS);
+    let shards2 = terms_of_all(&mut begun2, SHARDS).await;
+    let new_terms: Vec<&Term> = [&alpha2, &beta2]
+        .into_iter()
+        .chain(shards2.values())
+        .collect();
+    for (old, new) in old_terms.iter().zip(&new_terms) {
+        assert_eq!(old.lease_name(), new.lease_name());
+        assert!(
+            new.fencing_token() > old.fencing_token(),
+            "{}: {:?} after {:?}",
+            new.lease_name(),
+            new.fencing_token(),
+            old.fencing_token()
+        );
+        enforced(&client, &ns, new).await;
+    }
+    let live_fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let live: Vec<Writer> = new_terms
+        .iter()
+        .map(|term| Writer {
+            lease: term.lease_name().to_owned(),
+            api: live_fencer.namespaced::<ConfigMap>(term, &ns),
+        })
+        .collect();
+
+    // All ten write at once: five live terms, five frozen ones thawed.
+    let (live_now, stale_now) = tokio::join!(
+        futures::future::join_all(live.iter().map(|w| write_rounds(w, "live", ROUNDS))),
+        futures::future::join_all(frozen.iter().map(|w| write_rounds(w, "stale", ROUNDS))),
+    );
+    let mut counts = Vec::new();
+    for ((writer, (admitted, refused)), term) in live.iter().zip(&live_now).zip(&new_terms) {
+        assert!(
+            refused.is_empty(),
+            "{}'s live term {:?} was refused: {refused:?}",
+            writer.lease,
+            term.fencing_token()
+        );
+        assert_eq!(*admitted, ROUNDS, "{}", writer.lease);
+        counts.push(format!("{} live {admitted}/{ROUNDS}", writer.lease));
+    }
+    for (((writer, (admitted, refused)), old), new) in frozen
+        .iter()
+        .zip(&stale_now)
+        .zip(&old_terms)
+        .zip(&new_terms)
+    {
+        assert_eq!(
+            *admitted, 0,
+            "{}: a superseded term's write admitted",
+            writer.lease
+        );
+        assert_eq!(refused.len(), ROUNDS);
+        for e in refused {
+            // Refused by the API server, by this election's own policy, as stale: the
+            // refusal names the election, the frozen term's token and the new term's.
+            assert!(
+                matches!(e, FenceError::Stale { lease: Some(lease), ours, current: Current::Term(current) }
+                    if *lease == format!("{ns}/{}", writer.lease)
+                        && *ours == old.fencing_token().get()
+                        && *current == new.fencing_token().get()),
+                "{}: {e:?}",
+                writer.lease
+            );
+        }
+        counts.push(format!(
+            "{} stale admitted {admitted}/{ROUNDS}",
+            writer.lease
+        ));
+    }
+    eprintln!("three elections at once: {}", counts.join(", "));
+    // The API server's view: every live write is there, no stale one.
+    let cms: Api<ConfigMap> = Api::namespaced(shared().admin().await, &ns);
+    let names: Vec<String> = cms
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    let written = |tag: &str| names.iter().filter(|n| n.contains(tag)).count();
+    assert_eq!(written("-live-"), live.len() * ROUNDS);
+    assert_eq!(written("-then-"), frozen.len() * 2);
+    assert_eq!(written("-stale-"), 0, "{names:?}");
 }

@@ -22,26 +22,21 @@ mod cli_support;
 mod kube_support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cli_support::{Tenure, wait_until};
 use futures::StreamExt;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube_support::fencing::{apply, cm, install_anchor, participant};
+use kube_support::fencing::{
+    apply_policy, cm, enforced, group_replica, participant, raw_write, terms_of_all,
+};
 use kube_support::{kubectl, shared, unique};
-use tenure::Locker;
-use tenure::backend::kube::{KubeBackend, KubeOptions};
-use tenure::election::{ElectionConfig, Term};
 use tenure::fence::kube::{FenceError, FenceState, Fencer, FencingPolicy};
-use tenure::shard::ShardedElector;
-use tokio::sync::{mpsc, oneshot};
 
 const GROUP: &str = "orders";
 
@@ -51,102 +46,6 @@ fn group_policy(ns: &str, shards: u32) -> FencingPolicy {
         .and_then(|p| p.resource("configmaps"))
         .and_then(|p| p.shards(shards))
         .expect("valid policy")
-}
-
-/// Applies the anchor, then `policy` and its binding, as admin.
-async fn apply_policy(policy: &FencingPolicy) {
-    install_anchor().await;
-    let admin = shared().admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &policy.name(),
-        &policy.policy(),
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
-        &policy.name(),
-        &policy.binding(),
-    )
-    .await;
-}
-
-/// One replica of the group `GROUP` with `shards` shards as `client`, run in the background:
-/// each shard term it begins is sent on the channel; the sender ends it. Leases of 15 s: the
-/// test wants its terms to last (a term lost to a slow renewal on a loaded machine would
-/// make its live token stale under the test's feet).
-fn replica(
-    client: &kube::Client,
-    ns: &str,
-    identity: &str,
-    shards: u32,
-) -> (mpsc::UnboundedReceiver<(u32, Term)>, oneshot::Sender<()>) {
-    let backend = KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns))
-        .expect("backend");
-    let locker = Locker::with_identity(backend, identity).expect("identity");
-    let config = ElectionConfig::new()
-        .lease_duration(Duration::from_secs(15))
-        .renew_deadline(Duration::from_secs(10))
-        .retry_period(Duration::from_millis(500));
-    let elector = ShardedElector::new(locker, GROUP, shards, config).expect("elector");
-    let (terms, begun) = mpsc::unbounded_channel();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let run = elector.run_until(
-            async {
-                let _ = stopped.await;
-            },
-            move |shard, term: Term| {
-                let _ = terms.send((shard, term.clone()));
-                async move { term.cancellation().cancelled().await }
-            },
-        );
-        if let Err(e) = run.await {
-            eprintln!("the replica's group run ended: {e}");
-        }
-    });
-    (begun, stop)
-}
-
-/// The first term of every shard `0..shards`, as they begin.
-async fn terms_of_all(
-    begun: &mut mpsc::UnboundedReceiver<(u32, Term)>,
-    shards: u32,
-) -> BTreeMap<u32, Term> {
-    let mut terms = BTreeMap::new();
-    while terms.len() < shards as usize {
-        let (shard, term) = tokio::time::timeout(Duration::from_secs(90), begun.recv())
-            .await
-            .unwrap_or_else(|_| panic!("only shards {:?} began within 90 s", terms.keys()))
-            .expect("the replica runs");
-        terms.insert(shard, term);
-    }
-    terms
-}
-
-/// `kubectl annotate` of ConfigMap `name` as the participant `ctl` with `extras` as
-/// `--as-user-extra` values: a write judged by the API server alone. `Ok` or its refusal.
-fn raw_write(kubeconfig: &Path, ns: &str, name: &str, extras: &[String]) -> Result<(), String> {
-    let out = std::process::Command::new(kubectl())
-        .args([
-            "annotate",
-            "configmap",
-            name,
-            "-n",
-            ns,
-            "--overwrite",
-            "raw=1",
-        ])
-        .arg(format!("--as=system:serviceaccount:{ns}:ctl"))
-        .args(extras.iter().map(|e| format!("--as-user-extra={e}")))
-        .env("KUBECONFIG", kubeconfig)
-        .output()
-        .expect("run kubectl");
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
 }
 
 fn extras(election: Option<&str>, token: Option<u64>) -> Vec<String> {
@@ -160,34 +59,13 @@ fn extras(election: Option<&str>, token: Option<u64>) -> Vec<String> {
     e
 }
 
-/// Proves `term`'s fence with fresh fencers until it is enforced (a policy just applied is
-/// loaded by the API server within a second or so).
-async fn enforced(client: &kube::Client, ns: &str, term: &Term) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let fencer = Fencer::new(client.clone())
-            .await
-            .expect("identity")
-            .lease_namespace(ns);
-        match fencer.prove(term).await {
-            FenceState::Enforced => return,
-            other => assert!(
-                tokio::time::Instant::now() < deadline,
-                "{}'s fence not enforced within 30 s: {other:?}",
-                term.lease_name()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_policy_judges_each_shard_by_its_own_lease_and_refuses_writes_naming_no_shard() {
     let ns = unique("shardfence");
     shared().namespace(&ns).await;
     let (client, kubeconfig) = participant(&ns, "ctl").await;
     let policy = group_policy(&ns, 4);
-    let (mut begun, _stop) = replica(&client, &ns, "r1", 4);
+    let (mut begun, _stop) = group_replica(&client, &ns, GROUP, "r1", 4);
     let terms = terms_of_all(&mut begun, 4).await;
     apply_policy(&policy).await;
     for term in terms.values() {

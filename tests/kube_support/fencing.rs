@@ -1,7 +1,7 @@
 //! Fencing on the real apiserver, shared by the fencing suite and its bench: a participant
 //! ServiceAccount with the RBAC a fenced client needs, and installing a policy.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -10,9 +10,16 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use tenure::fence::kube::FencingPolicy;
+use std::collections::BTreeMap;
 
-use super::shared;
+use tenure::Locker;
+use tenure::backend::kube::{KubeBackend, KubeOptions};
+use tenure::election::{ElectionConfig, Term};
+use tenure::fence::kube::{FenceState, Fencer, FencingPolicy};
+use tenure::shard::ShardedElector;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{kubectl, shared};
 
 pub fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
@@ -147,6 +154,73 @@ pub async fn install_anchor() {
     .await;
 }
 
+/// Applies the anchor, then `policy` and its binding, as admin, without waiting for the API
+/// server to enforce it (a policy over a resource nobody writes yet cannot be waited for by
+/// a write: prove a term with [`enforced`] instead).
+pub async fn apply_policy(policy: &FencingPolicy) {
+    install_anchor().await;
+    let admin = shared().admin().await;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &policy.name(),
+        &policy.policy(),
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &policy.name(),
+        &policy.binding(),
+    )
+    .await;
+}
+
+/// Proves `term`'s fence with fresh fencers of `client` until it is enforced (a policy just
+/// applied is loaded by the API server within a second or so); fails after 30 s.
+pub async fn enforced(client: &kube::Client, ns: &str, term: &tenure::election::Term) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let fencer = Fencer::new(client.clone())
+            .await
+            .expect("identity")
+            .lease_namespace(ns);
+        match fencer.prove(term).await {
+            FenceState::Enforced => return,
+            other => assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}'s fence not enforced within 30 s: {other:?}",
+                term.lease_name()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `kubectl annotate` of ConfigMap `name` in `ns` as the participant `ctl` (its kubeconfig),
+/// with `extras` as `--as-user-extra` values (`tenure.dev/fencing-token=…`): a write that
+/// bypasses tenure's client, judged by the API server alone. `Ok` or its refusal.
+pub fn raw_write(kubeconfig: &Path, ns: &str, name: &str, extras: &[String]) -> Result<(), String> {
+    let out = std::process::Command::new(kubectl())
+        .args([
+            "annotate",
+            "configmap",
+            name,
+            "-n",
+            ns,
+            "--overwrite",
+            "raw=1",
+        ])
+        .arg(format!("--as=system:serviceaccount:{ns}:ctl"))
+        .args(extras.iter().map(|e| format!("--as-user-extra={e}")))
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run kubectl");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
 /// Installs the anchor and `policy` as admin and waits until the API server enforces it (a
 /// participant's write without a token is refused by it).
 pub async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
@@ -270,4 +344,58 @@ pub async fn elect(
         .unwrap_or_else(|_| panic!("no term of {name} within 60 s"))
         .unwrap_or_else(|_| panic!("the election of {name} ended without a term"));
     (term, end, run)
+}
+
+/// One replica of the sharded group `group` with `shards` shards as `client`, run in the background:
+/// each shard term it begins is sent on the channel; the sender ends it. Leases of 15 s: the
+/// test wants its terms to last (a term lost to a slow renewal on a loaded machine would
+/// make its live token stale under the test's feet).
+pub fn group_replica(
+    client: &kube::Client,
+    ns: &str,
+    group: &str,
+    identity: &str,
+    shards: u32,
+) -> (mpsc::UnboundedReceiver<(u32, Term)>, oneshot::Sender<()>) {
+    let backend = KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(ns))
+        .expect("backend");
+    let locker = Locker::with_identity(backend, identity).expect("identity");
+    let config = ElectionConfig::new()
+        .lease_duration(Duration::from_secs(15))
+        .renew_deadline(Duration::from_secs(10))
+        .retry_period(Duration::from_millis(500));
+    let elector = ShardedElector::new(locker, group, shards, config).expect("elector");
+    let (terms, begun) = mpsc::unbounded_channel();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let run = elector.run_until(
+            async {
+                let _ = stopped.await;
+            },
+            move |shard, term: Term| {
+                let _ = terms.send((shard, term.clone()));
+                async move { term.cancellation().cancelled().await }
+            },
+        );
+        if let Err(e) = run.await {
+            eprintln!("the replica's group run ended: {e}");
+        }
+    });
+    (begun, stop)
+}
+
+/// The first term of every shard `0..shards`, as they begin.
+pub async fn terms_of_all(
+    begun: &mut mpsc::UnboundedReceiver<(u32, Term)>,
+    shards: u32,
+) -> BTreeMap<u32, Term> {
+    let mut terms = BTreeMap::new();
+    while terms.len() < shards as usize {
+        let (shard, term) = tokio::time::timeout(Duration::from_secs(90), begun.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only shards {:?} began within 90 s", terms.keys()))
+            .expect("the replica runs");
+        terms.insert(shard, term);
+    }
+    terms
 }
