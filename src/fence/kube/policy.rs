@@ -581,20 +581,12 @@ impl FencingPolicy {
     /// election's binding is enough; kubernetes/kubernetes#130887, #133827, fix #141015), and
     /// from then on every fencing policy reads a frozen Lease or none and admits stale writes
     /// until that API server restarts. The anchor's binding keeps the kind in use forever.
-    /// It costs nothing at admission: it matches no request.
+    /// It costs nothing at admission: it matches no request. One per cluster is enough:
+    /// `tenure policy` and the Helm chart both install this one (the chart's releases leave it
+    /// to the first of them that installed it).
     #[must_use]
     pub fn anchor() -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        Self::anchor_named(ANCHOR_NAME)
-    }
-
-    /// [`anchor`](Self::anchor) under another name. Any number of anchors may exist; one is
-    /// enough, and `tenure policy` and the Helm chart both install the one named
-    /// [`ANCHOR_NAME`] (the chart's releases leave it to the first of them that installed it).
-    #[must_use]
-    pub fn anchor_named(
-        name: &str,
-    ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-        anchor_named(name)
+        anchor_named(ANCHOR_NAME)
     }
 
     fn match_resources(&self) -> MatchResources {
