@@ -224,20 +224,7 @@ pub fn raw_write(kubeconfig: &Path, ns: &str, name: &str, extras: &[String]) -> 
 /// Installs the anchor and `policy` as admin and waits until the API server enforces it (a
 /// participant's write without a token is refused by it).
 pub async fn install(policy: &FencingPolicy, probe: &Api<ConfigMap>) {
-    install_anchor().await;
-    let admin = shared().admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &policy.name(),
-        &policy.policy(),
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
-        &policy.name(),
-        &policy.binding(),
-    )
-    .await;
+    apply_policy(policy).await;
     wait_until_enforced(probe, &policy.name()).await;
 }
 
