@@ -23,28 +23,16 @@ pub(crate) fn scripts() -> [&'static Lua; 2] {
     [&*CHECK, &*RECORD]
 }
 
+/// One call of `script` on the lock's fencing counter and completion record; its reply.
 async fn call(
     engine: &Engine,
-    script: &'static LazyLock<Lua>,
+    script: &'static Lua,
     what: &str,
     name: &str,
     args: &[&[u8]],
 ) -> Result<Value, BackendError> {
-    let mut pipe = ::redis::pipe();
-    let cmd = pipe
-        .cmd("EVALSHA")
-        .arg(&script.sha)
-        .arg(2)
-        .arg(engine.keys.fence(name))
-        .arg(engine.keys.completion(name));
-    for a in args {
-        cmd.arg(*a);
-    }
-    engine
-        .send(&pipe, &[&**script], what)
-        .await?
-        .pop()
-        .unwrap_or(Ok(Value::Nil))
+    let (fence, done) = (engine.keys.fence(name), engine.keys.completion(name));
+    engine.call(script, what, &[&fence, &done], args).await
 }
 
 /// `name`'s completion record, the server's clock, and whether `token` is the latest term.

@@ -2,9 +2,10 @@
 //! round trip), reloaded on NOSCRIPT in that same retry, and their answers parsed into the
 //! backend's values.
 //!
-//! [`Engine::send`] is the one way a script call reaches the server; the lock scripts' calls
-//! are built here, the membership scripts' in `members.rs`, on top of it (this file knows
-//! nothing of them: `connect.rs` hands [`Engine::load_scripts`] both lists).
+//! [`Engine::send`] is the one way a script call reaches the server, and [`Engine::call`] the
+//! one way to make a single call of a script; the lock scripts' calls are built here, the
+//! membership, group and completion scripts' in their own files on top of `call` (this file
+//! knows nothing of them: `connect.rs` hands [`Engine::load_scripts`] every list).
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -259,6 +260,30 @@ impl Engine {
             .collect()
     }
 
+    /// One call of `script` on `keys` with `args`, in a round trip of its own; its reply. It
+    /// counts as one operation in [`RedisStats`](super::RedisStats).
+    pub(super) async fn call(
+        &self,
+        script: &'static Lua,
+        what: &str,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<Value, BackendError> {
+        let mut pipe = ::redis::pipe();
+        let cmd = pipe.cmd("EVALSHA").arg(&script.sha).arg(keys.len());
+        for k in keys {
+            cmd.arg(*k);
+        }
+        for a in args {
+            cmd.arg(*a);
+        }
+        self.counters.entries.fetch_add(1, Ordering::Relaxed);
+        self.send(&pipe, &[script], what)
+            .await?
+            .pop()
+            .unwrap_or(Ok(Value::Nil))
+    }
+
     /// Runs `script` over `entries` in calls of at most `max_entries`, one round trip.
     async fn run_calls<E, T>(
         &self,
@@ -399,20 +424,15 @@ impl Engine {
     /// Reads a lock's record and its version, atomically; with `watch`, also marks the lock
     /// watched so that its grants and releases are published (what an observer does).
     pub(crate) async fn inspect(&self, name: &str, watch: bool) -> Result<Snapshot, BackendError> {
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("EVALSHA")
-            .arg(&INSPECT.sha)
-            .arg(3)
-            .arg(self.keys.lock(name))
-            .arg(self.keys.fence(name))
-            .arg(self.keys.next(name))
-            .arg(if watch { "1" } else { "0" });
-        self.counters.entries.fetch_add(1, Ordering::Relaxed);
+        let (lock, fence, next) = (
+            self.keys.lock(name),
+            self.keys.fence(name),
+            self.keys.next(name),
+        );
+        let watch: &[u8] = if watch { b"1" } else { b"0" };
         let reply = self
-            .send(&pipe, &[&*INSPECT], "inspect")
-            .await?
-            .pop()
-            .unwrap_or(Ok(Value::Nil))?;
+            .call(&INSPECT, "inspect", &[&lock, &fence, &next], &[watch])
+            .await?;
         parse_snapshot(&reply).ok_or_else(|| match &reply {
             // The script returns a value that is not tenure's as it is, and leaves it alone.
             Value::Array(parts) if matches!(parts.first(), Some(Value::BulkString(_))) => {
@@ -437,21 +457,16 @@ impl Engine {
         to: Option<&str>,
         window_ms: u64,
     ) -> Result<bool, BackendError> {
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("EVALSHA")
-            .arg(&HANDOFF.sha)
-            .arg(2)
-            .arg(self.keys.lock(name))
-            .arg(self.keys.next(name))
-            .arg(holder.unwrap_or(""))
-            .arg(to.unwrap_or(""))
-            .arg(window_ms.max(1));
-        self.counters.entries.fetch_add(1, Ordering::Relaxed);
+        let (lock, next) = (self.keys.lock(name), self.keys.next(name));
+        let window = window_ms.max(1).to_string();
+        let args: [&[u8]; 3] = [
+            holder.unwrap_or("").as_bytes(),
+            to.unwrap_or("").as_bytes(),
+            window.as_bytes(),
+        ];
         let reply = self
-            .send(&pipe, &[&*HANDOFF], "handoff")
-            .await?
-            .pop()
-            .unwrap_or(Ok(Value::Nil))?;
+            .call(&HANDOFF, "handoff", &[&lock, &next], &args)
+            .await?;
         match as_i64(&reply) {
             Some(1) => Ok(true),
             Some(0) => Ok(false),
@@ -465,16 +480,10 @@ impl Engine {
         &self,
         name: &str,
     ) -> Result<Option<(String, FencingToken)>, BackendError> {
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("EVALSHA")
-            .arg(&RELEASED.sha)
-            .arg(1)
-            .arg(self.keys.lock(name));
+        let lock = self.keys.lock(name);
         let reply = self
-            .send(&pipe, &[&*RELEASED], "read the released lock")
-            .await?
-            .pop()
-            .unwrap_or(Ok(Value::Nil))?;
+            .call(&RELEASED, "read the released lock", &[&lock], &[])
+            .await?;
         Ok(match reply {
             Value::BulkString(bytes) => std::str::from_utf8(&bytes)
                 .ok()

@@ -22,27 +22,16 @@ pub(crate) fn scripts() -> [&'static Lua; 2] {
     [&*READ, &*SWAP]
 }
 
+/// One call of `script` on the group's keys; its reply.
 async fn call(
     engine: &Engine,
-    script: &'static LazyLock<Lua>,
+    script: &'static Lua,
     what: &str,
     group: &str,
     args: &[&[u8]],
 ) -> Result<Value, BackendError> {
-    let mut pipe = ::redis::pipe();
-    let cmd = pipe
-        .cmd("EVALSHA")
-        .arg(&script.sha)
-        .arg(1)
-        .arg(engine.keys.group_record(group));
-    for a in args {
-        cmd.arg(*a);
-    }
-    engine
-        .send(&pipe, &[&**script], what)
-        .await?
-        .pop()
-        .unwrap_or(Ok(Value::Nil))
+    let record = engine.keys.group_record(group);
+    engine.call(script, what, &[&record], args).await
 }
 
 /// Reads `group`'s record.

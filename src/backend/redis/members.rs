@@ -79,33 +79,19 @@ struct GroupRead {
     skipped: Vec<(String, &'static str)>,
 }
 
-/// Runs one script call on a group's two keys; its reply.
+/// One call of `script` on a group's two keys; its reply.
 async fn group_call(
     engine: &Engine,
-    script: &'static LazyLock<Lua>,
+    script: &'static Lua,
     what: &str,
     group: &str,
     args: &[&[u8]],
 ) -> Result<Value, BackendError> {
-    let mut pipe = ::redis::pipe();
-    let cmd = pipe
-        .cmd("EVALSHA")
-        .arg(&script.sha)
-        .arg(2)
-        .arg(engine.keys.members(group))
-        .arg(engine.keys.member_records(group));
-    for a in args {
-        cmd.arg(*a);
-    }
-    engine
-        .counters
-        .entries
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    engine
-        .send(&pipe, &[&**script], what)
-        .await?
-        .pop()
-        .unwrap_or(Ok(Value::Nil))
+    let (members, records) = (
+        engine.keys.members(group),
+        engine.keys.member_records(group),
+    );
+    engine.call(script, what, &[&members, &records], args).await
 }
 
 /// Announces `identity` with `record` for `ttl_ms`; whether readers were told.

@@ -206,7 +206,8 @@ pub struct RedisStats {
     pub round_trips: u64,
     /// Script calls (EVALSHA) sent.
     pub script_calls: u64,
-    /// Lock operations those calls carried (acquires, renewals, releases, inspects).
+    /// Operations those calls carried: each batched acquire, renewal and release, and each
+    /// single call (inspects, hand-overs, member, group and completion records).
     pub operations: u64,
     /// Scripts reloaded after the server answered NOSCRIPT.
     pub script_reloads: u64,
