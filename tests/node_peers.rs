@@ -1191,8 +1191,9 @@ fn install_once(node: &Node, release: Install, ns: &str) -> StartPath {
         ),
     };
     let logged = |what: &str| {
+        // client-go's contextual logging capitalises its messages; klog's did not.
         log.lines()
-            .find(|l| l.contains(what))
+            .find(|l| l.to_lowercase().contains(what))
             .and_then(|l| clocks.since_wall(l.split_whitespace().next()?))
     };
     path.campaign = logged(campaign);
