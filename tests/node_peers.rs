@@ -997,7 +997,7 @@ fn install_to_first_leading_write_beside_client_go() {
          | tenure (chart default: injected by an init container) | tenure in the workload image \
          (tenure.inject=false) | client-go | injected / client-go | in image / client-go"
     ));
-    let rows: [(&str, fn(&StartPath) -> Option<Duration>); 9] = [
+    let rows: [(&str, Milestone); 9] = [
         ("install -> first leading write", |p| Some(p.first_write)),
         ("  helm / kubectl apply returned", |p| Some(p.installer)),
         ("  pod sandbox (pause) started", |p| p.sandbox),
@@ -1082,6 +1082,9 @@ fn ratio(a: &[Duration], b: &[Duration]) -> String {
         _ => "-".to_owned(),
     }
 }
+
+/// One milestone of a [`StartPath`], when it was seen.
+type Milestone = fn(&StartPath) -> Option<Duration>;
 
 /// Where one install's time went, each from the install's start (helm's or kubectl's launch),
 /// for the pod that wrote first.
