@@ -10,7 +10,7 @@
 #   OUTDIR/busybox.tar      docker.io/library/busybox:1.37 from Debian's busybox-static
 #   OUTDIR/pause.tar        registry.k8s.io/pause:3.10 from e2e/node/cmd/pause
 #
-#   images.sh --peers OUTDIR KUBE_CONTROLLER_BIN CLIENTGO_CANDIDATE_BIN
+#   images.sh --peers OUTDIR KUBE_CONTROLLER_BIN CLIENTGO_CANDIDATE_BIN [TENURE_BIN]
 #
 #   OUTDIR/kube-controller.tar     docker.io/library/tenure-kube-controller:0.1.0, the static
 #                                  musl build of examples/kube_controller.rs
@@ -18,6 +18,9 @@
 #   OUTDIR/clientgo-candidate.tar  docker.io/library/clientgo-candidate:0.1.0, client-go's
 #                                  leader election (e2e/kube-testenv/cmd/clientgo-candidate)
 #                                  with busybox (images/clientgo-candidate.Dockerfile)
+#   OUTDIR/tenure-busybox.tar      docker.io/library/tenure-busybox:0.1.0, busybox with the
+#                                  static musl tenure at /usr/local/bin/tenure: a workload image
+#                                  that has tenure (images/tenure-busybox.Dockerfile)
 #   A binary given as "-" skips its image.
 #
 # buildah's storage is a temporary directory under OUTDIR (vfs driver), removed at the end.
@@ -27,7 +30,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 usage() {
   echo "usage: $0 OUTDIR TENURE_BIN PAUSE_BIN" >&2
-  echo "       $0 --peers OUTDIR KUBE_CONTROLLER_BIN CLIENTGO_CANDIDATE_BIN" >&2
+  echo "       $0 --peers OUTDIR KUBE_CONTROLLER_BIN CLIENTGO_CANDIDATE_BIN [TENURE_BIN]" >&2
   exit 2
 }
 peers=false
@@ -35,7 +38,11 @@ if [[ ${1:-} == --peers ]]; then
   peers=true
   shift
 fi
-[[ $# -eq 3 ]] || usage
+if $peers; then
+  [[ $# -eq 3 || $# -eq 4 ]] || usage
+else
+  [[ $# -eq 3 ]] || usage
+fi
 for tool in buildah busybox; do
   command -v "$tool" >/dev/null || { echo "images.sh: $tool not found (Debian packages buildah, busybox-static)" >&2; exit 1; }
 done
@@ -46,9 +53,10 @@ static() {
   fi
 }
 if $peers; then
-  out=$1 controller_bin=$2 candidate_bin=$3
+  out=$1 controller_bin=$2 candidate_bin=$3 in_image_bin=${4:--}
   [[ $controller_bin == - ]] || static "$controller_bin"
   [[ $candidate_bin == - ]] || static "$candidate_bin"
+  [[ $in_image_bin == - ]] || static "$in_image_bin"
 else
   out=$1 tenure_bin=$2 pause_bin=$3
   static "$tenure_bin"
@@ -105,6 +113,15 @@ if $peers; then
       -t "localhost/tenure-node-clientgo:build" "$ctx" >/dev/null
     bh push --quiet "localhost/tenure-node-clientgo:build" \
       "docker-archive:$out/clientgo-candidate.tar:docker.io/library/clientgo-candidate:$app_version"
+  fi
+  if [[ $in_image_bin != - ]]; then
+    ctx=$work/tenure-busybox-context
+    busybox_bin "$ctx"
+    install -m 0755 "$in_image_bin" "$ctx/tenure"
+    bh build --quiet --layers=false --format docker -f "$here/images/tenure-busybox.Dockerfile" \
+      -t "localhost/tenure-node-tenure-busybox:build" "$ctx" >/dev/null
+    bh push --quiet "localhost/tenure-node-tenure-busybox:build" \
+      "docker-archive:$out/tenure-busybox.tar:docker.io/library/tenure-busybox:$app_version"
   fi
   echo "$out"
   exit 0

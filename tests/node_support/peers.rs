@@ -19,6 +19,9 @@ use super::{NODE_IP, Node, Register, fresh_dir, pod_processes, repo, run};
 pub const CONTROLLER_IMAGE: &str = "docker.io/library/tenure-kube-controller:0.1.0";
 /// The image of client-go's candidate with busybox.
 pub const CLIENTGO_IMAGE: &str = "docker.io/library/clientgo-candidate:0.1.0";
+/// Busybox with tenure at /usr/local/bin/tenure (`images.sh --peers`'s fourth binary): the
+/// workload image of a release with `tenure.inject=false`.
+pub const TENURE_IN_IMAGE: &str = "docker.io/library/tenure-busybox:0.1.0";
 
 /// The static musl build of `examples/kube_controller.rs`, or why it is missing.
 pub fn controller_bin() -> Result<PathBuf, String> {
@@ -50,18 +53,30 @@ pub fn candidate_bin() -> &'static Path {
     })
 }
 
-/// Builds the peers' images (`None`: not that one) and returns the docker-archives made.
-pub fn build_images(controller: Option<&Path>, candidate: Option<&Path>) -> Vec<PathBuf> {
+/// Builds the peers' images (`None`: not that one) and returns the docker-archives made:
+/// the example's, client-go's candidate's, and busybox with `tenure_in_image` at
+/// /usr/local/bin/tenure ([`TENURE_IN_IMAGE`], a workload image that has tenure).
+pub fn build_images(
+    controller: Option<&Path>,
+    candidate: Option<&Path>,
+    tenure_in_image: Option<&Path>,
+) -> Vec<PathBuf> {
     let out = fresh_dir("peer-images");
     let arg = |p: Option<&Path>| p.map_or_else(|| "-".to_owned(), |p| p.display().to_string());
-    let (out_s, c, g) = (out.display().to_string(), arg(controller), arg(candidate));
+    let (out_s, c, g, t) = (
+        out.display().to_string(),
+        arg(controller),
+        arg(candidate),
+        arg(tenure_in_image),
+    );
     super::script(
         &repo().join("e2e/node/images.sh"),
-        &["--peers", &out_s, &c, &g],
+        &["--peers", &out_s, &c, &g, &t],
     );
     [
         controller.map(|_| out.join("kube-controller.tar")),
         candidate.map(|_| out.join("clientgo-candidate.tar")),
+        tenure_in_image.map(|_| out.join("tenure-busybox.tar")),
     ]
     .into_iter()
     .flatten()

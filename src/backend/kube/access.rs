@@ -46,13 +46,7 @@ impl KubeBackend {
             .iter()
             .map(|verb| (*verb, Some(name)))
             .chain([("create", None)]);
-        let mut missing = Vec::new();
-        for (verb, lease) in checks {
-            if !self.may(verb, lease).await? {
-                missing.push(verb);
-            }
-        }
-        Ok(missing)
+        self.missing_of(checks).await
     }
 
     /// The permissions a run-once job (`tenure run --once-per`) needs on its completion record,
@@ -68,17 +62,33 @@ impl KubeBackend {
         name: &str,
     ) -> Result<Vec<&'static str>, BackendError> {
         let record = super::completion::record_name(name)?;
-        let mut missing = Vec::new();
-        for (verb, lease) in [
+        self.missing_of([
             ("get", Some(record.as_str())),
             ("update", Some(record.as_str())),
             ("create", None),
-        ] {
-            if !self.may(verb, lease).await? {
-                missing.push(verb);
-            }
-        }
-        Ok(missing)
+        ])
+        .await
+    }
+
+    /// The verbs of `checks` (each on the Lease named, or on Leases) this backend's user may
+    /// not use, in the order given. The reviews go out together: they run before every
+    /// campaign of `tenure run`, and one after another they were a round trip each on the
+    /// start path (issue #45).
+    async fn missing_of<'a>(
+        &self,
+        checks: impl IntoIterator<Item = (&'static str, Option<&'a str>)>,
+    ) -> Result<Vec<&'static str>, BackendError> {
+        let answers = futures::future::try_join_all(
+            checks
+                .into_iter()
+                .map(|(verb, lease)| async move { Ok((verb, self.may(verb, lease).await?)) }),
+        )
+        .await?;
+        Ok(answers
+            .into_iter()
+            .filter(|(_, allowed)| !allowed)
+            .map(|(verb, _)| verb)
+            .collect())
     }
 
     /// Whether this backend's user may `verb` Leases (the one named `lease`, if given) in its

@@ -27,8 +27,15 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if let Some(lock) = restart::take(&args, &args.lease).await? {
         elector = elector.with_restart_lock(lock);
     }
-    setup::probe(&connected, &args.lease, args.retry_period).await?;
-    check_permissions(&connected, &args.lease, args.once_per.is_some()).await?;
+    // Independent reads: together, so that the start path waits one round trip for both
+    // rather than one per request (issue #45). The store's answer is judged first, so a store
+    // that cannot be reached is reported as such whichever answer came back first.
+    let (read, permitted) = tokio::join!(
+        setup::probe(&connected, &args.lease, args.retry_period),
+        check_permissions(&connected, &args.lease, args.once_per.is_some()),
+    );
+    read?;
+    permitted?;
 
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ElectionMetrics::register(&mut registry);
