@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::intent::{HandoffCause, StepDown};
 use super::{ElectionError, LeaderElector, Term};
-use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
+use crate::backend::{BackendError, FencingToken, Handoff, HolderChange, LeadershipEvent};
 use crate::{Lease, LeaseEnd, LockError, LostReason};
 
 /// The store's holder changes for one lease, as the elector follows them.
@@ -432,8 +432,24 @@ impl LeaderElector {
             self.record_term_lost();
         }
         cancel.cancel();
-        let released = match &stopping {
-            Some(Stopping::StepDown(StepDown { to, .. })) if let Some(to) = to.target() => {
+        // Letting go without a named target (a graceful shutdown, a step-down without one):
+        // to the preferred ready follower, when there is a preference and one.
+        let mut shutdown_to = None;
+        match &mut stopping {
+            Some(Stopping::StepDown(req)) if req.to == Handoff::Anyone => {
+                if let Some(who) = self.preferred_successor().await {
+                    req.reason = format!("{}: handing over to preferred {who}", req.reason);
+                    req.to = Handoff::To(who);
+                }
+            }
+            Some(Stopping::Shutdown) => shutdown_to = self.preferred_successor().await,
+            _ => {}
+        }
+        let released = match (&stopping, &shutdown_to) {
+            (Some(Stopping::StepDown(StepDown { to, .. })), _) if let Some(to) = to.target() => {
+                lease.release_to(to, config.handoff_window).await
+            }
+            (Some(Stopping::Shutdown), Some(to)) => {
                 lease.release_to(to, config.handoff_window).await
             }
             _ => lease.release().await,
@@ -446,7 +462,12 @@ impl LeaderElector {
                 self.record_handoff(fencing, req.cause, req.to.target(), &req.reason);
             }
             Some(Stopping::Shutdown) => {
-                self.record_handoff(fencing, HandoffCause::Shutdown, None, "shut down");
+                self.record_handoff(
+                    fencing,
+                    HandoffCause::Shutdown,
+                    shutdown_to.as_deref(),
+                    "shut down",
+                );
             }
             _ => {}
         }
