@@ -7,11 +7,13 @@
 //! and releases with [`Lease::release_to`](crate::Lease::release_to) when there is a target.
 //! Fencing is untouched: the next term is a new grant with a higher token.
 //!
-//! Followers tell the leader that they are healthy by announcing themselves in a membership
-//! group named after the lease ([`health_group`](super::health_group)), the store's own member records with a ttl
+//! Followers tell the leader that they are ready (healthy, with a health policy) by announcing
+//! themselves in a membership group named after the lease
+//! ([`health_group`](super::health_group)), the store's own member records with a ttl
 //! (the same machinery as sharded leadership): a follower that dies or turns unhealthy drops
 //! out of it within one lease duration, with nothing to clean up. The leader reads that group
-//! only when it is about to step down for its health.
+//! only when it is about to step down for its health, or to let go with a
+//! [`Preference`](super::Preference) (which of the ready followers: `prefer.rs`).
 
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -290,12 +292,35 @@ impl LeaderElector {
         }
     }
 
+    /// Withdraws this replica from the ready group at the end of its run (with a health
+    /// policy or a preference), bounded by the request timeout; a failure leaves the
+    /// announcement to run out.
+    pub(super) async fn withdraw_ready(&self) {
+        let config = &self.inner.config;
+        if config.health.is_none() && config.prefer.is_none() {
+            return;
+        }
+        let group = health_group(&self.inner.name);
+        let withdraw = self
+            .inner
+            .locker
+            .backend()
+            .withdraw_member(&group, self.identity());
+        match tokio::time::timeout(config.effective_request_timeout(), withdraw).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(%group, error = %e, "cannot withdraw from the ready group")
+            }
+            Err(_) => tracing::debug!(%group, "withdrawing from the ready group timed out"),
+        }
+    }
+
     /// With a health policy or a preference, keeps this replica's announcement in
     /// [`health_group`] current for as long as the run lasts: announced (ttl one lease
     /// duration, renewed every retry period) while eligible, withdrawn otherwise. Its
     /// `joined_ms` is when the run began, on this replica's wall clock: what
     /// [`Preference::Newest`](super::Preference::Newest) orders by. Never returns.
-    pub(super) async fn publish_health(&self) -> std::convert::Infallible {
+    pub(super) async fn publish_health(&self, joined_ms: u64) -> std::convert::Infallible {
         let policy = self.inner.config.health;
         if policy.is_none() && self.inner.config.prefer.is_none() {
             return std::future::pending().await;
@@ -306,7 +331,7 @@ impl LeaderElector {
         let member = Member {
             identity: self.identity().to_owned(),
             shards: 0,
-            joined_ms: crate::util::unix_millis(),
+            joined_ms,
             holds: Vec::new(),
         };
         let mut rx = self.inner.intent.health.subscribe();

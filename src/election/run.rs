@@ -106,6 +106,8 @@ impl LeaderElector {
         }
         let _running = RunningGuard(self);
         self.inner.contact.run_started();
+        // When this run began, for the ready group: what "newest first" orders by.
+        let joined_ms = crate::util::unix_millis();
         let mut shutdown = pin!(shutdown.fuse());
         // One stream of holder changes for the whole run: campaigning and leading follow the
         // same watch, so a won campaign does not close it and open another (two requests per
@@ -164,11 +166,16 @@ impl LeaderElector {
                 }
             }
         };
-        // Healthy replicas announce it for as long as the run lasts (with a health policy).
-        tokio::select! {
+        // Ready replicas announce it for as long as the run lasts (with a health policy or a
+        // preference).
+        let out = tokio::select! {
             out = terms => out,
-            never = self.publish_health() => match never {},
-        }
+            never = self.publish_health(joined_ms) => match never {},
+        };
+        // A replica that is gone is nobody's successor: out of the ready group now rather
+        // than when its announcement runs out.
+        self.withdraw_ready().await;
+        out
     }
 
     /// Refuses a plain election whose lease is named `GROUP-N` when the sharded group `GROUP`
