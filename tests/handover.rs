@@ -13,7 +13,7 @@ use std::time::Duration;
 use tenure::backend::Handoff;
 use tenure::backend::memory::MemoryBackend;
 use tenure::conformance::FencedRegister;
-use tenure::election::{ElectionConfig, HealthPolicy, LeaderElector, Preference};
+use tenure::election::{ElectionConfig, HandoffCause, HealthPolicy, LeaderElector, Preference};
 use tenure::{Backend, Locker};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -366,6 +366,12 @@ async fn a_replica_that_turns_unhealthy_while_campaigning_stops(
     r.finish();
 }
 
+/// Why replica `id` last let go of the lease, and to whom.
+fn handed_to(r: &Replicas, id: &str) -> Option<(HandoffCause, Option<String>)> {
+    let last = r.elector(id).last_handoff().borrow().clone();
+    last.map(|h| (h.cause, h.to))
+}
+
 fn newest_first(unit: Duration) -> ElectionConfig {
     Replicas::config(unit).prefer(Preference::Newest)
 }
@@ -396,6 +402,11 @@ async fn a_rollout_moves_leadership_once_with_newest_first(
         tokio::time::sleep(unit * 2).await;
     }
     tokio::time::sleep(unit * 8).await;
+    assert_eq!(
+        handed_to(&r, "old-a"),
+        Some((HandoffCause::Shutdown, Some("new-1".to_owned()))),
+        "the old leader released to the newest replica"
+    );
     let terms = r.finish();
     assert_eq!(ids(&terms), ["old-a", "new-1"], "one new term per rollout");
 }
@@ -412,6 +423,11 @@ async fn a_graceful_shutdown_hands_to_the_newest_follower(
     r.stop("a").await;
     let terms = r.until(unit * 10, |t| t.len() == 2).await;
     assert_eq!(ids(&terms), ["a", "b"], "the newest follower leads next");
+    assert_eq!(
+        handed_to(&r, "a"),
+        Some((HandoffCause::Shutdown, Some("b".to_owned()))),
+        "the shutdown released to the newest follower, not to anyone"
+    );
     assert!(
         terms[1].started - since < unit * 2,
         "the hand-over waited for a window or an expiry: {:?}",
