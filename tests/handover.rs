@@ -2,9 +2,11 @@
 //! register (no two terms overlap, tokens rise): a hand-over to a named replica, to a dead
 //! one, one asked for through the store; an unhealthy leader handing over within its bound,
 //! keeping the lease when every replica is unhealthy, and flapping checks moving leadership
-//! at most once per recovery window. Each scenario runs on the memory backend with tokio's
-//! paused clock and on a real `redis-server`.
+//! at most once per recovery window; "newest first" on a graceful shutdown, a rollout and a
+//! step-down. Each scenario runs on the memory backend with tokio's paused clock and on a real
+//! `redis-server`; the "newest first" ones also on a real kube-apiserver.
 
+mod kube_support;
 mod support;
 
 use std::sync::{Arc, Mutex};
@@ -605,6 +607,35 @@ mod redis {
     async fn a_flapping_check_moves_leadership_at_most_once_per_window() {
         let (_s, b) = store().await;
         super::a_flapping_check_moves_leadership_at_most_once_per_window(b, UNIT, SLACK).await;
+    }
+}
+
+mod kube {
+    use super::*;
+
+    /// Leases count in whole seconds.
+    const UNIT: Duration = Duration::from_secs(1);
+
+    /// A backend in a namespace of its own (every scenario uses the same lease name).
+    async fn store() -> Arc<dyn Backend> {
+        let ns = super::kube_support::unique("handover");
+        super::kube_support::shared().namespace(&ns).await;
+        Arc::new(super::kube_support::shared().backend(&ns).await)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rollout_moves_leadership_once_with_newest_first() {
+        super::a_rollout_moves_leadership_once_with_newest_first(store().await, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_graceful_shutdown_hands_to_the_newest_follower() {
+        super::a_graceful_shutdown_hands_to_the_newest_follower(store().await, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
+        super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(store().await, UNIT).await;
     }
 }
 
