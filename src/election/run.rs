@@ -452,6 +452,9 @@ impl LeaderElector {
             Some(Stopping::Shutdown) => shutdown_to = self.preferred_successor().await,
             _ => {}
         }
+        if let Some(who) = &shutdown_to {
+            tracing::info!(parent: &span, to = %who, "shutting down: releasing to the preferred follower");
+        }
         let released = match (&stopping, &shutdown_to) {
             (Some(Stopping::StepDown(StepDown { to, .. })), _) if let Some(to) = to.target() => {
                 lease.release_to(to, config.handoff_window).await
