@@ -206,11 +206,19 @@ fn kube_handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_or
     handoff_moves_leadership(&Store::kube(), "cli-handoff-kube");
 }
 
+/// What one rolling restart did: its new terms, and whether the old leader's log says it
+/// released to the newest replica.
+#[derive(Debug, PartialEq, Eq)]
+struct Rollout {
+    terms: usize,
+    to_newest: bool,
+}
+
 /// `rollouts` rolling restarts of three replicas started with `extra`, as a Deployment does
 /// them (maxSurge 1, maxUnavailable 0): for each old replica, the leader first, a new one
-/// starts, has a moment to become ready, then the old one gets SIGTERM. Returns the new
-/// terms each rollout made, and checks that no two terms overlapped.
-fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<usize> {
+/// starts, has a moment to become ready, then the old one gets SIGTERM. Checks that no two
+/// terms overlapped.
+fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<Rollout> {
     let dir = TempDir::new(tag);
     let log = dir.path().join("log");
     let mut live: Vec<(String, Tenure)> = Vec::new();
@@ -232,8 +240,10 @@ fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<us
         let current = leader(&events(&log)).expect("a leader");
         let mut old: Vec<String> = live.iter().map(|(id, _)| id.clone()).collect();
         old.sort_by_key(|id| *id != current);
+        let mut to_newest = false;
         for id in old {
             start(&mut live);
+            let newest = live.last().map(|(x, _)| x.clone()).expect("just started");
             std::thread::sleep(Duration::from_secs(1));
             let at = live
                 .iter()
@@ -242,6 +252,12 @@ fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<us
             let (_, mut t) = live.remove(at);
             t.signal(libc::SIGTERM);
             t.wait(Duration::from_secs(20));
+            if id == current {
+                to_newest = t.log().lines().any(|l| {
+                    l.contains("releasing to the preferred follower")
+                        && l.contains(&format!("to={newest}"))
+                });
+            }
         }
         // Whoever leads now has settled (an old replica's term would have ended with it).
         std::thread::sleep(Duration::from_secs(1));
@@ -249,7 +265,10 @@ fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<us
             let ev = events(&log);
             starts(&ev) > ev.iter().filter(|e| e.kind == "end").count()
         });
-        per_rollout.push(starts(&events(&log)) - before);
+        per_rollout.push(Rollout {
+            terms: starts(&events(&log)) - before,
+            to_newest,
+        });
     }
     for (_, t) in &mut live {
         t.signal(libc::SIGTERM);
@@ -270,7 +289,11 @@ fn a_rolling_restart_with_prefer_newest_moves_leadership_once() {
         &["--prefer", "newest"],
         2,
     );
-    assert_eq!(terms, [1, 1], "new terms per rollout");
+    let once = || Rollout {
+        terms: 1,
+        to_newest: true,
+    };
+    assert_eq!(terms, [once(), once()], "new terms per rollout");
 }
 
 #[test]
@@ -281,7 +304,11 @@ fn kube_a_rolling_restart_with_prefer_newest_moves_leadership_once() {
         &["--prefer", "newest"],
         2,
     );
-    assert_eq!(terms, [1, 1], "new terms per rollout");
+    let once = || Rollout {
+        terms: 1,
+        to_newest: true,
+    };
+    assert_eq!(terms, [once(), once()], "new terms per rollout");
 }
 
 /// New terms per rolling restart of three `tenure run` replicas, `--prefer newest` vs none
@@ -303,7 +330,8 @@ fn measure_rollout_terms() {
             (&["--prefer", "newest"][..], "--prefer newest"),
             (&[][..], "no preference"),
         ] {
-            let terms = rollouts(&store, &format!("cli-measure-{name}"), extra, n);
+            let done = rollouts(&store, &format!("cli-measure-{name}"), extra, n);
+            let terms: Vec<usize> = done.iter().map(|r| r.terms).collect();
             let total: usize = terms.iter().sum();
             println!(
                 "{name}, {label}: new terms per rollout {terms:?} (mean {:.2})",

@@ -723,6 +723,34 @@ pub struct BackendArgs {
 mod tests {
     use super::*;
 
+    #[test]
+    fn prefer_takes_newest_or_a_list_of_identities_and_names_what_is_wrong() {
+        assert_eq!(parse_preference("newest"), Ok(Preference::Newest));
+        assert_eq!(
+            parse_preference("identities:pod-a,pod-b"),
+            Ok(Preference::Identities(vec!["pod-a".into(), "pod-b".into()]))
+        );
+        for (bad, says) in [
+            ("oldest", "is not a preference: `newest`, or `identities:`"),
+            ("Newest", "is not a preference"),
+            ("pod-a,pod-b", "is not a preference"),
+            (
+                "identities:",
+                "every identity in the list must have 1 to 253 bytes, not 0",
+            ),
+            ("identities:a,,b", "not 0"),
+        ] {
+            let e = parse_preference(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let long = format!("identities:{}", "a".repeat(254));
+        assert!(
+            parse_preference(&long)
+                .expect_err("too long")
+                .contains("not 254"),
+        );
+    }
+
     /// The `run` flags that take a DURATION, parsed by clap from `--flag=value` pairs.
     fn durations(flags: &[(&str, &str)]) -> Result<[Duration; 4], String> {
         let mut argv = vec!["tenure".to_owned(), "run".into(), "--lease=l".into()];
