@@ -280,35 +280,29 @@ fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<Ro
     per_rollout
 }
 
-#[test]
-fn a_rolling_restart_with_prefer_newest_moves_leadership_once() {
-    let server = RedisServer::start();
-    let terms = rollouts(
-        &Store::redis(&server.url()),
-        "cli-rollout",
-        &["--prefer", "newest"],
-        2,
-    );
+/// Two rolling restarts with `--prefer newest`: one new term each, and each old leader
+/// released to the newest replica.
+fn a_rolling_restart_with_newest_first_moves_leadership_once(store: &Store, tag: &str) {
+    let done = rollouts(store, tag, &["--prefer", "newest"], 2);
     let once = || Rollout {
         terms: 1,
         to_newest: true,
     };
-    assert_eq!(terms, [once(), once()], "new terms per rollout");
+    assert_eq!(done, [once(), once()], "new terms per rollout");
+}
+
+#[test]
+fn a_rolling_restart_with_prefer_newest_moves_leadership_once() {
+    let server = RedisServer::start();
+    a_rolling_restart_with_newest_first_moves_leadership_once(
+        &Store::redis(&server.url()),
+        "cli-rollout",
+    );
 }
 
 #[test]
 fn kube_a_rolling_restart_with_prefer_newest_moves_leadership_once() {
-    let terms = rollouts(
-        &Store::kube(),
-        "cli-rollout-kube",
-        &["--prefer", "newest"],
-        2,
-    );
-    let once = || Rollout {
-        terms: 1,
-        to_newest: true,
-    };
-    assert_eq!(terms, [once(), once()], "new terms per rollout");
+    a_rolling_restart_with_newest_first_moves_leadership_once(&Store::kube(), "cli-rollout-kube");
 }
 
 /// New terms per rolling restart of three `tenure run` replicas, `--prefer newest` vs none
