@@ -1,13 +1,16 @@
 //! `tenure handoff` and `tenure run --health-cmd` on a real `redis-server`: three replicas,
 //! leadership moved to a chosen one, a dead target leaving an ordinary release, and a leader
-//! whose health check fails handing over while its process stays up. Every command's run is
-//! logged; no two overlap and tokens rise.
+//! whose health check fails handing over while its process stays up; `tenure handoff` and
+//! `tenure run --prefer newest` (a rolling restart of three replicas moves leadership once)
+//! on Redis and on a real kube-apiserver. Every command's run is logged; no two overlap and
+//! tokens rise.
 //!
 //! `measure_transfer_gap` (ignored; run with `--ignored --nocapture`) prints the gap between
 //! the old leader's command ending and the new one's starting, hand-over vs a plain graceful
 //! release (SIGTERM to the leader).
 
 mod cli_support;
+mod kube_support;
 mod support;
 
 use std::path::Path;
@@ -28,11 +31,59 @@ while :; do sleep 0.05; done"#,
 }
 
 fn replica(url: &str, id: &str, log: &Path, dir: &Path, extra: &[&str]) -> Tenure {
+    replica_on(&Store::redis(url), id, log, dir, extra)
+}
+
+/// Where the replicas meet: `--backend` and its flags, and the environment (a kubeconfig).
+struct Store {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+impl Store {
+    fn redis(url: &str) -> Self {
+        Self {
+            args: vec!["--backend".into(), url.into()],
+            env: Vec::new(),
+        }
+    }
+
+    /// A namespace of its own on the shared kube-apiserver, as admin.
+    fn kube() -> Self {
+        let server = kube_support::shared();
+        let ns = kube_support::unique("cli-handoff");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(server.namespace(&ns));
+        Self {
+            args: vec!["--backend".into(), "kube".into(), "--namespace".into(), ns],
+            env: vec![(
+                "KUBECONFIG".into(),
+                server.admin_kubeconfig().display().to_string(),
+            )],
+        }
+    }
+
+    fn args(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
+    }
+
+    fn env(&self) -> Vec<(&str, &str)> {
+        self.env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+fn replica_on(store: &Store, id: &str, log: &Path, dir: &Path, extra: &[&str]) -> Tenure {
     let mut more = vec!["--identity", id, "--grace", "2s"];
     more.extend_from_slice(extra);
     Tenure::start(
-        &cli_support::run_args("job", &["--backend", url], &more, worker(log)),
-        &[],
+        &cli_support::run_args("job", &store.args(), &more, worker(log)),
+        &store.env(),
         dir.join(format!("stderr-{id}")),
     )
 }
@@ -87,34 +138,32 @@ fn until_starts(log: &Path, n: usize, limit: Duration) -> Vec<Event> {
 }
 
 fn handoff(url: &str, to: Option<&str>, wait: &str) -> (i32, String, String) {
-    let mut args = vec![
-        "handoff",
-        "--lease",
-        "job",
-        "--backend",
-        url,
-        "--wait",
-        wait,
-    ];
+    handoff_on(&Store::redis(url), "job", to, wait)
+}
+
+fn handoff_on(store: &Store, lease: &str, to: Option<&str>, wait: &str) -> (i32, String, String) {
+    let mut args = vec!["handoff", "--lease", lease];
+    args.extend(store.args());
+    args.extend(["--wait", wait]);
     if let Some(to) = to {
         args.extend(["--to", to]);
     }
-    run_to_end(&args, &[])
+    run_to_end(&args, &store.env())
 }
 
-#[test]
-fn handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_ordinary_release() {
-    let server = RedisServer::start();
-    let dir = TempDir::new("cli-handoff");
+/// Three replicas: `tenure handoff --to b` moves leadership to b (exit 0); to a replica that
+/// does not exist, b releases, nobody may take the lease for the window, then someone does
+/// (exit 1); a lease nobody holds: exit 6.
+fn handoff_moves_leadership(store: &Store, tag: &str) {
+    let dir = TempDir::new(tag);
     let log = dir.path().join("log");
-    let url = server.url();
-    let a = replica(&url, "a", &log, dir.path(), &[]);
-    until_starts(&log, 1, Duration::from_secs(10));
-    let b = replica(&url, "b", &log, dir.path(), &[]);
-    let c = replica(&url, "c", &log, dir.path(), &[]);
+    let a = replica_on(store, "a", &log, dir.path(), &[]);
+    until_starts(&log, 1, Duration::from_secs(20));
+    let b = replica_on(store, "b", &log, dir.path(), &[]);
+    let c = replica_on(store, "c", &log, dir.path(), &[]);
     std::thread::sleep(Duration::from_secs(1));
 
-    let (code, out, err) = handoff(&url, Some("b"), "10s");
+    let (code, out, err) = handoff_on(store, "job", Some("b"), "10s");
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert!(out.contains("a -> b"), "{out}");
     let ev = until_starts(&log, 2, Duration::from_secs(10));
@@ -122,7 +171,7 @@ fn handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_ordinar
 
     // A target that does not exist: b releases, nobody may take the lease for the window
     // (4 s), then someone does. The CLI reports the move, not to --to (exit 1).
-    let (code, out, err) = handoff(&url, Some("ghost"), "20s");
+    let (code, out, err) = handoff_on(store, "job", Some("ghost"), "20s");
     assert_eq!(code, 1, "stdout: {out}\nstderr: {err}");
     assert!(
         out.contains("b -> ") && out.contains("not to --to"),
@@ -132,18 +181,7 @@ fn handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_ordinar
     assert!(leader(&ev).is_some());
 
     // Not held: exit 6.
-    let (code, _, err) = run_to_end(
-        &[
-            "handoff",
-            "--lease",
-            "nobody",
-            "--backend",
-            &url,
-            "--to",
-            "b",
-        ],
-        &[],
-    );
+    let (code, _, err) = handoff_on(store, "nobody", Some("b"), "10s");
     assert_eq!(code, 6, "{err}");
     drop((a, b, c));
     std::thread::sleep(Duration::from_millis(500));
@@ -155,6 +193,146 @@ fn handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_ordinar
         .map(|e| (e.pid, cli_support::now_ns()))
         .collect();
     assert_one_at_a_time(&ev, &deaths);
+}
+
+#[test]
+fn handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_ordinary_release() {
+    let server = RedisServer::start();
+    handoff_moves_leadership(&Store::redis(&server.url()), "cli-handoff");
+}
+
+#[test]
+fn kube_handoff_moves_leadership_to_the_named_replica_and_a_dead_target_is_an_ordinary_release() {
+    handoff_moves_leadership(&Store::kube(), "cli-handoff-kube");
+}
+
+/// What one rolling restart did: its new terms, and whether the old leader's log says it
+/// released to the newest replica.
+#[derive(Debug, PartialEq, Eq)]
+struct Rollout {
+    terms: usize,
+    to_newest: bool,
+}
+
+/// `rollouts` rolling restarts of three replicas started with `extra`, as a Deployment does
+/// them (maxSurge 1, maxUnavailable 0): for each old replica, the leader first, a new one
+/// starts, has a moment to become ready, then the old one gets SIGTERM. Checks that no two
+/// terms overlapped.
+fn rollouts(store: &Store, tag: &str, extra: &[&str], rollouts: usize) -> Vec<Rollout> {
+    let dir = TempDir::new(tag);
+    let log = dir.path().join("log");
+    let mut live: Vec<(String, Tenure)> = Vec::new();
+    let mut n = 0;
+    let mut start = |live: &mut Vec<(String, Tenure)>| {
+        n += 1;
+        let id = format!("r{n}");
+        live.push((id.clone(), replica_on(store, &id, &log, dir.path(), extra)));
+    };
+    start(&mut live);
+    until_starts(&log, 1, Duration::from_secs(20));
+    start(&mut live);
+    start(&mut live);
+    std::thread::sleep(Duration::from_secs(1));
+    let mut per_rollout = Vec::new();
+    for _ in 0..rollouts {
+        let before = starts(&events(&log));
+        // The leader first: the order in which a preference matters.
+        let current = leader(&events(&log)).expect("a leader");
+        let mut old: Vec<String> = live.iter().map(|(id, _)| id.clone()).collect();
+        old.sort_by_key(|id| *id != current);
+        let mut to_newest = false;
+        for id in old {
+            start(&mut live);
+            let newest = live.last().map(|(x, _)| x.clone()).expect("just started");
+            std::thread::sleep(Duration::from_secs(1));
+            let at = live
+                .iter()
+                .position(|(x, _)| *x == id)
+                .expect("a live replica");
+            let (_, mut t) = live.remove(at);
+            t.signal(libc::SIGTERM);
+            t.wait(Duration::from_secs(20));
+            if id == current {
+                to_newest = t.log().lines().any(|l| {
+                    l.contains("releasing to the preferred follower")
+                        && l.contains(&format!("to={newest}"))
+                });
+            }
+        }
+        // Whoever leads now has settled (an old replica's term would have ended with it).
+        std::thread::sleep(Duration::from_secs(1));
+        cli_support::wait_until(Duration::from_secs(20), "a leader", || {
+            let ev = events(&log);
+            starts(&ev) > ev.iter().filter(|e| e.kind == "end").count()
+        });
+        per_rollout.push(Rollout {
+            terms: starts(&events(&log)) - before,
+            to_newest,
+        });
+    }
+    for (_, t) in &mut live {
+        t.signal(libc::SIGTERM);
+    }
+    for (_, t) in &mut live {
+        t.wait(Duration::from_secs(20));
+    }
+    assert_one_at_a_time(&events(&log), &[]);
+    per_rollout
+}
+
+/// Two rolling restarts with `--prefer newest`: one new term each, and each old leader
+/// released to the newest replica.
+fn a_rolling_restart_with_newest_first_moves_leadership_once(store: &Store, tag: &str) {
+    let done = rollouts(store, tag, &["--prefer", "newest"], 2);
+    let once = || Rollout {
+        terms: 1,
+        to_newest: true,
+    };
+    assert_eq!(done, [once(), once()], "new terms per rollout");
+}
+
+#[test]
+fn a_rolling_restart_with_prefer_newest_moves_leadership_once() {
+    let server = RedisServer::start();
+    a_rolling_restart_with_newest_first_moves_leadership_once(
+        &Store::redis(&server.url()),
+        "cli-rollout",
+    );
+}
+
+#[test]
+fn kube_a_rolling_restart_with_prefer_newest_moves_leadership_once() {
+    a_rolling_restart_with_newest_first_moves_leadership_once(&Store::kube(), "cli-rollout-kube");
+}
+
+/// New terms per rolling restart of three `tenure run` replicas, `--prefer newest` vs none
+/// (a graceful release: whoever campaigns first), on Redis and Kubernetes.
+/// `ROLLOUTS=N cargo test --all-features --test cli_handoff -- --ignored --nocapture measure_rollout`
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn measure_rollout_terms() {
+    let n: usize = std::env::var("ROLLOUTS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let server = RedisServer::start();
+    for (store, name) in [
+        (Store::redis(&server.url()), "redis"),
+        (Store::kube(), "kube"),
+    ] {
+        for (extra, label) in [
+            (&["--prefer", "newest"][..], "--prefer newest"),
+            (&[][..], "no preference"),
+        ] {
+            let done = rollouts(&store, &format!("cli-measure-{name}"), extra, n);
+            let terms: Vec<usize> = done.iter().map(|r| r.terms).collect();
+            let total: usize = terms.iter().sum();
+            println!(
+                "{name}, {label}: new terms per rollout {terms:?} (mean {:.2})",
+                total as f64 / n as f64
+            );
+        }
+    }
 }
 
 #[test]

@@ -2,9 +2,11 @@
 //! register (no two terms overlap, tokens rise): a hand-over to a named replica, to a dead
 //! one, one asked for through the store; an unhealthy leader handing over within its bound,
 //! keeping the lease when every replica is unhealthy, and flapping checks moving leadership
-//! at most once per recovery window. Each scenario runs on the memory backend with tokio's
-//! paused clock and on a real `redis-server`.
+//! at most once per recovery window; "newest first" on a graceful shutdown, a rollout and a
+//! step-down. Each scenario runs on the memory backend with tokio's paused clock and on a real
+//! `redis-server`; the "newest first" ones also on a real kube-apiserver.
 
+mod kube_support;
 mod support;
 
 use std::sync::{Arc, Mutex};
@@ -13,9 +15,10 @@ use std::time::Duration;
 use tenure::backend::Handoff;
 use tenure::backend::memory::MemoryBackend;
 use tenure::conformance::FencedRegister;
-use tenure::election::{ElectionConfig, HealthPolicy, LeaderElector};
+use tenure::election::{ElectionConfig, HandoffCause, HealthPolicy, LeaderElector, Preference};
 use tenure::{Backend, Locker};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "handover";
 
@@ -33,6 +36,11 @@ struct Replicas {
     terms: Arc<Mutex<Vec<TermRec>>>,
     register: Arc<FencedRegister>,
     runs: Vec<tokio::task::JoinHandle<()>>,
+    /// Each replica's graceful shutdown, by index.
+    stops: Vec<CancellationToken>,
+    /// The configuration every replica runs with.
+    config: ElectionConfig,
+    backend: Arc<dyn Backend>,
     /// The time scale: every wait in a scenario is a multiple of it.
     unit: Duration,
 }
@@ -57,41 +65,32 @@ impl Replicas {
         unit: Duration,
         health: Option<HealthPolicy>,
     ) -> Self {
+        let mut config = Self::config(unit);
+        if let Some(h) = health {
+            config = config.health(h);
+        }
+        Self::start_with(backend, ids, unit, config).await
+    }
+
+    /// [`start`](Self::start) with this configuration.
+    async fn start_with(
+        backend: Arc<dyn Backend>,
+        ids: &[&str],
+        unit: Duration,
+        config: ElectionConfig,
+    ) -> Self {
         let mut r = Self {
             electors: Vec::new(),
             terms: Arc::default(),
             register: Arc::default(),
             runs: Vec::new(),
+            stops: Vec::new(),
+            config,
+            backend,
             unit,
         };
         for (i, id) in ids.iter().enumerate() {
-            let mut config = Self::config(unit);
-            if let Some(h) = health {
-                config = config.health(h);
-            }
-            let locker = Locker::with_identity(backend.clone(), id).expect("identity");
-            let e = LeaderElector::new(locker, LEASE, config).expect("config");
-            let (terms, register, me) = (r.terms.clone(), r.register.clone(), (*id).to_owned());
-            let run = e.clone();
-            r.runs.push(tokio::spawn(async move {
-                let out = run
-                    .run(|term| {
-                        let (terms, register, me) = (terms.clone(), register.clone(), me.clone());
-                        async move {
-                            register.enter(term.fencing_token());
-                            terms.lock().expect("not poisoned").push(TermRec {
-                                identity: me,
-                                token: term.fencing_token().get(),
-                                started: Instant::now(),
-                            });
-                            term.cancellation().cancelled().await;
-                            register.leave(term.fencing_token());
-                        }
-                    })
-                    .await;
-                panic!("a replica's run ended: {out:?}");
-            }));
-            r.electors.push(e);
+            r.add(id).await;
             if i == 0 {
                 r.until(unit * 20, |t| t.len() == 1).await;
             }
@@ -99,6 +98,57 @@ impl Replicas {
         // Followers are campaigning (and announced healthy) once they had a retry period.
         tokio::time::sleep(unit * 2).await;
         r
+    }
+
+    /// Starts one more replica. Its run has begun when this returns, and the wall clock
+    /// (what "newest first" orders by, in milliseconds) has moved on since.
+    async fn add(&mut self, id: &str) {
+        let locker = Locker::with_identity(self.backend.clone(), id).expect("identity");
+        let e = LeaderElector::new(locker, LEASE, self.config.clone()).expect("config");
+        let (terms, register, me) = (self.terms.clone(), self.register.clone(), id.to_owned());
+        let (run, stop) = (e.clone(), CancellationToken::new());
+        let stopped = stop.clone();
+        self.runs.push(tokio::spawn(async move {
+            let out = run
+                .run_until(stopped.clone().cancelled_owned(), |term| {
+                    let (terms, register, me) = (terms.clone(), register.clone(), me.clone());
+                    async move {
+                        register.enter(term.fencing_token());
+                        terms.lock().expect("not poisoned").push(TermRec {
+                            identity: me,
+                            token: term.fencing_token().get(),
+                            started: Instant::now(),
+                        });
+                        term.cancellation().cancelled().await;
+                        register.leave(term.fencing_token());
+                    }
+                })
+                .await;
+            assert!(
+                // A leader's workload returns within its grace: `Ok(Some(()))`.
+                stopped.is_cancelled() && matches!(out, Ok(None | Some(()))),
+                "a replica's run ended: {out:?}"
+            );
+        }));
+        self.electors.push(e);
+        self.stops.push(stop);
+        tokio::time::sleep(self.unit / 10).await;
+        std::thread::sleep(Duration::from_millis(3));
+    }
+
+    /// Shuts replica `id` down gracefully and waits until its run has returned.
+    async fn stop(&mut self, id: &str) {
+        let i = self
+            .electors
+            .iter()
+            .position(|e| e.identity() == id)
+            .expect("a replica of that name");
+        self.stops[i].cancel();
+        let deadline = Instant::now() + self.unit * 20;
+        while !self.runs[i].is_finished() {
+            assert!(Instant::now() < deadline, "{id} did not shut down");
+            tokio::time::sleep(self.unit / 20).await;
+        }
     }
 
     fn elector(&self, id: &str) -> &LeaderElector {
@@ -130,10 +180,18 @@ impl Replicas {
 
     /// Ends the test: no run failed, terms never overlapped and their tokens rose (the
     /// register panics in the workload otherwise, which ends that run).
-    fn finish(self) -> Vec<TermRec> {
-        for run in &self.runs {
-            assert!(!run.is_finished(), "a replica's run ended early");
-            run.abort();
+    fn finish(mut self) -> Vec<TermRec> {
+        for (run, stop) in std::mem::take(&mut self.runs).into_iter().zip(&self.stops) {
+            if stop.is_cancelled() {
+                // Shut down: its run returned `Ok` (the task asserts it) and its
+                // terms' workloads did not panic on the register.
+                let ended =
+                    futures::FutureExt::now_or_never(run).expect("a replica did not shut down");
+                ended.expect("a replica that was shut down ended cleanly");
+            } else {
+                assert!(!run.is_finished(), "a replica's run ended early");
+                run.abort();
+            }
         }
         let terms = self.terms();
         assert!(
@@ -310,12 +368,127 @@ async fn a_replica_that_turns_unhealthy_while_campaigning_stops(
     r.finish();
 }
 
+/// Why replica `id` last let go of the lease, and to whom.
+fn handed_to(r: &Replicas, id: &str) -> Option<(HandoffCause, Option<String>)> {
+    let last = r.elector(id).last_handoff().borrow().clone();
+    last.map(|h| (h.cause, h.to))
+}
+
+fn newest_first(unit: Duration) -> ElectionConfig {
+    Replicas::config(unit).prefer(Preference::Newest)
+}
+
+/// A rolling update of three replicas, the leader replaced first (the case where it matters):
+/// each step starts a replica of the new version, then shuts one of the old ones down. With
+/// "newest first" the old leader hands to the new replica that started last, which is never
+/// shut down in this rollout: exactly one new term. (Without a preference the old followers,
+/// campaigning longer, are first in line for the released lease; the new term then ends again
+/// when that follower's turn comes.)
+async fn a_rollout_moves_leadership_once_with_newest_first(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    let mut r = Replicas::start_with(
+        backend,
+        &["old-a", "old-b", "old-c"],
+        unit,
+        newest_first(unit),
+    )
+    .await;
+    for (new, old) in [("new-1", "old-a"), ("new-2", "old-b"), ("new-3", "old-c")] {
+        r.add(new).await;
+        // The new replica is ready (announced) before the old one goes, as a readiness
+        // probe holds a rollout.
+        tokio::time::sleep(unit * 2).await;
+        r.stop(old).await;
+        tokio::time::sleep(unit * 2).await;
+    }
+    tokio::time::sleep(unit * 8).await;
+    assert_eq!(
+        handed_to(&r, "old-a"),
+        Some((HandoffCause::Shutdown, Some("new-1".to_owned()))),
+        "the old leader released to the newest replica"
+    );
+    let terms = r.finish();
+    assert_eq!(ids(&terms), ["old-a", "new-1"], "one new term per rollout");
+}
+
+/// A graceful shutdown of the leader hands to the newest follower at once: the new term
+/// begins within the store's round trips, not after a lease duration or a hand-off window.
+async fn a_graceful_shutdown_hands_to_the_newest_follower(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    // b started last but is not last by identity, nor first in line for the lease.
+    let mut r = Replicas::start_with(backend, &["a", "c", "b"], unit, newest_first(unit)).await;
+    let since = Instant::now();
+    r.stop("a").await;
+    let terms = r.until(unit * 10, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"], "the newest follower leads next");
+    assert_eq!(
+        handed_to(&r, "a"),
+        Some((HandoffCause::Shutdown, Some("b".to_owned()))),
+        "the shutdown released to the newest follower, not to anyone"
+    );
+    assert!(
+        terms[1].started - since < unit * 2,
+        "the hand-over waited for a window or an expiry: {:?}",
+        terms[1].started - since
+    );
+    tokio::time::sleep(unit * 6).await;
+    assert_eq!(ids(&r.finish()), ["a", "b"]);
+}
+
+/// A health step-down goes to the newest healthy follower (without a preference, the first
+/// by identity: b); a step-down without a target too.
+async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    let config = newest_first(unit).health(policy(unit));
+    let r = Replicas::start_with(backend, &["a", "b", "c", "d"], unit, config).await;
+    // d is the newest, but unhealthy: c is the newest healthy follower.
+    r.elector("d").report_health(false);
+    tokio::time::sleep(unit * 2).await;
+    r.elector("a").report_health(false);
+    let terms = r.until(unit * 20, |t| t.len() == 2).await;
+    assert_eq!(
+        ids(&terms),
+        ["a", "c"],
+        "handed to the newest healthy follower"
+    );
+    // c steps down without a target: to the newest ready follower, still not d.
+    assert!(r.elector("c").hand_over(Handoff::Anyone, "test: anyone"));
+    let terms = r.until(unit * 20, |t| t.len() == 3).await;
+    assert_eq!(
+        ids(&terms),
+        ["a", "c", "b"],
+        "a untargeted step-down goes to the preferred follower"
+    );
+    r.finish();
+}
+
 mod memory {
     use super::*;
 
     #[tokio::test(start_paused = true)]
     async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
         super::a_replica_that_turns_unhealthy_while_campaigning_stops(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rollout_moves_leadership_once_with_newest_first() {
+        super::a_rollout_moves_leadership_once_with_newest_first(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_graceful_shutdown_hands_to_the_newest_follower() {
+        super::a_graceful_shutdown_hands_to_the_newest_follower(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
+        super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(store(), UNIT).await;
     }
 
     const UNIT: Duration = Duration::from_secs(1);
@@ -377,6 +550,24 @@ mod redis {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rollout_moves_leadership_once_with_newest_first() {
+        let (_s, b) = store().await;
+        super::a_rollout_moves_leadership_once_with_newest_first(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_graceful_shutdown_hands_to_the_newest_follower() {
+        let (_s, b) = store().await;
+        super::a_graceful_shutdown_hands_to_the_newest_follower(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
+        let (_s, b) = store().await;
+        super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn hand_over_goes_to_the_target() {
         let (_s, b) = store().await;
         super::hand_over_goes_to_the_target(b, UNIT).await;
@@ -416,6 +607,35 @@ mod redis {
     async fn a_flapping_check_moves_leadership_at_most_once_per_window() {
         let (_s, b) = store().await;
         super::a_flapping_check_moves_leadership_at_most_once_per_window(b, UNIT, SLACK).await;
+    }
+}
+
+mod kube {
+    use super::*;
+
+    /// Leases count in whole seconds.
+    const UNIT: Duration = Duration::from_secs(1);
+
+    /// A backend in a namespace of its own (every scenario uses the same lease name).
+    async fn store() -> Arc<dyn Backend> {
+        let ns = super::kube_support::unique("handover");
+        super::kube_support::shared().namespace(&ns).await;
+        Arc::new(super::kube_support::shared().backend(&ns).await)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rollout_moves_leadership_once_with_newest_first() {
+        super::a_rollout_moves_leadership_once_with_newest_first(store().await, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_graceful_shutdown_hands_to_the_newest_follower() {
+        super::a_graceful_shutdown_hands_to_the_newest_follower(store().await, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
+        super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(store().await, UNIT).await;
     }
 }
 

@@ -4802,3 +4802,88 @@ fn the_helm_test_checks_the_release_leads_with_only_get_on_its_leases() {
     );
     assert!(out.contains("MEMBERS: unknown"), "{out}");
 }
+
+/// `election.prefer` passes `--prefer` before the `--`, and on Kubernetes the Role grants
+/// what the replicas' announcements need (member Leases named after pods: no
+/// resourceNames); unset, neither; bad values and combinations are refused with a clear
+/// message.
+#[test]
+fn prefer_renders_the_flag_and_the_member_lease_rules() {
+    let worker_args =
+        |objs: &[Value]| strings(&container(&pod_spec(objs)["containers"], "worker")["args"]);
+    let plain = render("pr", "ns", &[]);
+    assert!(
+        !worker_args(&plain)
+            .iter()
+            .any(|a| a.starts_with("--prefer")),
+        "{:?}",
+        worker_args(&plain)
+    );
+    assert!(
+        role_rules(&plain)[0]["resourceNames"].is_array(),
+        "without a preference the Lease rule stays by name: {}",
+        role_rules(&plain)
+    );
+    let newest = render("pr", "ns", &["--set", "election.prefer=newest"]);
+    let args = worker_args(&newest);
+    let dashes = args.iter().position(|a| a == "--").expect("--");
+    assert!(
+        args.iter().position(|a| a == "--prefer=newest") < Some(dashes),
+        "{args:?}"
+    );
+    assert_eq!(
+        role_rules(&newest),
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "update", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    let listed = worker_args(&render(
+        "pr",
+        "ns",
+        &["--set", "election.prefer=identities:pod-a\\,pod-b"],
+    ));
+    assert!(
+        listed.contains(&"--prefer=identities:pod-a,pod-b".to_owned()),
+        "{listed:?}"
+    );
+    let redis = render(
+        "pr",
+        "ns",
+        &[
+            "--set",
+            "election.prefer=newest,backend.type=redis,backend.redis.url=redis://redis:6379",
+        ],
+    );
+    assert!(!kinds(&redis).contains("Role"), "{:?}", kinds(&redis));
+    assert!(worker_args(&redis).contains(&"--prefer=newest".to_owned()));
+
+    let schema = "values don't meet the specifications of the schema(s)";
+    let long = format!("election.prefer=newest,election.lease={}", "l".repeat(222));
+    assert_refused(&[
+        (
+            &["--set", "election.prefer=oldest"],
+            &[schema, "at '/election/prefer'"],
+        ),
+        (
+            &["--set", "election.prefer=identities:"],
+            &[schema, "at '/election/prefer'"],
+        ),
+        (
+            &["--set", "election.prefer=newest,sharding.shards=2"],
+            &["election.prefer does not apply with sharding.shards"],
+        ),
+        (
+            &[
+                "--set",
+                "election.prefer=newest,fencing.policy.enabled=true",
+            ],
+            &["election.prefer with fencing.policy / fencing.impersonation is not supported yet"],
+        ),
+        (
+            &["--set", &long],
+            &["with election.prefer the lease name may have at most 221 characters"],
+        ),
+    ]);
+}

@@ -315,9 +315,11 @@ pub struct Member {
     /// The shard count this replica runs with. Only members whose count is the group
     /// record's are assigned shards; the others wait.
     pub shards: u32,
-    /// When the replica joined, in milliseconds since the Unix epoch on its own clock. For
-    /// people only: nothing is ordered by it (the group's shard count is in the group
-    /// record, [`GroupRecord`](super::GroupRecord)).
+    /// When the replica joined, in milliseconds since the Unix epoch on its own clock. Shard
+    /// assignment never orders by it (the group's shard count is in the group record,
+    /// [`GroupRecord`](super::GroupRecord)); an election's ready group does, for
+    /// [`Preference::Newest`](crate::election::Preference::Newest), where it is when the
+    /// replica's run began.
     pub joined_ms: u64,
     /// The shards whose term runs on the replica now, ascending: the assignment keeps them
     /// where they are when it can.

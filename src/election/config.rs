@@ -48,6 +48,7 @@ pub struct ElectionConfig {
     pub(super) store_unreachable_after: Option<Duration>,
     pub(super) handoff_window: Duration,
     pub(super) health: Option<super::HealthPolicy>,
+    pub(super) prefer: Option<super::Preference>,
 }
 
 impl Default for ElectionConfig {
@@ -63,6 +64,7 @@ impl Default for ElectionConfig {
             store_unreachable_after: None,
             handoff_window: Duration::from_secs(4),
             health: None,
+            prefer: None,
         }
     }
 }
@@ -120,6 +122,18 @@ impl ElectionConfig {
     /// default.
     pub fn health(mut self, policy: super::HealthPolicy) -> Self {
         self.health = Some(policy);
+        self
+    }
+
+    /// Which follower the leader hands the lease to when it lets go without a named target:
+    /// on a graceful shutdown, a step-down for its health, a step-down without a target.
+    /// Every running replica then announces itself (with a [`health`](Self::health) policy,
+    /// only while healthy) in the election's ready group
+    /// ([`health_group`](super::health_group)), with the time its run began, and the leader
+    /// reads that group once before it releases. Off by default: a graceful shutdown is an
+    /// ordinary release.
+    pub fn prefer(mut self, preference: super::Preference) -> Self {
+        self.prefer = Some(preference);
         self
     }
 

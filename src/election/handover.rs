@@ -7,11 +7,13 @@
 //! and releases with [`Lease::release_to`](crate::Lease::release_to) when there is a target.
 //! Fencing is untouched: the next term is a new grant with a higher token.
 //!
-//! Followers tell the leader that they are healthy by announcing themselves in a membership
-//! group named after the lease ([`health_group`](super::health_group)), the store's own member records with a ttl
+//! Followers tell the leader that they are ready (healthy, with a health policy) by announcing
+//! themselves in a membership group named after the lease
+//! ([`health_group`](super::health_group)), the store's own member records with a ttl
 //! (the same machinery as sharded leadership): a follower that dies or turns unhealthy drops
 //! out of it within one lease duration, with nothing to clean up. The leader reads that group
-//! only when it is about to step down for its health.
+//! only when it is about to step down for its health, or to let go with a
+//! [`Preference`](super::Preference) (which of the ready followers: `prefer.rs`).
 
 use futures::StreamExt;
 use tokio::time::Instant;
@@ -186,18 +188,38 @@ impl LeaderElector {
         }
     }
 
-    /// A follower announced healthy in the store, if any (the first by identity).
+    /// A follower announced healthy in the store, if any: the preferred one
+    /// ([`ElectionConfig::prefer`](super::ElectionConfig::prefer)), else the first by identity.
     async fn healthy_follower(&self) -> Option<String> {
+        let members = self.ready_members().await?;
+        match &self.inner.config.prefer {
+            Some(preference) => preference.choose(&members, self.identity()),
+            None => super::prefer::first_by_identity(&members, self.identity()),
+        }
+        .map(str::to_owned)
+    }
+
+    /// The follower a leader that lets go without a named target hands to: the preferred
+    /// ready follower, `None` without a preference or when no follower is ready (then the
+    /// release is an ordinary one).
+    pub(super) async fn preferred_successor(&self) -> Option<String> {
+        let preference = self.inner.config.prefer.as_ref()?;
+        let members = self.ready_members().await?;
+        preference
+            .choose(&members, self.identity())
+            .map(str::to_owned)
+    }
+
+    /// One read of the members of the election's ready group, bounded by the request
+    /// timeout; `None` when the store did not answer (a warning says why).
+    async fn ready_members(&self) -> Option<Vec<Member>> {
         let group = health_group(&self.inner.name);
         let mut members = self.inner.locker.backend().members(&group);
         let timeout = self.inner.config.effective_request_timeout();
         match tokio::time::timeout(timeout, members.next()).await {
-            Ok(Some(Ok(members))) => members
-                .into_iter()
-                .map(|m| m.identity)
-                .find(|who| who != self.identity()),
+            Ok(Some(Ok(members))) => Some(members),
             Ok(Some(Err(e))) => {
-                tracing::warn!(lease = %self.inner.name, error = %e, "cannot read the healthy followers");
+                tracing::warn!(lease = %self.inner.name, error = %e, "cannot read the ready followers");
                 None
             }
             _ => None,
@@ -270,27 +292,53 @@ impl LeaderElector {
         }
     }
 
-    /// With a health policy, keeps this replica's announcement in [`health_group`] current
-    /// for as long as the run lasts: announced (ttl one lease duration, renewed every retry
-    /// period) while eligible, withdrawn otherwise. Never returns.
-    pub(super) async fn publish_health(&self) -> std::convert::Infallible {
-        let Some(policy) = self.inner.config.health else {
+    /// Withdraws this replica from the ready group at the end of its run (with a health
+    /// policy or a preference), bounded by the request timeout; a failure leaves the
+    /// announcement to run out.
+    pub(super) async fn withdraw_ready(&self) {
+        let config = &self.inner.config;
+        if config.health.is_none() && config.prefer.is_none() {
+            return;
+        }
+        let group = health_group(&self.inner.name);
+        let withdraw = self
+            .inner
+            .locker
+            .backend()
+            .withdraw_member(&group, self.identity());
+        match tokio::time::timeout(config.effective_request_timeout(), withdraw).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(%group, error = %e, "cannot withdraw from the ready group")
+            }
+            Err(_) => tracing::debug!(%group, "withdrawing from the ready group timed out"),
+        }
+    }
+
+    /// With a health policy or a preference, keeps this replica's announcement in
+    /// [`health_group`] current for as long as the run lasts: announced (ttl one lease
+    /// duration, renewed every retry period) while eligible, withdrawn otherwise. Its
+    /// `joined_ms` is when the run began, on this replica's wall clock: what
+    /// [`Preference::Newest`](super::Preference::Newest) orders by. Never returns.
+    pub(super) async fn publish_health(&self, joined_ms: u64) -> std::convert::Infallible {
+        let policy = self.inner.config.health;
+        if policy.is_none() && self.inner.config.prefer.is_none() {
             return std::future::pending().await;
-        };
+        }
         let config = &self.inner.config;
         let backend = self.inner.locker.backend();
         let group = health_group(&self.inner.name);
         let member = Member {
             identity: self.identity().to_owned(),
             shards: 0,
-            joined_ms: crate::util::unix_millis(),
+            joined_ms,
             holds: Vec::new(),
         };
         let mut rx = self.inner.intent.health.subscribe();
         let mut announced = false;
         loop {
             rx.borrow_and_update();
-            let eligible_at = self.inner.intent.eligible_at(Some(&policy));
+            let eligible_at = self.inner.intent.eligible_at(policy.as_ref());
             let now = Instant::now();
             let eligible = eligible_at.is_some_and(|at| at <= now);
             let timeout = config.effective_request_timeout();

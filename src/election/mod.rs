@@ -24,7 +24,8 @@
 // The files: `config.rs` (`ElectionConfig` and its rules), `elector.rs` (the `LeaderElector`
 // handle, its shared state, what it reports), `run.rs` (campaigning and serving terms),
 // `leader.rs` (`Leader`, the leader watch), `health.rs` (`Health`, the store's answers),
-// `restart.rs` (`RestartLock`: the proof that this replica's previous process is gone),
+// `prefer.rs` (`Preference`: which follower a leader hands to), `restart.rs`
+// (`RestartLock`: the proof that this replica's previous process is gone),
 // `term.rs`, `testing.rs`, `error.rs`, `metrics.rs`. The probe server that reports on
 // electors lives above this module and `shard`, in `crate::probe` (feature `healthz`).
 
@@ -37,6 +38,7 @@ mod intent;
 mod leader;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod prefer;
 mod restart;
 mod run;
 mod term;
@@ -50,6 +52,7 @@ pub use intent::{HandedOff, HandoffCause, HealthPolicy, health_group};
 pub use leader::Leader;
 #[cfg(feature = "metrics")]
 pub use metrics::ElectionMetrics;
+pub use prefer::Preference;
 pub(crate) use restart::end_recorded_terms;
 pub use restart::{RestartLock, RestartLockError};
 pub use term::Term;

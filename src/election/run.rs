@@ -16,7 +16,7 @@ use tracing::Instrument;
 
 use super::intent::{HandoffCause, StepDown};
 use super::{ElectionError, LeaderElector, Term};
-use crate::backend::{BackendError, FencingToken, HolderChange, LeadershipEvent};
+use crate::backend::{BackendError, FencingToken, Handoff, HolderChange, LeadershipEvent};
 use crate::{Lease, LeaseEnd, LockError, LostReason};
 
 /// The store's holder changes for one lease, as the elector follows them.
@@ -106,6 +106,8 @@ impl LeaderElector {
         }
         let _running = RunningGuard(self);
         self.inner.contact.run_started();
+        // When this run began, for the ready group: what "newest first" orders by.
+        let joined_ms = crate::util::unix_millis();
         let mut shutdown = pin!(shutdown.fuse());
         // One stream of holder changes for the whole run: campaigning and leading follow the
         // same watch, so a won campaign does not close it and open another (two requests per
@@ -164,11 +166,16 @@ impl LeaderElector {
                 }
             }
         };
-        // Healthy replicas announce it for as long as the run lasts (with a health policy).
-        tokio::select! {
+        // Ready replicas announce it for as long as the run lasts (with a health policy or a
+        // preference).
+        let out = tokio::select! {
             out = terms => out,
-            never = self.publish_health() => match never {},
-        }
+            never = self.publish_health(joined_ms) => match never {},
+        };
+        // A replica that is gone is nobody's successor: out of the ready group now rather
+        // than when its announcement runs out.
+        self.withdraw_ready().await;
+        out
     }
 
     /// Refuses a plain election whose lease is named `GROUP-N` when the sharded group `GROUP`
@@ -432,8 +439,27 @@ impl LeaderElector {
             self.record_term_lost();
         }
         cancel.cancel();
-        let released = match &stopping {
-            Some(Stopping::StepDown(StepDown { to, .. })) if let Some(to) = to.target() => {
+        // Letting go without a named target (a graceful shutdown, a step-down without one):
+        // to the preferred ready follower, when there is a preference and one.
+        let mut shutdown_to = None;
+        match &mut stopping {
+            Some(Stopping::StepDown(req)) if req.to == Handoff::Anyone => {
+                if let Some(who) = self.preferred_successor().await {
+                    req.reason = format!("{}: handing over to preferred {who}", req.reason);
+                    req.to = Handoff::To(who);
+                }
+            }
+            Some(Stopping::Shutdown) => shutdown_to = self.preferred_successor().await,
+            _ => {}
+        }
+        if let Some(who) = &shutdown_to {
+            tracing::info!(parent: &span, to = %who, "shutting down: releasing to the preferred follower");
+        }
+        let released = match (&stopping, &shutdown_to) {
+            (Some(Stopping::StepDown(StepDown { to, .. })), _) if let Some(to) = to.target() => {
+                lease.release_to(to, config.handoff_window).await
+            }
+            (Some(Stopping::Shutdown), Some(to)) => {
                 lease.release_to(to, config.handoff_window).await
             }
             _ => lease.release().await,
@@ -446,7 +472,12 @@ impl LeaderElector {
                 self.record_handoff(fencing, req.cause, req.to.target(), &req.reason);
             }
             Some(Stopping::Shutdown) => {
-                self.record_handoff(fencing, HandoffCause::Shutdown, None, "shut down");
+                self.record_handoff(
+                    fencing,
+                    HandoffCause::Shutdown,
+                    shutdown_to.as_deref(),
+                    "shut down",
+                );
             }
             _ => {}
         }

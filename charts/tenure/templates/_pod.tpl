@@ -87,6 +87,9 @@ spec:
         {{- with .Values.sharding.shards }}
         - {{ printf "--shards=%v" (int64 .) | quote }}
         {{- end }}
+        {{- with .Values.election.prefer }}
+        - {{ printf "--prefer=%v" (.) | quote }}
+        {{- end }}
         {{- if include "tenure.fastRestart" . }}
         - "--restart-dir=/run/tenure-restart"
         {{- end }}

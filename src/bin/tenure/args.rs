@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tenure::crd::parse_duration;
+use tenure::election::Preference;
 
 /// Exit codes of tenure itself, listed in `--help` and docs/errors.md.
 pub const EXIT_CODES: &str = "\
@@ -384,9 +385,41 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration, requires = "health_cmd")]
     pub health_recovery: Duration,
 
+    /// Which replica the leader hands the lease to when it lets go without a named target
+    /// (SIGTERM, a --health-cmd step-down, `tenure handoff` without --to):
+    /// `newest` — the replica whose `tenure run` started last (in a rolling update, one of
+    /// the new version: one rollout moves leadership once); `identities:A,B,...` — the first
+    /// of these that is running, else any running one. Each replica announces itself in the
+    /// store while it runs (with --health-cmd, while healthy). A preferred replica that does
+    /// not take the lease within the hand-off window makes the release an ordinary one.
+    /// Without it SIGTERM releases the lease to whoever campaigns first.
+    #[arg(long, value_name = "PREFERENCE", env = "TENURE_PREFER", value_parser = parse_preference, conflicts_with = "shards")]
+    pub prefer: Option<Preference>,
+
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub command: Vec<std::ffi::OsString>,
+}
+
+/// `--prefer`: `newest`, or `identities:` and a comma-separated list of identities.
+pub fn parse_preference(s: &str) -> Result<Preference, String> {
+    if s == "newest" {
+        return Ok(Preference::Newest);
+    }
+    let Some(list) = s.strip_prefix("identities:") else {
+        return Err(format!(
+            "{s:?} is not a preference: `newest`, or `identities:` and a comma-separated list (identities:pod-a,pod-b)"
+        ));
+    };
+    let ids: Vec<String> = list.split(',').map(str::to_owned).collect();
+    let max = tenure::lock::MAX_IDENTITY_LEN;
+    if let Some(bad) = ids.iter().find(|id| id.is_empty() || id.len() > max) {
+        return Err(format!(
+            "{s:?}: every identity in the list must have 1 to {max} bytes, not {}",
+            bad.len()
+        ));
+    }
+    Ok(Preference::Identities(ids))
 }
 
 /// `--once-per`: a duration of at least one second (the Kubernetes API server's clock has
@@ -689,6 +722,34 @@ pub struct BackendArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefer_takes_newest_or_a_list_of_identities_and_names_what_is_wrong() {
+        assert_eq!(parse_preference("newest"), Ok(Preference::Newest));
+        assert_eq!(
+            parse_preference("identities:pod-a,pod-b"),
+            Ok(Preference::Identities(vec!["pod-a".into(), "pod-b".into()]))
+        );
+        for (bad, says) in [
+            ("oldest", "is not a preference: `newest`, or `identities:`"),
+            ("Newest", "is not a preference"),
+            ("pod-a,pod-b", "is not a preference"),
+            (
+                "identities:",
+                "every identity in the list must have 1 to 253 bytes, not 0",
+            ),
+            ("identities:a,,b", "not 0"),
+        ] {
+            let e = parse_preference(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+        let long = format!("identities:{}", "a".repeat(254));
+        assert!(
+            parse_preference(&long)
+                .expect_err("too long")
+                .contains("not 254"),
+        );
+    }
 
     /// The `run` flags that take a DURATION, parsed by clap from `--flag=value` pairs.
     fn durations(flags: &[(&str, &str)]) -> Result<[Duration; 4], String> {

@@ -22,6 +22,9 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if let Some(policy) = super::health::policy(&args) {
         config = config.health(policy);
     }
+    if let Some(preference) = args.prefer.clone() {
+        config = config.prefer(preference);
+    }
     let (connected, locker, identity) = setup::connect(&args).await?;
     let mut elector = LeaderElector::new(locker, &args.lease, config)?;
     if let Some(lock) = restart::take(&args, &args.lease).await? {
