@@ -43,6 +43,7 @@ mod builder;
 mod cache;
 mod context;
 mod feed;
+mod pass;
 mod replica;
 mod sharded;
 mod standby;
