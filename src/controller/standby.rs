@@ -31,7 +31,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::ControllerError;
 use super::feed::{Live, Running, requests};
-use super::pass::{Initial, Pass, after_pass, concurrency_of, key_of, requeues};
+use super::pass::{Beside, Initial, Pass, after_pass, concurrency_of, key_of, requeues};
 use super::triggers::Trigger;
 use crate::election::Term;
 
@@ -152,7 +152,10 @@ where
         reconcile: ReconcileFn<K, Ctx, E>,
     ) -> Self {
         let concurrency = concurrency_of(&config).unwrap_or_else(|| {
-            tracing::warn!(?config, "cannot read the applier's concurrency; bounding the grant's pass at 256");
+            tracing::warn!(
+                ?config,
+                "cannot read the applier's concurrency; bounding the grant's pass at 256"
+            );
             256
         });
         let initial = Arc::new(Initial::new(concurrency));
@@ -193,7 +196,11 @@ where
     /// do (the term ended and its reconciles finished); a reconcile's panic resumes here.
     pub(super) fn grant(mut self, session: Arc<Session<Ctx>>) -> Results<K, E> {
         // Taken before the intake stops: the changes it has not read yet go to the applier.
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let live = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         self.intake = None;
         let ended = session.term.cancellation().clone().cancelled_owned();
         let queue = futures::stream::select(
@@ -219,7 +226,7 @@ where
             self.config,
         );
         let pass = Pass::new(self.initial, session, self.store, self.reconcile);
-        futures::stream::select(pass, applier)
+        Beside::new(pass, Box::pin(applier))
             .map(unwrap_failed)
             .boxed()
     }
@@ -471,7 +478,10 @@ mod tests {
         running: &Running<ConfigMap>,
         concurrency: u16,
         reconcile: ReconcileFn<ConfigMap, Seen, Bad>,
-    ) -> (Standby<ConfigMap, Seen, Bad>, broadcast::Sender<Trigger<ConfigMap>>) {
+    ) -> (
+        Standby<ConfigMap, Seen, Bad>,
+        broadcast::Sender<Trigger<ConfigMap>>,
+    ) {
         let (triggers, _) = broadcast::channel(64);
         let standby = Standby::prepare(
             running.clone(),
@@ -578,7 +588,11 @@ mod tests {
         until("the pass started a", || seen.starts_of("a") == 1).await;
         apply(&mut writer, &running, cm("a", "1"));
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert_eq!(seen.starts_of("a"), 1, "the change waits for the pass's reconcile");
+        assert_eq!(
+            seen.starts_of("a"),
+            1,
+            "the change waits for the pass's reconcile"
+        );
         release.notify_one();
         until("the change is reconciled", || seen.starts_of("a") == 2).await;
         let events = seen.events.lock().expect("not poisoned").clone();
@@ -607,7 +621,8 @@ mod tests {
         let (mut writer, running) = listed(&names);
         let release = Arc::new(Notify::new());
         // One at a time, a second each: the others wait in the pass.
-        let (standby, _triggers) = armed(&running, 1, reconciler("", release, Duration::from_secs(1))).await;
+        let (standby, _triggers) =
+            armed(&running, 1, reconciler("", release, Duration::from_secs(1))).await;
         let (_term, seen, _out) = grant(standby).await;
         until("the pass started one", || !seen.starts().is_empty()).await;
         let first = seen.starts()[0].0.clone();
@@ -622,7 +637,8 @@ mod tests {
             assert_eq!(seen.starts_of(n), 1, "{n}: {:?}", seen.starts());
         }
         assert!(
-            seen.starts().contains(&((*changed).to_owned(), "1".to_owned())),
+            seen.starts()
+                .contains(&((*changed).to_owned(), "1".to_owned())),
             "the changed one as changed: {:?}",
             seen.starts()
         );
@@ -662,7 +678,11 @@ mod tests {
         // Changes during the pass, of objects reconciled and not: the applier runs too.
         for name in &refs {
             until("a reconcile ended", || {
-                seen.events.lock().expect("not poisoned").iter().any(|e| e.0 == "end")
+                seen.events
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .any(|e| e.0 == "end")
             })
             .await;
             apply(&mut writer, &running, cm(name, "1"));
