@@ -373,11 +373,18 @@ where
         }
     }
 
+    /// Nothing more starts: a wait for a permit is given up, or the permit handed to it would
+    /// stay unused until the pass ends.
+    fn stop_starting(&mut self) {
+        self.taken = true;
+        self.permits = None;
+    }
+
     /// Starts reconciles while permits allow, at most a batch; whether more could start now.
     fn start(&mut self, cx: &mut Context<'_>) -> bool {
         for _ in 0..START_BATCH {
             if self.session.term.cancellation().is_cancelled() {
-                self.taken = true;
+                self.stop_starting();
                 return false;
             }
             let permit = match self.permits.as_mut().map(|p| p.poll_acquire(cx)) {
@@ -387,7 +394,7 @@ where
                 Some(Poll::Ready(None) | Poll::Pending) => return false,
             };
             let Some((at, key)) = self.initial.pop() else {
-                self.taken = true;
+                self.stop_starting();
                 return false;
             };
             match self.store.get(&key) {
