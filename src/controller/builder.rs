@@ -55,7 +55,7 @@ pub type RunItem<K, E> = Result<(ObjectRef<K>, Action), controller::Error<E, Con
 /// - **Every watched kind is warm on followers** ([`CacheMode::Warm`], the default): the
 ///   primary kind's watch and store, the owned and watched kinds' watches and the triggers
 ///   run on every replica from the start of `run`, and a follower keeps the next term's
-///   controller ready, every object queued and parked until the grant (see
+///   controller ready, every object's key collected for the grant (see
 ///   [`standby`](Self::standby)). A new leader's first reconcile starts at once, without a
 ///   list request.
 /// - **Each term can have its own context**: pass [`per_term`](super::per_term) where
@@ -169,9 +169,8 @@ where
     /// The applier's settings (kube-runtime's `with_config`: concurrency, debounce). The
     /// default is kube-runtime's with at most 256 reconciles at once (kube-runtime's own is
     /// unbounded): its runner polls every reconcile in flight at each wake-up, so 100,000 at
-    /// once cost a pass over all of them per completion, and the [`standby`](Self::standby)
-    /// parks one reconcile per slot. An unbounded concurrency (0) with the standby on parks
-    /// every object in a slot of its own.
+    /// once cost a pass over all of them per completion. The bound holds for the
+    /// [`standby`](Self::standby)'s first pass at the grant and the applier together.
     #[must_use]
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = config;
@@ -188,19 +187,22 @@ where
     }
 
     /// Whether a follower keeps the next term's controller ready (warm mode; on by default):
-    /// kube-runtime's applier built over the warm store and fed every object before the
-    /// grant, each reconcile parked until the grant, as controller-runtime's `EnableWarmup`
-    /// keeps its work queue filled. The first reconcile after a grant then starts at once,
-    /// whatever the number of objects; without it, a new leader first queues every object
-    /// (milliseconds per thousand).
+    /// every object's key collected before the grant — the warm store's snapshot, then each
+    /// change and trigger, once each — as controller-runtime's `EnableWarmup` keeps its work
+    /// queue filled. At the grant a first pass reconciles them in that order, beside
+    /// kube-runtime's applier, which takes the changes, triggers and requeues from the grant
+    /// on; the first reconcile starts at once, whatever the number of objects. Without it, a
+    /// new leader first queues every object in the applier (milliseconds per thousand).
     ///
-    /// Nothing the reconciler does runs before the grant: a parked reconcile holds the
-    /// object's key, reads the object as it is at the grant (one deleted meanwhile is not
-    /// reconciled) and runs as a task of the term. An object that changed while parked is
-    /// reconciled once more after its first reconcile, as kube-runtime does for a change
-    /// during a reconcile. The cost, on each follower: the applier's queue, one parked future
-    /// per slot of its concurrency (measured by `benches/kube_controller.rs`), and the CPU to
-    /// queue each change. [`run_sharded`](Self::run_sharded) keeps no standby.
+    /// Nothing the reconciler does runs before the grant: the follower holds keys, and each
+    /// reconcile reads the object as the store has it when it starts (one deleted meanwhile is
+    /// not reconciled), polled by the term's workload. The pass and the applier never
+    /// reconcile one object at once (a change during the pass's reconcile of an object is
+    /// reconciled after it, as kube-runtime does for a change during a reconcile), share the
+    /// concurrency of [`with_config`](Self::with_config), and the pass's requeues go to the
+    /// applier. The cost, on each follower: one key per object, the CPU to collect each
+    /// change (measured by `benches/kube_controller.rs`). [`run_sharded`](Self::run_sharded)
+    /// keeps no standby.
     #[must_use]
     pub fn standby(mut self, on: bool) -> Self {
         self.standby = on;
@@ -798,8 +800,8 @@ where
     }
 
     /// Whether a controller stands ready for this replica's next term (see
-    /// [`Controller::standby`]): the store has listed and every object waits, parked, for the
-    /// grant. False before the run, in cold mode, with the standby off, while a term uses it,
+    /// [`Controller::standby`]): the store has listed and every object's key is collected for
+    /// the grant. False before the run, in cold mode, with the standby off, while a term uses it,
     /// and until the next is ready after that term.
     #[must_use]
     pub fn standby_ready(&self) -> bool {

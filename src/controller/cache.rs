@@ -16,7 +16,7 @@ use tokio::sync::broadcast;
 
 use super::ControllerError;
 use super::feed::{CacheState, Running, start, warm_or_refused};
-use super::standby::{ReconcileFn, Session, Standby};
+use super::standby::{ReconcileFn, Session, Standby, without_standby};
 use super::triggers::Trigger;
 use crate::election::Term;
 use tokio_util::task::AbortOnDropHandle;
@@ -178,29 +178,26 @@ where
             term: term.clone(),
             ctx,
         });
-        let standby = match self.take_standby() {
-            Some(mut standby) => {
-                standby.open(session);
-                standby
-            }
+        let results = match self.take_standby() {
+            Some(standby) => standby.grant(session),
             None => {
                 let running = self.for_term(term);
                 let valid = term.clone();
                 let ready = warm_or_refused(running.state.clone(), move || valid.valid_until());
-                Standby::prepare(
+                without_standby(
                     running,
                     &self.inner.triggers,
                     ready,
                     self.inner.controller_config.clone(),
                     self.inner.reconcile.clone(),
-                    Some(session),
+                    session,
                 )
             }
         };
         // When the term's controller is gone (ended, or dropped at the stop deadline), the
         // next one is made ready.
         let next = NextStandby(Arc::downgrade(&self.inner));
-        ends_at_queue_error(standby.results()).map(move |item| {
+        ends_at_queue_error(results).map(move |item| {
             let _ = &next;
             item
         })
@@ -286,7 +283,6 @@ where
                 ready,
                 self.controller_config.clone(),
                 self.reconcile.clone(),
-                None,
             ));
         }
     }

@@ -10,7 +10,7 @@
 //!
 //! - its watches — the primary kind's store, and the owned and watched kinds' triggers — run
 //!   on every replica from the start of [`Controller::run`], and a follower keeps the next
-//!   term's controller ready with every object parked for the grant: a new leader reconciles
+//!   term's controller ready with every object's key collected for the grant: a new leader reconciles
 //!   at once, without a list request. [`CacheMode::Cold`] starts the primary watch per term
 //!   instead, for memory-tight deployments;
 //! - when the term ends, no new reconcile starts and the ones in flight finish (kube-runtime's
@@ -36,13 +36,14 @@
 //! # What a warm cache costs a follower
 //!
 //! One watch connection per watched kind and the primary store's objects in memory — the
-//! same as the leader holds — plus the standby's parked reconciles (one per slot of the
-//! applier's concurrency). `benches/kube_controller.rs` measures it against cold mode.
+//! same as the leader holds — plus the standby's keys (one per object, for the grant's first
+//! pass). `benches/kube_controller.rs` measures it against cold mode.
 
 mod builder;
 mod cache;
 mod context;
 mod feed;
+mod pass;
 mod replica;
 mod sharded;
 mod standby;

@@ -1,37 +1,39 @@
-//! A term's controller made ready before the grant: kube-runtime's applier built over the
-//! warm store on a follower and fed every object, each reconcile parked at a gate that the
-//! grant opens. The first reconcile after a grant then waits for no queueing, whatever the
-//! number of objects (controller-runtime's `EnableWarmup` does the same with its work queue).
+//! A term's controller made ready before the grant: every object's key collected on a
+//! follower for the grant's first pass ([`super::pass`]) — the warm store's snapshot, then each
+//! change and trigger — and at the grant that pass beside kube-runtime's applier, which gets
+//! what happens from the grant on. The first reconcile after a grant then waits for no
+//! queueing, whatever the number of objects (controller-runtime's `EnableWarmup` keeps its
+//! work queue filled the same way).
 //!
-//! Nothing the user wrote runs before the grant: a parked reconcile holds only the object's
-//! key, and once the gate opens it reads the object as the store has it then (an object
-//! deleted meanwhile is not reconciled) and runs the user's reconcile. The grant hands the
-//! applier from the follower's task to the term's stream, so every reconcile is polled by the
-//! term's workload, as kube-runtime's applier polls its own: none outlives the workload, which
-//! the elector drops at the term's stop deadline, and the grant's burst costs no task, no
-//! `JoinHandle` and no channel per object.
+//! Nothing the user wrote runs before the grant: the follower holds only keys, and each
+//! reconcile reads the object as the store has it when it starts (an object deleted meanwhile
+//! is not reconciled). Every reconcile is polled by the term's stream, as kube-runtime's
+//! applier polls its own: none outlives the workload, which the elector drops at the term's
+//! stop deadline, and the grant's burst costs no task, no `JoinHandle` and no channel per
+//! object.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
 use kube::Resource;
-use kube::runtime::controller::{self, Action, Config, applier};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::controller::{self, Action, Config, ReconcileRequest, applier};
+use kube::runtime::reflector::{ObjectRef, ObjectRefExtra, Store};
 use serde::de::DeserializeOwned;
-use tokio::sync::{broadcast, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::broadcast;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::ControllerError;
-use super::feed::{Running, requests};
+use super::feed::{Live, Running, requests};
+use super::pass::{Beside, Initial, Pass, after_pass, concurrency_of, key_of, requeues};
 use super::triggers::Trigger;
 use crate::election::Term;
-use tokio_util::task::AbortOnDropHandle;
 
 /// What the applier of a standby reports, its reconcile errors carrying the error policy's
 /// action.
@@ -99,107 +101,37 @@ where
     })
 }
 
-/// What the grant hands the parked reconciles: the term and its context.
+/// What the grant hands the term's reconciles: the term and its context.
 pub(super) struct Session<Ctx> {
     pub(super) term: Term,
     pub(super) ctx: Arc<Ctx>,
 }
 
-/// Where reconciles wait for the grant.
-struct Gate<Ctx> {
-    /// Set once, by the grant: read without the lock by every reconcile after it.
-    session: OnceLock<Arc<Session<Ctx>>>,
-    /// One waker per parked reconcile, by the slot it registered in. kube-runtime's runner
-    /// polls every reconcile in flight at each of its wake-ups, so a parked one is polled
-    /// again and again: it replaces its waker, never adds one.
-    parked: Mutex<Vec<Waker>>,
-    /// The term's cancellation once open: the applier's queue ends when it fires.
-    opened: watch::Sender<Option<CancellationToken>>,
-}
+/// The changes and triggers since the snapshot, as requests.
+type LiveRequests<K> = Pin<Box<dyn Stream<Item = Vec<ReconcileRequest<K>>> + Send>>;
 
-impl<Ctx> Gate<Ctx> {
-    fn new() -> Self {
-        Self {
-            session: OnceLock::new(),
-            parked: Mutex::new(Vec::new()),
-            opened: watch::Sender::new(None),
-        }
-    }
+/// A term's results: kube-runtime's items, each reconcile error as the reconciler returned it.
+pub(super) type Results<K, E> =
+    BoxStream<'static, Result<(ObjectRef<K>, Action), controller::Error<E, ControllerError>>>;
 
-    fn open(&self, session: Arc<Session<Ctx>>) {
-        let token = session.term.cancellation().clone();
-        // A gate opens once (a standby serves one term).
-        let _ = self.session.set(session);
-        let parked =
-            std::mem::take(&mut *self.parked.lock().unwrap_or_else(PoisonError::into_inner));
-        self.opened.send_replace(Some(token));
-        parked.into_iter().for_each(Waker::wake);
-    }
-
-    fn pass(self: &Arc<Self>) -> Pass<Ctx> {
-        Pass {
-            gate: self.clone(),
-            slot: None,
-        }
-    }
-}
-
-/// Waits at the gate.
-struct Pass<Ctx> {
-    gate: Arc<Gate<Ctx>>,
-    /// Where this one's waker is, once it has waited.
-    slot: Option<usize>,
-}
-
-impl<Ctx> Future for Pass<Ctx> {
-    type Output = Arc<Session<Ctx>>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(session) = self.gate.session.get() {
-            return Poll::Ready(session.clone());
-        }
-        let gate = self.gate.clone();
-        let mut parked = gate.parked.lock().unwrap_or_else(PoisonError::into_inner);
-        // Read again under the lock: the grant sets the session before it takes the wakers.
-        if let Some(session) = gate.session.get() {
-            return Poll::Ready(session.clone());
-        }
-        match self.slot {
-            Some(slot) => {
-                if let Some(waker) = parked.get_mut(slot)
-                    && !waker.will_wake(cx.waker())
-                {
-                    waker.clone_from(cx.waker());
-                }
-            }
-            None => {
-                self.slot = Some(parked.len());
-                parked.push(cx.waker().clone());
-            }
-        }
-        Poll::Pending
-    }
-}
-
-/// A standby's applier, boxed so that it can move from the follower's driver to the term.
-type Applier<K, E> = Pin<Box<dyn Stream<Item = Item<K, E>> + Send>>;
-
-/// A controller ready for a term: an applier, driven by a task of its own until the grant
-/// hands it to the term, its reconciles parked at the gate until then.
+/// A controller ready for a term: every object's key collected for the grant's first pass
+/// ([`Initial`]) — the store's snapshot, then each change and trigger — by an intake task of
+/// its own until the grant.
 pub(super) struct Standby<K, Ctx, E>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
     E: 'static,
 {
-    gate: Arc<Gate<Ctx>>,
-    /// The applier while the follower's driver polls it: taken out at the grant.
-    driven: Arc<Mutex<Option<Applier<K, E>>>>,
-    /// The applier once the term has it.
-    applier: Option<Applier<K, E>>,
-    /// Drives the applier until the grant (`None` once the term has it, or when built for a
-    /// term that had begun).
-    driver: Option<AbortOnDropHandle<()>>,
-    /// Set once the store was current and the queue began requesting every object.
+    store: Store<K>,
+    config: Config,
+    reconcile: ReconcileFn<K, Ctx, E>,
+    initial: Arc<Initial<K>>,
+    /// The changes and triggers: read into `initial` by the intake until the grant takes
+    /// them for the applier's queue.
+    live: Arc<Mutex<Option<LiveRequests<K>>>>,
+    /// Collects the keys until the grant.
+    intake: Option<AbortOnDropHandle<()>>,
+    /// Set once the snapshot is in `initial`.
     armed: Arc<AtomicBool>,
 }
 
@@ -209,117 +141,126 @@ where
     Ctx: Send + Sync + 'static,
     E: std::error::Error + Send + 'static,
 {
-    /// Builds the applier over `running` and `triggers`. Its queue waits for `ready`, then
-    /// requests every object, each change and each trigger. Without a `session` a task of its
-    /// own drives it until [`open`](Self::open); with one the gate is open from the start and
-    /// the term's stream drives it (nothing prepared ahead: the term's controller built at
-    /// its grant).
+    /// Starts collecting the keys of the next term's first pass over `running` and
+    /// `triggers`: once `ready` (the store has listed), every object in the store, then each
+    /// change and trigger. Nothing is reconciled before [`grant`](Self::grant).
     pub(super) fn prepare(
         running: Running<K>,
         triggers: &broadcast::Sender<Trigger<K>>,
         ready: impl Future<Output = Result<(), ControllerError>> + Send + 'static,
         config: Config,
         reconcile: ReconcileFn<K, Ctx, E>,
-        session: Option<Arc<Session<Ctx>>>,
     ) -> Self {
-        let gate = Arc::new(Gate::new());
-        let armed = Arc::new(AtomicBool::new(false));
-        let ready = {
-            let armed = armed.clone();
-            ready.inspect(move |r| armed.store(r.is_ok(), Ordering::Release))
-        };
-        let mut opened = gate.opened.subscribe();
-        let ended = async move {
-            let token = match opened.wait_for(Option::is_some).await {
-                Ok(token) => token.clone(),
-                // The gate is gone with its standby: so is this queue.
-                Err(_) => None,
-            };
-            match token {
-                Some(token) => token.cancelled_owned().await,
-                None => std::future::pending().await,
-            }
-        };
-        let store = running.store.clone();
-        let queue = requests(running, triggers.clone(), ready, ended);
-        let parked_gate = gate.clone();
-        let parked_store = store.clone();
-        let applier: Applier<K, E> = Box::pin(applier(
-            move |obj: Arc<K>, _: Arc<()>| match parked_gate.session.get() {
-                // Requested after the grant: the object as the applier read it just now.
-                Some(session) => granted(session, &reconcile, obj),
-                None => parked(
-                    parked_gate.clone(),
-                    parked_store.clone(),
-                    reconcile.clone(),
-                    obj,
-                )
-                .boxed(),
-            },
-            |_, failed: &Failed<E>, _| failed.action.clone(),
-            Arc::new(()),
-            store,
-            queue,
-            config,
+        let concurrency = concurrency_of(&config).unwrap_or_else(|| {
+            tracing::warn!(
+                ?config,
+                "cannot read the applier's concurrency; bounding the grant's pass at 256"
+            );
+            256
+        });
+        let initial = Arc::new(Initial::new(concurrency));
+        // Subscribed before the snapshot is read, so no change between the two is lost.
+        let live: LiveRequests<K> = Box::pin(futures::stream::unfold(
+            Live::new(&running, triggers),
+            |mut live| async move { live.next().await.map(|requests| (requests, live)) },
         ));
-        let mut standby = Self {
-            gate,
-            driven: Arc::new(Mutex::new(None)),
-            applier: None,
-            driver: None,
+        let live = Arc::new(Mutex::new(Some(live)));
+        let armed = Arc::new(AtomicBool::new(false));
+        let intake = tokio::spawn(intake(
+            initial.clone(),
+            running.store.clone(),
+            live.clone(),
+            ready,
+            armed.clone(),
+        ));
+        Self {
+            store: running.store,
+            config,
+            reconcile,
+            initial,
+            live,
+            intake: Some(AbortOnDropHandle::new(intake)),
             armed,
-        };
-        match session {
-            Some(session) => {
-                standby.applier = Some(applier);
-                standby.gate.open(session);
-            }
-            None => {
-                *standby
-                    .driven
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(applier);
-                let driver = tokio::spawn(drive(standby.driven.clone()));
-                standby.driver = Some(AbortOnDropHandle::new(driver));
-            }
         }
-        standby
     }
 
-    /// Whether a term can use this standby at once: its store has listed (the queue is
-    /// requesting every object) and its applier still runs.
+    /// Whether a term can use this standby at once: the snapshot is collected and the intake
+    /// still runs.
     pub(super) fn is_armed(&self) -> bool {
-        self.armed.load(Ordering::Acquire) && self.driver.as_ref().is_some_and(|d| !d.is_finished())
+        self.armed.load(Ordering::Acquire) && self.intake.as_ref().is_some_and(|d| !d.is_finished())
     }
 
-    /// The grant: the term takes the applier over from the follower's driver, and the parked
-    /// reconciles start with `session`'s term and context.
-    pub(super) fn open(&mut self, session: Arc<Session<Ctx>>) {
-        // Taken before the gate opens: no reconcile runs in the driver, which finds the
-        // applier gone (or is aborted here first).
-        self.applier = self
-            .driven
+    /// The grant: the term's results, polled by the term's own stream — the first pass over
+    /// every collected key, and beside it kube-runtime's applier, fed the changes, triggers
+    /// and the pass's requeues from now on, with `session`'s term and context. Ends when both
+    /// do (the term ended and its reconciles finished); a reconcile's panic resumes here.
+    pub(super) fn grant(mut self, session: Arc<Session<Ctx>>) -> Results<K, E> {
+        // Taken before the intake stops: the changes it has not read yet go to the applier.
+        let live = self
+            .live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        self.driver = None;
-        self.gate.open(session);
-    }
-
-    /// The term's results, each reconcile error as the reconciler returned it: the applier
-    /// polled by the term's own stream, each reconcile with it (as kube-runtime's applier
-    /// polls its reconciles), so the term's workload holds every reconcile in flight. Ends
-    /// when the applier does (the term ended and its reconciles finished); a reconcile's
-    /// panic resumes here.
-    pub(super) fn results(
-        self,
-    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), controller::Error<E, ControllerError>>>
-    + Send
-    + use<K, Ctx, E> {
-        futures::stream::iter(self.applier)
-            .flatten()
+        self.intake = None;
+        let ended = session.term.cancellation().clone().cancelled_owned();
+        let queue = futures::stream::select(
+            futures::stream::iter(live)
+                .flatten()
+                .flat_map(futures::stream::iter),
+            requeues(self.initial.clone()),
+        )
+        .map(Ok::<_, ControllerError>)
+        .take_until(ended);
+        let (initial, store, reconcile) = (
+            self.initial.clone(),
+            self.store.clone(),
+            self.reconcile.clone(),
+        );
+        let in_term = session.clone();
+        let applier = applier(
+            move |obj: Arc<K>, _: Arc<()>| after_pass(&initial, &store, &in_term, &reconcile, obj),
+            |_, failed: &Failed<E>, _| failed.action.clone(),
+            Arc::new(()),
+            self.store.clone(),
+            queue,
+            self.config,
+        );
+        let pass = Pass::new(self.initial, session, self.store, self.reconcile);
+        Beside::new(pass, Box::pin(applier))
             .map(unwrap_failed)
+            .boxed()
     }
+}
+
+/// The results of a term that had no standby ready (cold mode, a store not yet listed, the
+/// standby off): kube-runtime's applier over `running` and `triggers`, its queue waiting for
+/// `ready`, then every object, each change and each trigger, until the term ends.
+pub(super) fn without_standby<K, Ctx, E>(
+    running: Running<K>,
+    triggers: &broadcast::Sender<Trigger<K>>,
+    ready: impl Future<Output = Result<(), ControllerError>> + Send + 'static,
+    config: Config,
+    reconcile: ReconcileFn<K, Ctx, E>,
+    session: Arc<Session<Ctx>>,
+) -> Results<K, E>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + fmt::Debug + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    let store = running.store.clone();
+    let ended = session.term.cancellation().clone().cancelled_owned();
+    let queue = requests(running, triggers.clone(), ready, ended);
+    applier(
+        move |obj: Arc<K>, _: Arc<()>| granted(&session, &reconcile, obj),
+        |_, failed: &Failed<E>, _| failed.action.clone(),
+        Arc::new(()),
+        store,
+        queue,
+        config,
+    )
+    .map(unwrap_failed)
+    .boxed()
 }
 
 /// An applier's item with the reconcile error as the reconciler returned it.
@@ -339,44 +280,9 @@ where
     })
 }
 
-/// One reconcile of the standby's applier: parked until the grant, then the user's reconcile
-/// of the object as it is now, with the term's context, polled by the term's stream.
-async fn parked<K, Ctx, E>(
-    gate: Arc<Gate<Ctx>>,
-    store: Store<K>,
-    reconcile: ReconcileFn<K, Ctx, E>,
-    obj: Arc<K>,
-) -> Result<Action, Failed<E>>
-where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
-    Ctx: Send + Sync + 'static,
-    E: Send + 'static,
-{
-    // Only the key is kept: the object the store replaces meanwhile is not held alive here.
-    let meta = obj.meta();
-    let key = ObjectRef::<K>::new(meta.name.as_deref().unwrap_or_default());
-    let key = match meta.namespace.as_deref() {
-        Some(ns) => key.within(ns),
-        None => key,
-    };
-    drop(obj);
-    let session = gate.pass().await;
-    // Every parked reconcile counts as in flight to the applier, which lets those finish when
-    // the term ends: one not started by then must not start at all.
-    if session.term.cancellation().is_cancelled() {
-        return Ok(Action::await_change());
-    }
-    // Parked since before the grant: reconcile what the store holds now, and nothing for an
-    // object deleted meanwhile.
-    let Some(now) = store.get(&key) else {
-        return Ok(Action::await_change());
-    };
-    granted(&session, &reconcile, now).await
-}
-
 /// One reconcile of the term: the user's reconcile of `obj` with the term's context, unless
 /// the term has ended.
-fn granted<K, Ctx, E>(
+pub(super) fn granted<K, Ctx, E>(
     session: &Session<Ctx>,
     reconcile: &ReconcileFn<K, Ctx, E>,
     obj: Arc<K>,
@@ -392,43 +298,60 @@ where
     reconcile(obj, session.ctx.clone())
 }
 
-/// Drives a standby's applier on a follower until the grant takes it out of `slot`: its
-/// queue takes in every object and its reconciles park. What it yields before the grant
-/// concerns no term (an object deleted before its turn): dropped.
-async fn drive<K, E>(slot: Arc<Mutex<Option<Applier<K, E>>>>)
-where
-    K: Resource<DynamicType = ()> + 'static,
-    E: 'static,
+/// Collects a standby's keys on a follower until the grant takes `live` out of its slot:
+/// once `ready`, the store's snapshot, then each change and trigger (each key once).
+async fn intake<K>(
+    initial: Arc<Initial<K>>,
+    store: Store<K>,
+    live: Arc<Mutex<Option<LiveRequests<K>>>>,
+    ready: impl Future<Output = Result<(), ControllerError>>,
+    armed: Arc<AtomicBool>,
+) where
+    K: Resource<DynamicType = ()> + Clone + 'static,
 {
+    // Not ready (the watch stopped): the standby stays unarmed, and a term builds its own
+    // controller, which reports why.
+    if ready.await.is_err() {
+        return;
+    }
+    initial.add(store.state().iter().map(|obj| key_of(&**obj)));
+    armed.store(true, Ordering::Release);
     loop {
-        let more = futures::future::poll_fn(|cx| {
-            let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-            let Some(applier) = slot.as_mut() else {
-                return Poll::Ready(false);
+        let requests = futures::future::poll_fn(|cx| {
+            let mut slot = live.lock().unwrap_or_else(PoisonError::into_inner);
+            let Some(requests) = slot.as_mut() else {
+                return Poll::Ready(None);
             };
-            match applier.as_mut().poll_next(cx) {
-                Poll::Ready(Some(_)) => Poll::Ready(true),
+            match requests.as_mut().poll_next(cx) {
                 Poll::Ready(None) => {
                     *slot = None;
-                    Poll::Ready(false)
+                    Poll::Ready(None)
                 }
-                Poll::Pending => Poll::Pending,
+                other => other,
             }
         })
         .await;
-        if !more {
+        let Some(requests) = requests else {
             return;
-        }
+        };
+        initial.add(requests.into_iter().map(|mut r| {
+            // Compared without them; kept without them.
+            r.obj_ref.extra = ObjectRefExtra::default();
+            r.obj_ref
+        }));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::time::Duration;
 
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::runtime::reflector;
+    use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
+    use tokio::sync::{Notify, mpsc, watch};
 
     use super::*;
     use crate::election::TestTerm;
@@ -453,175 +376,361 @@ mod tests {
             .unwrap_or_default()
     }
 
-    type Seen = Mutex<Vec<(String, String)>>;
+    fn name(cm: &ConfigMap) -> String {
+        cm.metadata.name.clone().unwrap_or_default()
+    }
 
-    /// A reconciler that records what it sees, (name, version), in its context; `bad` fails.
-    fn reconciler() -> ReconcileFn<ConfigMap, Seen, Bad> {
+    /// What the reconciles did, in order: ("start" | "end", name, version).
+    #[derive(Default)]
+    struct Seen {
+        events: Mutex<Vec<(&'static str, String, String)>>,
+        /// Reconciles running now, and the most at once.
+        running: Mutex<(usize, usize)>,
+    }
+
+    impl Seen {
+        fn push(&self, what: &'static str, cm: &ConfigMap) {
+            self.events
+                .lock()
+                .expect("not poisoned")
+                .push((what, name(cm), version(cm)));
+        }
+
+        fn starts(&self) -> Vec<(String, String)> {
+            self.events
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .filter(|(what, _, _)| *what == "start")
+                .map(|(_, n, v)| (n.clone(), v.clone()))
+                .collect()
+        }
+
+        fn starts_of(&self, who: &str) -> usize {
+            self.starts().iter().filter(|(n, _)| n == who).count()
+        }
+
+        fn most_at_once(&self) -> usize {
+            self.running.lock().expect("not poisoned").1
+        }
+    }
+
+    /// A reconciler that records its starts and ends in its context; `bad` fails (its error
+    /// policy requeues after 7 s), `held` at version "0" waits for `release` before it ends, and `again`'s
+    /// version "0" asks to be requeued after 10 s. Each reconcile takes `work` of (paused)
+    /// time.
+    fn reconciler(
+        held: &'static str,
+        release: Arc<Notify>,
+        work: Duration,
+    ) -> ReconcileFn<ConfigMap, Seen, Bad> {
         reconcile_fn(
-            |cm: Arc<ConfigMap>, seen: Arc<Seen>| async move {
-                let name = cm.metadata.name.clone().unwrap_or_default();
-                seen.lock()
-                    .expect("not poisoned")
-                    .push((name.clone(), version(&cm)));
-                if name == "bad" {
-                    Err(Bad)
-                } else {
-                    Ok(Action::await_change())
+            move |cm: Arc<ConfigMap>, seen: Arc<Seen>| {
+                let release = release.clone();
+                async move {
+                    seen.push("start", &cm);
+                    {
+                        let mut running = seen.running.lock().expect("not poisoned");
+                        running.0 += 1;
+                        running.1 = running.1.max(running.0);
+                    }
+                    tokio::time::sleep(work).await;
+                    if name(&cm) == held && version(&cm) == "0" {
+                        release.notified().await;
+                    }
+                    seen.running.lock().expect("not poisoned").0 -= 1;
+                    seen.push("end", &cm);
+                    match (name(&cm).as_str(), version(&cm).as_str()) {
+                        ("bad", _) => Err(Bad),
+                        ("again", "0") => Ok(Action::requeue(Duration::from_secs(10))),
+                        _ => Ok(Action::await_change()),
+                    }
                 }
             },
-            |_, _: &Bad, _| Action::requeue(std::time::Duration::from_secs(7)),
+            |_, _: &Bad, _| Action::requeue(Duration::from_secs(7)),
         )
     }
 
-    /// The grant of `term` with `seen` as its reconciles' context.
-    fn session(term: &Term, seen: &Arc<Seen>) -> Arc<Session<Seen>> {
-        Arc::new(Session {
-            term: term.clone(),
-            ctx: seen.clone(),
-        })
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn parked_reconciles_wait_for_the_grant_and_reconcile_the_object_as_it_is_then() {
+    /// A listed store of `names` (version "0"), its writer, and a `Running` over it.
+    fn listed(names: &[&str]) -> (Writer<ConfigMap>, Running<ConfigMap>) {
         let (store, mut writer) = reflector::store::<ConfigMap>();
         writer.apply_watcher_event(&Event::Init);
-        for name in ["a", "b", "gone", "bad"] {
+        for name in names {
             writer.apply_watcher_event(&Event::InitApply(cm(name, "0")));
         }
         writer.apply_watcher_event(&Event::InitDone);
-        let gate = Arc::new(Gate::new());
-        let parked: Vec<_> = store
-            .state()
-            .into_iter()
-            .map(|obj| tokio::spawn(parked(gate.clone(), store.clone(), reconciler(), obj)))
-            .collect();
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        assert!(
-            parked.iter().all(|p| !p.is_finished()),
-            "parked until the grant"
-        );
-        assert_eq!(gate.parked.lock().expect("not poisoned").len(), 4);
-        // While parked: one object changes, one is deleted.
-        writer.apply_watcher_event(&Event::Apply(cm("a", "1")));
-        writer.apply_watcher_event(&Event::Delete(cm("gone", "0")));
-
-        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
-        let seen: Arc<Seen> = Arc::default();
-        gate.open(session(&term.term(), &seen));
-        let mut results = BTreeMap::new();
-        for p in parked {
-            match p.await.expect("no panic") {
-                Ok(action) => results.insert("ok", action),
-                Err(failed) => {
-                    assert_eq!(failed.error.to_string(), "bad object");
-                    results.insert("failed", failed.action)
-                }
-            };
-        }
-        let mut seen = seen.lock().expect("not poisoned").clone();
-        seen.sort();
-        assert_eq!(
-            seen,
-            [("a", "1"), ("b", "0"), ("bad", "0")].map(|(n, v)| (n.to_owned(), v.to_owned())),
-            "each object as it is at the grant, and none deleted meanwhile"
-        );
-        assert_eq!(results.get("ok"), Some(&Action::await_change()));
-        assert_eq!(
-            results.get("failed"),
-            Some(&Action::requeue(std::time::Duration::from_secs(7))),
-            "the error policy's action"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_parked_reconcile_released_after_the_term_ended_does_not_start() {
-        let (store, mut writer) = reflector::store::<ConfigMap>();
-        writer.apply_watcher_event(&Event::Apply(cm("a", "0")));
-        let gate = Arc::new(Gate::new());
-        let obj = store.state().pop().expect("one object");
-        let waiting = tokio::spawn(parked(gate.clone(), store.clone(), reconciler(), obj));
-        tokio::task::yield_now().await;
-        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
-        term.term().cancellation().cancel();
-        let seen: Arc<Seen> = Arc::default();
-        gate.open(session(&term.term(), &seen));
-        assert_eq!(
-            waiting.await.expect("no panic").expect("ok"),
-            Action::await_change()
-        );
-        assert!(seen.lock().expect("not poisoned").is_empty());
-    }
-
-    #[tokio::test]
-    async fn a_parked_reconcile_polled_again_keeps_one_waker() {
-        let gate: Arc<Gate<Seen>> = Arc::new(Gate::new());
-        let mut pass = std::pin::pin!(gate.pass());
-        let waker = futures::task::noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        for _ in 0..1000 {
-            assert!(pass.as_mut().poll(&mut cx).is_pending());
-        }
-        assert_eq!(gate.parked.lock().expect("not poisoned").len(), 1);
-        struct Count(std::sync::atomic::AtomicUsize);
-        impl std::task::Wake for Count {
-            fn wake(self: Arc<Self>) {
-                self.0.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
-        let woken = Waker::from(count.clone());
-        let mut cx = Context::from_waker(&woken);
-        assert!(pass.as_mut().poll(&mut cx).is_pending());
-        assert_eq!(gate.parked.lock().expect("not poisoned").len(), 1);
-        let term = TestTerm::begin("gate", "pod-a").await.expect("term");
-        gate.open(session(&term.term(), &Arc::default()));
-        assert_eq!(
-            count.0.load(Ordering::Relaxed),
-            1,
-            "the latest waker is woken"
-        );
-        assert!(pass.as_mut().poll(&mut cx).is_ready());
-        assert!(gate.session.get().is_some());
-    }
-
-    #[tokio::test]
-    async fn after_the_grant_reconciles_run_only_where_the_term_polls_its_results() {
-        let (store, mut writer) = reflector::store::<ConfigMap>();
-        writer.apply_watcher_event(&Event::Init);
-        for name in ["a", "b", "c"] {
-            writer.apply_watcher_event(&Event::InitApply(cm(name, "0")));
-        }
-        writer.apply_watcher_event(&Event::InitDone);
-        let (changes, _) = broadcast::channel(8);
-        let (triggers, _) = broadcast::channel(8);
+        let (changes, _) = broadcast::channel(64);
         let running = Running {
             store,
             changes,
             state: watch::channel(super::super::CacheState::Warm).1,
         };
-        let mut standby = Standby::prepare(
-            running,
+        (writer, running)
+    }
+
+    /// Writes `obj` to the store and tells the queues, as the watch does.
+    fn apply(writer: &mut Writer<ConfigMap>, running: &Running<ConfigMap>, obj: ConfigMap) {
+        writer.apply_watcher_event(&Event::Apply(obj.clone()));
+        let _ = running.changes.send(ObjectRef::from_obj(&obj));
+    }
+
+    async fn armed(
+        running: &Running<ConfigMap>,
+        concurrency: u16,
+        reconcile: ReconcileFn<ConfigMap, Seen, Bad>,
+    ) -> (
+        Standby<ConfigMap, Seen, Bad>,
+        broadcast::Sender<Trigger<ConfigMap>>,
+    ) {
+        let (triggers, _) = broadcast::channel(64);
+        let standby = Standby::prepare(
+            running.clone(),
             &triggers,
             async { Ok(()) },
-            Config::default(),
-            reconciler(),
-            None,
+            Config::default().concurrency(concurrency),
+            reconcile,
         );
-        while !(standby.is_armed() && standby.gate.parked.lock().expect("not poisoned").len() == 3)
-        {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        while !standby.is_armed() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        (standby, triggers)
+    }
+
+    type Out = mpsc::UnboundedReceiver<
+        Result<(ObjectRef<ConfigMap>, Action), controller::Error<Bad, ControllerError>>,
+    >;
+
+    /// Grants `standby` a term and drives its results in a task of their own.
+    async fn grant(standby: Standby<ConfigMap, Seen, Bad>) -> (TestTerm, Arc<Seen>, Out) {
         let term = TestTerm::begin("standby", "pod-a").await.expect("term");
         let seen: Arc<Seen> = Arc::default();
-        standby.open(session(&term.term(), &seen));
-        // The follower's driver no longer runs anything: the grant's reconciles are the
-        // term's to poll (the elector drops them with its workload at the stop deadline).
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut results = standby.grant(Arc::new(Session {
+            term: term.term(),
+            ctx: seen.clone(),
+        }));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(item) = results.next().await {
+                let _ = tx.send(item);
+            }
+        });
+        (term, seen, rx)
+    }
+
+    async fn until(what: &str, ok: impl Fn() -> bool) {
+        for _ in 0..100_000 {
+            if ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("{what}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_grant_reconciles_each_collected_object_once_as_it_is_then() {
+        let (mut writer, running) = listed(&["a", "b", "gone", "bad"]);
+        let release = Arc::new(Notify::new());
+        let (standby, triggers) = armed(
+            &running,
+            4,
+            reconciler("", release, Duration::from_millis(10)),
+        )
+        .await;
+        // Before the grant: one object changes (twice), one is deleted, one is created, and a
+        // trigger names one already collected.
+        apply(&mut writer, &running, cm("a", "1"));
+        apply(&mut writer, &running, cm("a", "2"));
+        writer.apply_watcher_event(&Event::Delete(cm("gone", "0")));
+        apply(&mut writer, &running, cm("new", "0"));
+        let _ = triggers.send(Trigger::One(ReconcileRequest::from(
+            ObjectRef::<ConfigMap>::new("b").within("ns"),
+        )));
+        until("the intake read the changes", || standby.initial.len() == 5).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        let (_term, seen, mut out) = grant(standby).await;
+        let mut done = BTreeMap::new();
+        while done.len() < 4 {
+            match out.recv().await.expect("results") {
+                Ok((obj, action)) => done.insert(obj.name, Ok(action)),
+                Err(controller::Error::ReconcilerFailed(error, obj)) => {
+                    done.insert(obj.name, Err(error.to_string()))
+                }
+                Err(other) => panic!("{other}"),
+            };
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut starts = seen.starts();
+        starts.sort();
+        assert_eq!(
+            starts,
+            [("a", "2"), ("b", "0"), ("bad", "0"), ("new", "0")]
+                .map(|(n, v)| (n.to_owned(), v.to_owned())),
+            "each object once, as it is at its reconcile, and none deleted meanwhile"
+        );
+        assert_eq!(done.get("a"), Some(&Ok(Action::await_change())));
+        assert_eq!(done.get("bad"), Some(&Err("bad object".to_owned())));
+        assert!(!done.contains_key("gone"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_during_the_pass_waits_for_its_reconcile_of_the_object() {
+        let (mut writer, running) = listed(&["a", "b", "c"]);
+        let release = Arc::new(Notify::new());
+        let (standby, _triggers) = armed(
+            &running,
+            4,
+            reconciler("a", release.clone(), Duration::ZERO),
+        )
+        .await;
+        let (_term, seen, mut out) = grant(standby).await;
+        until("the pass started a", || seen.starts_of("a") == 1).await;
+        apply(&mut writer, &running, cm("a", "1"));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            seen.starts_of("a"),
+            1,
+            "the change waits for the pass's reconcile"
+        );
+        release.notify_one();
+        until("the change is reconciled", || seen.starts_of("a") == 2).await;
+        let events = seen.events.lock().expect("not poisoned").clone();
+        let of_a: Vec<(&str, &str)> = events
+            .iter()
+            .filter(|(_, n, _)| n == "a")
+            .map(|(what, _, v)| (*what, v.as_str()))
+            .take(3)
+            .collect();
+        assert_eq!(
+            of_a,
+            [("start", "0"), ("end", "0"), ("start", "1")],
+            "the change's reconcile starts after the pass's ended"
+        );
+        let mut names = Vec::new();
+        while names.len() < 4 {
+            names.push(out.recv().await.expect("results").expect("ok").0.name);
+        }
+        names.sort();
+        assert_eq!(names, ["a", "a", "b", "c"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_object_the_applier_reconciled_first_is_skipped_by_the_pass() {
+        let names = ["a", "b", "c", "d"];
+        let (mut writer, running) = listed(&names);
+        let release = Arc::new(Notify::new());
+        // One at a time, a second each: the others wait in the pass.
+        let (standby, _triggers) =
+            armed(&running, 1, reconciler("", release, Duration::from_secs(1))).await;
+        let (_term, seen, _out) = grant(standby).await;
+        until("the pass started one", || !seen.starts().is_empty()).await;
+        let first = seen.starts()[0].0.clone();
+        let changed = names.iter().find(|n| **n != first).expect("another");
+        apply(&mut writer, &running, cm(changed, "1"));
+        until("every object reconciled", || {
+            names.iter().all(|n| seen.starts_of(n) >= 1)
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for n in names {
+            assert_eq!(seen.starts_of(n), 1, "{n}: {:?}", seen.starts());
+        }
         assert!(
-            seen.lock().expect("not poisoned").is_empty(),
+            seen.starts()
+                .contains(&((*changed).to_owned(), "1".to_owned())),
+            "the changed one as changed: {:?}",
+            seen.starts()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pass_s_requeues_reach_the_applier_and_an_earlier_change_wins() {
+        let (mut writer, running) = listed(&["again", "bad", "other"]);
+        let release = Arc::new(Notify::new());
+        let (standby, _triggers) =
+            armed(&running, 4, reconciler("", release, Duration::ZERO)).await;
+        let (_term, seen, _out) = grant(standby).await;
+        until("the pass", || seen.starts().len() == 3).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(seen.starts().len(), 3, "nothing due yet");
+        // "bad" was requeued by its error policy (7 s), "again" by its reconcile (10 s).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(seen.starts_of("bad"), 2, "{:?}", seen.starts());
+        assert_eq!(seen.starts_of("again"), 1);
+        // A change before the requeue is due: reconciled now, and not again at 10 s.
+        apply(&mut writer, &running, cm("again", "1"));
+        until("the change", || seen.starts_of("again") == 2).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(seen.starts_of("again"), 2, "{:?}", seen.starts());
+        assert_eq!(seen.starts_of("other"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pass_and_the_applier_share_the_concurrency() {
+        let names: Vec<String> = (0..12).map(|i| format!("o{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let (mut writer, running) = listed(&refs);
+        let release = Arc::new(Notify::new());
+        let (standby, _triggers) =
+            armed(&running, 3, reconciler("", release, Duration::from_secs(1))).await;
+        let (_term, seen, _out) = grant(standby).await;
+        // Changes during the pass, of objects reconciled and not: the applier runs too.
+        for name in &refs {
+            until("a reconcile ended", || {
+                seen.events
+                    .lock()
+                    .expect("not poisoned")
+                    .iter()
+                    .any(|e| e.0 == "end")
+            })
+            .await;
+            apply(&mut writer, &running, cm(name, "1"));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        until("every change reconciled", || {
+            refs.iter()
+                .all(|n| seen.starts().contains(&((*n).to_owned(), "1".to_owned())))
+        })
+        .await;
+        assert_eq!(seen.most_at_once(), 3, "the bound, reached and kept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pass_starts_nothing_after_the_term_ended_and_finishes_what_runs() {
+        let (_writer, running) = listed(&["a", "b", "c"]);
+        let release = Arc::new(Notify::new());
+        let (standby, _triggers) =
+            armed(&running, 1, reconciler("", release, Duration::from_secs(1))).await;
+        let (term, seen, mut out) = grant(standby).await;
+        until("the pass started one", || seen.starts().len() == 1).await;
+        term.term().cancellation().cancel();
+        let ended = out.recv().await.expect("the reconcile in flight");
+        assert!(ended.is_ok());
+        assert!(out.recv().await.is_none(), "the results end");
+        let events = seen.events.lock().expect("not poisoned").clone();
+        assert_eq!(events.len(), 2, "one reconcile, finished: {events:?}");
+    }
+
+    #[tokio::test]
+    async fn after_the_grant_reconciles_run_only_where_the_term_polls_its_results() {
+        let (_writer, running) = listed(&["a", "b", "c"]);
+        let release = Arc::new(Notify::new());
+        let (standby, _triggers) =
+            armed(&running, 4, reconciler("", release, Duration::ZERO)).await;
+        let term = TestTerm::begin("standby", "pod-a").await.expect("term");
+        let seen: Arc<Seen> = Arc::default();
+        let results = standby.grant(Arc::new(Session {
+            term: term.term(),
+            ctx: seen.clone(),
+        }));
+        // The follower's intake no longer runs anything: the grant's reconciles are the
+        // term's to poll (the elector drops them with its workload at the stop deadline).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            seen.starts().is_empty(),
             "no reconcile ran before the term polled its results"
         );
-        let results = standby.results();
         let mut done: Vec<String> = results
             .take(3)
             .map(|r| r.expect("reconciled").0.name)
@@ -629,6 +738,6 @@ mod tests {
             .await;
         done.sort();
         assert_eq!(done, ["a", "b", "c"]);
-        assert_eq!(seen.lock().expect("not poisoned").len(), 3);
+        assert_eq!(seen.starts().len(), 3);
     }
 }

@@ -4,7 +4,7 @@
 //! (and a follower's standby) reads.
 //!
 //! The sources run for the controller's whole run, on every replica: a change seen while
-//! following reaches the standby's queue, where it waits parked like every object, and a new
+//! following reaches the standby, which keeps its object for the grant like every object, and a new
 //! leader's watches need no new list. A source's watch errors are retried with backoff and
 //! logged; they never end the controller.
 
