@@ -1343,7 +1343,9 @@ mod tests {
             sharded(),
         ] {
             let spec = p.policy().spec.expect("spec");
-            for v in spec.validations.expect("validations") {
+            let validations = spec.validations.expect("validations");
+            assert_eq!(validations.len(), 1, "one CEL program per evaluation");
+            for v in validations {
                 let message = v.message_expression.expect("message");
                 assert!(
                     message.starts_with("variables.otherElection ? '' : variables.token == '' ?"),
