@@ -20,7 +20,20 @@
 //!   Leases made directly (named, labelled and with a floor as a group's replicas leave them,
 //!   held by no one) instead of a replica's terms, so no elector's renewals compete with the
 //!   measured writes; for hundreds of shards on a small machine. Each write meets the same
-//!   parameters a running group's would.
+//!   parameters a running group's would. Two more modes join the interleaving: (0) a write no
+//!   policy matches at all (a Lease patch: the policies govern ConfigMaps, and of Leases only
+//!   the probe's create), and (4) a shard term's write under a second group of as many
+//!   shards whose policy has the messages as they were before every message began with
+//!   `variables.otherElection ? '' :` (the API server evaluates every evaluation's message,
+//!   passing or not) — so the change's effect is measured in one run, under the same load.
+//!   Its participant is a ServiceAccount of its own, but both groups' policies match every
+//!   ConfigMap write, so every ConfigMap mode pays both groups' match conditions alike
+//!   (`TENURE_BENCH_LEGACY=0` leaves the second group out).
+//! - `TENURE_BENCH_CPU_WRITES=N` (static only; 0, the default, skips it): the API server's
+//!   CPU (utime + stime of the `kube-testenv` process, apiserver and its embedded etcd, from
+//!   `/proc/PID/stat`) around a block of N writes of each mode, the blocks in a rotated order,
+//!   `TENURE_BENCH_CPU_ROUNDS` rounds (default 3): CPU-seconds per 1,000 writes per mode. Needs
+//!   a server this bench started (not `TENURE_KUBE_DIR`).
 //!
 //! Run with `cargo bench --all-features --bench kube_fence_shards`; writes
 //! `target/bench/kube_fence_shards.json`.
@@ -53,6 +66,21 @@ use tokio::sync::{mpsc, oneshot};
 const WARMUP: usize = 20;
 
 const GROUP: &str = "orders";
+
+/// The static run's second group, whose policy has the messages of before `SPARED`.
+const LEGACY_GROUP: &str = "legacy";
+
+/// How every message began before it was spared for writes naming another election.
+const SPARED: &str = "variables.otherElection ? '' : ";
+
+/// The mode names, by index.
+const MODES: [&str; 5] = [
+    "no policy matches (a Lease patch)",
+    "not a participant (ConfigMap, matched by every policy's rules)",
+    "single lease, its policy",
+    "shard term, the group's policy",
+    "shard term, the group's policy, messages not spared (before)",
+];
 
 fn main() -> ExitCode {
     let Some(rt) = support::role::runtime(2) else {
@@ -145,13 +173,14 @@ const STATIC_FLOOR: u64 = 1_000;
 /// measured writes (at 64 and more shards on a loaded two-core machine, a replica's terms
 /// churned). The policy evaluates exactly these parameters for each write.
 async fn static_shard_leases(ns: &str, group: &FencingPolicy, shards: u32) {
+    let label = group.lease_name().to_owned();
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(shared().admin().await, ns);
     for shard in 0..shards {
         let lease = serde_json::from_value(serde_json::json!({
             "metadata": {
                 "name": group.shard_lease(shard),
-                "labels": {tenure::backend::kube::SHARD_GROUP_LABEL: GROUP},
+                "labels": {tenure::backend::kube::SHARD_GROUP_LABEL: label},
                 "annotations": {"tenure.dev/fencing-floor": STATIC_FLOOR.to_string()},
             },
         }))
@@ -268,6 +297,8 @@ async fn run() {
         .await
         .expect("identity")
         .lease_namespace(&ns);
+    let unmatched: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(outsider.clone(), &ns);
     let baseline: Api<ConfigMap> = Api::namespaced(outsider.clone(), &ns);
     let single_api = single_fencer.namespaced::<ConfigMap>(&solo_term, &ns);
     let mut shard_api = match &replica_run {
@@ -278,20 +309,40 @@ async fn run() {
             &ns,
         ),
     };
+    let legacy_api = if static_group && knob("TENURE_BENCH_LEGACY", 1_u32) == 1 {
+        Some(legacy_group(&ns, shards).await)
+    } else {
+        None
+    };
+    let modes: Vec<usize> = if static_group {
+        (0..MODES.len())
+            .filter(|&m| m != 4 || legacy_api.is_some())
+            .collect()
+    } else {
+        vec![1, 2, 3]
+    };
     // Shard 0's terms after the first (one ended under load: its replica could not renew in
     // time); their writes' latency is measured like the first's.
     let mut new_terms = 0;
-    for name in ["lat-plain", "lat-single", "lat-shard"] {
-        let _ = Api::<ConfigMap>::namespaced(server.admin().await, &ns)
+    let admin = server.admin().await;
+    for name in ["lat-plain", "lat-single", "lat-shard", "lat-legacy"] {
+        let _ = Api::<ConfigMap>::namespaced(admin.clone(), &ns)
             .create(&PostParams::default(), &cm(name, "0"))
             .await;
     }
+    let _ = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin, &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "lat-none"}}))
+                .expect("a Lease"),
+        )
+        .await;
     let pp = PatchParams::default();
-    let mut samples: [Vec<Duration>; 3] = Default::default();
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); MODES.len()];
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
     for i in 0..writes + WARMUP {
         let patch = Patch::Merge(serde_json::json!({"data": {"v": i.to_string()}}));
-        let mut order = [0usize, 1, 2];
+        let mut order = modes.clone();
         for j in (1..order.len()).rev() {
             rng ^= rng << 13;
             rng ^= rng >> 7;
@@ -301,18 +352,8 @@ async fn run() {
         }
         for mode in order {
             let start = Instant::now();
-            let result = match mode {
-                0 => baseline
-                    .patch("lat-plain", &pp, &patch)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                1 => single_api
-                    .patch("lat-single", &pp, &patch)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                _ => match shard_api.patch("lat-shard", &pp, &patch).await {
+            let result = if mode == 3 {
+                match shard_api.patch("lat-shard", &pp, &patch).await {
                     Ok(_) => Ok(()),
                     // The shard's term ended (a renewal late on a loaded machine): write
                     // with its next term, and leave this sample out.
@@ -326,7 +367,16 @@ async fn run() {
                         continue;
                     }
                     Err(e) => Err(e.to_string()),
-                },
+                }
+            } else {
+                let writers = Writers {
+                    unmatched: &unmatched,
+                    baseline: &baseline,
+                    single: &single_api,
+                    shard: &shard_api,
+                    legacy: legacy_api.as_ref(),
+                };
+                writers.write(mode, i).await
             };
             let elapsed = start.elapsed();
             if let Err(e) = result {
@@ -342,9 +392,28 @@ async fn run() {
         let _ = handle.await;
     }
 
+    // ---- the API server's CPU per 1,000 writes of each mode (static only) ----
+    let cpu_writes = knob("TENURE_BENCH_CPU_WRITES", 0_usize);
+    let cpu = if static_group && cpu_writes > 0 {
+        let writers = Writers {
+            unmatched: &unmatched,
+            baseline: &baseline,
+            single: &single_api,
+            shard: &shard_api,
+            legacy: legacy_api.as_ref(),
+        };
+        cpu_per_thousand(&writers, &modes, cpu_writes).await
+    } else {
+        Vec::new()
+    };
+
     let (all50, all99) = p50_p99(all.clone());
     let (first50, first99) = p50_p99(first_round);
-    let [plain, single_w, shard_w] = samples.map(p50_p99);
+    let stats: Vec<Option<(Duration, Duration)>> = samples
+        .into_iter()
+        .map(|v| (!v.is_empty()).then(|| p50_p99(v)))
+        .collect();
+    let plain = stats[1].expect("the not-a-participant mode always runs");
     println!(
         "kube_fence_shards: {shards} shards, {rounds} rounds, {writes} writes a mode ({new_terms} later terms of shard 0 written with)"
     );
@@ -356,26 +425,49 @@ async fn run() {
         ms(first50),
         ms(first99)
     );
-    println!("| write | p50 ms | p99 ms | p50 / baseline | p99 / baseline |");
+    println!("| write | p50 ms | p99 ms | p50 / not a participant | p99 / not a participant |");
     println!("|---|---|---|---|---|");
-    for (name, (p50, p99)) in [
-        ("baseline (no policy)", plain),
-        ("single lease, its policy", single_w),
-        ("shard term, the group's policy", shard_w),
-    ] {
+    for (name, stat) in MODES.iter().zip(&stats) {
+        let Some((p50, p99)) = stat else { continue };
         println!(
             "| {name} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            ms(p50),
-            ms(p99),
+            ms(*p50),
+            ms(*p99),
             p50.as_secs_f64() / plain.0.as_secs_f64(),
             p99.as_secs_f64() / plain.1.as_secs_f64()
         );
     }
-    println!(
-        "group vs single: p50 {:+.2} ms, p99 {:+.2} ms",
-        ms(shard_w.0) - ms(single_w.0),
-        ms(shard_w.1) - ms(single_w.1)
-    );
+    if let (Some(single_w), Some(shard_w)) = (stats[2], stats[3]) {
+        println!(
+            "group vs single: p50 {:+.2} ms, p99 {:+.2} ms",
+            ms(shard_w.0) - ms(single_w.0),
+            ms(shard_w.1) - ms(single_w.1)
+        );
+    }
+    if let (Some(legacy_w), Some(shard_w)) = (stats[4], stats[3]) {
+        println!(
+            "spared messages vs before: p50 {:+.2} ms, p99 {:+.2} ms",
+            ms(shard_w.0) - ms(legacy_w.0),
+            ms(shard_w.1) - ms(legacy_w.1)
+        );
+    }
+    if !cpu.is_empty() {
+        println!(
+            "| API server CPU per 1,000 writes ({cpu_writes}-write blocks) | CPU-s per 1,000, each round | mean |"
+        );
+        println!("|---|---|---|");
+        for (mode, per_round) in &cpu {
+            let mean = per_round.iter().sum::<f64>() / per_round.len().max(1) as f64;
+            let rounds: Vec<String> = per_round.iter().map(|c| format!("{c:.3}")).collect();
+            println!("| {} | {} | {mean:.3} |", MODES[*mode], rounds.join(", "));
+        }
+    }
+    let json_ms = |stat: &Option<(Duration, Duration)>| {
+        stat.map_or(
+            serde_json::Value::Null,
+            |(p50, p99)| serde_json::json!({"p50": ms(p50), "p99": ms(p99)}),
+        )
+    };
     save_json(
         "kube_fence_shards.json",
         &serde_json::json!({
@@ -383,11 +475,161 @@ async fn run() {
             "proof_ms": {"p50": ms(all50), "p99": ms(all99), "n": all.len()},
             "proof_first_round_ms": {"p50": ms(first50), "p99": ms(first99)},
             "write_ms": {
-                "baseline": {"p50": ms(plain.0), "p99": ms(plain.1)},
-                "single": {"p50": ms(single_w.0), "p99": ms(single_w.1)},
-                "shard": {"p50": ms(shard_w.0), "p99": ms(shard_w.1)},
+                "unmatched": json_ms(&stats[0]),
+                "baseline": json_ms(&stats[1]),
+                "single": json_ms(&stats[2]),
+                "shard": json_ms(&stats[3]),
+                "shard_unspared": json_ms(&stats[4]),
             },
+            "cpu_s_per_1000_writes": cpu.iter().map(|(m, c)| (MODES[*m].to_owned(), serde_json::json!(c))).collect::<BTreeMap<_, _>>(),
         }),
         Say::Stdout,
     );
+}
+
+/// The writers of every mode but a replica's shard term's (whose term may end mid-run).
+struct Writers<'a> {
+    unmatched: &'a Api<k8s_openapi::api::coordination::v1::Lease>,
+    baseline: &'a Api<ConfigMap>,
+    single: &'a tenure::fence::kube::FencedApi<ConfigMap>,
+    shard: &'a tenure::fence::kube::FencedApi<ConfigMap>,
+    legacy: Option<&'a tenure::fence::kube::FencedApi<ConfigMap>>,
+}
+
+impl Writers<'_> {
+    /// Write `i` of `mode` (an index of [`MODES`]).
+    async fn write(&self, mode: usize, i: usize) -> Result<(), String> {
+        let pp = PatchParams::default();
+        let patch = Patch::Merge(serde_json::json!({"data": {"v": i.to_string()}}));
+        let done = |r: Result<ConfigMap, String>| r.map(|_| ());
+        match mode {
+            0 => self
+                .unmatched
+                .patch(
+                    "lat-none",
+                    &pp,
+                    &Patch::Merge(
+                        serde_json::json!({"metadata": {"annotations": {"v": i.to_string()}}}),
+                    ),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            1 => self
+                .baseline
+                .patch("lat-plain", &pp, &patch)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            2 => done(
+                self.single
+                    .patch("lat-single", &pp, &patch)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            3 => done(
+                self.shard
+                    .patch("lat-shard", &pp, &patch)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
+            _ => match self.legacy {
+                Some(api) => done(
+                    api.patch("lat-legacy", &pp, &patch)
+                        .await
+                        .map_err(|e| e.to_string()),
+                ),
+                None => Err("no legacy group (static runs only)".to_owned()),
+            },
+        }
+    }
+}
+
+/// The API server's CPU-seconds per 1,000 writes of each of `modes`: `rounds` blocks of
+/// `block` writes each, the modes rotated each round.
+async fn cpu_per_thousand(
+    writers: &Writers<'_>,
+    modes: &[usize],
+    block: usize,
+) -> Vec<(usize, Vec<f64>)> {
+    let Some(pid) = shared().pid() else {
+        eprintln!("the API server is not this bench's (TENURE_KUBE_DIR): its CPU is not measured");
+        return Vec::new();
+    };
+    let rounds = knob("TENURE_BENCH_CPU_ROUNDS", 3_usize);
+    let mut per_mode: Vec<(usize, Vec<f64>)> = modes.iter().map(|&m| (m, Vec::new())).collect();
+    for round in 0..rounds {
+        for k in 0..modes.len() {
+            let slot = (k + round) % modes.len();
+            let mode = modes[slot];
+            let before = support::proc::cpu_time(pid).expect("the API server's /proc/PID/stat");
+            for i in 0..block {
+                if let Err(e) = writers.write(mode, i).await {
+                    panic!("CPU block of mode {mode}: write {i} failed: {e}");
+                }
+            }
+            let after = support::proc::cpu_time(pid).expect("the API server's /proc/PID/stat");
+            #[allow(clippy::cast_precision_loss)]
+            let per_thousand = (after - before).as_secs_f64() * 1_000.0 / block as f64;
+            eprintln!(
+                "cpu round {round}: {}: {per_thousand:.3} CPU-s per 1,000 writes",
+                MODES[mode]
+            );
+            per_mode[slot].1.push(per_thousand);
+        }
+    }
+    per_mode
+}
+
+/// The static run's second group ([`LEGACY_GROUP`], as many shards, a participant of its
+/// own): its policy's messages as they were before [`SPARED`]; a fenced API of its shard 0.
+async fn legacy_group(ns: &str, shards: u32) -> tenure::fence::kube::FencedApi<ConfigMap> {
+    let (legacy_sa, _) = participant(ns, "grpold").await;
+    let legacy = FencingPolicy::new(ns, LEGACY_GROUP)
+        .and_then(|p| p.service_account(ns, "grpold"))
+        .and_then(|p| p.resource("configmaps"))
+        .and_then(|p| p.shards(shards))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut policy = legacy.policy();
+    for v in policy
+        .spec
+        .as_mut()
+        .and_then(|s| s.validations.as_mut())
+        .into_iter()
+        .flatten()
+    {
+        let message = v
+            .message_expression
+            .as_deref()
+            .expect("a message expression");
+        v.message_expression = Some(
+            message
+                .strip_prefix(SPARED)
+                .expect("every message begins spared")
+                .to_owned(),
+        );
+    }
+    let admin = shared().admin().await;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &legacy.name(),
+        &policy,
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &legacy.name(),
+        &legacy.binding(),
+    )
+    .await;
+    static_shard_leases(ns, &legacy, shards).await;
+    Fencer::new(legacy_sa)
+        .await
+        .expect("identity")
+        .lease_namespace(ns)
+        .namespaced_with_token(
+            &legacy.shard_lease(0),
+            tenure::FencingToken::new(STATIC_FLOOR),
+            ns,
+        )
 }

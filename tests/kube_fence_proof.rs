@@ -508,7 +508,14 @@ async fn a_broken_floor_fails_closed_naming_the_lease_and_the_next_grant_repairs
     let loose = fencer.clone().warn_only(true);
     let raw: Api<ConfigMap> = Api::namespaced(loose.client_with_token(lease, token), &ns);
     let leases: Api<Lease> = Api::namespaced(server.admin().await, &ns);
-    for floor in ["garbage", "-5", "99999999999999999999999", "0012"] {
+    // 20 digits above u64::MAX: broken to the policy as to `tenure policy --check`.
+    for floor in [
+        "garbage",
+        "-5",
+        "99999999999999999999999",
+        "0012",
+        "99999999999999999999",
+    ] {
         leases
             .patch(
                 lease,

@@ -925,3 +925,110 @@ async fn a_fenced_sharded_run_exports_each_shard_leases_token_and_fence_state() 
     drop(replica);
     fleet.watch.abort();
 }
+
+/// A shard term whose proof the API server does not answer ends alone: the replica keeps its
+/// other shards writing and campaigns for the shard again, whose copy starts once a proof is
+/// answered. An unreachable webhook (`failurePolicy: Fail`) matching only shard 2's probe
+/// makes every dry run of that shard's proof a server error, the proof's "no answer"; before,
+/// that ended the whole replica with exit 8 and every shard's copy with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_proof_without_an_answer_ends_that_shards_term_not_the_replica() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    const SHARDS: u32 = 3;
+    const STUCK: u32 = 2;
+    let fleet = Fleet::new("shardnoanswer", &[SHARDS]).await;
+    let webhooks: Api<ValidatingWebhookConfiguration> = Api::all(shared().admin().await);
+    let name = format!("{}.no-answer.tenure.test", fleet.ns);
+    let webhook: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "no-answer.tenure.test",
+            // Nothing listens there: every call fails, and so does the request (Fail).
+            "clientConfig": {"url": format!("https://127.0.0.1:{}/", cli_support::free_port())},
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                       "operations": ["CREATE"], "resources": ["leases"]}],
+            "matchConditions": [{"name": "shard-2-probe", "expression": format!(
+                "object.metadata.namespace == '{}' && object.metadata.name == \
+                 'tenure-fence-probe.{GROUP}-{STUCK}'", fleet.ns)}],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 2,
+        }],
+    }))
+    .expect("a webhook configuration");
+    webhooks
+        .create(&PostParams::default(), &webhook)
+        .await
+        .expect("create the webhook");
+    let mut replica = fleet.replica("r1", SHARDS);
+    wait_until(
+        Duration::from_secs(120),
+        "the other shards' copies writing",
+        || {
+            (0..SHARDS)
+                .filter(|&s| s != STUCK)
+                .all(|s| fleet.last_ok(s).is_some())
+        },
+    );
+    // Shard 2's proofs got no answer at least twice (a term, then the next one's).
+    wait_until(
+        Duration::from_secs(60),
+        "shard 2's proof failing twice without ending the replica",
+        || {
+            replica
+                .log()
+                .matches(&format!(
+                    "the fence on lease {}/{GROUP}-{STUCK} could not be proven, so this shard's command was not started and its term ends",
+                    fleet.ns
+                ))
+                .count()
+                >= 2
+        },
+    );
+    assert!(
+        replica.child.try_wait().expect("try_wait").is_none(),
+        "the replica is still running: {}",
+        replica.log()
+    );
+    assert!(
+        replica.log().contains("no answer from the API server"),
+        "{}",
+        replica.log()
+    );
+    assert!(
+        fleet.last_ok(STUCK).is_none(),
+        "no copy of shard 2 started unproven"
+    );
+    // The others kept writing meanwhile.
+    wait_until(
+        Duration::from_secs(30),
+        "the other shards still writing",
+        || {
+            (0..SHARDS).filter(|&s| s != STUCK).all(|s| {
+                fleet
+                    .log(s)
+                    .lines()
+                    .filter(|l| l.starts_with("ok "))
+                    .count()
+                    >= 3
+            })
+        },
+    );
+    // The webhook gone, a later term of shard 2 proves its fence and starts its copy.
+    webhooks
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the webhook");
+    wait_until(Duration::from_secs(120), "shard 2's copy writing", || {
+        fleet.last_ok(STUCK).is_some()
+    });
+    assert!(
+        replica.child.try_wait().expect("try_wait").is_none(),
+        "{}",
+        replica.log()
+    );
+    assert!(fleet.stale().is_empty(), "{:?}", fleet.stale());
+    drop(replica);
+    fleet.watch.abort();
+}

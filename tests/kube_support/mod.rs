@@ -267,6 +267,17 @@ impl Server {
         }
     }
 
+    /// The pid of the `kube-testenv` process (kube-apiserver and its embedded etcd, one
+    /// process) this harness started; `None` for a server it did not start
+    /// (`TENURE_KUBE_DIR`) or while stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Child::id)
+    }
+
     /// Starts a stopped server again with the same options.
     pub fn restart(&self) {
         self.spawn();

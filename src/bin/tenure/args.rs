@@ -19,7 +19,8 @@ Exit codes:
   6        --try / --timeout: the lease was not won in time (held elsewhere); CMD did not run
   7        --once-per: this period's run was completed already; CMD did not run
            (--done-exit-code changes it, e.g. to 0 for a CronJob)
-  8        --fence: the term's fence could not be proven; CMD did not start
+  8        --fence: the term's fence could not be proven; CMD did not start (with
+           --shards, a shard proof that got no answer ends only that shard's term)
   9        --once-per: CMD exited 0 but its completion could not be recorded (the store
            refused it: a newer term began; or it could not be reached): it may run again
   10       status --require-leader: nobody holds the lease (with --shards: some shard's)

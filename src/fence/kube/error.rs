@@ -163,6 +163,16 @@ impl FenceState {
     pub fn is_enforced(&self) -> bool {
         matches!(self, Self::Enforced)
     }
+
+    /// Whether the fence is unproven only because the API server did not answer the proof
+    /// (a transport failure, a timeout or a server error through its window): unlike an
+    /// open fence, a refusal by something else or a missing permission, this says nothing
+    /// about the fence's configuration, so another term may well prove it. Writes fail
+    /// closed all the same.
+    #[must_use]
+    pub fn is_unanswered(&self) -> bool {
+        matches!(self, Self::Unenforced { cause } if cause.starts_with(super::proof::NO_ANSWER))
+    }
 }
 
 /// Turns a kube error from a fenced request of `election` (`namespace/name`) into a

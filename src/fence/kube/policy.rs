@@ -735,10 +735,16 @@ fn anchor_named(name: &str) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPo
 }
 
 /// A CEL expression true when the string `s` is a fencing token in canonical form: decimal,
-/// no sign, no leading zero, at most 20 digits (u64). The size test comes first so a huge
-/// value costs nothing more.
+/// no sign, no leading zero, a u64 (at most 20 digits, and of 20 digits at most u64::MAX,
+/// compared as strings: same length, so lexical order is numeric). The size test comes first
+/// so a huge value costs nothing more. A 20-digit floor above u64::MAX is broken here as it
+/// is to `tenure policy --check` (`check::parse_floor`), which reads floors as u64.
 fn canonical(s: &str) -> String {
-    format!("(size({s}) <= 20 && {s}.matches('^(0|[1-9][0-9]*)$'))")
+    format!(
+        "(size({s}) <= 20 && {s}.matches('^(0|[1-9][0-9]*)$') && (size({s}) < 20 || \
+         {s} <= '{}'))",
+        u64::MAX
+    )
 }
 
 /// The CEL variables: who holds the Lease, the term's floor, the writer's token, and the
@@ -859,8 +865,9 @@ fn variables(sharded: bool) -> Vec<Variable> {
         ),
     ];
     if sharded {
-        // For messages only (evaluated on a refusal): `NS/GROUP` and `SHARD` of this shard
-        // Lease `NS/GROUP-SHARD`. A Lease someone else labelled, without a '-', names itself.
+        // For messages only (read only by the evaluation of the shard a write names, see
+        // `SPARED`): `NS/GROUP` and `SHARD` of this shard Lease `NS/GROUP-SHARD`. A Lease
+        // someone else labelled, without a '-', names itself.
         let cut = "variables.lease.lastIndexOf('-')";
         variables.push(var(
             "group",
@@ -874,17 +881,27 @@ fn variables(sharded: bool) -> Vec<Variable> {
     variables
 }
 
+/// The head of every `messageExpression`: a write naming another election (or, in a group,
+/// another shard) gets the empty message without a string built. The API server evaluates the
+/// messages of every evaluation whether the write passes or not (k8s.io/apiserver
+/// `validator.go` runs the message filter before it looks at the verdicts), and a group's
+/// policy is evaluated once per shard Lease, so without this each write naming one shard of
+/// N built N - 1 refusal messages nobody reads. An empty message is never shown: the
+/// validation passes whenever `otherElection` holds.
+const SPARED: &str = "variables.otherElection ? '' : ";
+
 /// The check, as **one** validation (each validation is a CEL program of its own, evaluated
 /// on every governed write: one costs measurably less than five), with a message the client
 /// parses into a typed error ([`FenceError`](super::FenceError)): keep the wording in step
-/// with `super::client::classify_status`. The message is only evaluated on a refusal.
+/// with `super::client::classify_status`. The message is evaluated for every write the
+/// policy matches, passing or not (see [`SPARED`]).
 fn validations() -> Vec<Validation> {
     let floor = record::FENCING_FLOOR;
     let head = format!("'{REFUSAL_PREFIX} lease ' + variables.lease + ': ");
     // A value from the request or the Lease shown in a message: at most 40 characters.
     let shown = |v: &str| format!("(size({v}) > 40 ? {v}.substring(0, 40) + '...' : {v})");
     let message = format!(
-        "variables.token == '' ? {head}missing token: a write from a participant of this \
+        "{SPARED}variables.token == '' ? {head}missing token: a write from a participant of this \
          election must carry its term\\'s fencing token (the user extra {REQUEST_TOKEN_EXTRA}, \
          sent for a command by tenure run --fence (write through its KUBECONFIG), by \
          tenure::fence::kube::Fencer, or as the headers Impersonate-User and \
@@ -938,7 +955,7 @@ fn shard_validations() -> Vec<Validation> {
     let shown = |v: &str| format!("(size({v}) > 40 ? {v}.substring(0, 40) + '...' : {v})");
     let which = "' (shard ' + variables.shard + ' of group ' + variables.group + ')'";
     let message = format!(
-        "variables.token == '' ? {group_head}missing token: a write from a participant of this \
+        "{SPARED}variables.token == '' ? {group_head}missing token: a write from a participant of this \
          sharded group must carry its shard term\\'s fencing token (the user extra \
          {REQUEST_TOKEN_EXTRA}, sent for a command by tenure run --shards --fence (write \
          through its KUBECONFIG), by tenure::fence::kube::Fencer, or as the headers \
@@ -1315,6 +1332,48 @@ mod tests {
         );
         // Every part of a sharded group's policy but its CEL and binding is a plain election's.
         assert_eq!(p.policy().metadata, plain.policy().metadata);
+    }
+
+    /// The API server evaluates every evaluation's message, passing or not, and a group's
+    /// policy once per shard Lease: a write naming another election or shard builds none.
+    #[test]
+    fn a_write_naming_another_election_builds_no_message() {
+        for p in [
+            FencingPolicy::new("apps", "orders").expect("valid"),
+            sharded(),
+        ] {
+            let spec = p.policy().spec.expect("spec");
+            let validations = spec.validations.expect("validations");
+            assert_eq!(validations.len(), 1, "one CEL program per evaluation");
+            for v in validations {
+                let message = v.message_expression.expect("message");
+                assert!(
+                    message.starts_with("variables.otherElection ? '' : variables.token == '' ?"),
+                    "{message}"
+                );
+                // And only such a write: the verdict passes it without reading the message.
+                assert!(v.expression.starts_with("variables.otherElection || ("));
+            }
+        }
+    }
+
+    /// A token or floor is a u64, as `tenure policy --check` reads it: 20 digits above
+    /// u64::MAX are not canonical.
+    #[test]
+    fn a_canonical_token_is_at_most_u64_max() {
+        let p = sharded();
+        for (name, v) in [
+            ("floorOk", "variables.floor"),
+            ("tokenOk", "variables.token"),
+        ] {
+            assert_eq!(
+                variable(&p, name),
+                format!(
+                    "(size({v}) <= 20 && {v}.matches('^(0|[1-9][0-9]*)$') && (size({v}) < 20 || \
+                     {v} <= '18446744073709551615'))"
+                )
+            );
+        }
     }
 
     #[cfg(feature = "crd")]

@@ -32,6 +32,11 @@ pub const PROOF_WINDOW: Duration = Duration::from_secs(3);
 /// that stopped, fails the term's fenced writes within one period.
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(10);
 
+/// How the cause of a proof that got no answer begins ([`FenceState::is_unanswered`]): a
+/// transport failure, a timeout or a server error through the window says nothing about the
+/// fence's configuration, unlike every other cause.
+pub(super) const NO_ANSWER: &str = "no answer from the API server";
+
 /// How often the proof asks again while the lower token is still admitted.
 pub(super) const RETRY: Duration = Duration::from_millis(10);
 
@@ -319,7 +324,7 @@ where
                 tracing::warn!(lease = %facts.lease, "fence proof got no answer: {message}");
                 return first.then(|| FenceState::Unenforced {
                     cause: format!(
-                        "no answer within {PROOF_WINDOW:?}: {}",
+                        "{NO_ANSWER} within {PROOF_WINDOW:?}: {}",
                         cannot_prove(facts.lease_namespace, &message)
                     ),
                 });
@@ -336,7 +341,9 @@ where
             current: current.unwrap_or(Current::Term(0)),
         }),
         Answer::Failed(message) => first.then(|| FenceState::Unenforced {
-            cause: format!("the fence could not be proven: {message}"),
+            cause: format!(
+                "{NO_ANSWER} for this term's own token: the fence could not be proven: {message}"
+            ),
         }),
         other => unenforced(refused_cause(facts, &other, "own token")),
     }
@@ -789,7 +796,7 @@ mod tests {
         let cause = cause_of(run(&s, true, false).await);
         assert!(
             cause.starts_with(
-                "no answer within 3s: the fence could not be proven: connection refused"
+                "no answer from the API server within 3s: the fence could not be proven: connection refused"
             ),
             "{cause}"
         );
@@ -815,6 +822,38 @@ mod tests {
             (Probe::At, Answer::Failed("timeout".into())),
         ]);
         assert!(cause_of(run(&s, true, false).await).contains("could not be proven: timeout"));
+    }
+
+    /// `tenure run --shards --fence` ends only the shard's term on a proof the API server did
+    /// not answer, and the whole replica on any other: only no answer is unanswered.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_proof_without_an_answer_is_unanswered() {
+        let failed = || Answer::Failed("timeout".into());
+        let unanswered = [
+            Script::new(vec![(Probe::Below, failed())]),
+            Script::new(vec![(Probe::Below, stale()), (Probe::At, failed())]),
+        ];
+        for s in unanswered {
+            let state = run(&s, true, false).await.expect("a verdict");
+            assert!(state.is_unanswered(), "{state:?}");
+        }
+        let answered = [
+            Script::new(vec![(Probe::Below, Answer::Admitted)]),
+            Script::new(vec![(
+                Probe::Below,
+                Answer::Denied("forbidden (403)".into()),
+            )]),
+            Script::new(vec![(
+                Probe::Below,
+                Answer::Unseen("not this shard's term".into()),
+            )]),
+            Script::new(vec![(Probe::Below, stale()), (Probe::At, Answer::Admitted)]),
+            Script::new(vec![(Probe::Below, stale()), (Probe::At, stale())]),
+        ];
+        for s in answered {
+            let state = run(&s, true, false).await.expect("a verdict");
+            assert!(!state.is_unanswered(), "{state:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -964,7 +1003,9 @@ mod tests {
             .expect("the first proof settles");
         let cause = cause_of(Some(settled.clone()));
         assert!(
-            cause.starts_with("no answer within 3s: the fence could not be proven"),
+            cause.starts_with(
+                "no answer from the API server within 3s: the fence could not be proven"
+            ),
             "{cause}"
         );
         assert_eq!(proof.state(), settled);

@@ -22,6 +22,20 @@ pub struct CommandFence {
     namespace: String,
     dir: PathBuf,
     leader: Option<watch::Receiver<Option<Leader>>>,
+    /// `--shards`: a term whose proof got no answer, or was superseded, ends alone.
+    shard_terms: bool,
+}
+
+/// How a term's fence began.
+pub enum Begun {
+    /// Proven: the endpoint's guard and the command's environment.
+    Fenced(TermFence, Vec<(&'static str, String)>),
+    /// The term ended during the proof (a shutdown signal): nothing was started.
+    Ended,
+    /// A shard term whose proof the API server did not answer, or that a newer term
+    /// superseded: its command is not started and its term ends, the replica's other shards
+    /// keep theirs, and the shard is campaigned for again (a new term, a new proof).
+    Unproven,
 }
 
 impl CommandFence {
@@ -46,7 +60,19 @@ impl CommandFence {
             namespace: namespace.to_owned(),
             dir,
             leader: None,
+            shard_terms: false,
         })
+    }
+
+    /// `tenure run --shards`: a shard term whose proof the API server did not answer (or a
+    /// newer term superseded) ends alone instead of the replica — one shard's slow proof says
+    /// nothing about the fence, and ending the replica would end every shard it holds. A
+    /// proof that was answered and found the fence open or unprovable (no policy, no RBAC,
+    /// another policy's refusal) still ends the replica (exit 8): every shard's would fail
+    /// the same way.
+    pub fn per_shard(mut self) -> Self {
+        self.shard_terms = true;
+        self
     }
 
     /// Reports every term's proof into the elector's metrics (`tenure_fence_enforced`,
@@ -64,28 +90,47 @@ impl CommandFence {
     }
 
     /// Proves `term`'s fence, starts its endpoint and writes its files; the environment the
-    /// command gets, and the guard that ends all of it. `None` when the term ended during the
-    /// proof (a shutdown signal): then nothing is started, and no verdict is logged, since a
-    /// proof stopped by the term's end says nothing about the fence.
-    pub async fn begin(
-        &self,
-        term: &Term,
-    ) -> Result<Option<(TermFence, Vec<(&'static str, String)>)>, CliError> {
+    /// command gets, and the guard that ends all of it ([`Begun::Fenced`]). [`Begun::Ended`]
+    /// when the term ended during the proof (a shutdown signal): then nothing is started, and
+    /// no verdict is logged, since a proof stopped by the term's end says nothing about the
+    /// fence. [`Begun::Unproven`] only for shard terms ([`per_shard`](Self::per_shard)).
+    pub async fn begin(&self, term: &Term) -> Result<Begun, CliError> {
         let lease = format!("{}/{}", self.namespace, term.lease_name());
         let state = tokio::select! {
             biased;
-            () = term.cancellation().cancelled() => return Ok(None),
+            () = term.cancellation().cancelled() => return Ok(Begun::Ended),
             state = self.fencer.prove(term) => state,
         };
         if term.cancellation().is_cancelled() {
-            return Ok(None);
+            return Ok(Begun::Ended);
         }
         // The command starts only with its writes fenced: a fence that cannot be proven fails
         // the term (exit 8) rather than run a job whose writes would all be refused, or
-        // worse, report success having written nothing.
+        // worse, report success having written nothing. A shard term the API server did not
+        // answer, or that is already superseded, fails alone (see `per_shard`).
         match state {
             FenceState::Enforced => {
                 tracing::info!(%lease, fencing_token = %term.fencing_token(), "fence proven: the command's writes are fenced");
+            }
+            FenceState::Superseded { current } if self.shard_terms => {
+                tracing::warn!(
+                    %lease,
+                    fencing_token = %term.fencing_token(),
+                    ?current,
+                    "--fence: a newer term of this shard exists, so its command was not started: this shard's term ends; the replica's other shards keep theirs"
+                );
+                return Ok(Begun::Unproven);
+            }
+            state if self.shard_terms && state.is_unanswered() => {
+                let FenceState::Unenforced { cause } = state else {
+                    unreachable!("is_unanswered holds only for Unenforced");
+                };
+                tracing::error!(
+                    %lease,
+                    fencing_token = %term.fencing_token(),
+                    "--fence: the fence on lease {lease} could not be proven, so this shard's command was not started and its term ends (the replica's other shards keep theirs; the shard is campaigned for again): {cause}"
+                );
+                return Ok(Begun::Unproven);
             }
             FenceState::Unenforced { cause } => {
                 return Err(CliError::Unfenced {
@@ -121,7 +166,7 @@ impl CommandFence {
         written.map_err(|e| CliError::Internal {
             message: format!("--fence: cannot write the term's kubeconfig: {e}"),
         })?;
-        Ok(Some((guard, env)))
+        Ok(Begun::Fenced(guard, env))
     }
 }
 

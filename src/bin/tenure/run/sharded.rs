@@ -56,7 +56,7 @@ pub async fn run(args: RunArgs, shards: u32) -> Result<u8, CliError> {
     let (mut supervisor, signalled) =
         Supervisor::start(args.command, args.grace, stop_margin, Terms::Several)?;
     if let Some(fence) = fence {
-        supervisor = supervisor.with_fence(fence.with_metrics(metrics));
+        supervisor = supervisor.with_fence(fence.with_metrics(metrics).per_shard());
     }
     // A copy that cannot be started (command not found, no watchdog process) stops tenure:
     // every shard would fail the same way.

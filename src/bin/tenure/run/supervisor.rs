@@ -19,7 +19,7 @@ use crate::process::deadline::{DeadlineCell, KillReport};
 use crate::process::reaper;
 use crate::process::term_env::{ENV_FENCING_TOKEN, ENV_IDENTITY, ENV_LEASE};
 use crate::process::watchdog::Watchdog;
-use crate::run::fence::CommandFence;
+use crate::run::fence::{Begun, CommandFence};
 
 /// Runs the command for one term and stops it when the term ends. With `--shards`, the
 /// workload of every shard's term: any number of terms may run at once. Clones share the
@@ -118,11 +118,19 @@ impl Supervisor {
             // Held until the command is gone: the endpoint stops and its files go with it.
             let _fenced = match &fence {
                 Some(fence) => match fence.begin(&term).await? {
-                    Some((guard, vars)) => {
+                    Begun::Fenced(guard, vars) => {
                         env.extend(vars);
                         Some(guard)
                     }
-                    None => return Ok(not_started(&term, &received)),
+                    Begun::Ended => return Ok(not_started(&term, &received)),
+                    // Logged by the fence; this shard's copy "exits" with the code a replica
+                    // would for an unproven fence (8), and its term ends.
+                    Begun::Unproven => {
+                        return Ok(CliError::Unfenced {
+                            message: String::new(),
+                        }
+                        .exit_code());
+                    }
                 },
                 None => None,
             };
