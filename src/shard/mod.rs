@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -164,6 +164,8 @@ struct Inner {
     running: AtomicBool,
     /// Shard terms lost to the store, and the warning when they pile up.
     losses: losses::Losses,
+    /// Member announcements that did not land (failed, or unanswered within the bound).
+    missed_heartbeats: AtomicU64,
     /// Proves this replica's previous process gone (see [`ShardedElector::with_restart_lock`]).
     restart: std::sync::Mutex<Option<Arc<RestartLock>>>,
     /// Given to every shard's elector (see [`ShardedElector::with_metrics`]).
@@ -215,6 +217,7 @@ impl ShardedElector {
                 group: watch::channel(GroupStatus::Joining).0,
                 recheck: tokio::sync::Notify::new(),
                 losses: losses::Losses::default(),
+                missed_heartbeats: AtomicU64::new(0),
                 running: AtomicBool::new(false),
                 restart: std::sync::Mutex::new(None),
                 #[cfg(feature = "metrics")]
@@ -315,6 +318,17 @@ impl ShardedElector {
         self.inner.losses.total()
     }
 
+    /// How many of this replica's member announcements (its heartbeat in the group) did not
+    /// land since it was made: failed, or unanswered within a third of a lease (each is sent
+    /// again, and logged at warn with this count). The member record lasts a lease, so an
+    /// occasional miss costs nothing; about three in a row and the others drop this replica
+    /// from the group and take its shards. For a metric
+    /// (`tenure_shard_heartbeats_missed_total` in `tenure run`).
+    #[must_use]
+    pub fn missed_heartbeats(&self) -> u64 {
+        self.inner.missed_heartbeats.load(Ordering::Relaxed)
+    }
+
     /// Whether the shard of `key` ([`shard_of`]) has a term running on this replica now.
     #[must_use]
     pub fn owns(&self, key: &str) -> bool {
@@ -399,7 +413,7 @@ impl ShardedElector {
                 &self.inner.locker,
                 &self.inner.name,
                 &lock,
-                self.inner.config_request_timeout(),
+                self.inner.group_request_bound(),
             )
             .await;
         }
@@ -411,7 +425,7 @@ impl ShardedElector {
             shards: self.inner.shards,
             lease,
             retry,
-            request_timeout: self.inner.config_request_timeout(),
+            request_timeout: self.inner.group_request_bound(),
         };
         // The latest membership: here for the assignment, in `seen` for the keeper.
         let mut last = Vec::<Member>::new();
@@ -481,7 +495,7 @@ impl ShardedElector {
         // Leave the group first, so the others take our shards over as we release them.
         let backend = self.inner.locker.backend();
         let withdraw = backend.withdraw_member(&self.inner.name, &me.identity);
-        if let Err(e) = tokio::time::timeout(self.inner.config_request_timeout(), withdraw)
+        if let Err(e) = tokio::time::timeout(self.inner.group_request_bound(), withdraw)
             .await
             .unwrap_or_else(|_| {
                 Err(BackendError::new(
@@ -497,18 +511,21 @@ impl ShardedElector {
     }
 
     /// Announces this replica, with the shards it holds, every third of a lease and at once
-    /// when that set changes; each announcement lasts a lease. Returns only on a permanent
-    /// failure; transient ones are retried every retry period.
+    /// when that set changes; each announcement lasts a lease from when it lands. Returns only
+    /// on a permanent failure. A transient one is tried again after a retry period; one left
+    /// without an answer for [`Inner::group_request_bound`] is sent again at once (that wait
+    /// was its pause). Each miss is counted ([`ShardedElector::missed_heartbeats`]) and
+    /// logged at warn: a replica that misses a lease's worth of them drops out of the group.
     async fn heartbeat(&self, me: &Member) -> ShardError {
         let (lease, retry) = self.inner.config.timings();
+        let bound = self.inner.group_request_bound();
         let backend = self.inner.locker.backend();
         let mut owned = self.inner.owned.subscribe();
         let mut me = me.clone();
         loop {
             me.holds = owned.borrow_and_update().iter().copied().collect();
             let sent = backend.announce_member(&self.inner.name, &me, lease);
-            let pause = match tokio::time::timeout(self.inner.config_request_timeout(), sent).await
-            {
+            let pause = match tokio::time::timeout(bound, sent).await {
                 Ok(Ok(())) => lease / 3,
                 Ok(Err(e)) if !e.is_transient() => {
                     return ShardError::Membership {
@@ -517,10 +534,15 @@ impl ShardedElector {
                     };
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(group = %self.inner.name, error = %e, "membership announcement failed; retrying");
+                    let missed = self.inner.missed_heartbeat();
+                    tracing::warn!(group = %self.inner.name, error = %e, missed, "membership announcement failed; retrying");
                     retry
                 }
-                Err(_) => retry,
+                Err(_) => {
+                    let missed = self.inner.missed_heartbeat();
+                    tracing::warn!(group = %self.inner.name, bound = ?bound, missed, "membership announcement unanswered within a third of a lease; sending it again");
+                    Duration::ZERO
+                }
             };
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
@@ -665,7 +687,7 @@ impl ShardedElector {
                                 &inner.name,
                                 inner.shards,
                                 generation,
-                                inner.config_request_timeout(),
+                                inner.group_request_bound(),
                             )
                             .await
                             {
@@ -830,9 +852,28 @@ impl Inner {
             .clone()
     }
 
-    fn config_request_timeout(&self) -> Duration {
-        let (_, retry) = self.config.timings();
-        retry / 2
+    /// The bound on each request the group layer makes: a member announcement, a read or
+    /// swap of the group record (the keeper's, and the read a shard term makes before its
+    /// workload starts), the withdrawal, the release of a previous run's terms. A third of a
+    /// lease: the period at which each of them is sent again anyway.
+    ///
+    /// It guards against an answer that never comes (a dead connection), so the next attempt
+    /// goes out in time; it is not a freshness bound. A member record lasts a lease from when
+    /// it lands, and a record read that answers late is as good as a quick one (it was served
+    /// after the grant it vouches for), so cutting either short of the next round only throws
+    /// a write or a read away and sends it again — more load on a server that was already
+    /// slow. It was half a retry period (250 ms in the end-to-end tests): an API server under
+    /// load answers slower than that, and three replicas missed 210 heartbeats and 212 record
+    /// reads a minute and dropped every shard. The backend bounds each of its requests too
+    /// (`KubeOptions::request_timeout`, Redis's): the shorter bound wins.
+    fn group_request_bound(&self) -> Duration {
+        let (lease, _) = self.config.timings();
+        lease / 3
+    }
+
+    /// Counts a missed member announcement; the count so far.
+    fn missed_heartbeat(&self) -> u64 {
+        self.missed_heartbeats.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
