@@ -425,7 +425,7 @@ impl ShardedElector {
             shards: self.inner.shards,
             lease,
             retry,
-            request_timeout: self.inner.group_request_bound(),
+            request_timeout: self.inner.record_bound(),
         };
         // The latest membership: here for the assignment, in `seen` for the keeper.
         let mut last = Vec::<Member>::new();
@@ -512,21 +512,26 @@ impl ShardedElector {
 
     /// Announces this replica, with the shards it holds, every third of a lease and at once
     /// when that set changes; each announcement lasts a lease from when it lands. Returns only
-    /// on a permanent failure. A transient one is tried again after a retry period; one left
-    /// without an answer for [`Inner::group_request_bound`] is sent again at once (that wait
-    /// was its pause). Each miss is counted ([`ShardedElector::missed_heartbeats`]) and
-    /// logged at warn: a replica that misses a lease's worth of them drops out of the group.
+    /// on a permanent failure. A transient one is tried again after a retry period; one still
+    /// unanswered when the last announcement that landed runs out
+    /// ([`Inner::announce_deadline`]) is given up and sent again at once. Each miss is counted
+    /// ([`ShardedElector::missed_heartbeats`]) and logged at warn.
     async fn heartbeat(&self, me: &Member) -> ShardError {
         let (lease, retry) = self.inner.config.timings();
-        let bound = self.inner.group_request_bound();
         let backend = self.inner.locker.backend();
         let mut owned = self.inner.owned.subscribe();
         let mut me = me.clone();
+        let mut landed: Option<tokio::time::Instant> = None;
         loop {
             me.holds = owned.borrow_and_update().iter().copied().collect();
+            let sent_at = tokio::time::Instant::now();
+            let deadline = self.inner.announce_deadline(landed, sent_at);
             let sent = backend.announce_member(&self.inner.name, &me, lease);
-            let pause = match tokio::time::timeout(bound, sent).await {
-                Ok(Ok(())) => lease / 3,
+            let pause = match tokio::time::timeout_at(deadline, sent).await {
+                Ok(Ok(())) => {
+                    landed = Some(sent_at);
+                    lease / 3
+                }
                 Ok(Err(e)) if !e.is_transient() => {
                     return ShardError::Membership {
                         group: self.inner.name.to_string(),
@@ -540,7 +545,8 @@ impl ShardedElector {
                 }
                 Err(_) => {
                     let missed = self.inner.missed_heartbeat();
-                    tracing::warn!(group = %self.inner.name, bound = ?bound, missed, "membership announcement unanswered within a third of a lease; sending it again");
+                    let waited = sent_at.elapsed();
+                    tracing::warn!(group = %self.inner.name, ?waited, missed, "membership announcement unanswered until the last one ran out; sending it again");
                     Duration::ZERO
                 }
             };
@@ -687,7 +693,7 @@ impl ShardedElector {
                                 &inner.name,
                                 inner.shards,
                                 generation,
-                                inner.group_request_bound(),
+                                inner.record_bound(),
                             )
                             .await
                             {
@@ -852,20 +858,45 @@ impl Inner {
             .clone()
     }
 
-    /// The bound on each request the group layer makes: a member announcement, a read or
-    /// swap of the group record (the keeper's, and the read a shard term makes before its
-    /// workload starts), the withdrawal, the release of a previous run's terms. A third of a
-    /// lease: the period at which each of them is sent again anyway.
+    /// How long a member announcement sent at `now` may take: until the last one that
+    /// landed (sent at `landed`) runs out, a lease after it was sent, and at least a third of a
+    /// lease (the first, or one after the record ran out).
     ///
-    /// It guards against an answer that never comes (a dead connection), so the next attempt
-    /// goes out in time; it is not a freshness bound. A member record lasts a lease from when
-    /// it lands, and a record read that answers late is as good as a quick one (it was served
-    /// after the grant it vouches for), so cutting either short of the next round only throws
-    /// a write or a read away and sends it again — more load on a server that was already
-    /// slow. It was half a retry period (250 ms in the end-to-end tests): an API server under
-    /// load answers slower than that, and three replicas missed 210 heartbeats and 212 record
-    /// reads a minute and dropped every shard. The backend bounds each of its requests too
-    /// (`KubeOptions::request_timeout`, Redis's): the shorter bound wins.
+    /// The bound guards against an answer that never comes (a dead connection), so another
+    /// attempt goes out; it is not a freshness bound. The record lasts a lease from when it
+    /// lands, so an announcement that lands before the last one runs out loses this replica
+    /// nothing, however slow; cutting it sooner only throws the write away and sends it
+    /// again, more load on a server that was already slow. The bound was half a retry period
+    /// (250 ms in the end-to-end tests): an API server under load answers slower, and three
+    /// replicas missed 210 heartbeats a minute and dropped every shard. The backend bounds
+    /// each of its requests too (`KubeOptions::request_timeout`, Redis's): the shorter wins.
+    fn announce_deadline(
+        &self,
+        landed: Option<tokio::time::Instant>,
+        now: tokio::time::Instant,
+    ) -> tokio::time::Instant {
+        let (lease, _) = self.config.timings();
+        let floor = now + lease / 3;
+        landed.map_or(floor, |at| (at + lease).max(floor))
+    }
+
+    /// The bound on each request about the group record: the keeper's reads and swaps (and
+    /// its drain's takes of old leases), and the read a shard term makes before its workload
+    /// starts. A lease: the keeper reads the record again once a lease anyway, and a read that
+    /// answers late is as good as a quick one — it was served after the grant it vouches for,
+    /// so it still shows whether the group ran this count when the term began. Cut at half a
+    /// retry period, a read on a loaded API server timed out (212 a minute over three
+    /// replicas), the term it gated ended before its workload started, and the shard was
+    /// taken and given up again and again.
+    fn record_bound(&self) -> Duration {
+        let (lease, _) = self.config.timings();
+        lease
+    }
+
+    /// The bound on a request made once, not repeated: the release of a previous run's terms
+    /// at the start, the withdrawal from the group at the end. Each is a courtesy (what it
+    /// frees runs out after a lease anyway), so a third of a lease, not to hold a start or a
+    /// shutdown up for long.
     fn group_request_bound(&self) -> Duration {
         let (lease, _) = self.config.timings();
         lease / 3
