@@ -922,3 +922,45 @@ pub fn lease_name(group: &str, shard: u32) -> String {
 fn unix_ms() -> u64 {
     crate::util::unix_millis()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+
+    fn elector() -> ShardedElector {
+        let config = ElectionConfig::new()
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .stop_margin(Duration::from_millis(300));
+        let locker = Locker::with_identity(MemoryBackend::new(), "r0").expect("identity");
+        ShardedElector::new(locker, "bounds", 4, config).expect("elector")
+    }
+
+    /// The bounds follow the lease, not the retry period (#42: half a retry period cut
+    /// heartbeats and record reads an API server under load answered a little later).
+    #[test]
+    fn a_heartbeat_may_take_until_the_last_one_that_landed_runs_out() {
+        let inner = &elector().inner;
+        let landed = tokio::time::Instant::now();
+        let at = |ms: u64| landed + Duration::from_millis(ms);
+        // None landed yet: a third of a lease.
+        assert_eq!(inner.announce_deadline(None, landed), at(1_000));
+        // The last one landed half a second ago: until it runs out, a lease after it.
+        assert_eq!(inner.announce_deadline(Some(landed), at(500)), at(3_000));
+        // It has (nearly) run out: still a third of a lease.
+        assert_eq!(inner.announce_deadline(Some(landed), at(2_500)), at(3_500));
+        assert_eq!(inner.record_bound(), Duration::from_secs(3));
+        assert_eq!(inner.group_request_bound(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn missed_heartbeats_are_counted() {
+        let elector = elector();
+        assert_eq!(elector.missed_heartbeats(), 0);
+        assert_eq!(elector.inner.missed_heartbeat(), 1);
+        assert_eq!(elector.inner.missed_heartbeat(), 2);
+        assert_eq!(elector.missed_heartbeats(), 2);
+    }
+}
