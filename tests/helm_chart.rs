@@ -3562,7 +3562,7 @@ fn sharding_renders_the_shard_count_and_its_role() {
         role_rules(&sharded),
         json!([
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-             "verbs": ["get", "list", "watch", "update", "create", "delete"]},
+             "verbs": ["get", "list", "watch", "update", "patch", "create", "delete"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ])
     );

@@ -1,6 +1,6 @@
 //! The restricted `tester` user: a Role granting get/list/watch/create/update on leases in one
 //! namespace is enough; without `update` the backend fails with a permission error that names
-//! the verb.
+//! the verb. A sharded group's member heartbeat needs `patch` too, and says so without it.
 
 mod kube_support;
 
@@ -12,7 +12,7 @@ use kube::api::{Api, PostParams};
 use kube_support::{shared, unique};
 use tenure::backend::kube::{KubeBackend, KubeOptions};
 use tenure::backend::{
-    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderToken,
+    AcquireRequest, Acquired, Backend, BackendError, BackendErrorKind, HolderToken, Member,
 };
 use tenure::{LockError, LockOptions, Locker};
 
@@ -309,4 +309,69 @@ async fn missing_permissions_are_named_before_any_campaign() {
             "{line}"
         );
     }
+}
+
+/// A sharded group's member heartbeat is one server-side apply (#42): with the Role the chart
+/// and `tenure policy` give a sharded group (which has `patch`) it creates the member Lease
+/// and renews it; with the Role they gave before (no `patch`) it fails with a permission error
+/// naming the verb, not with a generic failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_members_heartbeat_needs_patch_and_says_so() {
+    let me = Member {
+        identity: "tester-member".into(),
+        shards: 4,
+        joined_ms: 1,
+        holds: vec![1, 2],
+    };
+    let ttl = Duration::from_secs(10);
+    let group = "rbac-group";
+
+    let old = unique("rbac-shard-old");
+    grant(
+        &old,
+        &["get", "list", "watch", "update", "create", "delete"],
+    )
+    .await;
+    let backend = tester(&old).await;
+    once_allowed(|| backend.inspect("anything"))
+        .await
+        .expect("get is granted");
+    let denied = backend
+        .announce_member(group, &me, ttl)
+        .await
+        .expect_err("a heartbeat without patch");
+    assert_eq!(
+        denied.kind(),
+        BackendErrorKind::PermissionDenied,
+        "{denied}"
+    );
+    assert!(denied.to_string().contains("\"patch\""), "{denied}");
+
+    let ns = unique("rbac-shard");
+    grant(
+        &ns,
+        &[
+            "get", "list", "watch", "update", "patch", "create", "delete",
+        ],
+    )
+    .await;
+    let backend = tester(&ns).await;
+    once_allowed(|| backend.announce_member(group, &me, ttl))
+        .await
+        .expect("the first heartbeat creates the member Lease");
+    backend
+        .announce_member(group, &me, ttl)
+        .await
+        .expect("the next renews it");
+    let mut members = backend.members(group);
+    let seen = tokio::time::timeout(Duration::from_secs(10), members.next())
+        .await
+        .expect("the membership read answered")
+        .expect("a membership item")
+        .expect("the membership");
+    assert_eq!(seen, vec![me.clone()]);
+    backend
+        .withdraw_member(group, &me.identity)
+        .await
+        .expect("delete is granted");
 }

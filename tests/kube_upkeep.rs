@@ -2,7 +2,9 @@
 //! held leases, the member heartbeat and releases still go out and finish within the request
 //! timeout, and a sharded replica loses no shard and no term. The stuck traffic is reads of
 //! Leases named `stalled-*` that a client layer holds until the backend gives up on them, as
-//! a server stuck on those requests would; everything else reaches the server.
+//! a server stuck on those requests would; everything else reaches the server. And a member
+//! heartbeat whose answer came after its caller gave up (the server had applied it) costs
+//! the next one no extra request (#42).
 
 mod kube_support;
 
@@ -296,4 +298,135 @@ async fn a_replica_whose_ordinary_traffic_is_stuck_keeps_every_shard_and_term() 
         "one term per shard: {before:?}"
     );
     assert_eq!(after, before, "a term ended and another began");
+}
+
+/// The client layer of [`a_heartbeat_answered_too_late_costs_the_next_one_nothing`]: counts
+/// the requests naming a member Lease, and while `late` is set holds each one's answer for
+/// [`LATE_BY`] after the server has applied it, as a loaded API server answers late.
+#[derive(Clone)]
+struct Late<S> {
+    inner: S,
+    late: Arc<std::sync::atomic::AtomicBool>,
+    member_requests: Arc<AtomicUsize>,
+}
+
+/// How late the held answers come.
+const LATE_BY: Duration = Duration::from_millis(800);
+
+impl<S, B> tower::Service<http::Request<B>> for Late<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+    S::Response: Send,
+    S::Error: Send,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let member = request.uri().path().contains("-member-");
+        if member {
+            self.member_requests.fetch_add(1, Ordering::SeqCst);
+        }
+        let late = member && self.late.load(Ordering::SeqCst);
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await;
+            if late {
+                tokio::time::sleep(LATE_BY).await;
+            }
+            answer
+        })
+    }
+}
+
+/// The defect (#42): the heartbeat was a `PUT` carrying the version of this process's last
+/// write. A heartbeat whose caller gave up before the answer came — after the server had
+/// applied it — left that version stale, so the next took four requests (update 409, create
+/// 409, get, update), and under load missed its bound again, and again, until the replica
+/// dropped out of its group. Now each heartbeat is one request, whatever became of the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_answered_too_late_costs_the_next_one_nothing() {
+    let path = shared().admin_kubeconfig();
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let member_requests = Arc::new(AtomicUsize::new(0));
+    let layer = {
+        let (late, member_requests) = (late.clone(), member_requests.clone());
+        tower::layer::layer_fn(move |inner| Late {
+            inner,
+            late: late.clone(),
+            member_requests: member_requests.clone(),
+        })
+    };
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("builder")
+        .with_layer(&layer)
+        .build();
+    let backend = KubeBackend::from_client(
+        client,
+        KubeOptions::new()
+            .namespace(NS)
+            .request_timeout(Duration::from_secs(5)),
+    )
+    .expect("backend");
+    let group = unique("late-heartbeat");
+    let mut me = Member {
+        identity: "slow-replica".into(),
+        shards: 4,
+        joined_ms: 1,
+        holds: vec![0],
+    };
+    let ttl = Duration::from_secs(30);
+    for round in 0..3 {
+        backend
+            .announce_member(&group, &me, ttl)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the heartbeat before: {e}"));
+        // Given up on before its answer came; the server has applied it by then.
+        late.store(true, Ordering::SeqCst);
+        me.holds.push(round + 1);
+        let cut =
+            tokio::time::timeout(LATE_BY / 2, backend.announce_member(&group, &me, ttl)).await;
+        assert!(
+            cut.is_err(),
+            "round {round}: the late heartbeat answered in time: {cut:?}"
+        );
+        tokio::time::sleep(LATE_BY).await;
+        late.store(false, Ordering::SeqCst);
+        me.holds.push(round + 11);
+        member_requests.store(0, Ordering::SeqCst);
+        backend
+            .announce_member(&group, &me, ttl)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the heartbeat after: {e}"));
+        assert_eq!(
+            member_requests.load(Ordering::SeqCst),
+            1,
+            "round {round}: the heartbeat after a late one took more than one request"
+        );
+    }
+    // What the group sees is the last heartbeat's record.
+    let mut members = backend.members(&group);
+    let seen = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures::StreamExt::next(&mut members),
+    )
+    .await
+    .expect("the membership read answered")
+    .expect("a membership item")
+    .expect("the membership");
+    assert_eq!(seen, vec![me.clone()], "the group's view");
+    backend
+        .withdraw_member(&group, &me.identity)
+        .await
+        .expect("withdraw");
 }

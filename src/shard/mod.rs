@@ -41,7 +41,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -164,6 +164,8 @@ struct Inner {
     running: AtomicBool,
     /// Shard terms lost to the store, and the warning when they pile up.
     losses: losses::Losses,
+    /// Member announcements that did not land (failed, or unanswered within the bound).
+    missed_heartbeats: AtomicU64,
     /// Proves this replica's previous process gone (see [`ShardedElector::with_restart_lock`]).
     restart: std::sync::Mutex<Option<Arc<RestartLock>>>,
     /// Given to every shard's elector (see [`ShardedElector::with_metrics`]).
@@ -215,6 +217,7 @@ impl ShardedElector {
                 group: watch::channel(GroupStatus::Joining).0,
                 recheck: tokio::sync::Notify::new(),
                 losses: losses::Losses::default(),
+                missed_heartbeats: AtomicU64::new(0),
                 running: AtomicBool::new(false),
                 restart: std::sync::Mutex::new(None),
                 #[cfg(feature = "metrics")]
@@ -315,6 +318,17 @@ impl ShardedElector {
         self.inner.losses.total()
     }
 
+    /// How many of this replica's member announcements (its heartbeat in the group) did not
+    /// land since it was made: failed, or unanswered within a third of a lease (each is sent
+    /// again, and logged at warn with this count). The member record lasts a lease, so an
+    /// occasional miss costs nothing; about three in a row and the others drop this replica
+    /// from the group and take its shards. For a metric
+    /// (`tenure_shard_heartbeats_missed_total` in `tenure run`).
+    #[must_use]
+    pub fn missed_heartbeats(&self) -> u64 {
+        self.inner.missed_heartbeats.load(Ordering::Relaxed)
+    }
+
     /// Whether the shard of `key` ([`shard_of`]) has a term running on this replica now.
     #[must_use]
     pub fn owns(&self, key: &str) -> bool {
@@ -399,7 +413,7 @@ impl ShardedElector {
                 &self.inner.locker,
                 &self.inner.name,
                 &lock,
-                self.inner.config_request_timeout(),
+                self.inner.group_request_bound(),
             )
             .await;
         }
@@ -411,7 +425,7 @@ impl ShardedElector {
             shards: self.inner.shards,
             lease,
             retry,
-            request_timeout: self.inner.config_request_timeout(),
+            request_timeout: self.inner.record_bound(),
         };
         // The latest membership: here for the assignment, in `seen` for the keeper.
         let mut last = Vec::<Member>::new();
@@ -481,7 +495,7 @@ impl ShardedElector {
         // Leave the group first, so the others take our shards over as we release them.
         let backend = self.inner.locker.backend();
         let withdraw = backend.withdraw_member(&self.inner.name, &me.identity);
-        if let Err(e) = tokio::time::timeout(self.inner.config_request_timeout(), withdraw)
+        if let Err(e) = tokio::time::timeout(self.inner.group_request_bound(), withdraw)
             .await
             .unwrap_or_else(|_| {
                 Err(BackendError::new(
@@ -497,19 +511,27 @@ impl ShardedElector {
     }
 
     /// Announces this replica, with the shards it holds, every third of a lease and at once
-    /// when that set changes; each announcement lasts a lease. Returns only on a permanent
-    /// failure; transient ones are retried every retry period.
+    /// when that set changes; each announcement lasts a lease from when it lands. Returns only
+    /// on a permanent failure. A transient one is tried again after a retry period; one still
+    /// unanswered when the last announcement that landed runs out
+    /// ([`Inner::announce_deadline`]) is given up and sent again at once. Each miss is counted
+    /// ([`ShardedElector::missed_heartbeats`]) and logged at warn.
     async fn heartbeat(&self, me: &Member) -> ShardError {
         let (lease, retry) = self.inner.config.timings();
         let backend = self.inner.locker.backend();
         let mut owned = self.inner.owned.subscribe();
         let mut me = me.clone();
+        let mut landed: Option<tokio::time::Instant> = None;
         loop {
             me.holds = owned.borrow_and_update().iter().copied().collect();
+            let sent_at = tokio::time::Instant::now();
+            let deadline = self.inner.announce_deadline(landed, sent_at);
             let sent = backend.announce_member(&self.inner.name, &me, lease);
-            let pause = match tokio::time::timeout(self.inner.config_request_timeout(), sent).await
-            {
-                Ok(Ok(())) => lease / 3,
+            let pause = match tokio::time::timeout_at(deadline, sent).await {
+                Ok(Ok(())) => {
+                    landed = Some(sent_at);
+                    lease / 3
+                }
                 Ok(Err(e)) if !e.is_transient() => {
                     return ShardError::Membership {
                         group: self.inner.name.to_string(),
@@ -517,10 +539,16 @@ impl ShardedElector {
                     };
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(group = %self.inner.name, error = %e, "membership announcement failed; retrying");
+                    let missed = self.inner.missed_heartbeat();
+                    tracing::warn!(group = %self.inner.name, error = %e, missed, "membership announcement failed; retrying");
                     retry
                 }
-                Err(_) => retry,
+                Err(_) => {
+                    let missed = self.inner.missed_heartbeat();
+                    let waited = sent_at.elapsed();
+                    tracing::warn!(group = %self.inner.name, ?waited, missed, "membership announcement unanswered until the last one ran out; sending it again");
+                    Duration::ZERO
+                }
             };
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
@@ -665,7 +693,7 @@ impl ShardedElector {
                                 &inner.name,
                                 inner.shards,
                                 generation,
-                                inner.config_request_timeout(),
+                                inner.record_bound(),
                             )
                             .await
                             {
@@ -830,9 +858,53 @@ impl Inner {
             .clone()
     }
 
-    fn config_request_timeout(&self) -> Duration {
-        let (_, retry) = self.config.timings();
-        retry / 2
+    /// How long a member announcement sent at `now` may take: until the last one that
+    /// landed (sent at `landed`) runs out, a lease after it was sent, and at least a third of a
+    /// lease (the first, or one after the record ran out).
+    ///
+    /// The bound guards against an answer that never comes (a dead connection), so another
+    /// attempt goes out; it is not a freshness bound. The record lasts a lease from when it
+    /// lands, so an announcement that lands before the last one runs out loses this replica
+    /// nothing, however slow; cutting it sooner only throws the write away and sends it
+    /// again, more load on a server that was already slow. The bound was half a retry period
+    /// (250 ms in the end-to-end tests): an API server under load answers slower, and three
+    /// replicas missed 210 heartbeats a minute and dropped every shard. The backend bounds
+    /// each of its requests too (`KubeOptions::request_timeout`, Redis's): the shorter wins.
+    fn announce_deadline(
+        &self,
+        landed: Option<tokio::time::Instant>,
+        now: tokio::time::Instant,
+    ) -> tokio::time::Instant {
+        let (lease, _) = self.config.timings();
+        let floor = now + lease / 3;
+        landed.map_or(floor, |at| (at + lease).max(floor))
+    }
+
+    /// The bound on each request about the group record: the keeper's reads and swaps (and
+    /// its drain's takes of old leases), and the read a shard term makes before its workload
+    /// starts. A lease: the keeper reads the record again once a lease anyway, and a read that
+    /// answers late is as good as a quick one — it was served after the grant it vouches for,
+    /// so it still shows whether the group ran this count when the term began. Cut at half a
+    /// retry period, a read on a loaded API server timed out (212 a minute over three
+    /// replicas), the term it gated ended before its workload started, and the shard was
+    /// taken and given up again and again.
+    fn record_bound(&self) -> Duration {
+        let (lease, _) = self.config.timings();
+        lease
+    }
+
+    /// The bound on a request made once, not repeated: the release of a previous run's terms
+    /// at the start, the withdrawal from the group at the end. Each is a courtesy (what it
+    /// frees runs out after a lease anyway), so a third of a lease, not to hold a start or a
+    /// shutdown up for long.
+    fn group_request_bound(&self) -> Duration {
+        let (lease, _) = self.config.timings();
+        lease / 3
+    }
+
+    /// Counts a missed member announcement; the count so far.
+    fn missed_heartbeat(&self) -> u64 {
+        self.missed_heartbeats.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
@@ -849,4 +921,46 @@ pub fn lease_name(group: &str, shard: u32) -> String {
 
 fn unix_ms() -> u64 {
     crate::util::unix_millis()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::memory::MemoryBackend;
+
+    fn elector() -> ShardedElector {
+        let config = ElectionConfig::new()
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .stop_margin(Duration::from_millis(300));
+        let locker = Locker::with_identity(MemoryBackend::new(), "r0").expect("identity");
+        ShardedElector::new(locker, "bounds", 4, config).expect("elector")
+    }
+
+    /// The bounds follow the lease, not the retry period (#42: half a retry period cut
+    /// heartbeats and record reads an API server under load answered a little later).
+    #[test]
+    fn a_heartbeat_may_take_until_the_last_one_that_landed_runs_out() {
+        let inner = &elector().inner;
+        let landed = tokio::time::Instant::now();
+        let at = |ms: u64| landed + Duration::from_millis(ms);
+        // None landed yet: a third of a lease.
+        assert_eq!(inner.announce_deadline(None, landed), at(1_000));
+        // The last one landed half a second ago: until it runs out, a lease after it.
+        assert_eq!(inner.announce_deadline(Some(landed), at(500)), at(3_000));
+        // It has (nearly) run out: still a third of a lease.
+        assert_eq!(inner.announce_deadline(Some(landed), at(2_500)), at(3_500));
+        assert_eq!(inner.record_bound(), Duration::from_secs(3));
+        assert_eq!(inner.group_request_bound(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn missed_heartbeats_are_counted() {
+        let elector = elector();
+        assert_eq!(elector.missed_heartbeats(), 0);
+        assert_eq!(elector.inner.missed_heartbeat(), 1);
+        assert_eq!(elector.inner.missed_heartbeat(), 2);
+        assert_eq!(elector.missed_heartbeats(), 2);
+    }
 }

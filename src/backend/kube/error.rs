@@ -97,8 +97,8 @@ pub fn map(e: kube::Error, op: Op<'_>) -> BackendError {
                     format!(
                         "{op}: forbidden (403): the user may not \"{verb}\" \"{plural}\" in API \
                          group \"{group}\" in namespace \"{ns}\"; grant it with a Role (tenure \
-                         needs get, list, watch, create, update on leases, and create on \
-                         events): {detail}",
+                         needs get, list, watch, create, update on leases — a sharded group \
+                         patch and delete too — and create on events): {detail}",
                         verb = op.verb,
                         plural = op.resource.plural,
                         group = op.resource.group,

@@ -34,9 +34,6 @@ pub(super) struct Inner {
     /// is higher (etcd revisions are global), so a grant at or below it means etcd went
     /// backwards, and is refused.
     pub(super) max_rv: AtomicU64,
-    /// The resourceVersion of each member Lease this backend wrote last (sharded
-    /// leadership): the next announcement replaces it with one request.
-    pub(super) member_versions: Mutex<HashMap<String, String>>,
     /// Bounds the requests in flight (one connection, one file descriptor each), upkeep
     /// served first: see [`slots`](super::slots).
     slots: Slots,
@@ -60,7 +57,6 @@ impl Inner {
             request_timeout,
             locks: Mutex::new(HashMap::new()),
             max_rv: AtomicU64::new(0),
-            member_versions: Mutex::new(HashMap::new()),
             slots: Slots::new(),
         }
     }

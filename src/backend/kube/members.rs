@@ -1,5 +1,5 @@
 //! Group membership on Kubernetes (sharded leadership): one small Lease per member, found by
-//! a label, written with one unconditional `PUT` per announcement and watched with one watch
+//! a label, written with one server-side apply per announcement and watched with one watch
 //! per group; a member is live until its `leaseDurationSeconds` pass on the observer's own
 //! clock without a change, as a lock's holder is.
 
@@ -11,7 +11,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
@@ -25,6 +25,8 @@ use crate::backend::{BackendError, BackendErrorKind, Member};
 const GROUP_LABEL: &str = "tenure.dev/group";
 /// The annotation holding the member's record.
 const MEMBER_ANNOTATION: &str = "tenure.dev/member";
+/// The field manager of the member Lease's apply.
+const FIELD_MANAGER: &str = "tenure";
 
 /// The member Lease's name: the group, then a hash of the identity (identities need not be
 /// valid object names).
@@ -51,9 +53,19 @@ pub(crate) fn label_value(group: &str) -> String {
 }
 
 impl Inner {
-    /// Writes the member's Lease: an unconditional replace (one request), or a create the
-    /// first time. The heartbeat that keeps every shard this replica holds: upkeep, never
-    /// queued behind the replica's acquisitions and reads.
+    /// Writes the member's Lease with one server-side apply: it creates the Lease the first
+    /// time and replaces these fields every time after, without a `resourceVersion`. The
+    /// heartbeat that keeps every shard this replica holds: upkeep, never queued behind the
+    /// replica's acquisitions and reads.
+    ///
+    /// Why not a `PUT`: a Lease allows no update without the version of the object it
+    /// replaces, so a `PUT` needs the version of this process's last write. A heartbeat the
+    /// caller gave up on after it landed (an API server slower than the caller's bound) left
+    /// that version stale, and the next one took four requests in a row (update 409, create
+    /// 409, get, update) — under load it then missed its bound again, and again: three
+    /// replicas missed 210 heartbeats in a minute and dropped every shard. An apply needs no
+    /// version: one request, whatever happened to the last one. Nobody else writes this
+    /// Lease, so the apply is forced (it takes over fields an older tenure's `PUT` left).
     pub(super) async fn announce_member(
         &self,
         group: &str,
@@ -74,95 +86,32 @@ impl Inner {
             renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
             ..LeaseSpec::default()
         });
-        let pp = PostParams::default();
-        // Nobody else writes this Lease: the version of our last write is current, and one
-        // replace does. Without one (the first announcement, or after a conflict), create it,
-        // or read the version of the one a previous run of ours left.
-        for _ in 0..3 {
-            let known = self.member_version(&name, None);
-            let written = match known {
-                Some(rv) => {
-                    lease.metadata.resource_version = Some(rv);
-                    self.call(
-                        self.op("update", &name),
-                        Traffic::Upkeep,
-                        self.api.replace(&name, &pp, &lease),
-                    )
-                    .await
-                }
-                None => {
-                    lease.metadata.resource_version = None;
-                    match self
-                        .call(
-                            self.op("create", &name),
-                            Traffic::Upkeep,
-                            self.api.create(&pp, &lease),
-                        )
-                        .await
-                    {
-                        Err(Fail::Conflict) => {
-                            match self
-                                .call(
-                                    self.op("get", &name),
-                                    Traffic::Upkeep,
-                                    self.reads.get(&name),
-                                )
-                                .await
-                            {
-                                Ok(found) => {
-                                    self.member_version(
-                                        &name,
-                                        Some(found.lease.metadata.resource_version),
-                                    );
-                                    continue;
-                                }
-                                Err(Fail::NotFound) => continue,
-                                Err(Fail::Conflict) => Err(Fail::Conflict),
-                                Err(Fail::Error(e)) => return Err(e),
-                            }
-                        }
-                        other => other,
-                    }
-                }
-            };
-            match written {
-                Ok(obj) => {
-                    self.member_version(&name, Some(obj.metadata.resource_version));
-                    return Ok(());
-                }
-                // Gone (withdrawn, or deleted by hand) or changed: start over without a version.
-                Err(Fail::NotFound | Fail::Conflict) => {
-                    self.member_version(&name, Some(None));
-                }
-                Err(Fail::Error(e)) => return Err(e),
-            }
+        let op = self.op("patch", &name);
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        match self
+            .call(
+                op,
+                Traffic::Upkeep,
+                self.api.patch(&name, &apply, &Patch::Apply(&lease)),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // An apply creates what is missing: a 404 is the namespace's.
+            Err(Fail::NotFound) => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!(
+                    "{op}: not found (404); does namespace {:?} exist? retrying later",
+                    self.namespace
+                ),
+            )),
+            // A forced apply has no field conflicts: a 409 is the server's own write race.
+            Err(Fail::Conflict) => Err(BackendError::new(
+                BackendErrorKind::Unavailable,
+                format!("{op}: conflicting writes; retrying later"),
+            )),
+            Err(Fail::Error(e)) => Err(e),
         }
-        Err(BackendError::new(
-            BackendErrorKind::Unavailable,
-            format!(
-                "{}: conflicting writes; retrying later",
-                self.op("update", &name)
-            ),
-        ))
-    }
-
-    /// The cached version of a member Lease; with `set`, replaces it first (`Some(None)`
-    /// forgets it).
-    fn member_version(&self, name: &str, set: Option<Option<String>>) -> Option<String> {
-        let mut versions = self
-            .member_versions
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match set {
-            Some(Some(rv)) => {
-                versions.insert(name.to_owned(), rv);
-            }
-            Some(None) => {
-                versions.remove(name);
-            }
-            None => {}
-        }
-        versions.get(name).cloned()
     }
 
     /// Deletes the member's Lease; one that is already gone is fine.
@@ -172,7 +121,6 @@ impl Inner {
         identity: &str,
     ) -> Result<(), BackendError> {
         let name = lease_name(group, identity);
-        self.member_version(&name, Some(None));
         match self
             .call(
                 self.op("delete", &name),

@@ -55,7 +55,7 @@ impl FencingPolicy {
     /// The RBAC each participant ServiceAccount needs to lead this election and carry its
     /// token: get, list, watch and update on the Lease by name, create on leases, create on
     /// events (the Role `tenure-worker.<lease>` in the Lease's namespace) — for a sharded
-    /// group ([`shards`](Self::shards)), get, list, watch, update, create and delete on
+    /// group ([`shards`](Self::shards)), get, list, watch, update, patch, create and delete on
     /// leases of any name (its shard, record and member Leases), as `tenure run --shards`
     /// needs; `impersonate` on
     /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
@@ -108,13 +108,16 @@ impl FencingPolicy {
             if ns == lease_ns && self.shard_count().is_some() {
                 // A sharded group: its shard Leases, its record `<lease>-group` and one member
                 // Lease per replica, named after its identity (unknown in advance) and found by
-                // a label-selected list and watch, deleted when the replica leaves. No
-                // resourceNames can list them (the chart's Role is the same).
+                // a label-selected list and watch, written by a server-side apply (`patch`),
+                // deleted when the replica leaves. No resourceNames can list them (the
+                // chart's Role is the same).
                 rules.push(rule(
                     "coordination.k8s.io",
                     "leases",
                     &[],
-                    &["get", "list", "watch", "update", "create", "delete"],
+                    &[
+                        "get", "list", "watch", "update", "patch", "create", "delete",
+                    ],
                 ));
                 rules.push(rule("", "events", &[], &["create"]));
             } else if ns == lease_ns {
@@ -349,7 +352,9 @@ mod tests {
         assert_eq!(rules[0].resource_names, None);
         assert_eq!(
             rules[0].verbs,
-            ["get", "list", "watch", "update", "create", "delete"]
+            [
+                "get", "list", "watch", "update", "patch", "create", "delete"
+            ]
         );
         assert_eq!(rules[1].resources, one("events"));
         assert_eq!(rules[2].resource_names, one("worker"));

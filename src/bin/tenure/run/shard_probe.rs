@@ -2,9 +2,10 @@
 //! (`/healthz`, `/readyz` once a member of the group), with the sharded replica's gauges on
 //! `/metrics`: `tenure_shards`, `tenure_shards_assigned`, `tenure_shards_owned` and
 //! `tenure_shard_group_members`, `tenure_shard_group_waiting` and
-//! `tenure_shard_group_generation`, and the counter `tenure_shard_terms_lost_total`, updated
-//! whenever the assignment, the held shards or the group record change; beside each shard
-//! lease's own series (`ElectionMetrics`, registered by the caller).
+//! `tenure_shard_group_generation`, and the counters `tenure_shard_terms_lost_total` and
+//! `tenure_shard_heartbeats_missed_total`, updated whenever the assignment, the held shards or
+//! the group record change and every second (a missed heartbeat changes none of them); beside
+//! each shard lease's own series (`ElectionMetrics`, registered by the caller).
 
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +26,7 @@ struct Gauges {
     waiting: Gauge,
     generation: Gauge,
     lost: Counter,
+    missed: Counter,
 }
 
 impl Gauges {
@@ -64,6 +66,11 @@ impl Gauges {
             "Shard terms this replica lost to the store (missed renewals, a lease taken), not counting terms given up; a steady rise means the group may be past what the store can write",
             self.lost.clone(),
         );
+        registry.register(
+            "tenure_shard_heartbeats_missed",
+            "Member announcements of this replica that did not land (failed, or unanswered within a third of a lease); about three in a row and the group drops it",
+            self.missed.clone(),
+        );
     }
 
     fn update(&self, elector: &ShardedElector) {
@@ -91,6 +98,10 @@ impl Gauges {
         if lost > counted {
             self.lost.inc_by(lost - counted);
         }
+        let (missed, counted) = (elector.missed_heartbeats(), self.missed.get());
+        if missed > counted {
+            self.missed.inc_by(missed - counted);
+        }
         self.generation
             .set(generation.map_or(0, |g| i64::try_from(g).unwrap_or(i64::MAX)));
     }
@@ -105,12 +116,15 @@ pub async fn serve(listener: TcpListener, elector: ShardedElector, mut registry:
     let server = ProbeServer::sharded(elector.clone()).metrics(Arc::new(Mutex::new(registry)));
     let (mut assignment, mut owned, mut group) =
         (elector.assignment(), elector.owned(), elector.group());
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let gauges_follow = async {
         loop {
             tokio::select! {
                 changed = assignment.changed() => if changed.is_err() { break },
                 changed = owned.changed() => if changed.is_err() { break },
                 changed = group.changed() => if changed.is_err() { break },
+                _ = tick.tick() => {}
             }
             gauges.update(&elector);
         }
