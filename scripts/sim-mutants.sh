@@ -35,6 +35,13 @@ mkdir -p "$tree"
 # One copy for every mutant (the same path keeps the build incremental across mutants): the
 # working tree as it is, without build output.
 tar -C "$root" --exclude=./target --exclude=./sim/target --exclude=./.git -cf - . | tar -C "$tree" -xf -
+# Each mutated file is restored from this copy, not from the working tree, which may change
+# while the run goes on.
+orig="$scratch/orig"
+for file in "$@"; do
+  mkdir -p "$orig/$(dirname "$file")"
+  cp "$tree/$file" "$orig/$file"
+done
 declare -A count=([caught]=0 [missed]=0 [unviable]=0)
 for file in "$@"; do
   (cd "$root" && cargo mutants --list --json --diff --file "$file") >"$scratch/list.json"
@@ -44,7 +51,7 @@ for file in "$@"; do
     if [ -n "$re" ] && ! grep -Eq -- "$re" <<<"$name"; then
       continue
     fi
-    cp "$root/$file" "$tree/$file"
+    cp "$orig/$file" "$tree/$file"
     jq -r ".[$i].diff" "$scratch/list.json" >"$scratch/mutant.diff"
     if ! patch --quiet "$tree/$file" <"$scratch/mutant.diff" >/dev/null; then
       echo "unviable -     $name (diff did not apply)"
@@ -54,7 +61,7 @@ for file in "$@"; do
     if ! (cd "$tree/sim" && CARGO_TARGET_DIR="$target" cargo build --quiet --release --locked) >/dev/null 2>&1; then
       echo "unviable -     $name"
       count[unviable]=$((count[unviable] + 1))
-      cp "$root/$file" "$tree/$file"
+      cp "$orig/$file" "$tree/$file"
       continue
     fi
     rc=0
@@ -73,7 +80,7 @@ for file in "$@"; do
       echo "missed  -     $name"
       count[missed]=$((count[missed] + 1))
     fi
-    cp "$root/$file" "$tree/$file"
+    cp "$orig/$file" "$tree/$file"
   done
 done
 echo "sim-mutants: caught ${count[caught]}, missed ${count[missed]}, unviable ${count[unviable]} ($seeds seeds each)"

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use tenure::Backend;
 use tenure::backend::memory::MemoryBackend;
 use tenure::backend::{
@@ -176,6 +176,17 @@ impl Link {
         lock(&self.0.last_ok)
             .get(lease)
             .map(|at| *at + self.0.bounds.renew_deadline)
+    }
+
+    /// The store's live record of `lease` now, if any (the memory store answers at once;
+    /// reading it wakes nothing and draws nothing).
+    pub fn store_record(&self, lease: &str) -> Option<LeaseRecord> {
+        self.0
+            .store
+            .inspect(lease)
+            .now_or_never()
+            .and_then(Result::ok)
+            .flatten()
     }
 
     /// Records that an acquire or renewal of `lease` sent at `sent` came back successful.

@@ -45,6 +45,12 @@ pub enum Kind {
     /// A process that stepped down for its health led again before it had been healthy for
     /// the recovery window: leadership flapping between replicas.
     Flapping,
+    /// A workload that looks at its term before each write (`Term::is_valid`) wrote when
+    /// the term was no longer valid: at or after its renew deadline by the lock runtime's
+    /// own rule (the send of the latest acquire or renewal answered, plus the renew
+    /// deadline: the lease counts as lost from then on, however late its scheduler runs), or
+    /// when the store no longer held the lease for the term (expired, or another term's).
+    InvalidWrite,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
 }
@@ -57,6 +63,17 @@ pub enum Excuse {
     DataLoss,
     /// The term's replica ran a clock slower than the documented drift bound.
     BeyondDriftBound,
+}
+
+/// An armed `runtime-stall` nemesis: where the stall of the holder's runtime ends, as a
+/// share `at` (in [0, 1)) of a window of its term — from its renew deadline to the end of its
+/// validity, or (`past_validity`) from there to the store's expiry: the drift allowance.
+#[derive(Clone, Debug)]
+pub struct Stall {
+    pub past_validity: bool,
+    pub at: f64,
+    /// Every lease of the run: the stall ends before the first of their expiries.
+    pub leases: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -131,6 +148,10 @@ pub struct World {
     aims: Mutex<BTreeMap<String, Instant>>,
     /// Replicas whose workloads ignore cancellation from now on (the `stubborn-stop` nemesis).
     forced_stubborn: Mutex<std::collections::BTreeSet<String>>,
+    /// Armed `runtime-stall` nemeses, by lease and the token of the term they wait for.
+    stalls: Mutex<BTreeMap<(String, u64), Stall>>,
+    /// Terms already found writing when invalid (one finding a term).
+    invalid_writers: Mutex<std::collections::BTreeSet<(String, u64)>>,
     /// Every nemesis that fired: when, which, on which lease.
     nemeses: Mutex<Vec<(Instant, &'static str, String)>>,
     /// Each process's health as its workload reported it, by label.
@@ -160,6 +181,8 @@ impl World {
             stall: tokio::sync::watch::channel(false).0,
             aims: Mutex::default(),
             forced_stubborn: Mutex::default(),
+            stalls: Mutex::default(),
+            invalid_writers: Mutex::default(),
             nemeses: Mutex::default(),
             health: Mutex::default(),
             health_moves: AtomicU64::new(0),
@@ -216,6 +239,78 @@ impl World {
 
     pub fn forced_stubborn(&self, label: &str) -> bool {
         lock(&self.forced_stubborn).contains(label)
+    }
+
+    /// Arms a `runtime-stall` for the workload of term `token` of `lease`.
+    pub fn arm_stall(&self, lease: &str, token: u64, stall: Stall) {
+        lock(&self.stalls).insert((lease.to_owned(), token), stall);
+    }
+
+    /// The `runtime-stall` armed for term `token` of `lease`, if any, disarmed.
+    pub fn take_stall(&self, lease: &str, token: u64) -> Option<Stall> {
+        let mut stalls = lock(&self.stalls);
+        if stalls.is_empty() {
+            return None;
+        }
+        stalls.remove(&(lease.to_owned(), token))
+    }
+
+    /// Judges a write that a workload issues now because its term said it was valid, by
+    /// what the term's validity rests on rather than by the term's own answer: `deadline` is
+    /// the holder's renew deadline by the lock runtime's rule (as the link saw its requests
+    /// and answers), `record` the store's live record of the lease now.
+    pub fn judge_write(
+        &self,
+        lease: &str,
+        token: u64,
+        holder: &str,
+        deadline: Option<Instant>,
+        record: Option<&tenure::backend::LeaseRecord>,
+        beyond_bound: bool,
+    ) {
+        let now = Instant::now();
+        let late = deadline.is_some_and(|d| now >= d);
+        let ours = record.is_some_and(|r| r.fencing.get() == token);
+        if (!late && ours) || !lock(&self.invalid_writers).insert((lease.to_owned(), token)) {
+            return;
+        }
+        if let Some(deadline) = deadline
+            && late
+        {
+            self.find(
+                lease,
+                Kind::InvalidWrite,
+                None,
+                format!(
+                    "the workload of #{token} ({holder}) wrote believing its term valid {} ms after its renew deadline ({} ms): the lease had counted as lost since",
+                    self.ms(now) - self.ms(deadline),
+                    self.ms(deadline)
+                ),
+            );
+            return;
+        }
+        // The store lost the term's grant, or the holder's clock ran slower than the drift
+        // allowance covers: a lease cannot promise exclusion then, the fence does.
+        let granted = lock(&self.grants)
+            .get(lease)
+            .and_then(|list| list.iter().find(|g| g.token == token).map(|g| g.at));
+        let lost_data = granted.is_none_or(|at| lock(&self.wipes).iter().any(|w| *w >= at));
+        let excuse = if lost_data {
+            Some(Excuse::DataLoss)
+        } else if beyond_bound {
+            Some(Excuse::BeyondDriftBound)
+        } else {
+            None
+        };
+        self.find(
+            lease,
+            Kind::InvalidWrite,
+            excuse,
+            format!(
+                "the workload of #{token} ({holder}) wrote believing its term valid while the store held the lease for {}",
+                record.map_or_else(|| "nobody".to_owned(), |r| format!("#{} ({})", r.fencing, r.identity))
+            ),
+        );
     }
 
     /// The running terms of `lease`: token, holder label, the term.
@@ -444,6 +539,7 @@ impl World {
         if let Some(terms) = lock(&self.running).get_mut(lease) {
             terms.remove(&token);
         }
+        let _ = self.take_stall(lease, token);
     }
 
     /// A workload issued a write with its term's token (its term valid).

@@ -338,7 +338,21 @@ async fn workload(
                 }
             }
         }
-        if stubborn || term.is_valid() {
+        if let Some(stall) = world.take_stall(&lease, token) {
+            nemesis::stall_runtime(&world, &link, &lease, &term, &stall);
+        }
+        if stubborn {
+            link.write(lease.clone(), token);
+        } else if term.is_valid() {
+            // Judged by what the validity rests on, not by the term's own answer.
+            world.judge_write(
+                &lease,
+                token,
+                &label,
+                link.renew_deadline(&lease),
+                link.store_record(&lease).as_ref(),
+                link.beyond_bound().load(Ordering::Relaxed),
+            );
             link.write(lease.clone(), token);
         }
     }

@@ -12,15 +12,16 @@
 use std::time::Duration;
 
 use futures::FutureExt;
-use tenure::Backend;
+use tenure::{Backend, Term};
 use tokio::time::Instant;
 
 use super::Sim;
 use super::chaos::{Heal, HealWhat};
-use crate::link::{Cut, HoldRenewal, SLOWEST_COVERED_RATE};
+use crate::link::{Cut, HoldRenewal, Link, SLOWEST_COVERED_RATE};
+use crate::world::{Stall, World};
 
 /// Every nemesis, in the order the summary lists them.
-pub const NAMES: [&str; 12] = [
+pub const NAMES: [&str; 13] = [
     "slow-renewal",
     "drift-edge",
     "drift-past",
@@ -33,6 +34,7 @@ pub const NAMES: [&str; 12] = [
     "health-flip",
     "health-turns",
     "all-unhealthy",
+    "runtime-stall",
 ];
 
 /// The clock rate of `drift-past`: just slower than the drift allowance covers.
@@ -95,7 +97,7 @@ impl Sim {
         // Weights: the boundary of validity most, the membership moments only in groups,
         // health only for one lease (whose electors follow it; zero weights in groups keep
         // their histories as they were).
-        let weights: [u64; 12] = [
+        let weights: [u64; 13] = [
             3,
             3,
             1,
@@ -108,6 +110,7 @@ impl Sim {
             2 * u64::from(!sharded),
             2 * u64::from(!sharded),
             u64::from(!sharded),
+            2,
         ];
         let total: u64 = weights.iter().sum();
         let mut draw = self.world.rng(|r| r.below(total));
@@ -127,6 +130,7 @@ impl Sim {
             "health-flip" => self.health_flip(&lease, id, heals),
             "health-turns" => self.health_turns(&lease, id, heals),
             "all-unhealthy" => self.all_unhealthy(&lease, heals),
+            "runtime-stall" => self.arm_runtime_stall(&lease, id),
             _ => self.at_last_renew_period(name, &lease, id, heals).await,
         }
         true
@@ -160,6 +164,39 @@ impl Sim {
             cut_for,
             armed_until: Instant::now() + l,
         });
+    }
+
+    /// `runtime-stall`, armed: the workload of the holder's term of `lease` stalls its
+    /// runtime at its next wake-up (`stall_runtime`).
+    fn arm_runtime_stall(&mut self, lease: &str, id: usize) {
+        let label = self.replicas[&id].link.label().to_owned();
+        let Some((token, ..)) = self
+            .world
+            .running_terms(lease)
+            .into_iter()
+            .find(|(_, holder, _)| *holder == label)
+        else {
+            return;
+        };
+        let (past_validity, at) = self.world.rng(|r| (r.chance(0.5), r.between(0.0, 1.0)));
+        self.world.event(format_args!(
+            "nemesis runtime-stall armed on {label} {lease} #{token} ({} {at:.3})",
+            if past_validity {
+                "in the drift allowance"
+            } else {
+                "within validity"
+            }
+        ));
+        let leases = self.leases();
+        self.world.arm_stall(
+            lease,
+            token,
+            Stall {
+                past_validity,
+                at,
+                leases,
+            },
+        );
     }
 
     /// `store-stall`: the holder of `lease` goes silent (its requests held), the store
@@ -430,4 +467,65 @@ impl Sim {
             heals.push((now + stale + extra, Heal::Health(label, true)));
         }
     }
+}
+
+/// `runtime-stall`: the runtime of the holder of `lease` stalls (its workload blocking the
+/// thread, the process starved of CPU) until past its renew deadline — within its validity,
+/// or past that but before the store's expiry, in the drift allowance — so the renewal
+/// scheduler runs late, and the workload looks at its term before the scheduler has ended
+/// it. Virtual time jumps with no task polled meanwhile, so every replica stalls with it (as
+/// under a paused host); the stall ends before the store's first expiry of any lease, so
+/// no replica is granted a lease whose stalled holder has not yet run (a pause past the
+/// store's expiry is the fence's to handle). The term must say it is no longer valid
+/// (checker `InvalidWrite`).
+pub(super) fn stall_runtime(world: &World, link: &Link, lease: &str, term: &Term, stall: &Stall) {
+    let now = Instant::now();
+    let Some(deadline) = link.renew_deadline(lease) else {
+        return;
+    };
+    let valid_until = term.valid_until();
+    let token = term.fencing_token().get();
+    let (from, to) = if stall.past_validity {
+        let Some(expiry) = link
+            .store_record(lease)
+            .filter(|r| r.fencing.get() == token)
+            .and_then(|r| r.remaining)
+        else {
+            return;
+        };
+        (valid_until, now + expiry)
+    } else {
+        (deadline, valid_until)
+    };
+    // Every process stalls: a lease of another replica expiring in the stall could be
+    // granted before its holder runs again.
+    let first_expiry = stall
+        .leases
+        .iter()
+        .filter_map(|other| link.store_record(other)?.remaining)
+        .min()
+        .map(|remaining| now + remaining);
+    let to = first_expiry.map_or(to, |first| first.min(to));
+    let until = from + to.saturating_duration_since(from).mul_f64(stall.at);
+    if until <= now || until >= to {
+        return;
+    }
+    world.nemesis(
+        "runtime-stall",
+        lease,
+        format_args!(
+            "{} {lease} #{token}: runtime stalled until {} ms (renew deadline {} ms, valid until {} ms{})",
+            link.label(),
+            world.ms(until),
+            world.ms(deadline),
+            world.ms(valid_until),
+            if stall.past_validity {
+                format!(", store's expiry {} ms", world.ms(to))
+            } else {
+                String::new()
+            }
+        ),
+    );
+    // Moves the paused clock without yielding: no other task runs before this one goes on.
+    let _ = tokio::time::advance(until - now).now_or_never();
 }
