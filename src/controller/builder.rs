@@ -21,7 +21,7 @@ use super::ControllerError;
 use super::cache::{Cache, CacheMode, Primary, Settings, StandbyView};
 use super::context::TermContext;
 use super::feed::{CHANGES_BUFFER, CacheState, start};
-use super::standby::reconcile_fn;
+use super::reconcile::reconcile_fn;
 use super::triggers::{self, Source, Trigger};
 use crate::election::LeaderElector;
 use crate::shard::ShardedElector;

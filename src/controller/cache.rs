@@ -16,7 +16,8 @@ use tokio::sync::broadcast;
 
 use super::ControllerError;
 use super::feed::{CacheState, Running, start, warm_or_refused};
-use super::standby::{ReconcileFn, Session, Standby, without_standby};
+use super::reconcile::{ReconcileFn, Session};
+use super::standby::{Standby, without_standby};
 use super::triggers::Trigger;
 use crate::election::Term;
 use tokio_util::task::AbortOnDropHandle;

@@ -44,6 +44,7 @@ mod cache;
 mod context;
 mod feed;
 mod pass;
+mod reconcile;
 mod replica;
 mod sharded;
 mod standby;

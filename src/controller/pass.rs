@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::PollSemaphore;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use super::standby::{Failed, Item, ReconcileFn, Session, granted};
+use super::reconcile::{Failed, Item, ReconcileFn, Session, granted};
 
 /// How many reconciles the pass starts before it polls the ones in flight: the first
 /// reconcile of a grant waits for this many to be made (256 of them took 0.4 ms, measured),

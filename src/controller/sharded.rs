@@ -17,7 +17,7 @@ use super::ControllerError;
 use super::cache::Cache;
 use super::context::TermContext;
 use super::feed::{Live, Reconcile, Running, every_object, warm_or_refused};
-use super::standby::{Failed, unwrap_failed};
+use super::reconcile::{Failed, unwrap_failed};
 use super::triggers::Trigger;
 use crate::election::Term;
 use crate::shard::{ShardedElector, shard_of};

@@ -6,6 +6,11 @@ use kube::core::Status;
 
 use super::{REFUSAL_PREFIX, REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
+/// How the cause of a proof that got no answer begins ([`FenceState::is_unanswered`]; the
+/// proof writes it): a transport failure, a timeout or a server error through the window says
+/// nothing about the fence's configuration, unlike every other cause.
+pub(super) const NO_ANSWER: &str = "no answer from the API server";
+
 /// Why a fenced write did not happen.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -171,7 +176,7 @@ impl FenceState {
     /// closed all the same.
     #[must_use]
     pub fn is_unanswered(&self) -> bool {
-        matches!(self, Self::Unenforced { cause } if cause.starts_with(super::proof::NO_ANSWER))
+        matches!(self, Self::Unenforced { cause } if cause.starts_with(NO_ANSWER))
     }
 }
 

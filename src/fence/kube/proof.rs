@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::error::{Current, FenceState, parse_current};
+use super::error::{Current, FenceState, NO_ANSWER, parse_current};
 use super::policy::probe_name;
 use super::{REFUSAL_PREFIX, REQUEST_ELECTION_EXTRA, REQUEST_TOKEN_EXTRA};
 
@@ -31,11 +31,6 @@ pub const PROOF_WINDOW: Duration = Duration::from_secs(3);
 /// one dry-run pair per period, so a policy or binding deleted mid-term, or a parameter cache
 /// that stopped, fails the term's fenced writes within one period.
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(10);
-
-/// How the cause of a proof that got no answer begins ([`FenceState::is_unanswered`]): a
-/// transport failure, a timeout or a server error through the window says nothing about the
-/// fence's configuration, unlike every other cause.
-pub(super) const NO_ANSWER: &str = "no answer from the API server";
 
 /// How often the proof asks again while the lower token is still admitted.
 pub(super) const RETRY: Duration = Duration::from_millis(10);
