@@ -3938,13 +3938,23 @@ fn the_service_account_can_do_exactly_what_sharding_needs() {
             rule(
                 "leases.coordination.k8s.io",
                 "",
-                "get list watch update create delete"
+                "get list watch update patch create delete"
             ),
         ]
         .into()
     );
+    // A member's heartbeat is one server-side apply of its member Lease.
+    assert!(
+        can_i(
+            &sa,
+            &ns,
+            "patch",
+            "leases/sh-tenure-member-0123456789abcdef",
+            None
+        ),
+        "may not patch its member Lease"
+    );
     for (verb, resource) in [
-        ("patch", "leases/sh-tenure-0"),
         ("deletecollection", "leases"),
         ("get", "secrets"),
         ("list", "pods"),
@@ -4835,7 +4845,7 @@ fn prefer_renders_the_flag_and_the_member_lease_rules() {
         role_rules(&newest),
         json!([
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-             "verbs": ["get", "list", "watch", "update", "create", "delete"]},
+             "verbs": ["get", "list", "watch", "update", "patch", "create", "delete"]},
             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         ])
     );
@@ -4884,6 +4894,95 @@ fn prefer_renders_the_flag_and_the_member_lease_rules() {
         (
             &["--set", &long],
             &["with election.prefer the lease name may have at most 221 characters"],
+        ),
+    ]);
+}
+
+/// `election.health`: `--health-cmd` and its timings before the `--`, the Role's member-Lease
+/// rules on Kubernetes (healthy replicas announce themselves there), and the same refusals as
+/// `election.prefer`.
+#[test]
+fn health_renders_the_flags_and_the_member_lease_rules() {
+    let worker_args =
+        |objs: &[Value]| strings(&container(&pod_spec(objs)["containers"], "worker")["args"]);
+    let plain = render("hl", "ns", &[]);
+    assert!(
+        !worker_args(&plain)
+            .iter()
+            .any(|a| a.starts_with("--health")),
+        "{:?}",
+        worker_args(&plain)
+    );
+    let checked = render(
+        "hl",
+        "ns",
+        &[
+            "--set",
+            "election.health.command=pg_isready -h db,election.health.interval=2s,election.health.unhealthyAfter=7s,election.health.recovery=1m",
+        ],
+    );
+    let args = worker_args(&checked);
+    let dashes = args.iter().position(|a| a == "--").expect("--");
+    for flag in [
+        "--health-cmd=pg_isready -h db",
+        "--health-interval=2s",
+        "--unhealthy-after=7s",
+        "--health-recovery=1m",
+    ] {
+        assert!(
+            args.iter().position(|a| a == flag) < Some(dashes),
+            "{flag} before the --: {args:?}"
+        );
+    }
+    assert_eq!(
+        role_rules(&checked),
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "update", "patch", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ])
+    );
+    let defaults = worker_args(&render(
+        "hl",
+        "ns",
+        &["--set", "election.health.command=/bin/check"],
+    ));
+    for flag in [
+        "--health-interval=5s",
+        "--unhealthy-after=15s",
+        "--health-recovery=60s",
+    ] {
+        assert!(defaults.contains(&flag.to_owned()), "{flag}: {defaults:?}");
+    }
+    let schema = "values don't meet the specifications of the schema(s)";
+    let long = format!(
+        "election.health.command=/bin/check,election.lease={}",
+        "l".repeat(222)
+    );
+    assert_refused(&[
+        (
+            &["--set", "election.health.interval=5x"],
+            &[schema, "at '/election/health/interval'"],
+        ),
+        (
+            &[
+                "--set",
+                "election.health.command=/bin/check,sharding.shards=2",
+            ],
+            &["election.health.command does not apply with sharding.shards"],
+        ),
+        (
+            &[
+                "--set",
+                "election.health.command=/bin/check,fencing.policy.enabled=true",
+            ],
+            &[
+                "election.health.command with fencing.policy / fencing.impersonation is not supported yet",
+            ],
+        ),
+        (
+            &["--set", &long],
+            &["with election.health.command the lease name may have at most 221 characters"],
         ),
     ]);
 }

@@ -161,7 +161,9 @@ async fn a_policy_that_judges_every_election_is_seen_by_the_others_proof() {
         .await
         .expect("alpha writes");
 
-    // Election "legacy", granted after alpha, with a policy that ignores the election named.
+    // Election "legacy", granted after alpha, with a policy that ignores the election named
+    // (as one written before requests named their election: its message is built for every
+    // refusal too, not spared for other elections).
     let (legacy_term, _end_l, _run_l) = elect(&client, &ns, "legacy").await;
     assert!(legacy_term.fencing_token() > alpha.fencing_token());
     let legacy = configmap_policy(&ns, "legacy");
@@ -170,7 +172,17 @@ async fn a_policy_that_judges_every_election_is_seen_by_the_others_proof() {
         v[0].expression = v[0]
             .expression
             .replacen("variables.otherElection || ", "", 1);
+        v[0].message_expression = v[0]
+            .message_expression
+            .as_ref()
+            .map(|m| m.replacen("variables.otherElection ? '' : ", "", 1));
         assert!(!v[0].expression.contains("otherElection"));
+        assert!(
+            !v[0]
+                .message_expression
+                .as_ref()
+                .is_some_and(|m| m.contains("otherElection ?"))
+        );
     }
     let admin = shared().admin().await;
     apply(

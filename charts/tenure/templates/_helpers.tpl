@@ -353,16 +353,18 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- fail (printf "with sharding.shards the lease name may have at most 229 characters (its member Leases are named <lease>-member-<16 hex digits>, at most 253); %q has %d" $lease (len $lease)) -}}
 {{- end -}}
 {{- end -}}
-{{- if .Values.election.prefer -}}
-{{- if .Values.sharding.shards -}}
-{{- fail "election.prefer does not apply with sharding.shards: a shard's lease follows the group's assignment" -}}
+{{- range $value, $on := dict "election.prefer" .Values.election.prefer "election.health.command" (dig "health" "command" "" .Values.election) -}}
+{{- if $on -}}
+{{- if $.Values.sharding.shards -}}
+{{- fail (printf "%s does not apply with sharding.shards: a shard's lease follows the group's assignment" $value) -}}
 {{- end -}}
-{{- if and $impersonation (eq .Values.backend.type "kube") -}}
-{{- fail "election.prefer with fencing.policy / fencing.impersonation is not supported yet: the worker Role that tenure policy prints has no rule for the replicas' member Leases" -}}
+{{- if and $impersonation (eq $.Values.backend.type "kube") -}}
+{{- fail (printf "%s with fencing.policy / fencing.impersonation is not supported yet: the worker Role that tenure policy prints has no rule for the replicas' member Leases" $value) -}}
 {{- end -}}
-{{- $lease := include "tenure.lease" . -}}
-{{- if and (eq .Values.backend.type "kube") (gt (len $lease) 221) -}}
-{{- fail (printf "with election.prefer the lease name may have at most 221 characters (its member Leases are named <lease>-healthy-member-<16 hex digits>, at most 253); %q has %d" $lease (len $lease)) -}}
+{{- $lease := include "tenure.lease" $ -}}
+{{- if and (eq $.Values.backend.type "kube") (gt (len $lease) 221) -}}
+{{- fail (printf "with %s the lease name may have at most 221 characters (its member Leases are named <lease>-healthy-member-<16 hex digits>, at most 253); %q has %d" $value $lease (len $lease)) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if and (or $f.policy.enabled $impersonation) (ne .Values.backend.type "kube") -}}

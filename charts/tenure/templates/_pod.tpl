@@ -90,6 +90,14 @@ spec:
         {{- with .Values.election.prefer }}
         - {{ printf "--prefer=%v" (.) | quote }}
         {{- end }}
+        {{- with .Values.election.health }}
+        {{- if .command }}
+        - {{ printf "--health-cmd=%v" .command | quote }}
+        - {{ printf "--health-interval=%v" .interval | quote }}
+        - {{ printf "--unhealthy-after=%v" .unhealthyAfter | quote }}
+        - {{ printf "--health-recovery=%v" .recovery | quote }}
+        {{- end }}
+        {{- end }}
         {{- if include "tenure.fastRestart" . }}
         - "--restart-dir=/run/tenure-restart"
         {{- end }}
