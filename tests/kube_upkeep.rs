@@ -4,7 +4,8 @@
 //! Leases named `stalled-*` that a client layer holds until the backend gives up on them, as
 //! a server stuck on those requests would; everything else reaches the server. And a member
 //! heartbeat whose answer came after its caller gave up (the server had applied it) costs
-//! the next one no extra request (#42).
+//! the next one no extra request, and one that changes nothing still renews the member
+//! Lease (#42).
 
 mod kube_support;
 
@@ -425,6 +426,71 @@ async fn a_heartbeat_answered_too_late_costs_the_next_one_nothing() {
     .expect("a membership item")
     .expect("the membership");
     assert_eq!(seen, vec![me.clone()], "the group's view");
+    backend
+        .withdraw_member(&group, &me.identity)
+        .await
+        .expect("withdraw");
+}
+
+/// A heartbeat that changes nothing in the record still renews the member Lease: its renew
+/// time moves (so observers do not let the member run out) and so does its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_heartbeat_still_renews_the_member_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let backend = KubeBackend::from_kubeconfig(
+        &shared().admin_kubeconfig(),
+        KubeOptions::new().namespace(NS),
+    )
+    .await
+    .expect("backend");
+    let leases: kube::Api<Lease> = kube::Api::namespaced(shared().admin().await, NS);
+    let group = unique("same-heartbeat");
+    let me = Member {
+        identity: "steady-replica".into(),
+        shards: 2,
+        joined_ms: 1,
+        holds: vec![1],
+    };
+    let ttl = Duration::from_secs(30);
+    let member_lease = || async {
+        let all = leases.list(&Default::default()).await.expect("list leases");
+        let mut mine: Vec<Lease> = all
+            .items
+            .into_iter()
+            .filter(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&format!("{group}-member-")))
+            })
+            .collect();
+        assert_eq!(mine.len(), 1, "one member Lease");
+        let lease = mine.remove(0);
+        (
+            lease.metadata.resource_version.expect("a version"),
+            lease
+                .spec
+                .and_then(|s| s.renew_time)
+                .expect("a renew time")
+                .0,
+        )
+    };
+    backend
+        .announce_member(&group, &me, ttl)
+        .await
+        .expect("the first heartbeat");
+    let (version, renewed) = member_lease().await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    backend
+        .announce_member(&group, &me, ttl)
+        .await
+        .expect("the same heartbeat again");
+    let (again, renewed_again) = member_lease().await;
+    assert_ne!(version, again, "the unchanged heartbeat wrote nothing");
+    assert!(
+        renewed_again > renewed,
+        "the renew time did not move: {renewed:?} then {renewed_again:?}"
+    );
     backend
         .withdraw_member(&group, &me.identity)
         .await
