@@ -908,8 +908,15 @@ async fn the_status_shows_why_leadership_was_handed_over() {
     );
 
     // A graceful shutdown of the leader.
-    alpha.shutdown().await;
-    let s = until_status(&client, &ns, "moved", "alpha's shutdown is shown", |s| {
+    let alpha_stats = alpha.shutdown().await;
+    let what = format!(
+        "alpha's shutdown is shown (alpha's publisher: {} writes, {} conflicts, {} failures, last error {:?})",
+        alpha_stats.writes(),
+        alpha_stats.conflicts(),
+        alpha_stats.failures(),
+        alpha_stats.last_error()
+    );
+    let s = until_status(&client, &ns, "moved", &what, |s| {
         s.last_handoff.as_ref().is_some_and(|h| h.from == "alpha")
     })
     .await;

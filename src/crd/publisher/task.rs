@@ -96,9 +96,34 @@ impl StatusPublisher {
             }
         }
         if self.clear_on_shutdown {
-            // The elector shuts down with this publisher: the term it leads (or the one the
-            // status shows as ours) ends gracefully now, unless the elector already said how
-            // it ended.
+            // The elector shuts down with this publisher and may still be ending a term this
+            // task never saw (the shutdown won the race with the grant's news): while the
+            // leader watch names us, wait (bounded) for the elector to record how the term
+            // ended — it does so before the watch lets go of us — so the status shows it.
+            if leader_rx
+                .borrow()
+                .as_ref()
+                .is_some_and(|l| l.identity == elector.identity())
+            {
+                let ended = async {
+                    loop {
+                        tokio::select! {
+                            changed = handoff_rx.changed() => if changed.is_err() { break },
+                            changed = leader_rx.changed() => if changed.is_err() { break },
+                        }
+                        let named = leader_rx
+                            .borrow()
+                            .as_ref()
+                            .is_some_and(|l| l.identity == elector.identity());
+                        if !named {
+                            break;
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(self.request_timeout, ended).await;
+            }
+            // The term it leads (or the one the status shows as ours) ends gracefully now,
+            // unless the elector already said how it ended.
             st.observe_handoff(handoff_rx.borrow().as_ref().map(published));
             // The newest term seen ours: still leading, published, or seen and not yet
             // published (under load the elector may have ended it before this task ran, and
