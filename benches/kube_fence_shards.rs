@@ -235,18 +235,7 @@ async fn run() {
         .unwrap_or_else(|e| panic!("{e}"));
     install_anchor().await;
     let admin = server.admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &group.name(),
-        &group.policy(),
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
-        &group.name(),
-        &group.binding(),
-    )
-    .await;
+    install_policy(admin, &group, &group.policy()).await;
     // The binding selects nothing yet: give the API server's policy informer time to load it.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -610,18 +599,7 @@ async fn legacy_group(ns: &str, shards: u32) -> tenure::fence::kube::FencedApi<C
         );
     }
     let admin = shared().admin().await;
-    apply(
-        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
-        &legacy.name(),
-        &policy,
-    )
-    .await;
-    apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
-        &legacy.name(),
-        &legacy.binding(),
-    )
-    .await;
+    install_policy(admin, &legacy, &policy).await;
     static_shard_leases(ns, &legacy, shards).await;
     Fencer::new(legacy_sa)
         .await
@@ -632,4 +610,24 @@ async fn legacy_group(ns: &str, shards: u32) -> tenure::fence::kube::FencedApi<C
             tenure::FencingToken::new(STATIC_FLOOR),
             ns,
         )
+}
+
+/// Applies `policy` (the election's, or a variant of it) and the election's binding.
+async fn install_policy(
+    admin: kube::Client,
+    election: &FencingPolicy,
+    policy: &ValidatingAdmissionPolicy,
+) {
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(admin.clone()),
+        &election.name(),
+        policy,
+    )
+    .await;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(admin),
+        &election.name(),
+        &election.binding(),
+    )
+    .await;
 }
