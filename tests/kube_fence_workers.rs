@@ -763,6 +763,60 @@ fn a_fence_that_cannot_be_proven_starts_no_command_and_exits_8() {
     );
 }
 
+/// A Lease whose fencing floor is above every token the API server can issue (an etcd
+/// restored from an older backup leaves the floor ahead of the new revisions; so does a
+/// hand-edited annotation): every term's own token is refused as stale, so each proof finds
+/// its term superseded while the replica still holds the lease. That is no lost term (whose
+/// verdict, exit 3 or `--rejoin`, the elector gives): the command never starts and tenure
+/// exits 8 naming the floor, instead of renewing a lease whose every write would be refused.
+#[test]
+fn a_floor_above_every_token_starts_no_command_and_exits_8_naming_it() {
+    let rt = runtime();
+    let lease = "fenced-floor";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-floor");
+    rt.block_on(async {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(shared().admin().await, &ns);
+        // `tenure policy`'s output created the Lease (the policy's param); an admin raises
+        // its floor, as a restore from an older backup would leave it.
+        leases
+            .patch(
+                lease,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({
+                    "metadata": {"annotations": {"tenure.dev/fencing-floor": "9999999999999999"}}
+                })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("raise the floor: {e}"));
+    });
+    let marker = dir.join("started");
+    let mut tenure = Tenure::start(
+        &cli_support::run_args(
+            lease,
+            &["--backend", "kube", "--namespace", &ns],
+            &["--identity", "worker", "--fence"],
+            vec![
+                "sh".into(),
+                "-c".into(),
+                format!("touch {}; sleep 30", marker.display()),
+            ],
+        ),
+        &[("KUBECONFIG", &worker_kubeconfig.display().to_string())],
+        dir.join("worker.err"),
+    );
+    let status = tenure.wait(Duration::from_secs(30));
+    let log = tenure.log();
+    assert!(!marker.exists(), "the command was started: {log}");
+    assert!(log.contains("a newer term of this lease exists"), "{log}");
+    assert_eq!(status.code(), Some(8), "{log}");
+    assert!(
+        log.contains("fencing floor") && log.contains("the command was not started"),
+        "{log}"
+    );
+}
+
 /// Removes the policy named `policy` and waits until the API server no longer enforces it:
 /// the worker's write without a token is admitted.
 async fn remove_policy(policy: &str, worker_kubeconfig: &Path, ns: &str) {

@@ -9,8 +9,9 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use tenure::Term;
+use tenure::backend::kube::FENCING_FLOOR_ANNOTATION;
 use tenure::election::Leader;
-use tenure::fence::kube::{FenceProxy, FenceState, Fencer};
+use tenure::fence::kube::{Current, FenceProxy, FenceState, Fencer};
 use tokio::sync::watch;
 
 use crate::error::CliError;
@@ -121,6 +122,9 @@ impl CommandFence {
                 );
                 return Ok(Begun::Unproven);
             }
+            FenceState::Superseded { current } => {
+                return superseded(term, &lease, &current).await;
+            }
             state if self.shard_terms && state.is_unanswered() => {
                 let FenceState::Unenforced { cause } = state else {
                     unreachable!("is_unanswered holds only for Unenforced");
@@ -167,6 +171,33 @@ impl CommandFence {
             message: format!("--fence: cannot write the term's kubeconfig: {e}"),
         })?;
         Ok(Begun::Fenced(guard, env))
+    }
+}
+
+/// One lease, a term whose proof found a newer term of its lease: the term is already lost,
+/// since the grant that raised the floor also moved the Lease on, so this replica's next
+/// renewal fails. The elector's verdict on the lost term (exit 3, or `--rejoin`'s next
+/// campaign) is the one to report, not an unproven fence's exit 8, which would send the
+/// operator looking for a configuration error there is none of. The wait is bounded: a term
+/// still valid past the validity it had at the proof kept renewing a Lease whose floor says
+/// another term began — a floor this election's grants did not write — and that fails
+/// closed and loud, as an unproven fence.
+async fn superseded(term: &Term, lease: &str, current: &Current) -> Result<Begun, CliError> {
+    tracing::warn!(
+        %lease,
+        fencing_token = %term.fencing_token(),
+        ?current,
+        "--fence: a newer term of this lease exists, so the command was not started: this term is lost and ends at this replica's next renewal"
+    );
+    let deadline = term.valid_until();
+    tokio::select! {
+        () = term.cancellation().cancelled() => Ok(Begun::Ended),
+        () = tokio::time::sleep_until(deadline) => Err(CliError::Unfenced {
+            message: format!(
+                "--fence: the fence on lease {lease} refuses this term's own token {} as stale ({current:?}), yet this replica still holds the lease past the validity it had at the proof: the Lease's fencing floor (annotation {FENCING_FLOOR_ANNOTATION}) is above every token this API server issues, which this election's grants never write (an etcd restored from an older backup, or an edited annotation; remove it once no writer of an older term can be running); the command was not started",
+                term.fencing_token()
+            ),
+        }),
     }
 }
 
