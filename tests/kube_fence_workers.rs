@@ -763,6 +763,80 @@ fn a_fence_that_cannot_be_proven_starts_no_command_and_exits_8() {
     );
 }
 
+/// A term whose proof finds a newer term of its lease was lost before its command started:
+/// the command never starts and the elector's verdict on the lost term is tenure's exit
+/// (3 without `--rejoin`), not an unproven fence's 8. The newer term is an intruder's
+/// take-over of the Lease made once the proof has said so (the floor is raised first, so the
+/// proof sees the newer term before the renewal does; a long lease leaves the take-over time).
+#[test]
+fn a_proof_that_finds_its_term_superseded_ends_as_a_lost_term_exit_3() {
+    let rt = runtime();
+    let lease = "fenced-superseded";
+    let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    let dir = kube_support::fresh_dir("fence-superseded");
+    let leases = rt.block_on(async {
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(shared().admin().await, &ns)
+    });
+    let patch = |body: serde_json::Value| {
+        rt.block_on(leases.patch(
+            lease,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(body),
+        ))
+        .unwrap_or_else(|e| panic!("patch the lease: {e}"));
+    };
+    patch(serde_json::json!({
+        "metadata": {"annotations": {"tenure.dev/fencing-floor": "9999999999999999"}}
+    }));
+    let marker = dir.join("started");
+    let mut args: Vec<String> = [
+        "run",
+        "--lease",
+        lease,
+        "--backend",
+        "kube",
+        "--namespace",
+        &ns,
+        "--lease-duration",
+        "20s",
+        "--renew-deadline",
+        "15s",
+        "--retry-period",
+        "500ms",
+        "--identity",
+        "worker",
+        "--fence",
+        "--",
+        "sh",
+        "-c",
+    ]
+    .map(String::from)
+    .into();
+    args.push(format!("touch {}; sleep 30", marker.display()));
+    let mut tenure = Tenure::start(
+        &args,
+        &[("KUBECONFIG", &worker_kubeconfig.display().to_string())],
+        dir.join("worker.err"),
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the proof to find its term superseded",
+        || tenure.log().contains("a newer term of this lease exists"),
+    );
+    patch(serde_json::json!({
+        "metadata": {"annotations": {
+            "tenure.dev/holder-identity": "intruder",
+            "tenure.dev/holder-token": "00000000000000000000000000000001"
+        }},
+        "spec": {"holderIdentity": "intruder"}
+    }));
+    let status = tenure.wait(Duration::from_secs(30));
+    let log = tenure.log();
+    assert!(!marker.exists(), "the command was started: {log}");
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(!log.contains("fencing floor"), "{log}");
+}
+
 /// A Lease whose fencing floor is above every token the API server can issue (an etcd
 /// restored from an older backup leaves the floor ahead of the new revisions; so does a
 /// hand-edited annotation): every term's own token is refused as stale, so each proof finds
