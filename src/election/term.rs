@@ -299,8 +299,16 @@ pub(super) struct TermTasks {
 #[derive(Default)]
 struct Aborts {
     handles: Vec<AbortHandle>,
+    /// The length at which finished tasks are next forgotten: twice what was left running at
+    /// the last sweep, so a term with n tasks in flight sweeps once per n spawns (each spawn
+    /// costs O(1) amortised, not a scan of every task in flight — a controller's term spawns
+    /// one task per reconcile), and the list stays under twice what runs plus the minimum.
+    sweep_at: usize,
     stopped: bool,
 }
+
+/// The shortest list swept: below it, a sweep would cost more than the handles it frees.
+const MIN_SWEEP: usize = 64;
 
 impl TermTasks {
     fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
@@ -317,7 +325,10 @@ impl TermTasks {
             handle.abort();
         } else {
             // Forget finished tasks so a long term that spawns many short ones stays small.
-            aborts.handles.retain(|h| !h.is_finished());
+            if aborts.handles.len() >= aborts.sweep_at.max(MIN_SWEEP) {
+                aborts.handles.retain(|h| !h.is_finished());
+                aborts.sweep_at = aborts.handles.len().saturating_mul(2);
+            }
             aborts.handles.push(handle.abort_handle());
         }
         handle
@@ -348,6 +359,34 @@ impl TermTasks {
 mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
+
+    use super::{MIN_SWEEP, TermTasks};
+
+    /// A long term spawning many short tasks keeps a bounded list of them (under twice what
+    /// runs, plus the minimum sweep), and sweeps rarely: the list is not scanned per spawn.
+    #[tokio::test(start_paused = true)]
+    async fn many_short_tasks_leave_a_bounded_list_swept_rarely() {
+        let tasks = TermTasks::default();
+        let long = tasks.spawn(std::future::pending::<()>());
+        let mut sweeps = 0;
+        let mut last = 0;
+        for _ in 0..10_000 {
+            let _ = tasks.spawn(async {}).await;
+            let len = tasks.aborts.lock().map(|a| a.handles.len()).unwrap_or(0);
+            assert!(len <= MIN_SWEEP + 1, "{len} handles kept");
+            if len < last {
+                sweeps += 1;
+            }
+            last = len;
+        }
+        assert!(
+            (10_000 / MIN_SWEEP - 5..=10_000 / (MIN_SWEEP - 2)).contains(&sweeps),
+            "{sweeps} sweeps over 10000 spawns"
+        );
+        // The long task is still tracked: the stop aborts it.
+        assert!(tasks.stop(tokio::time::Instant::now() + Duration::from_secs(1)).await);
+        assert!(long.await.is_err_and(|e| e.is_cancelled()));
+    }
 
     use crate::Locker;
     use crate::backend::memory::MemoryBackend;
