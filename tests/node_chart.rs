@@ -769,6 +769,27 @@ done"#;
         .map(|p| p.uid)
         .unwrap_or_else(|| panic!("no pod {victim}"));
     let freezer = freezer_dir(&node, &uid).join("freezer.state");
+    // The processes of the victim's copies, by the token in their environment.
+    let stale_copies = || -> Vec<u32> {
+        let tokens: Vec<String> = stale
+            .iter()
+            .map(|(_, t)| format!("TENURE_FENCING_TOKEN={t}"))
+            .collect();
+        pod_processes(&victim)
+            .into_iter()
+            .filter(|(pid, _, _)| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .any(|v| tokens.iter().any(|t| v == t.as_bytes()))
+            })
+            .map(|(pid, _, _)| pid)
+            .collect()
+    };
+    assert!(
+        !stale_copies().is_empty(),
+        "the copies of {victim}'s shards {stale:?} run before the freeze"
+    );
     let frozen = Instant::now();
     std::fs::write(&freezer, "FROZEN").unwrap_or_else(|e| panic!("freeze: {e}"));
     let taken = wait_for(
@@ -798,6 +819,15 @@ done"#;
     );
     let thawed = Instant::now();
     std::fs::write(&freezer, "THAWED").unwrap_or_else(|e| panic!("thaw: {e}"));
+    wait_for(
+        Duration::from_secs(10),
+        "the thawed pod's stale copies gone",
+        || stale_copies().is_empty().then_some(()),
+    );
+    report.add(
+        "thaw -> the thawed pod's stale copies gone (SIGKILLed by their watchdog)",
+        secs(thawed.elapsed()),
+    );
     std::thread::sleep(Duration::from_secs(5));
 
     // ---- effects: no shard ever went back to an older token ---------------------------------
