@@ -669,21 +669,29 @@ fn a_sharded_fenced_release_refuses_a_thawed_pods_copies() {
     );
     // Each copy: replace (PUT, or POST while it does not exist) ConfigMap shard-<n> with its
     // token and identity every 200 ms; print every answer that is not 2xx with its message.
-    let script = r#"u=${TENURE_KUBE_SERVER#http://}; hp=${u%%/*}; port=${hp#*:}; prefix=/${u#*/}
+    // The same writer runs twice: as the copy, and escaped from its process group (setsid, a
+    // daemon the watchdog's group kill misses; tenure's reaper ends it with the term).
+    let script = r#"f=/tmp/writer-$TENURE_SHARD-$TENURE_FENCING_TOKEN.sh
+cat > "$f" <<'EOF'
+who=$1
+u=${TENURE_KUBE_SERVER#http://}; hp=${u%%/*}; port=${hp#*:}; prefix=/${u#*/}
 name=shard-$TENURE_SHARD; n=0
 send() { printf '%s %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' "$1" "$2" "${#body}" "$body" | nc -w 10 127.0.0.1 "$port"; }
 while true; do
   n=$((n+1))
-  body='{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"'$name'"},"data":{"token":"'$TENURE_FENCING_TOKEN'","pod":"'$TENURE_IDENTITY'","seq":"'$n'"}}'
+  body='{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"'$name'"},"data":{"token":"'$TENURE_FENCING_TOKEN'","pod":"'$TENURE_IDENTITY'","seq":"'$who-$n'"}}'
   r=$(send PUT "$prefix/api/v1/namespaces/$POD_NAMESPACE/configmaps/$name")
   code=$(echo "$r" | head -1 | cut -d' ' -f2)
   if [ "$code" = 404 ]; then
     r=$(send POST "$prefix/api/v1/namespaces/$POD_NAMESPACE/configmaps")
     code=$(echo "$r" | head -1 | cut -d' ' -f2)
   fi
-  case "$code" in 2??) ;; *) echo "refused shard=$TENURE_SHARD token=$TENURE_FENCING_TOKEN code=$code $(echo "$r" | grep -o '"message":"[^"]*"' | head -1)";; esac
+  case "$code" in 2??) ;; *) echo "refused shard=$TENURE_SHARD token=$TENURE_FENCING_TOKEN code=$code by=$who $(echo "$r" | grep -o '"message":"[^"]*"' | head -1)";; esac
   sleep 0.2
-done"#;
+done
+EOF
+setsid sh "$f" escaped &
+exec sh "$f" copy"#;
     let mut args = install_args(
         release,
         ns,
@@ -752,6 +760,21 @@ done"#;
     report.add(
         "helm install -> every shard written through its fenced endpoint",
         secs(t0.elapsed()),
+    );
+    // The escaped writers write too (their setsid worked): the scenario has a daemon to end.
+    wait_for(
+        Duration::from_secs(30),
+        "a write of an escaped writer admitted",
+        || {
+            cms.snapshot()
+                .iter()
+                .any(|v| {
+                    v.object["data"]["seq"]
+                        .as_str()
+                        .is_some_and(|q| q.starts_with("escaped-"))
+                })
+                .then_some(())
+        },
     );
     let _ = ready_pods(&node, ns, "", 3, Duration::from_secs(60));
 
@@ -825,7 +848,7 @@ done"#;
         || stale_copies().is_empty().then_some(()),
     );
     report.add(
-        "thaw -> the thawed pod's stale copies gone (SIGKILLed by their watchdog)",
+        "thaw -> the thawed pod's stale copies and escaped writers gone",
         secs(thawed.elapsed()),
     );
     std::thread::sleep(Duration::from_secs(5));
@@ -867,13 +890,19 @@ done"#;
     log.push_str(&node_support::chart::logs(
         &node, ns, &victim, "worker", false,
     ));
-    let (mut by_tenure, mut by_api_server, mut not_sent) = (0, 0, 0);
+    let (mut by_tenure, mut by_api_server, mut not_sent, mut closed) = (0, 0, 0, 0);
     for (s, old) in &stale {
         let prefix = format!("refused shard={s} token={old} ");
         for line in log.lines().filter(|l| l.starts_with(&prefix)) {
-            if line.contains("code=503") {
-                // At the term's start, before its fence was proven: not sent.
+            if line.contains("code=503") || line.contains("code=409") {
+                // At the term's start: before its fence was proven (not sent), or the copy and
+                // its escaped writer both creating shard-<n> (the second create conflicts).
                 not_sent += 1;
+                continue;
+            }
+            if line.contains("code= ") {
+                // The term's endpoint is gone (no answer at all): nothing sent.
+                closed += 1;
                 continue;
             }
             let names_lease = line.contains(&format!("lease {ns}/{group}-{s}:"));
@@ -894,7 +923,9 @@ done"#;
     }
     report.add(
         "  thawed copies' stale writes refused: by tenure's endpoint / by the API server's policy",
-        format!("{by_tenure} / {by_api_server} (503 before a proof: {not_sent})"),
+        format!(
+            "{by_tenure} / {by_api_server} (at the term's start, 503 or 409: {not_sent}; endpoint closed: {closed})"
+        ),
     );
 
     // ---- the API server refuses the stale token, and no token at all -------------------------
