@@ -20,8 +20,8 @@ use node_support::chart::{
     through_port_forward, values,
 };
 use node_support::{
-    LeaseWatch, Node, Register, Report, accepted_stale, command_pids, freezer_dir, lease, nft,
-    pod_processes, rss_kib, run, secs, skip, takeover, tenure_pid, wait_for,
+    LeaseWatch, Node, Register, Report, Watch, accepted_stale, command_pids, freezer_dir, lease,
+    nft, pod_processes, rss_kib, run, secs, skip, takeover, tenure_pid, wait_for,
 };
 
 /// One node at a time in this process.
@@ -629,6 +629,428 @@ exec sleep 3600"#;
         around.stderr
     );
     run(node.helm().args(["uninstall", release, "-n", ns]), None).expect_ok();
+}
+
+/// Issue #41 on the real node: a sharded release (3 pods, 4 shards) with
+/// `fencing.policy.enabled`, whose copies — busybox, raw HTTP — each keep replacing ConfigMap
+/// `shard-<n>` with their term's token through their own `$TENURE_KUBE_SERVER`. A pod holding
+/// shards is frozen (freezer cgroup) until the others took its shards over and wrote them, then
+/// thawed: per shard the admitted versions never go back to an older token (the thawed copies'
+/// stale writes are refused), every refusal a thawed copy got names its shard's lease and its
+/// token, the API server itself refuses the thawed pod's stale token replayed as its
+/// ServiceAccount (the policy's message naming group, shard and token) as well as the
+/// ServiceAccount writing without a token, and every shard is written again by its holder.
+#[test]
+fn a_sharded_fenced_release_refuses_a_thawed_pods_copies() {
+    if skip("a_sharded_fenced_release_refuses_a_thawed_pods_copies") {
+        return;
+    }
+    const SHARDS: u32 = 4;
+    let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut report = Report::new("node_chart sharded fencing");
+    let node = Node::start();
+    report.add(
+        "node start (launcher to Ready node)",
+        format!("{:.1} s", node.start_secs),
+    );
+    let ns = "fshards";
+    let release = "fs";
+    let group = "fs-tenure";
+    restricted_namespace(&node, ns);
+    let _diagnose = Diagnose::chart(&node, ns);
+    // The release's values need a register; its writer is replaced by the command below.
+    let register = Register::start(&node);
+    let cms = Watch::start(&node, ns, "configmaps", "");
+    let leases = Watch::start(
+        &node,
+        ns,
+        "leases",
+        &format!("tenure.dev/shard-group={group}"),
+    );
+    // Each copy: replace (PUT, or POST while it does not exist) ConfigMap shard-<n> with its
+    // token and identity every 200 ms; print every answer that is not 2xx with its message.
+    // The same writer runs twice: as the copy, and escaped from its process group (setsid, a
+    // daemon the watchdog's group kill misses; tenure's reaper ends it with the term).
+    let script = r#"f=/tmp/writer-$TENURE_SHARD-$TENURE_FENCING_TOKEN.sh
+cat > "$f" <<'EOF'
+who=$1
+u=${TENURE_KUBE_SERVER#http://}; hp=${u%%/*}; port=${hp#*:}; prefix=/${u#*/}
+name=shard-$TENURE_SHARD; n=0
+send() { printf '%s %s HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %s\r\n\r\n%s' "$1" "$2" "${#body}" "$body" | nc -w 10 127.0.0.1 "$port"; }
+while true; do
+  n=$((n+1))
+  body='{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"'$name'"},"data":{"token":"'$TENURE_FENCING_TOKEN'","pod":"'$TENURE_IDENTITY'","seq":"'$who-$n'"}}'
+  r=$(send PUT "$prefix/api/v1/namespaces/$POD_NAMESPACE/configmaps/$name")
+  code=$(echo "$r" | head -1 | cut -d' ' -f2)
+  if [ "$code" = 404 ]; then
+    r=$(send POST "$prefix/api/v1/namespaces/$POD_NAMESPACE/configmaps")
+    code=$(echo "$r" | head -1 | cut -d' ' -f2)
+  fi
+  case "$code" in 2??) ;; *) echo "refused shard=$TENURE_SHARD token=$TENURE_FENCING_TOKEN code=$code by=$who $(echo "$r" | grep -o '"message":"[^"]*"' | head -1)";; esac
+  sleep 0.2
+done
+EOF
+setsid sh "$f" escaped &
+exec sh "$f" copy"#;
+    let mut args = install_args(
+        release,
+        ns,
+        &register,
+        &[
+            ("replicaCount", "3".into()),
+            ("sharding.shards", SHARDS.to_string()),
+            ("fencing.policy.enabled", "true".into()),
+        ],
+    );
+    args.extend([
+        "--set-json".into(),
+        "fencing.policy.resources=[\"configmaps\"]".into(),
+        "--set-json".into(),
+        r#"rbac.extraRules=[{"apiGroups":[""],"resources":["configmaps"],"verbs":["create","get","update","patch"]}]"#.into(),
+        "--set-json".into(),
+        format!("command={}", serde_json::json!(["sh", "-c", script])),
+    ]);
+    // (holder, token) of every shard's Lease now.
+    let terms = || -> Vec<(String, u64)> {
+        (0..SHARDS)
+            .map(|s| lease(&node, ns, &format!("{group}-{s}")))
+            .collect()
+    };
+    // The admitted versions of ConfigMap shard-<n>, in resourceVersion order: (token, pod, seen).
+    let versions = |shard: u32| -> Vec<(u64, String, Instant)> {
+        let name = format!("shard-{shard}");
+        let mut v: Vec<_> = cms
+            .snapshot()
+            .into_iter()
+            .filter(|s| s.name() == name)
+            .map(|s| {
+                let rv: u64 = s.object["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(0);
+                let data = &s.object["data"];
+                let token = data["token"].as_str().and_then(|t| t.parse().ok());
+                let pod = data["pod"].as_str().unwrap_or_default().to_owned();
+                (rv, token.unwrap_or(0), pod, s.at)
+            })
+            .collect();
+        v.sort_by_key(|(rv, ..)| *rv);
+        v.into_iter().map(|(_, t, p, at)| (t, p, at)).collect()
+    };
+    // Every shard's last admitted write carries its Lease's current token, from its holder.
+    let all_written_by_holders = || {
+        let now = terms();
+        now.iter()
+            .enumerate()
+            .all(|(s, (holder, token))| {
+                !holder.is_empty()
+                    && versions(s as u32)
+                        .last()
+                        .is_some_and(|(t, p, _)| t == token && p == holder)
+            })
+            .then_some(now)
+    };
+    let t0 = Instant::now();
+    run(node.helm().args(&args), None).expect_ok();
+    let before = wait_for(
+        Duration::from_secs(180),
+        "every shard's ConfigMap written by its holder through its copy's endpoint",
+        all_written_by_holders,
+    );
+    report.add(
+        "helm install -> every shard written through its fenced endpoint",
+        secs(t0.elapsed()),
+    );
+    // The escaped writers write too (their setsid worked): the scenario has a daemon to end.
+    wait_for(
+        Duration::from_secs(30),
+        "a write of an escaped writer admitted",
+        || {
+            cms.snapshot()
+                .iter()
+                .any(|v| {
+                    v.object["data"]["seq"]
+                        .as_str()
+                        .is_some_and(|q| q.starts_with("escaped-"))
+                })
+                .then_some(())
+        },
+    );
+    let _ = ready_pods(&node, ns, "", 3, Duration::from_secs(60));
+
+    // ---- freeze a pod holding shards until the others took them over and wrote ----------
+    let victim = before[0].0.clone();
+    let stale: Vec<(u32, u64)> = before
+        .iter()
+        .enumerate()
+        .filter(|(_, (h, _))| *h == victim)
+        .map(|(s, (_, t))| (s as u32, *t))
+        .collect();
+    let uid = pods(&node, ns, "")
+        .into_iter()
+        .find(|p| p.name == victim)
+        .map(|p| p.uid)
+        .unwrap_or_else(|| panic!("no pod {victim}"));
+    let freezer = freezer_dir(&node, &uid).join("freezer.state");
+    // The processes of the victim's copies, by the token in their environment.
+    let stale_copies = || -> Vec<u32> {
+        let tokens: Vec<String> = stale
+            .iter()
+            .map(|(_, t)| format!("TENURE_FENCING_TOKEN={t}"))
+            .collect();
+        pod_processes(&victim)
+            .into_iter()
+            .filter(|(pid, _, _)| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .unwrap_or_default()
+                    .split(|b| *b == 0)
+                    .any(|v| tokens.iter().any(|t| v == t.as_bytes()))
+            })
+            .map(|(pid, _, _)| pid)
+            .collect()
+    };
+    assert!(
+        !stale_copies().is_empty(),
+        "the copies of {victim}'s shards {stale:?} run before the freeze"
+    );
+    let frozen = Instant::now();
+    std::fs::write(&freezer, "FROZEN").unwrap_or_else(|e| panic!("freeze: {e}"));
+    let taken = wait_for(
+        Duration::from_secs(60),
+        "the frozen pod's shards taken over and written by their new holders",
+        || {
+            let now = terms();
+            stale
+                .iter()
+                .all(|(s, old)| {
+                    let (holder, token) = &now[*s as usize];
+                    *holder != victim
+                        && token > old
+                        && versions(*s)
+                            .last()
+                            .is_some_and(|(t, p, _)| t == token && p == holder)
+                })
+                .then_some(now)
+        },
+    );
+    report.add(
+        &format!(
+            "freeze a pod holding {} of {SHARDS} shards -> all its shards written by their new holders",
+            stale.len()
+        ),
+        secs(frozen.elapsed()),
+    );
+    let thawed = Instant::now();
+    std::fs::write(&freezer, "THAWED").unwrap_or_else(|e| panic!("thaw: {e}"));
+    wait_for(
+        Duration::from_secs(10),
+        "the thawed pod's stale copies gone",
+        || stale_copies().is_empty().then_some(()),
+    );
+    report.add(
+        "thaw -> the thawed pod's stale copies and escaped writers gone",
+        secs(thawed.elapsed()),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+
+    // ---- effects: no shard ever went back to an older token ---------------------------------
+    for s in 0..SHARDS {
+        let v = versions(s);
+        let back: Vec<_> = v
+            .windows(2)
+            .filter(|w| w[1].0 < w[0].0)
+            .map(|w| (w[0].0, &w[1]))
+            .collect();
+        assert!(
+            back.is_empty(),
+            "shard {s}: a write with an older token was admitted after a newer one (newer, then older): {back:?}"
+        );
+    }
+    let late_old: Vec<_> = stale
+        .iter()
+        .flat_map(|(s, old)| {
+            versions(*s)
+                .into_iter()
+                .filter(move |(t, _, at)| t == old && *at > thawed)
+                .map(move |v| (*s, v))
+        })
+        .collect();
+    assert!(
+        late_old.is_empty(),
+        "a thawed copy's stale write was admitted: {late_old:?}"
+    );
+
+    // ---- the thawed copies' refusals name their shard's lease and their token -------------
+    let mut log = run(
+        node.kubectl()
+            .args(["logs", "-n", ns, &victim, "-c", "worker", "--previous"]),
+        None,
+    )
+    .stdout;
+    log.push_str(&node_support::chart::logs(
+        &node, ns, &victim, "worker", false,
+    ));
+    let (mut by_tenure, mut by_api_server, mut not_sent, mut closed) = (0, 0, 0, 0);
+    for (s, old) in &stale {
+        let prefix = format!("refused shard={s} token={old} ");
+        for line in log.lines().filter(|l| l.starts_with(&prefix)) {
+            if line.contains("code=503") || line.contains("code=409") {
+                // At the term's start: before its fence was proven (not sent), or the copy and
+                // its escaped writer both creating shard-<n> (the second create conflicts).
+                not_sent += 1;
+                continue;
+            }
+            if line.contains("code= ") {
+                // The term's endpoint is gone (no answer at all): nothing sent.
+                closed += 1;
+                continue;
+            }
+            let names_lease = line.contains(&format!("lease {ns}/{group}-{s}:"));
+            let names_shard = line.contains(&format!("(shard {s} of group {ns}/{group})"));
+            assert!(
+                line.contains("code=403")
+                    && line.contains("tenure fencing:")
+                    && line.contains(&format!("stale: token {old}"))
+                    && (names_lease || names_shard),
+                "a stale copy's refusal must name its shard and token: {line}"
+            );
+            if names_shard {
+                by_api_server += 1;
+            } else {
+                by_tenure += 1;
+            }
+        }
+    }
+    report.add(
+        "  thawed copies' stale writes refused: by tenure's endpoint / by the API server's policy",
+        format!(
+            "{by_tenure} / {by_api_server} (at the term's start, 503 or 409: {not_sent}; endpoint closed: {closed})"
+        ),
+    );
+
+    // ---- the API server refuses the stale token, and no token at all -------------------------
+    let sa = run(
+        node.kubectl().args([
+            "get",
+            "serviceaccounts",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]),
+        None,
+    )
+    .expect_ok();
+    let sa = sa
+        .split_whitespace()
+        .find(|n| n.contains(release))
+        .unwrap_or_else(|| panic!("no release ServiceAccount in {sa:?}"))
+        .to_owned();
+    let as_sa = format!("--as=system:serviceaccount:{ns}:{sa}");
+    let (s, old) = stale[0];
+    let replay = run(
+        node.kubectl().args([
+            "patch",
+            "configmap",
+            &format!("shard-{s}"),
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"data":{{"token":"{old}","pod":"replay"}}}}"#),
+            &as_sa,
+            &format!("--as-user-extra=tenure.dev/fencing-token={old}"),
+            &format!("--as-user-extra=tenure.dev/fencing-election={ns}/{group}-{s}"),
+        ]),
+        None,
+    );
+    assert!(
+        !replay.ok
+            && replay.stderr.contains(&format!(
+                "tenure fencing: lease {ns}/{group}-{s}: stale: token {old} < current"
+            ))
+            && replay
+                .stderr
+                .contains(&format!("(shard {s} of group {ns}/{group})")),
+        "the thawed pod's token replayed as its ServiceAccount must be refused by the policy: {} {}",
+        replay.stdout,
+        replay.stderr
+    );
+    let around = run(
+        node.kubectl().args([
+            "create",
+            "configmap",
+            "around",
+            "-n",
+            ns,
+            "--from-literal=v=1",
+            &as_sa,
+        ]),
+        None,
+    );
+    assert!(
+        !around.ok
+            && around.stderr.contains(&format!(
+                "tenure fencing: group {ns}/{group}: missing token"
+            )),
+        "a write without the token must be refused: {}",
+        around.stderr
+    );
+
+    // ---- every shard written again by its holder ---------------------------------------------
+    let _ = ready_pods(&node, ns, "", 3, Duration::from_secs(90));
+    let after = wait_for(
+        Duration::from_secs(90),
+        "every shard written by its holder after the thaw",
+        all_written_by_holders,
+    );
+    for (s, old) in &stale {
+        assert!(after[*s as usize].1 > *old, "shard {s}: a newer term");
+    }
+    let _ = taken;
+    // Grant (the shard Lease's new token first seen) -> its first admitted write, every term.
+    let mut grants: Vec<Duration> = Vec::new();
+    let lease_versions = leases.snapshot();
+    for s in 0..SHARDS {
+        let name = format!("{group}-{s}");
+        let writes = versions(s);
+        let mut seen = std::collections::BTreeSet::new();
+        for l in lease_versions.iter().filter(|l| l.name() == name) {
+            let Some(token) = l
+                .annotation("tenure.dev/fencing")
+                .and_then(|t| t.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if !seen.insert(token) {
+                continue;
+            }
+            if let Some((_, _, at)) = writes.iter().find(|(t, _, _)| *t == token) {
+                grants.push(at.saturating_duration_since(l.at));
+            }
+        }
+    }
+    grants.sort();
+    if let (Some(first), Some(last)) = (grants.first(), grants.last()) {
+        report.add(
+            &format!(
+                "shard Lease grant seen -> first admitted write of that term ({} terms): min / median / max",
+                grants.len()
+            ),
+            format!(
+                "{} / {} / {}",
+                secs(*first),
+                secs(grants[grants.len() / 2]),
+                secs(*last)
+            ),
+        );
+    }
+    report.add(
+        "thaw -> every shard written by its holder",
+        secs(thawed.elapsed()),
+    );
+    run(node.helm().args(["uninstall", release, "-n", ns]), None).expect_ok();
+    report.print();
 }
 
 /// What the host looks like where a node could leave something behind.
