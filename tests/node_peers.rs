@@ -956,15 +956,49 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
 
 // ---- rollouts: "newest first" against client-go (issue #46) -------------------------------
 
-/// Rollouts per implementation (`TENURE_NODE_ROLLOUTS`, default 5).
-const ROLLOUTS: usize = 5;
+/// Rollouts per implementation (`TENURE_NODE_ROLLOUTS`, default 10: 5 in each order).
+const ROLLOUTS: usize = 10;
+
+/// One rollout of the newest-first test.
+struct Rollout {
+    /// The leader was the first old pod the rollout stopped.
+    leader_first: bool,
+    /// New terms: the tokens the register accepted.
+    terms: usize,
+    /// The longest stretch without an accepted write.
+    gap: Duration,
+    /// `rollout restart` -> rollout complete, every new pod Ready.
+    took: Duration,
+}
+
+/// Makes `pod` the first pod of `peer`'s Deployment that the next rollout stops: the lowest
+/// `controller.kubernetes.io/pod-deletion-cost`, which the ReplicaSet controller scales
+/// down first among Ready pods. Leader first is the order in which a successor preference
+/// matters: without one, an old follower may win the Lease and the rollout stops it next.
+fn stop_first(node: &Node, peer: &Peer, pod: &str) {
+    run(
+        node.kubectl().args([
+            "annotate",
+            "pod",
+            pod,
+            "-n",
+            peer.ns,
+            "--overwrite",
+            "controller.kubernetes.io/pod-deletion-cost=-1000",
+        ]),
+        None,
+    )
+    .expect_ok();
+}
 
 /// Issue #46: `kubectl rollout restart` of three replicas, the chart's release with
 /// `election.prefer=newest` beside client-go's leader election, the rollouts interleaved
-/// (tenure's, client-go's, ...). With "newest first" a stopping leader hands the Lease to the
-/// replica that started last — a pod of the new version, which the rollout does not stop — so
-/// each rollout makes exactly one new term (the tokens the fenced register accepted): that is
-/// asserted, with one leader after each rollout and no stale write accepted. client-go's terms
+/// (tenure's, client-go's, ...), every second one with the leader stopped first
+/// ([`stop_first`]), the others in the Deployment's own order. With "newest first" a stopping
+/// leader hands the Lease to the replica that started last — a pod of the new version, which
+/// the rollout does not stop — so each rollout makes exactly one new term (the tokens the
+/// fenced register accepted): that is asserted, with one leader after each rollout and no
+/// stale write accepted. client-go's terms
 /// per rollout are measured and printed, not asserted.
 #[test]
 fn newest_first_rollouts_beside_client_go() {
@@ -1049,46 +1083,68 @@ fn newest_first_rollouts_beside_client_go() {
         peer.assert_one_leader(&node);
     }
 
-    // [tenure, client-go]: each rollout's new terms, longest gap and duration.
-    let mut done: [Vec<(usize, Duration, Duration)>; 2] = Default::default();
-    for _ in 0..rollouts {
+    // [tenure, client-go]: each rollout's order (leader first?), new terms, longest gap and
+    // duration.
+    let mut done: [Vec<Rollout>; 2] = Default::default();
+    for k in 0..rollouts {
+        let leader_first = k % 2 == 1;
         for (i, peer) in [&tenure, &clientgo].into_iter().enumerate() {
+            if leader_first {
+                stop_first(&node, peer, &peer.leader().pod);
+            }
             let (gap, terms, took) = rollout_restart(&node, peer);
             println!(
-                "ROLLOUT {}: {terms} new term(s), gap {gap:?}",
+                "ROLLOUT {} (leader first: {leader_first}): {terms} new term(s), gap {gap:?}",
                 peer.deployment
             );
-            done[i].push((terms, gap, took));
+            done[i].push(Rollout {
+                leader_first,
+                terms,
+                gap,
+                took,
+            });
             peer.assert_one_leader(&node);
         }
     }
-    let counts = |v: &[(usize, Duration, Duration)]| {
-        let c: Vec<String> = v.iter().map(|r| r.0.to_string()).collect();
-        let sum: usize = v.iter().map(|r| r.0).sum();
+    let counts = |v: &[Rollout], leader_first: bool| {
+        let c: Vec<usize> = v
+            .iter()
+            .filter(|r| r.leader_first == leader_first)
+            .map(|r| r.terms)
+            .collect();
         format!(
             "{} (mean {:.1})",
-            c.join(","),
-            sum as f64 / v.len().max(1) as f64
+            c.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            c.iter().sum::<usize>() as f64 / c.len().max(1) as f64
         )
     };
-    report.row(
-        "new terms per rollout (the register's accepted tokens)",
-        &[counts(&done[0]), counts(&done[1]), "-".into()],
-    );
-    let col = |i: usize, f: fn(&(usize, Duration, Duration)) -> Duration| -> Vec<Duration> {
+    for (what, leader_first) in [
+        ("new terms per rollout, the Deployment's own order", false),
+        ("new terms per rollout, the leader stopped first", true),
+    ] {
+        report.row(
+            what,
+            &[
+                counts(&done[0], leader_first),
+                counts(&done[1], leader_first),
+                "-".into(),
+            ],
+        );
+    }
+    let col = |i: usize, f: fn(&Rollout) -> Duration| -> Vec<Duration> {
         done[i].iter().map(f).collect()
     };
     compare(
         &mut report,
         "rollout: longest gap between accepted writes",
-        &col(0, |r| r.1),
-        &col(1, |r| r.1),
+        &col(0, |r| r.gap),
+        &col(1, |r| r.gap),
     );
     compare(
         &mut report,
-        "rollout: restart -> every new pod Ready",
-        &col(0, |r| r.2),
-        &col(1, |r| r.2),
+        "rollout: restart -> rollout complete, every new pod Ready",
+        &col(0, |r| r.took),
+        &col(1, |r| r.took),
     );
     let accepted = accepted_stale(&tenure.register, tenure.watch());
     report.row(
@@ -1101,9 +1157,11 @@ fn newest_first_rollouts_beside_client_go() {
         "tenure: stale writes accepted: {accepted:?}"
     );
     assert!(
-        done[0].iter().all(|r| r.0 == 1),
-        "newest first: exactly one new term per rollout, got {}",
-        counts(&done[0])
+        done[0].iter().all(|r| r.terms == 1),
+        "newest first: exactly one new term per rollout, got {} in the Deployment's order, \
+         {} with the leader stopped first",
+        counts(&done[0], false),
+        counts(&done[0], true)
     );
     tenure.watch = None;
     clientgo.watch = None;
