@@ -686,17 +686,17 @@ fn writer_pids(pod: &str) -> Vec<u32> {
         .collect()
 }
 
-/// When tenure in `pod` first logged its health check failing at or after `clocks`' start
-/// (`kubectl logs --timestamps`: the container runtime's wall clock).
-fn unhealthy_logged(node: &Node, ns: &str, pod: &str, clocks: &Clocks) -> Option<Instant> {
+/// When tenure in `pod` first logged a line containing every one of `needles` at or after
+/// `clocks`' start, by tenure's own timestamp (each line starts with it; the host's clock:
+/// the pods share the machine's kernel, so two pods' stamps order their events).
+fn logged(node: &Node, ns: &str, pod: &str, clocks: &Clocks, needles: &[&str]) -> Option<Instant> {
     let log = run(
-        node.kubectl()
-            .args(["logs", "--timestamps", "-n", ns, pod, "-c", "worker"]),
+        node.kubectl().args(["logs", "-n", ns, pod, "-c", "worker"]),
         None,
     )
     .expect_ok();
     log.lines()
-        .filter(|l| l.contains("health check changed") && l.contains("healthy=false"))
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
         .filter_map(|l| clocks.since_wall(l.split_whitespace().next()?))
         .map(|d| clocks.at + d)
         .next()
@@ -757,6 +757,7 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
     // campaign; room for a loaded machine.
     let bound = HEALTH_INTERVAL + UNHEALTHY_AFTER + Duration::from_secs(1) + RETRY + SLACK;
     let (mut to_write, mut detect_to_write) = (Vec::new(), Vec::new());
+    let mut late_writes = 0;
     for round in 1..=rounds {
         let before = pods(&node, ns, "");
         let old = before
@@ -806,9 +807,18 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
             t.new_leader
         );
         assert_eq!(t.new_leader, follower, "the other pod leads");
+        // The old term's command ended before the successor's term began, by the two
+        // tenures' own clocks (the register's arrival times cannot order them: a write the
+        // command sent just before its SIGTERM may reach the register after the grant).
+        let exited = logged(&node, ns, &leader, &clocks, &["the command exited"])
+            .unwrap_or_else(|| panic!("{leader} logged no end of its command"));
+        let began = logged(&node, ns, &t.new_leader, &clocks, &["became leader"])
+            .unwrap_or_else(|| panic!("{} logged no new term", t.new_leader));
         assert!(
-            t.old_last.is_none_or(|l| l < t.granted),
-            "round {round}: the unhealthy leader's command wrote after the successor's grant"
+            exited < began,
+            "round {round}: {leader}'s command ended {:?} after {}'s term began",
+            exited.saturating_duration_since(began),
+            t.new_leader
         );
         let new_token = register
             .first_from_other(t0, &leader)
@@ -819,8 +829,14 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
             "the successor's token {new_token} is above the old term's {old_token}"
         );
         to_write.push(took);
-        let detected = unhealthy_logged(&node, ns, &leader, &clocks)
-            .unwrap_or_else(|| panic!("{leader} logged no failing health check"))
+        let detected = logged(
+            &node,
+            ns,
+            &leader,
+            &clocks,
+            &["health check changed", "healthy=false"],
+        )
+        .unwrap_or_else(|| panic!("{leader} logged no failing health check"))
             + UNHEALTHY_AFTER;
         detect_to_write.push(t.new_first.saturating_duration_since(detected));
         // Its command stopped; the pod runs on: the same tenure, no restart.
@@ -867,14 +883,19 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
             moved.is_empty(),
             "round {round}: the Lease moved after {leader} was healed: {moved:?}"
         );
+        // After the successor's first write the old term's writes arriving late (sent before
+        // the SIGTERM) are refused, and the old pod, sitting out, sends none of its own.
         let late: Vec<_> = register
-            .since(t.granted)
+            .since(t.new_first)
             .into_iter()
             .filter(|w| w.pod == leader)
             .collect();
+        late_writes += late.len();
         assert!(
-            late.is_empty(),
-            "round {round}: {leader} wrote after the successor's grant: {late:?}"
+            late.iter()
+                .all(|w| !w.accepted && w.token < new_token && w.at < t.new_first + SLACK),
+            "round {round}: {leader} wrote after {}'s first write: {late:?}",
+            t.new_leader
         );
         register.assert_sole_writer(&held.0, Some(held.1), "the Lease's");
         leader = t.new_leader;
@@ -894,6 +915,10 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
     report.add(
         "step-down detection (first failing check + unhealthyAfter) -> successor's first write",
         show(&detect_to_write),
+    );
+    report.add(
+        "old term's writes arriving after the successor's first (in flight at the step-down; refused)",
+        late_writes.to_string(),
     );
     let accepted = accepted_stale(&register, &watch);
     assert!(accepted.is_empty(), "stale writes accepted: {accepted:?}");
