@@ -723,11 +723,7 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
         return;
     }
     let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let rounds: usize = std::env::var("TENURE_NODE_HEALTH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(5)
-        .max(1);
+    let rounds: usize = node_support::count_from_env("TENURE_NODE_HEALTH_ROUNDS", 5);
     let mut report = Report::new(&format!(
         "node_chart health step-down (check every {HEALTH_INTERVAL:?}, unhealthy after \
          {UNHEALTHY_AFTER:?}, recovery {RECOVERY:?}; lease 4 s, retry 1 s; {rounds} rounds)"

@@ -516,6 +516,75 @@ impl Peer {
     }
 }
 
+/// The two sides of a side-by-side test on `node`: the chart's release (`tenure`) and
+/// client-go's Deployment (`clientgo`), `replicas` pods each, in the restricted namespaces
+/// `ns`, each with its own register and a watch of its Lease; neither installed yet.
+fn side_by_side(node: &Node, ns: [&'static str; 2], replicas: usize) -> (Peer, Peer) {
+    let side = |kind, ns, name: &'static str, selector| {
+        restricted_namespace(node, ns);
+        Peer {
+            kind,
+            ns,
+            deployment: name,
+            lease: name,
+            selector,
+            replicas,
+            register: Register::start(node),
+            watch: Some(LeaseWatch::start(node, ns, name)),
+        }
+    };
+    (
+        side(
+            Kind::Tenure,
+            ns[0],
+            "tenure",
+            "app.kubernetes.io/name=tenure",
+        ),
+        side(
+            Kind::ClientGo,
+            ns[1],
+            "clientgo",
+            "app.kubernetes.io/name=clientgo",
+        ),
+    )
+}
+
+/// On a panic, both sides' pods, events and logs.
+fn diagnose<'a>(node: &'a Node, peers: [&Peer; 2]) -> Diagnose<'a> {
+    Diagnose {
+        node,
+        namespaces: peers.iter().map(|p| p.ns.to_owned()).collect(),
+        selector: TEST_POD,
+        redis: None,
+    }
+}
+
+/// Installs the chart as `peer` (release `tenure`, the tests' timings and writer, `extra`),
+/// its pods labelled as the tests' pods.
+fn install_tenure(node: &Node, peer: &Peer, extra: &[(&str, String)]) {
+    let mut args = install_args(peer.deployment, peer.ns, &peer.register, extra);
+    args.extend([
+        "--set-string".into(),
+        "podLabels.tenure\\.dev/test-pod=true".into(),
+    ]);
+    run(node.helm().args(&args), None).expect_ok();
+}
+
+/// Applies client-go's release as `peer`.
+fn install_clientgo(node: &Node, peer: &Peer) {
+    apply(
+        node,
+        &peers::clientgo_release(
+            node,
+            peer.ns,
+            peer.deployment,
+            &peer.register,
+            TIMINGS,
+            u32::try_from(peer.replicas).unwrap_or(u32::MAX),
+        ),
+    );
+}
+
 /// One failover, as the register and the Lease saw it.
 struct Failover {
     /// Fault -> the first write of a later term.
@@ -770,11 +839,7 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
     }
     let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     // More rounds for steadier medians (each round: every fault once on each side).
-    let rounds: usize = std::env::var("TENURE_NODE_PEERS_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let rounds: usize = node_support::count_from_env("TENURE_NODE_PEERS_ROUNDS", 1);
     let candidate = peers::candidate_bin();
     let images = peers::build_images(None, Some(candidate), None);
     let node = Node::start();
@@ -787,60 +852,17 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
          | tenure | client-go | tenure / client-go"
     ));
 
-    let mut tenure = Peer {
-        kind: Kind::Tenure,
-        ns: "tenure-peer",
-        deployment: "tenure",
-        lease: "tenure",
-        selector: "app.kubernetes.io/name=tenure",
-        replicas: 2,
-        register: Register::start(&node),
-        watch: None,
-    };
-    let mut clientgo = Peer {
-        kind: Kind::ClientGo,
-        ns: "clientgo-peer",
-        deployment: "clientgo",
-        lease: "clientgo",
-        selector: "app.kubernetes.io/name=clientgo",
-        replicas: 2,
-        register: Register::start(&node),
-        watch: None,
-    };
-    restricted_namespace(&node, tenure.ns);
-    restricted_namespace(&node, clientgo.ns);
-    let _diagnose = Diagnose {
-        node: &node,
-        namespaces: vec![tenure.ns.into(), clientgo.ns.into()],
-        selector: TEST_POD,
-        redis: None,
-    };
-    tenure.watch = Some(LeaseWatch::start(&node, tenure.ns, tenure.lease));
-    clientgo.watch = Some(LeaseWatch::start(&node, clientgo.ns, clientgo.lease));
+    let (mut tenure, mut clientgo) = side_by_side(&node, ["tenure-peer", "clientgo-peer"], 2);
+    let _diagnose = diagnose(&node, [&tenure, &clientgo]);
 
     // Install: the chart (tenure run -- a writer), and client-go's Deployment.
     let t0 = Instant::now();
-    let mut args = install_args("tenure", tenure.ns, &tenure.register, &[]);
-    args.extend([
-        "--set-string".into(),
-        "podLabels.tenure\\.dev/test-pod=true".into(),
-    ]);
-    run(node.helm().args(&args), None).expect_ok();
+    install_tenure(&node, &tenure, &[]);
     let first_t = wait_for(Duration::from_secs(90), "tenure's first write", || {
         tenure.register.first_from_other(t0, "")
     });
     let t1 = Instant::now();
-    apply(
-        &node,
-        &peers::clientgo_release(
-            &node,
-            clientgo.ns,
-            clientgo.deployment,
-            &clientgo.register,
-            TIMINGS,
-            2,
-        ),
-    );
+    install_clientgo(&node, &clientgo);
     let first_c = wait_for(Duration::from_secs(90), "client-go's first write", || {
         clientgo.register.first_from_other(t1, "")
     });
@@ -998,19 +1020,14 @@ fn stop_first(node: &Node, peer: &Peer, pod: &str) {
 /// leader hands the Lease to the replica that started last — a pod of the new version, which
 /// the rollout does not stop — so each rollout makes exactly one new term (the tokens the
 /// fenced register accepted): that is asserted, with one leader after each rollout and no
-/// stale write accepted. client-go's terms
-/// per rollout are measured and printed, not asserted.
+/// stale write accepted. client-go's terms per rollout are measured and printed, not asserted.
 #[test]
 fn newest_first_rollouts_beside_client_go() {
     if skip("newest_first_rollouts_beside_client_go") {
         return;
     }
     let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let rollouts: usize = std::env::var("TENURE_NODE_ROLLOUTS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(ROLLOUTS)
-        .max(1);
+    let rollouts: usize = node_support::count_from_env("TENURE_NODE_ROLLOUTS", ROLLOUTS);
     let candidate = peers::candidate_bin();
     let images = peers::build_images(None, Some(candidate), None);
     let node = Node::start();
@@ -1022,61 +1039,17 @@ fn newest_first_rollouts_beside_client_go() {
          client-go (lease 4 s, renew 3 s, retry 1 s; {rollouts} rollouts each, interleaved) \
          | tenure (newest) | client-go | tenure / client-go"
     ));
-    let mut tenure = Peer {
-        kind: Kind::Tenure,
-        ns: "tenure-newest",
-        deployment: "tenure",
-        lease: "tenure",
-        selector: "app.kubernetes.io/name=tenure",
-        replicas: 3,
-        register: Register::start(&node),
-        watch: None,
-    };
-    let mut clientgo = Peer {
-        kind: Kind::ClientGo,
-        ns: "clientgo-rollout",
-        deployment: "clientgo",
-        lease: "clientgo",
-        selector: "app.kubernetes.io/name=clientgo",
-        replicas: 3,
-        register: Register::start(&node),
-        watch: None,
-    };
-    restricted_namespace(&node, tenure.ns);
-    restricted_namespace(&node, clientgo.ns);
-    let _diagnose = Diagnose {
-        node: &node,
-        namespaces: vec![tenure.ns.into(), clientgo.ns.into()],
-        selector: TEST_POD,
-        redis: None,
-    };
-    tenure.watch = Some(LeaseWatch::start(&node, tenure.ns, tenure.lease));
-    clientgo.watch = Some(LeaseWatch::start(&node, clientgo.ns, clientgo.lease));
-    let mut args = install_args(
-        "tenure",
-        tenure.ns,
-        &tenure.register,
+    let (mut tenure, mut clientgo) = side_by_side(&node, ["tenure-newest", "clientgo-rollout"], 3);
+    let _diagnose = diagnose(&node, [&tenure, &clientgo]);
+    install_tenure(
+        &node,
+        &tenure,
         &[
             ("replicaCount", "3".into()),
             ("election.prefer", "newest".into()),
         ],
     );
-    args.extend([
-        "--set-string".into(),
-        "podLabels.tenure\\.dev/test-pod=true".into(),
-    ]);
-    run(node.helm().args(&args), None).expect_ok();
-    apply(
-        &node,
-        &peers::clientgo_release(
-            &node,
-            clientgo.ns,
-            clientgo.deployment,
-            &clientgo.register,
-            TIMINGS,
-            3,
-        ),
-    );
+    install_clientgo(&node, &clientgo);
     for peer in [&tenure, &clientgo] {
         let p = peer.ready(&node);
         assert!(p.iter().all(|p| p.restarts == 0), "no restarts: {p:?}");
@@ -1184,11 +1157,7 @@ fn install_to_first_leading_write_beside_client_go() {
         return;
     }
     let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let rounds: usize = std::env::var("TENURE_NODE_INSTALL_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(INSTALL_ROUNDS)
-        .max(1);
+    let rounds: usize = node_support::count_from_env("TENURE_NODE_INSTALL_ROUNDS", INSTALL_ROUNDS);
     let candidate = peers::candidate_bin();
     let tenure_bin =
         std::path::PathBuf::from(std::env::var_os("TENURE_NODE_TENURE_BIN").unwrap_or_default());

@@ -408,6 +408,16 @@ pub fn run(cmd: &mut Command, input: Option<&str>) -> Output {
     }
 }
 
+/// How many rounds (rollouts, installs) a measuring test runs: the number in environment
+/// variable `name`, else `default`; at least 1.
+pub fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout` naming `what`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
