@@ -20,8 +20,8 @@ use node_support::chart::{
     through_port_forward, values,
 };
 use node_support::{
-    LeaseWatch, Node, Register, Report, Watch, accepted_stale, command_pids, freezer_dir, lease,
-    nft, pod_processes, rss_kib, run, secs, skip, takeover, tenure_pid, wait_for,
+    Clocks, LeaseWatch, Node, Register, Report, Watch, accepted_stale, command_pids, freezer_dir,
+    lease, nft, pod_processes, rss_kib, run, secs, skip, takeover, tenure_pid, wait_for,
 };
 
 /// One node at a time in this process.
@@ -1050,6 +1050,299 @@ exec sh "$f" copy"#;
         secs(thawed.elapsed()),
     );
     run(node.helm().args(["uninstall", release, "-n", ns]), None).expect_ok();
+    report.print();
+}
+
+// ---- issue #46: health-driven step-down of the chart's pods -----------------------------------
+
+/// The file whose presence makes a pod unhealthy (its `/tmp` is the chart's emptyDir).
+const SICK: &str = "/tmp/sick";
+/// The release's health timings: short, so a round takes seconds.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+const UNHEALTHY_AFTER: Duration = Duration::from_secs(2);
+const RECOVERY: Duration = Duration::from_secs(6);
+
+/// The identities in the release's ready group: the holders of its member Leases
+/// (`<lease>-healthy-member-<hash>`, one per replica announced healthy).
+fn healthy_members(node: &Node, ns: &str, lease_name: &str) -> Vec<String> {
+    let list = run(
+        node.kubectl()
+            .args(["get", "leases", "-n", ns, "-o", "json"]),
+        None,
+    )
+    .json();
+    let prefix = format!("{lease_name}-healthy-member-");
+    let mut members: Vec<String> = list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|l| {
+            l["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .filter_map(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+        .collect();
+    members.sort();
+    members
+}
+
+/// `kubectl exec` of `sh -c SCRIPT` in the workload container of `pod`.
+fn exec(node: &Node, ns: &str, pod: &str, script: &str) {
+    run(
+        node.kubectl().args([
+            "exec", "-n", ns, pod, "-c", "worker", "--", "sh", "-c", script,
+        ]),
+        None,
+    )
+    .expect_ok();
+}
+
+/// The pids of the writer (the release's command) in `pod`: not tenure, not its health check.
+fn writer_pids(pod: &str) -> Vec<u32> {
+    pod_processes(pod)
+        .into_iter()
+        .filter(|(_, comm, cmd)| comm != "tenure" && cmd.join(" ").contains("while true"))
+        .map(|(pid, _, _)| pid)
+        .collect()
+}
+
+/// When tenure in `pod` first logged a line containing every one of `needles` at or after
+/// `clocks`' start, by tenure's own timestamp (each line starts with it; the host's clock:
+/// the pods share the machine's kernel, so two pods' stamps order their events).
+fn logged(node: &Node, ns: &str, pod: &str, clocks: &Clocks, needles: &[&str]) -> Option<Instant> {
+    let log = run(
+        node.kubectl().args(["logs", "-n", ns, pod, "-c", "worker"]),
+        None,
+    )
+    .expect_ok();
+    log.lines()
+        .filter(|l| needles.iter().all(|n| l.contains(n)))
+        .filter_map(|l| clocks.since_wall(l.split_whitespace().next()?))
+        .map(|d| clocks.at + d)
+        .next()
+}
+
+/// The p-th percentile (nearest rank) of `v`.
+fn percentile(v: &[Duration], p: usize) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    let rank = (v.len() * p).div_ceil(100).max(1);
+    v.get(rank - 1).copied().unwrap_or_default()
+}
+
+/// Issue #46: the chart with `election.health.command`; its leader pod made unhealthy (the
+/// file its check tests for, created with `kubectl exec`) hands the Lease to the other pod
+/// within a bound and stays Running — the same tenure process, no restart — with its command
+/// stopped before the successor's grant; every term's token is higher and the fenced register
+/// accepts no stale write. Healed, it does not take leadership back: for its recovery window
+/// it is not in the ready group, and the Lease keeps its holder and token past the window.
+/// `TENURE_NODE_HEALTH_ROUNDS` rounds (default 5), each making the current leader sick.
+#[test]
+fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
+    if skip("an_unhealthy_leader_pod_hands_over_and_stays_running") {
+        return;
+    }
+    let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let rounds: usize = node_support::count_from_env("TENURE_NODE_HEALTH_ROUNDS", 5);
+    let mut report = Report::new(&format!(
+        "node_chart health step-down (check every {HEALTH_INTERVAL:?}, unhealthy after \
+         {UNHEALTHY_AFTER:?}, recovery {RECOVERY:?}; lease 4 s, retry 1 s; {rounds} rounds)"
+    ));
+    let node = Node::start();
+    let register = Register::start(&node);
+    let (ns, release) = ("health", "tenure");
+    restricted_namespace(&node, ns);
+    let _diagnose = Diagnose::chart(&node, ns);
+    let s = |d: Duration| format!("{}s", d.as_secs());
+    install(
+        &node,
+        release,
+        ns,
+        &register,
+        &[
+            ("election.health.command", format!("test ! -e {SICK}")),
+            ("election.health.interval", s(HEALTH_INTERVAL)),
+            ("election.health.unhealthyAfter", s(UNHEALTHY_AFTER)),
+            ("election.health.recovery", s(RECOVERY)),
+        ],
+    );
+    let watch = LeaseWatch::start(&node, ns, release);
+    let _ = ready_pods(&node, ns, "", 2, Duration::from_secs(90));
+    let mut leader = assert_one_leader(&node, ns, release, &register, true);
+    // Liveness: the check's failures, the bound, the old command's grace, the successor's
+    // campaign; room for a loaded machine.
+    let bound = HEALTH_INTERVAL + UNHEALTHY_AFTER + Duration::from_secs(1) + RETRY + SLACK;
+    let (mut to_write, mut detect_to_write) = (Vec::new(), Vec::new());
+    let mut late_writes = 0;
+    for round in 1..=rounds {
+        let before = pods(&node, ns, "");
+        let old = before
+            .iter()
+            .find(|p| p.name == leader)
+            .cloned()
+            .unwrap_or_else(|| panic!("no pod {leader}: {before:?}"));
+        let follower = before
+            .iter()
+            .find(|p| p.name != leader)
+            .map(|p| p.name.clone())
+            .unwrap_or_default();
+        // The leader hands over only to a follower announced healthy.
+        wait_for(
+            RECOVERY + Duration::from_secs(20),
+            "the follower in the ready group",
+            || {
+                healthy_members(&node, ns, release)
+                    .contains(&follower)
+                    .then_some(())
+            },
+        );
+        let tpid = tenure_pid(&leader).unwrap_or_else(|| panic!("no tenure in {leader}"));
+        assert!(
+            !writer_pids(&leader).is_empty(),
+            "the leader's command runs"
+        );
+        let old_token = register
+            .last_from(&leader)
+            .map(|w| w.token)
+            .unwrap_or_default();
+
+        let clocks = Clocks::now();
+        let t0 = clocks.at;
+        exec(&node, ns, &leader, &format!("touch {SICK}"));
+        let t = takeover(
+            &register,
+            &watch,
+            t0,
+            &leader,
+            bound + Duration::from_secs(10),
+        );
+        let took = t.new_first - t0;
+        assert!(
+            took <= bound,
+            "round {round}: {leader} unhealthy -> {}'s first write took {took:?} (bound {bound:?})",
+            t.new_leader
+        );
+        assert_eq!(t.new_leader, follower, "the other pod leads");
+        // The old term's command ended before the successor's term began, by the two
+        // tenures' own clocks (the register's arrival times cannot order them: a write the
+        // command sent just before its SIGTERM may reach the register after the grant).
+        let exited = logged(&node, ns, &leader, &clocks, &["the command exited"])
+            .unwrap_or_else(|| panic!("{leader} logged no end of its command"));
+        let began = logged(&node, ns, &t.new_leader, &clocks, &["became leader"])
+            .unwrap_or_else(|| panic!("{} logged no new term", t.new_leader));
+        assert!(
+            exited < began,
+            "round {round}: {leader}'s command ended {:?} after {}'s term began",
+            exited.saturating_duration_since(began),
+            t.new_leader
+        );
+        let new_token = register
+            .first_from_other(t0, &leader)
+            .map(|w| w.token)
+            .unwrap_or_default();
+        assert!(
+            new_token > old_token,
+            "the successor's token {new_token} is above the old term's {old_token}"
+        );
+        to_write.push(took);
+        let detected = logged(
+            &node,
+            ns,
+            &leader,
+            &clocks,
+            &["health check changed", "healthy=false"],
+        )
+        .unwrap_or_else(|| panic!("{leader} logged no failing health check"))
+            + UNHEALTHY_AFTER;
+        detect_to_write.push(t.new_first.saturating_duration_since(detected));
+        // Its command stopped; the pod runs on: the same tenure, no restart.
+        wait_for(
+            Duration::from_secs(5),
+            "the unhealthy leader's command to end",
+            || writer_pids(&leader).is_empty().then_some(()),
+        );
+        assert_eq!(
+            tenure_pid(&leader),
+            Some(tpid),
+            "{leader}'s tenure is the same process"
+        );
+        let now = pods(&node, ns, "");
+        let stepped = now
+            .iter()
+            .find(|p| p.name == leader)
+            .unwrap_or_else(|| panic!("{leader} is gone: {now:?}"));
+        assert_eq!(stepped.phase, "Running", "{stepped:?}");
+        assert!(!stepped.deleting, "{stepped:?}");
+        assert_eq!(stepped.restarts, old.restarts, "no restart: {stepped:?}");
+
+        // Healed: no flapping back within the recovery window, nor just after it.
+        let healed = Instant::now();
+        exec(&node, ns, &leader, &format!("rm -f {SICK}"));
+        let held = lease(&node, ns, release);
+        assert_eq!(held.0, t.new_leader, "the successor holds the Lease");
+        while healed.elapsed() < RECOVERY - Duration::from_millis(500) {
+            assert!(
+                !healthy_members(&node, ns, release).contains(&leader),
+                "round {round}: {leader} announced itself healthy {:?} after it was healed, \
+                 within its recovery window",
+                healed.elapsed()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        std::thread::sleep(RECOVERY + 2 * RETRY - healed.elapsed().min(RECOVERY));
+        let moved: Vec<_> = watch
+            .snapshot()
+            .into_iter()
+            .filter(|e| e.at >= healed && (e.holder != held.0 || e.token != held.1))
+            .collect();
+        assert!(
+            moved.is_empty(),
+            "round {round}: the Lease moved after {leader} was healed: {moved:?}"
+        );
+        // After the successor's first write the old term's writes arriving late (sent before
+        // the SIGTERM) are refused, and the old pod, sitting out, sends none of its own.
+        let late: Vec<_> = register
+            .since(t.new_first)
+            .into_iter()
+            .filter(|w| w.pod == leader)
+            .collect();
+        late_writes += late.len();
+        assert!(
+            late.iter()
+                .all(|w| !w.accepted && w.token < new_token && w.at < t.new_first + SLACK),
+            "round {round}: {leader} wrote after {}'s first write: {late:?}",
+            t.new_leader
+        );
+        register.assert_sole_writer(&held.0, Some(held.1), "the Lease's");
+        leader = t.new_leader;
+    }
+    let show = |v: &[Duration]| {
+        format!(
+            "p50 {} / p99 {} (n={})",
+            secs(percentile(v, 50)),
+            secs(percentile(v, 99)),
+            v.len()
+        )
+    };
+    report.add(
+        "leader made unhealthy -> successor's first write",
+        show(&to_write),
+    );
+    report.add(
+        "step-down detection (first failing check + unhealthyAfter) -> successor's first write",
+        show(&detect_to_write),
+    );
+    report.add(
+        "old term's writes arriving after the successor's first (in flight at the step-down; refused)",
+        late_writes.to_string(),
+    );
+    let accepted = accepted_stale(&register, &watch);
+    assert!(accepted.is_empty(), "stale writes accepted: {accepted:?}");
+    report.add("accepted stale writes", accepted.len().to_string());
+    let p = ready_pods(&node, ns, "", 2, Duration::from_secs(30));
+    assert!(p.iter().all(|p| p.restarts == 0), "no restarts: {p:?}");
     report.print();
 }
 

@@ -20,8 +20,8 @@ use node_support::chart::{
 };
 use node_support::peers::{self, Timings, candidate_pid, import};
 use node_support::{
-    Attempt, LeaseWatch, Node, Register, Report, Seen, Watch, accepted_stale, freezer_dir, lease,
-    run, secs, signal, skip, tenure_pid, wait_for,
+    Attempt, Clocks, LeaseWatch, Node, Register, Report, Seen, Watch, accepted_stale, freezer_dir,
+    lease, run, secs, signal, skip, tenure_pid, wait_for,
 };
 use serde_json::json;
 
@@ -457,6 +457,8 @@ struct Peer {
     deployment: &'static str,
     lease: &'static str,
     selector: &'static str,
+    /// The Deployment's replicas.
+    replicas: usize,
     register: Register,
     watch: Option<LeaseWatch>,
 }
@@ -491,10 +493,16 @@ impl Peer {
     }
 
     fn ready(&self, node: &Node) -> Vec<chart::PodInfo> {
-        ready_pods(node, self.ns, self.selector, 2, Duration::from_secs(120))
+        ready_pods(
+            node,
+            self.ns,
+            self.selector,
+            self.replicas,
+            Duration::from_secs(120),
+        )
     }
 
-    /// Both pods Ready, and exactly one of them writes: the Lease's holder (for tenure, with
+    /// Every pod Ready, and exactly one of them writes: the Lease's holder (for tenure, with
     /// the Lease's token).
     fn assert_one_leader(&self, node: &Node) -> String {
         let _ = self.ready(node);
@@ -506,6 +514,75 @@ impl Peer {
             self.kind == Kind::Tenure,
         )
     }
+}
+
+/// The two sides of a side-by-side test on `node`: the chart's release (`tenure`) and
+/// client-go's Deployment (`clientgo`), `replicas` pods each, in the restricted namespaces
+/// `ns`, each with its own register and a watch of its Lease; neither installed yet.
+fn side_by_side(node: &Node, ns: [&'static str; 2], replicas: usize) -> (Peer, Peer) {
+    let side = |kind, ns, name: &'static str, selector| {
+        restricted_namespace(node, ns);
+        Peer {
+            kind,
+            ns,
+            deployment: name,
+            lease: name,
+            selector,
+            replicas,
+            register: Register::start(node),
+            watch: Some(LeaseWatch::start(node, ns, name)),
+        }
+    };
+    (
+        side(
+            Kind::Tenure,
+            ns[0],
+            "tenure",
+            "app.kubernetes.io/name=tenure",
+        ),
+        side(
+            Kind::ClientGo,
+            ns[1],
+            "clientgo",
+            "app.kubernetes.io/name=clientgo",
+        ),
+    )
+}
+
+/// On a panic, both sides' pods, events and logs.
+fn diagnose<'a>(node: &'a Node, peers: [&Peer; 2]) -> Diagnose<'a> {
+    Diagnose {
+        node,
+        namespaces: peers.iter().map(|p| p.ns.to_owned()).collect(),
+        selector: TEST_POD,
+        redis: None,
+    }
+}
+
+/// Installs the chart as `peer` (release `tenure`, the tests' timings and writer, `extra`),
+/// its pods labelled as the tests' pods.
+fn install_tenure(node: &Node, peer: &Peer, extra: &[(&str, String)]) {
+    let mut args = install_args(peer.deployment, peer.ns, &peer.register, extra);
+    args.extend([
+        "--set-string".into(),
+        "podLabels.tenure\\.dev/test-pod=true".into(),
+    ]);
+    run(node.helm().args(&args), None).expect_ok();
+}
+
+/// Applies client-go's release as `peer`.
+fn install_clientgo(node: &Node, peer: &Peer) {
+    apply(
+        node,
+        &peers::clientgo_release(
+            node,
+            peer.ns,
+            peer.deployment,
+            &peer.register,
+            TIMINGS,
+            u32::try_from(peer.replicas).unwrap_or(u32::MAX),
+        ),
+    );
 }
 
 /// One failover, as the register and the Lease saw it.
@@ -762,11 +839,7 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
     }
     let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     // More rounds for steadier medians (each round: every fault once on each side).
-    let rounds: usize = std::env::var("TENURE_NODE_PEERS_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let rounds: usize = node_support::count_from_env("TENURE_NODE_PEERS_ROUNDS", 1);
     let candidate = peers::candidate_bin();
     let images = peers::build_images(None, Some(candidate), None);
     let node = Node::start();
@@ -779,58 +852,17 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
          | tenure | client-go | tenure / client-go"
     ));
 
-    let mut tenure = Peer {
-        kind: Kind::Tenure,
-        ns: "tenure-peer",
-        deployment: "tenure",
-        lease: "tenure",
-        selector: "app.kubernetes.io/name=tenure",
-        register: Register::start(&node),
-        watch: None,
-    };
-    let mut clientgo = Peer {
-        kind: Kind::ClientGo,
-        ns: "clientgo-peer",
-        deployment: "clientgo",
-        lease: "clientgo",
-        selector: "app.kubernetes.io/name=clientgo",
-        register: Register::start(&node),
-        watch: None,
-    };
-    restricted_namespace(&node, tenure.ns);
-    restricted_namespace(&node, clientgo.ns);
-    let _diagnose = Diagnose {
-        node: &node,
-        namespaces: vec![tenure.ns.into(), clientgo.ns.into()],
-        selector: TEST_POD,
-        redis: None,
-    };
-    tenure.watch = Some(LeaseWatch::start(&node, tenure.ns, tenure.lease));
-    clientgo.watch = Some(LeaseWatch::start(&node, clientgo.ns, clientgo.lease));
+    let (mut tenure, mut clientgo) = side_by_side(&node, ["tenure-peer", "clientgo-peer"], 2);
+    let _diagnose = diagnose(&node, [&tenure, &clientgo]);
 
     // Install: the chart (tenure run -- a writer), and client-go's Deployment.
     let t0 = Instant::now();
-    let mut args = install_args("tenure", tenure.ns, &tenure.register, &[]);
-    args.extend([
-        "--set-string".into(),
-        "podLabels.tenure\\.dev/test-pod=true".into(),
-    ]);
-    run(node.helm().args(&args), None).expect_ok();
+    install_tenure(&node, &tenure, &[]);
     let first_t = wait_for(Duration::from_secs(90), "tenure's first write", || {
         tenure.register.first_from_other(t0, "")
     });
     let t1 = Instant::now();
-    apply(
-        &node,
-        &peers::clientgo_release(
-            &node,
-            clientgo.ns,
-            clientgo.deployment,
-            &clientgo.register,
-            TIMINGS,
-            2,
-        ),
-    );
+    install_clientgo(&node, &clientgo);
     let first_c = wait_for(Duration::from_secs(90), "client-go's first write", || {
         clientgo.register.first_from_other(t1, "")
     });
@@ -944,6 +976,170 @@ fn chart_and_client_go_side_by_side_on_a_real_node() {
     report.print();
 }
 
+// ---- rollouts: "newest first" against client-go (issue #46) -------------------------------
+
+/// Rollouts per implementation (`TENURE_NODE_ROLLOUTS`, default 10: 5 in each order).
+const ROLLOUTS: usize = 10;
+
+/// One rollout of the newest-first test.
+struct Rollout {
+    /// The leader was the first old pod the rollout stopped.
+    leader_first: bool,
+    /// New terms: the tokens the register accepted.
+    terms: usize,
+    /// The longest stretch without an accepted write.
+    gap: Duration,
+    /// `rollout restart` -> rollout complete, every new pod Ready.
+    took: Duration,
+}
+
+/// Makes `pod` the first pod of `peer`'s Deployment that the next rollout stops: the lowest
+/// `controller.kubernetes.io/pod-deletion-cost`, which the ReplicaSet controller scales
+/// down first among Ready pods. Leader first is the order in which a successor preference
+/// matters: without one, an old follower may win the Lease and the rollout stops it next.
+fn stop_first(node: &Node, peer: &Peer, pod: &str) {
+    run(
+        node.kubectl().args([
+            "annotate",
+            "pod",
+            pod,
+            "-n",
+            peer.ns,
+            "--overwrite",
+            "controller.kubernetes.io/pod-deletion-cost=-1000",
+        ]),
+        None,
+    )
+    .expect_ok();
+}
+
+/// Issue #46: `kubectl rollout restart` of three replicas, the chart's release with
+/// `election.prefer=newest` beside client-go's leader election, the rollouts interleaved
+/// (tenure's, client-go's, ...), every second one with the leader stopped first
+/// ([`stop_first`]), the others in the Deployment's own order. With "newest first" a stopping
+/// leader hands the Lease to the replica that started last — a pod of the new version, which
+/// the rollout does not stop — so each rollout makes exactly one new term (the tokens the
+/// fenced register accepted): that is asserted, with one leader after each rollout and no
+/// stale write accepted. client-go's terms per rollout are measured and printed, not asserted.
+#[test]
+fn newest_first_rollouts_beside_client_go() {
+    if skip("newest_first_rollouts_beside_client_go") {
+        return;
+    }
+    let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let rollouts: usize = node_support::count_from_env("TENURE_NODE_ROLLOUTS", ROLLOUTS);
+    let candidate = peers::candidate_bin();
+    let images = peers::build_images(None, Some(candidate), None);
+    let node = Node::start();
+    for tar in &images {
+        import(&node, tar);
+    }
+    let mut report = Report::new(&format!(
+        "node_peers: rollout restart of 3 replicas, the chart with election.prefer=newest vs \
+         client-go (lease 4 s, renew 3 s, retry 1 s; {rollouts} rollouts each, interleaved) \
+         | tenure (newest) | client-go | tenure / client-go"
+    ));
+    let (mut tenure, mut clientgo) = side_by_side(&node, ["tenure-newest", "clientgo-rollout"], 3);
+    let _diagnose = diagnose(&node, [&tenure, &clientgo]);
+    install_tenure(
+        &node,
+        &tenure,
+        &[
+            ("replicaCount", "3".into()),
+            ("election.prefer", "newest".into()),
+        ],
+    );
+    install_clientgo(&node, &clientgo);
+    for peer in [&tenure, &clientgo] {
+        let p = peer.ready(&node);
+        assert!(p.iter().all(|p| p.restarts == 0), "no restarts: {p:?}");
+        peer.assert_one_leader(&node);
+    }
+
+    // [tenure, client-go]: each rollout's order (leader first?), new terms, longest gap and
+    // duration.
+    let mut done: [Vec<Rollout>; 2] = Default::default();
+    for k in 0..rollouts {
+        let leader_first = k % 2 == 1;
+        for (i, peer) in [&tenure, &clientgo].into_iter().enumerate() {
+            if leader_first {
+                stop_first(&node, peer, &peer.leader().pod);
+            }
+            let (gap, terms, took) = rollout_restart(&node, peer);
+            println!(
+                "ROLLOUT {} (leader first: {leader_first}): {terms} new term(s), gap {gap:?}",
+                peer.deployment
+            );
+            done[i].push(Rollout {
+                leader_first,
+                terms,
+                gap,
+                took,
+            });
+            peer.assert_one_leader(&node);
+        }
+    }
+    let counts = |v: &[Rollout], leader_first: bool| {
+        let c: Vec<usize> = v
+            .iter()
+            .filter(|r| r.leader_first == leader_first)
+            .map(|r| r.terms)
+            .collect();
+        format!(
+            "{} (mean {:.1})",
+            c.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            c.iter().sum::<usize>() as f64 / c.len().max(1) as f64
+        )
+    };
+    for (what, leader_first) in [
+        ("new terms per rollout, the Deployment's own order", false),
+        ("new terms per rollout, the leader stopped first", true),
+    ] {
+        report.row(
+            what,
+            &[
+                counts(&done[0], leader_first),
+                counts(&done[1], leader_first),
+                "-".into(),
+            ],
+        );
+    }
+    let col = |i: usize, f: fn(&Rollout) -> Duration| -> Vec<Duration> {
+        done[i].iter().map(f).collect()
+    };
+    compare(
+        &mut report,
+        "rollout: longest gap between accepted writes",
+        &col(0, |r| r.gap),
+        &col(1, |r| r.gap),
+    );
+    compare(
+        &mut report,
+        "rollout: restart -> rollout complete, every new pod Ready",
+        &col(0, |r| r.took),
+        &col(1, |r| r.took),
+    );
+    let accepted = accepted_stale(&tenure.register, tenure.watch());
+    report.row(
+        "accepted stale writes (a fenced register; client-go has no token)",
+        &[accepted.len().to_string(), "-".into(), "-".into()],
+    );
+    report.print();
+    assert!(
+        accepted.is_empty(),
+        "tenure: stale writes accepted: {accepted:?}"
+    );
+    assert!(
+        done[0].iter().all(|r| r.terms == 1),
+        "newest first: exactly one new term per rollout, got {} in the Deployment's order, \
+         {} with the leader stopped first",
+        counts(&done[0], false),
+        counts(&done[0], true)
+    );
+    tenure.watch = None;
+    clientgo.watch = None;
+}
+
 // ---- the start path: install -> first leading write --------------------------------------
 
 /// Fresh installs per implementation (`TENURE_NODE_INSTALL_ROUNDS`, default 6).
@@ -961,11 +1157,7 @@ fn install_to_first_leading_write_beside_client_go() {
         return;
     }
     let _one = NODE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let rounds: usize = std::env::var("TENURE_NODE_INSTALL_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(INSTALL_ROUNDS)
-        .max(1);
+    let rounds: usize = node_support::count_from_env("TENURE_NODE_INSTALL_ROUNDS", INSTALL_ROUNDS);
     let candidate = peers::candidate_bin();
     let tenure_bin =
         std::path::PathBuf::from(std::env::var_os("TENURE_NODE_TENURE_BIN").unwrap_or_default());
@@ -1217,83 +1409,6 @@ fn install_once(node: &Node, release: Install, ns: &str) -> StartPath {
     )
     .expect_ok();
     path
-}
-
-/// The install's start on the clocks its events are stamped with: the test's, the wall clock
-/// (container logs, pod status) and the kernel's boot clock (process start times).
-struct Clocks {
-    at: Instant,
-    wall: Duration,
-    boot: Duration,
-}
-
-impl Clocks {
-    fn now() -> Self {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes one timespec we own.
-        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-        let boot = Duration::new(
-            u64::try_from(ts.tv_sec).unwrap_or(0),
-            u32::try_from(ts.tv_nsec).unwrap_or(0),
-        );
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        Clocks {
-            at: Instant::now(),
-            wall,
-            boot,
-        }
-    }
-
-    /// How long after the start process `pid` started (10 ms resolution).
-    fn process_start(&self, pid: u32) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Fields after the command name (which may hold spaces), from field 3 on.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
-        // SAFETY: sysconf has no preconditions.
-        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
-        let started = Duration::from_millis(ticks * 1000 / hz.max(1));
-        started.checked_sub(self.boot)
-    }
-
-    /// How long after the start a wall-clock RFC 3339 time in UTC (`…T14:10:00.123456789Z`)
-    /// is; `None` for one before the start or unparsable.
-    fn since_wall(&self, rfc3339: &str) -> Option<Duration> {
-        let (date, time) = rfc3339.split_once('T')?;
-        let days = days_from_civil(date)?;
-        let time = time.trim_end_matches('Z');
-        let time = time.split(['+', '-']).next()?;
-        let mut hms = time.split(':');
-        let (h, m, s): (u64, u64, f64) = (
-            hms.next()?.parse().ok()?,
-            hms.next()?.parse().ok()?,
-            hms.next()?.parse().ok()?,
-        );
-        let at =
-            Duration::from_secs(days * 86_400 + h * 3600 + m * 60) + Duration::from_secs_f64(s);
-        at.checked_sub(self.wall)
-    }
-}
-
-/// Days since 1970-01-01 of a `YYYY-MM-DD` date (proleptic Gregorian).
-fn days_from_civil(date: &str) -> Option<u64> {
-    let mut f = date.split('-');
-    let (y, m, d): (i64, i64, i64) = (
-        f.next()?.parse().ok()?,
-        f.next()?.parse().ok()?,
-        f.next()?.parse().ok()?,
-    );
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    u64::try_from(era * 146_097 + doe - 719_468).ok()
 }
 
 fn proc_stat_field(pid: u32, n: usize) -> Option<String> {

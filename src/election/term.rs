@@ -384,7 +384,11 @@ mod tests {
             "{sweeps} sweeps over 10000 spawns"
         );
         // The long task is still tracked: the stop aborts it.
-        assert!(tasks.stop(tokio::time::Instant::now() + Duration::from_secs(1)).await);
+        assert!(
+            tasks
+                .stop(tokio::time::Instant::now() + Duration::from_secs(1))
+                .await
+        );
         assert!(long.await.is_err_and(|e| e.is_cancelled()));
     }
 

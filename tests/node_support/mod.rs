@@ -408,6 +408,16 @@ pub fn run(cmd: &mut Command, input: Option<&str>) -> Output {
     }
 }
 
+/// How many rounds (rollouts, installs) a measuring test runs: the number in environment
+/// variable `name`, else `default`; at least 1.
+pub fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout` naming `what`.
 pub fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
@@ -460,6 +470,85 @@ impl Report {
 
 pub fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
+}
+
+// ---- clocks ----------------------------------------------------------------------------------
+
+/// A start (an install's, a fault's) on the clocks events are stamped with: the test's, the
+/// wall clock (container logs, pod status) and the kernel's boot clock (process start times).
+pub struct Clocks {
+    pub at: Instant,
+    wall: Duration,
+    boot: Duration,
+}
+
+impl Clocks {
+    pub fn now() -> Self {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec we own.
+        unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+        let boot = Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        );
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Clocks {
+            at: Instant::now(),
+            wall,
+            boot,
+        }
+    }
+
+    /// How long after the start process `pid` started (10 ms resolution).
+    pub fn process_start(&self, pid: u32) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Fields after the command name (which may hold spaces), from field 3 on.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let ticks: u64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+        let started = Duration::from_millis(ticks * 1000 / hz.max(1));
+        started.checked_sub(self.boot)
+    }
+
+    /// How long after the start a wall-clock RFC 3339 time in UTC (`…T14:10:00.123456789Z`)
+    /// is; `None` for one before the start or unparsable.
+    pub fn since_wall(&self, rfc3339: &str) -> Option<Duration> {
+        let (date, time) = rfc3339.split_once('T')?;
+        let days = days_from_civil(date)?;
+        let time = time.trim_end_matches('Z');
+        let time = time.split(['+', '-']).next()?;
+        let mut hms = time.split(':');
+        let (h, m, s): (u64, u64, f64) = (
+            hms.next()?.parse().ok()?,
+            hms.next()?.parse().ok()?,
+            hms.next()?.parse().ok()?,
+        );
+        let at =
+            Duration::from_secs(days * 86_400 + h * 3600 + m * 60) + Duration::from_secs_f64(s);
+        at.checked_sub(self.wall)
+    }
+}
+
+/// Days since 1970-01-01 of a `YYYY-MM-DD` date (proleptic Gregorian).
+fn days_from_civil(date: &str) -> Option<u64> {
+    let mut f = date.split('-');
+    let (y, m, d): (i64, i64, i64) = (
+        f.next()?.parse().ok()?,
+        f.next()?.parse().ok()?,
+        f.next()?.parse().ok()?,
+    );
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    u64::try_from(era * 146_097 + doe - 719_468).ok()
 }
 
 // ---- the fenced register -----------------------------------------------------------------
