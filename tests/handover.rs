@@ -4,7 +4,9 @@
 //! keeping the lease when every replica is unhealthy, and flapping checks moving leadership
 //! at most once per recovery window; "newest first" on a graceful shutdown, a rollout and a
 //! step-down. Each scenario runs on the memory backend with tokio's paused clock and on a real
-//! `redis-server`; the "newest first" ones also on a real kube-apiserver.
+//! `redis-server`; the "newest first" ones also on a real kube-apiserver, and there too a
+//! Lease's `spec.preferredHolder` (Coordinated Leader Election's step-down signal) moving
+//! leadership, on a server with that feature gate on.
 
 mod kube_support;
 mod support;
@@ -612,6 +614,8 @@ mod redis {
 
 mod kube {
     use super::*;
+    use ::kube::api::{Api, Patch, PatchParams};
+    use k8s_openapi::api::coordination::v1::Lease;
 
     /// Leases count in whole seconds.
     const UNIT: Duration = Duration::from_secs(1);
@@ -636,6 +640,85 @@ mod kube {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
         super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(store().await, UNIT).await;
+    }
+
+    /// Sets `spec.preferredHolder` (and `spec.strategy`) on the election's Lease in `ns` as the
+    /// admin (a merge patch, as the API server's coordinated-leader-election controller writes
+    /// them); the Lease as the API server stored it.
+    async fn set_preferred_holder(
+        server: &super::kube_support::Server,
+        ns: &str,
+        to: &str,
+    ) -> Lease {
+        let api: Api<Lease> = Api::namespaced(server.admin().await, ns);
+        api.patch(
+            LEASE,
+            &PatchParams::default(),
+            // The API server accepts preferredHolder only beside a strategy, which the
+            // controller sets on the Leases it coordinates.
+            &Patch::Merge(serde_json::json!({
+                "spec": {"strategy": "OldestEmulationVersion", "preferredHolder": to}
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("set preferredHolder: {e}"))
+    }
+
+    /// Coordinated Leader Election's step-down signal, end to end on an API server with the
+    /// `CoordinatedLeaderElection` gate on: the Lease of a running tenure election gets
+    /// `spec.preferredHolder` naming a follower, by a PATCH as the API server's CLE controller
+    /// would write it. The leader hands over to that follower at its next check (not to
+    /// anyone else), the new term's token is higher and the terms never overlap (the
+    /// fenced register); with the field now naming the holder, leadership stays.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_preferred_holder_set_on_the_lease_moves_leadership_to_it() {
+        let server = super::kube_support::coordinated();
+        let ns = super::kube_support::unique("preferred");
+        server.namespace(&ns).await;
+        let backend: Arc<dyn Backend> = Arc::new(server.backend(&ns).await);
+        let r = Replicas::start(backend, &["a", "b", "c"], UNIT, None).await;
+        // c: neither first by identity nor the one started last.
+        let patched = set_preferred_holder(&server, &ns, "c").await;
+        assert_eq!(
+            patched.spec.and_then(|s| s.preferred_holder).as_deref(),
+            Some("c"),
+            "the API server kept the field (is the feature gate on?)"
+        );
+        let terms = r.until(UNIT * 20, |t| t.len() == 2).await;
+        assert_eq!(ids(&terms), ["a", "c"], "the preferred holder leads next");
+        assert_eq!(
+            handed_to(&r, "a"),
+            Some((HandoffCause::PreferredHolder, Some("c".to_owned()))),
+            "a stepped down for the Lease's preferredHolder"
+        );
+        tokio::time::sleep(UNIT * 6).await;
+        let after = server.lease(&ns, LEASE).await.expect("the Lease");
+        assert_eq!(
+            after.spec.and_then(|s| s.preferred_holder).as_deref(),
+            Some("c"),
+            "tenure neither owns nor clears the field"
+        );
+        assert_eq!(ids(&r.finish()), ["a", "c"], "c keeps leading");
+    }
+
+    /// Without the gate (the shared server, as a default 1.36 cluster) the API server drops
+    /// `spec.preferredHolder` from a write to a plain v1 Lease: the signal cannot be given
+    /// there, so the test above needs a server of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_the_gate_the_api_server_drops_preferred_holder() {
+        let ns = super::kube_support::unique("ungated");
+        let server = super::kube_support::shared();
+        server.namespace(&ns).await;
+        let backend: Arc<dyn Backend> = Arc::new(server.backend(&ns).await);
+        let r = Replicas::start(backend, &["a", "b"], UNIT, None).await;
+        let patched = set_preferred_holder(server, &ns, "b").await;
+        assert_eq!(
+            patched.spec.and_then(|s| s.preferred_holder),
+            None,
+            "dropped without the gate"
+        );
+        tokio::time::sleep(UNIT * 3).await;
+        assert_eq!(ids(&r.finish()), ["a"], "nothing asked a to step down");
     }
 }
 

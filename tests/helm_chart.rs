@@ -4869,6 +4869,10 @@ fn prefer_renders_the_flag_and_the_member_lease_rules() {
     assert!(!kinds(&redis).contains("Role"), "{:?}", kinds(&redis));
     assert!(worker_args(&redis).contains(&"--prefer=newest".to_owned()));
 
+    // Fenced: the election's worker Role covers the member Leases, exactly as `tenure policy
+    // --prefer` prints it (the chart refused the combination before).
+    assert_fenced_member_leases("election.prefer=newest", &["--prefer", "newest"]);
+
     let schema = "values don't meet the specifications of the schema(s)";
     let long = format!("election.prefer=newest,election.lease={}", "l".repeat(222));
     assert_refused(&[
@@ -4883,13 +4887,6 @@ fn prefer_renders_the_flag_and_the_member_lease_rules() {
         (
             &["--set", "election.prefer=newest,sharding.shards=2"],
             &["election.prefer does not apply with sharding.shards"],
-        ),
-        (
-            &[
-                "--set",
-                "election.prefer=newest,fencing.policy.enabled=true",
-            ],
-            &["election.prefer with fencing.policy / fencing.impersonation is not supported yet"],
         ),
         (
             &["--set", &long],
@@ -4954,6 +4951,10 @@ fn health_renders_the_flags_and_the_member_lease_rules() {
     ] {
         assert!(defaults.contains(&flag.to_owned()), "{flag}: {defaults:?}");
     }
+    assert_fenced_member_leases(
+        "election.health.command=/bin/check",
+        &["--health-cmd", "/bin/check"],
+    );
     let schema = "values don't meet the specifications of the schema(s)";
     let long = format!(
         "election.health.command=/bin/check,election.lease={}",
@@ -4972,17 +4973,63 @@ fn health_renders_the_flags_and_the_member_lease_rules() {
             &["election.health.command does not apply with sharding.shards"],
         ),
         (
-            &[
-                "--set",
-                "election.health.command=/bin/check,fencing.policy.enabled=true",
-            ],
-            &[
-                "election.health.command with fencing.policy / fencing.impersonation is not supported yet",
-            ],
-        ),
-        (
             &["--set", &long],
             &["with election.health.command the lease name may have at most 221 characters"],
         ),
     ]);
+}
+
+/// With `fencing.policy` and `set` (`election.prefer` or `election.health.command`), the chart
+/// renders the election's worker Role with the member-Lease rule (Leases of any name, every
+/// verb a member's announcement uses, `patch` for its server-side apply) and the
+/// self-impersonation rule, and no release Role for Leases; every election object is what
+/// `tenure policy FLAGS` prints, and without FLAGS `tenure policy`'s Role differs (the Lease
+/// by name: it could not announce).
+fn assert_fenced_member_leases(set: &str, flags: &[&str]) {
+    let objs = render(
+        "demo",
+        "apps",
+        &["--set", &format!("{set},fencing.policy.enabled=true")],
+    );
+    let election = [
+        "--lease",
+        "demo-tenure",
+        "--namespace",
+        "apps",
+        "--service-account",
+        "demo-tenure",
+    ];
+    assert_chart_is_tenure_policy(&objs, &[&election[..], flags].concat(), &[], set);
+    let worker = named(&objs, "Role", "tenure-worker.demo-tenure");
+    assert_eq!(
+        worker["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "verbs": ["get", "list", "watch", "update", "patch", "create", "delete"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts"], "resourceNames": ["demo-tenure"],
+             "verbs": ["impersonate"]},
+        ]),
+        "{set}"
+    );
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "Role" && o["metadata"]["name"] == "demo-tenure"),
+        "{set}: the Lease rules are the election's, not in the release's Role"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure"))
+        .arg("policy")
+        .args(election)
+        .output()
+        .expect("tenure policy");
+    let printed = objects(&String::from_utf8_lossy(&out.stdout));
+    let plain = printed
+        .iter()
+        .find(|o| o["kind"] == "Role")
+        .expect("a worker Role");
+    assert_ne!(
+        plain["rules"], worker["rules"],
+        "{set}: without the flag tenure policy's Role has no member-Lease rule"
+    );
 }

@@ -580,20 +580,6 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
     lease.release().await.expect("release");
 }
 
-/// A server with coordinated leader election (KEP-4355) switched on: off by default in 1.36,
-/// and without it the API server drops `strategy` and `preferredHolder` on create.
-fn coordinated_server() -> kube_support::Server {
-    kube_support::Server::start(kube_support::Launch {
-        extra: vec![
-            "--feature-gates=CoordinatedLeaderElection=true".into(),
-            "--runtime-config=coordination.k8s.io/v1beta1=true".into(),
-            // Open watches would otherwise hold the stop for the 60 s shutdown timeout.
-            "--shutdown-send-retry-after=true".into(),
-        ],
-        ..kube_support::Launch::default()
-    })
-}
-
 /// Asserts that `lease` still has the coordinated-election fields the admin wrote.
 fn assert_coordinated(lease: &Lease, after: &str) {
     let s = spec(lease);
@@ -621,7 +607,7 @@ fn assert_coordinated(lease: &Lease, after: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fields_tenure_does_not_own_survive_every_write() {
-    let server = coordinated_server();
+    let server = kube_support::coordinated();
     let name = unique("coordinated");
     // An admin's Lease as coordinated leader election leaves it: a strategy, a preferred
     // holder other than the (expired) holder.

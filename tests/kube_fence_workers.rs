@@ -69,6 +69,12 @@ async fn bare_worker(ns: &str) -> std::path::PathBuf {
 /// own (configmaps, and secrets for Helm's release records); the fencing policy of `lease`
 /// from the same output, enforced. The worker's kubeconfig.
 async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
+    fenced_namespace_with(lease, &[]).await
+}
+
+/// [`fenced_namespace`] with `tenure policy`'s output for these extra flags (`--prefer
+/// newest`).
+async fn fenced_namespace_with(lease: &str, flags: &[&str]) -> (String, std::path::PathBuf) {
     let server = shared();
     let ns = unique("workers");
     server.namespace(&ns).await;
@@ -83,6 +89,7 @@ async fn fenced_namespace(lease: &str) -> (String, std::path::PathBuf) {
             "--service-account",
             "worker",
         ])
+        .args(flags)
         .output()
         .unwrap_or_else(|e| panic!("tenure policy: {e}"));
     assert!(printed.status.success(), "{printed:?}");
@@ -1251,4 +1258,212 @@ fn the_charts_alerts_and_dashboard_query_only_metrics_tenure_exports() {
         missing.is_empty(),
         "the chart queries metrics tenure does not export: {missing:?}\nexported: {exported:?}"
     );
+}
+
+/// #46: a fenced election whose replicas prefer the newest, as the worker ServiceAccount under
+/// exactly the RBAC `tenure policy --prefer newest` prints (applied with kubectl) and the
+/// policy from the same output. Each replica announces itself in a member Lease without a
+/// token (the policy governs no Lease but the probe); a graceful stop of the leader hands to
+/// the newest follower (not the first by identity, nor whoever campaigns first); each term's
+/// fenced write is admitted, terms never overlap and their tokens rise, and the ended term's
+/// token is refused by the API server as stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_election_hands_to_the_newest_follower_under_the_printed_rbac() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{ListParams, Patch, PatchParams};
+    use tenure::backend::kube::{KubeBackend, KubeOptions};
+    use tenure::election::{ElectionConfig, HandoffCause, LeaderElector, Preference};
+    use tenure::fence::kube::{FenceError, FencedApi, Fencer};
+    use tokio_util::sync::CancellationToken;
+
+    let lease = "prefer";
+    let (ns, kubeconfig) = fenced_namespace_with(lease, &["--prefer", "newest"]).await;
+    let server = shared();
+    let client = server.client_from(&kubeconfig).await;
+    // The object every term writes (the admin is no participant: not fenced).
+    Api::<ConfigMap>::namespaced(server.admin().await, &ns)
+        .create(&PostParams::default(), &fencing::cm("target", "none"))
+        .await
+        .expect("the target");
+    let unit = Duration::from_secs(1);
+    let config = ElectionConfig::new()
+        .lease_duration(unit * 8)
+        .renew_deadline(unit * 5)
+        .retry_period(unit)
+        .stop_margin(unit)
+        .grace(unit * 2)
+        .handoff_window(unit * 4)
+        .rejoin(true)
+        .prefer(Preference::Newest);
+    // Each term as its workload saw it: (identity, token, its fenced write's outcome).
+    type Seen = Arc<Mutex<Vec<(String, u64, Result<(), String>)>>>;
+    let seen: Seen = Arc::default();
+    let active: Arc<Mutex<Option<u64>>> = Arc::default();
+    let mut electors = Vec::new();
+    let mut runs = Vec::new();
+    let mut stops = Vec::new();
+    // b starts last: the newest, though neither first by identity nor the longest waiting.
+    for id in ["a", "c", "b"] {
+        let backend = KubeBackend::from_client(client.clone(), KubeOptions::new().namespace(&ns))
+            .expect("backend");
+        let locker = tenure::Locker::with_identity(backend, id).expect("identity");
+        let elector = LeaderElector::new(locker, lease, config.clone()).expect("config");
+        let fencer = Fencer::new(client.clone())
+            .await
+            .expect("identity")
+            .lease_namespace(&ns);
+        let (term_seen, active, term_ns, me) =
+            (seen.clone(), active.clone(), ns.clone(), id.to_owned());
+        let stop = CancellationToken::new();
+        let run = elector.clone();
+        let stopped = stop.clone();
+        runs.push(tokio::spawn(async move {
+            run.run_until(stopped.cancelled_owned(), move |term| {
+                let (seen, active, fencer, ns, me) = (
+                    term_seen.clone(),
+                    active.clone(),
+                    fencer.clone(),
+                    term_ns.clone(),
+                    me.clone(),
+                );
+                async move {
+                    let token = term.fencing_token().get();
+                    let overlapped = active.lock().expect("not poisoned").replace(token);
+                    assert_eq!(overlapped, None, "{me}'s term {token} overlaps another");
+                    let cms: FencedApi<ConfigMap> = fencer.namespaced(&term, &ns);
+                    let wrote = cms
+                        .patch(
+                            "target",
+                            &PatchParams::default(),
+                            &Patch::Merge(serde_json::json!({"data": {"v": token.to_string()}})),
+                        )
+                        .await
+                        .map(drop)
+                        .map_err(|e| e.to_string());
+                    seen.lock().expect("not poisoned").push((me, token, wrote));
+                    term.cancellation().cancelled().await;
+                    *active.lock().expect("not poisoned") = None;
+                }
+            })
+            .await
+        }));
+        electors.push(elector);
+        stops.push(stop);
+        if id == "a" {
+            until(unit * 60, "a leads", || {
+                !seen.lock().expect("not poisoned").is_empty()
+            })
+            .await;
+        }
+        // "Newest" orders by each run's start, in milliseconds.
+        tokio::time::sleep(unit / 2).await;
+    }
+    // Every replica announced itself, as the worker, in its member Lease.
+    let leases: Api<Lease> = Api::namespaced(server.admin().await, &ns);
+    let prefix = format!("{}-member-", tenure::election::health_group(lease));
+    let deadline = tokio::time::Instant::now() + unit * 20;
+    loop {
+        let members = leases
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .into_iter()
+            .filter(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .count();
+        if members == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{members} of 3 member Leases {prefix}* within 20 s: the printed RBAC does not let \
+             the replicas announce themselves"
+        );
+        tokio::time::sleep(unit / 4).await;
+    }
+
+    // The leader stops gracefully: the newest follower leads next.
+    stops[0].cancel();
+    let ended = tokio::time::timeout(unit * 30, &mut runs[0])
+        .await
+        .expect("a shut down")
+        .expect("a's run");
+    assert!(
+        matches!(ended, Ok(Some(()))),
+        "a led until its stop: {ended:?}"
+    );
+    let last = electors[0].last_handoff().borrow().clone();
+    assert_eq!(
+        last.map(|h| (h.cause, h.to)),
+        Some((HandoffCause::Shutdown, Some("b".to_owned()))),
+        "the shutdown released to the newest follower"
+    );
+    until(unit * 30, "a second term", || {
+        seen.lock().expect("not poisoned").len() == 2
+    })
+    .await;
+    tokio::time::sleep(unit * 3).await;
+    let terms = seen.lock().expect("not poisoned").clone();
+    let who: Vec<&str> = terms.iter().map(|(id, _, _)| id.as_str()).collect();
+    assert_eq!(who, ["a", "b"], "{terms:?}");
+    for (id, token, wrote) in &terms {
+        assert_eq!(wrote, &Ok(()), "{id}'s term {token}: its fenced write");
+    }
+    let (token_a, token_b) = (terms[0].1, terms[1].1);
+    assert!(token_b > token_a, "tokens rise: {terms:?}");
+
+    // a's token, after its term: the API server refuses it as stale.
+    let fencer = Fencer::new(client.clone())
+        .await
+        .expect("identity")
+        .lease_namespace(&ns);
+    let stale: FencedApi<ConfigMap> =
+        fencer.namespaced_with_token(lease, tenure::FencingToken::new(token_a), &ns);
+    let refused = stale
+        .patch(
+            "target",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "stale"}})),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(FenceError::Stale { ours, lease: Some(_), .. }) if *ours == token_a),
+        "{refused:?}"
+    );
+    let target = Api::<ConfigMap>::namespaced(server.admin().await, &ns)
+        .get("target")
+        .await
+        .expect("target");
+    assert_eq!(
+        target.data.and_then(|d| d.get("v").cloned()),
+        Some(token_b.to_string()),
+        "b's write is the last"
+    );
+    for stop in &stops {
+        stop.cancel();
+    }
+    for run in runs.into_iter().skip(1) {
+        let out = tokio::time::timeout(unit * 30, run)
+            .await
+            .expect("shut down")
+            .expect("run");
+        assert!(out.is_ok(), "{out:?}");
+    }
+}
+
+/// Waits (without blocking a runtime thread) until `cond` holds, failing after `limit`.
+async fn until(limit: Duration, what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

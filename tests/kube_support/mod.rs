@@ -131,6 +131,22 @@ pub fn shared() -> &'static Server {
     })
 }
 
+/// A server of this process's own with Coordinated Leader Election (KEP-4355) switched on:
+/// the gate is off by default in 1.36, and without it the API server drops `spec.strategy`
+/// and `spec.preferredHolder` from every Lease write (create and update alike, unless the
+/// stored Lease already has them).
+pub fn coordinated() -> Server {
+    Server::start(Launch {
+        extra: vec![
+            "--feature-gates=CoordinatedLeaderElection=true".into(),
+            "--runtime-config=coordination.k8s.io/v1beta1=true".into(),
+            // Open watches would otherwise hold the stop for the 60 s shutdown timeout.
+            "--shutdown-send-retry-after=true".into(),
+        ],
+        ..Launch::default()
+    })
+}
+
 /// Removes the directories of earlier test processes that are gone (`kube-TAG-PID-N`).
 fn sweep(root: &Path) {
     let Ok(entries) = std::fs::read_dir(root) else {

@@ -358,9 +358,6 @@ what the pod would refuse with exit 2 (a CrashLoopBackOff).
 {{- if $.Values.sharding.shards -}}
 {{- fail (printf "%s does not apply with sharding.shards: a shard's lease follows the group's assignment" $value) -}}
 {{- end -}}
-{{- if and $impersonation (eq $.Values.backend.type "kube") -}}
-{{- fail (printf "%s with fencing.policy / fencing.impersonation is not supported yet: the worker Role that tenure policy prints has no rule for the replicas' member Leases" $value) -}}
-{{- end -}}
 {{- $lease := include "tenure.lease" $ -}}
 {{- if and (eq $.Values.backend.type "kube") (gt (len $lease) 221) -}}
 {{- fail (printf "with %s the lease name may have at most 221 characters (its member Leases are named <lease>-healthy-member-<16 hex digits>, at most 253); %q has %d" $value $lease (len $lease)) -}}

@@ -194,6 +194,19 @@ pub struct PolicyArgs {
     #[arg(long, value_name = "N", value_parser = parse_shards)]
     pub shards: Option<u32>,
 
+    /// The replicas run with `tenure run --prefer PREFERENCE` (the same values): each
+    /// announces itself in a member Lease NAME-healthy-member-<hash>, named after its identity,
+    /// so the printed RBAC grants get, list, watch, update, patch, create and delete on Leases
+    /// of any name in --namespace instead of the Lease by name. The policy is the same: it
+    /// governs no Lease but its probe, so member Leases are written without a token.
+    #[arg(long, value_name = "PREFERENCE", value_parser = parse_preference, conflicts_with = "shards")]
+    pub prefer: Option<Preference>,
+
+    /// The replicas run with `tenure run --health-cmd` (only whether it is given matters; the
+    /// command is not run): as --prefer, the RBAC covers their member Leases.
+    #[arg(long, value_name = "CMD", conflicts_with = "shards")]
+    pub health_cmd: Option<String>,
+
     /// Instead of printing the policy, prove that the API server enforces it: the policy,
     /// its binding (applying it with this Lease) and the Lease exist, and dry-run writes as
     /// the first participant (impersonated, with --group's groups for a user): a token below

@@ -43,6 +43,9 @@ pub async fn policy(args: &PolicyArgs) -> Result<u8, CliError> {
     if let Some(shards) = args.shards {
         spec = spec.shards(shards).map_err(|e| flag("--shards", e))?;
     }
+    if args.prefer.is_some() || args.health_cmd.is_some() {
+        spec = spec.member_leases();
+    }
     if !args.check {
         print!("{}---\n{}", spec.to_yaml(), spec.worker_rbac_yaml());
         return Ok(0);

@@ -114,6 +114,9 @@ pub struct FencingPolicy {
     /// A sharded group's shard count ([`shards`](Self::shards)): one policy for all its
     /// shard Leases.
     shards: Option<u32>,
+    /// Whether the replicas announce themselves in member Leases
+    /// ([`member_leases`](Self::member_leases)): only the workers' RBAC depends on it.
+    member_leases: bool,
 }
 
 /// One governed resource, as `resource[.group]` (kubectl's spelling: `configmaps`,
@@ -212,6 +215,7 @@ impl FencingPolicy {
             users: Vec::new(),
             resources: Vec::new(),
             shards: None,
+            member_leases: false,
         })
     }
 
@@ -248,6 +252,31 @@ impl FencingPolicy {
         }
         self.shards = Some(shards);
         Ok(self)
+    }
+
+    /// Makes this the policy of an election whose replicas announce themselves in **member
+    /// Leases**: with a [`Preference`](crate::election::Preference) or a
+    /// [`HealthPolicy`](crate::election::HealthPolicy) (`tenure run --prefer` /
+    /// `--health-cmd`), each replica keeps a Lease `LEASE-healthy-member-<hash>` that the leader
+    /// reads to choose its successor. Only [`worker_rbac`](Self::worker_rbac) changes: the
+    /// participants may then get, list, watch, update, patch, create and delete Leases of any
+    /// name in the election's namespace (a member Lease is named after its replica's identity,
+    /// unknown in advance, found by a label-selected list and written by a server-side apply).
+    /// The policy and its binding are the same: it governs no Lease but the probes, so a
+    /// member Lease is written without a token.
+    ///
+    /// A sharded group's RBAC ([`shards`](Self::shards)) already covers its member Leases.
+    #[must_use]
+    pub fn member_leases(mut self) -> Self {
+        self.member_leases = true;
+        self
+    }
+
+    /// Whether the replicas announce themselves in member Leases
+    /// ([`member_leases`](Self::member_leases), or a sharded group's).
+    #[must_use]
+    pub fn has_member_leases(&self) -> bool {
+        self.member_leases || self.shards.is_some()
     }
 
     /// The sharded group's shard count, if this is a group's policy

@@ -57,7 +57,9 @@ impl FencingPolicy {
     /// events (the Role `tenure-worker.<lease>` in the Lease's namespace) — for a sharded
     /// group ([`shards`](Self::shards)), get, list, watch, update, patch, create and delete on
     /// leases of any name (its shard, record and member Leases), as `tenure run --shards`
-    /// needs; `impersonate` on
+    /// needs, and the same for an election whose replicas announce themselves in member
+    /// Leases ([`member_leases`](Self::member_leases): `tenure run --prefer` or
+    /// `--health-cmd`); `impersonate` on
     /// itself, by name (a Role of that name in the ServiceAccount's namespace); and
     /// `impersonate` on `userextras/tenure.dev/fencing-token` and
     /// `userextras/tenure.dev/fencing-election` (the ClusterRole and ClusterRoleBinding
@@ -105,12 +107,13 @@ impl FencingPolicy {
         let mut roles = Vec::new();
         for ns in namespaces {
             let mut rules = Vec::new();
-            if ns == lease_ns && self.shard_count().is_some() {
-                // A sharded group: its shard Leases, its record `<lease>-group` and one member
-                // Lease per replica, named after its identity (unknown in advance) and found by
-                // a label-selected list and watch, written by a server-side apply (`patch`),
-                // deleted when the replica leaves. No resourceNames can list them (the
-                // chart's Role is the same).
+            if ns == lease_ns && self.has_member_leases() {
+                // One member Lease per replica, named after its identity (unknown in advance)
+                // and found by a label-selected list and watch, written by a server-side apply
+                // (`patch`), deleted when the replica leaves — a sharded group's, beside its
+                // shard Leases and its record `<lease>-group`, or the ready followers' of an
+                // election with a preference or a health policy. No resourceNames can list
+                // them (the chart's Role is the same).
                 rules.push(rule(
                     "coordination.k8s.io",
                     "leases",
@@ -207,8 +210,17 @@ impl FencingPolicy {
         } else {
             "lease"
         };
+        let members = if self.has_member_leases() && self.shard_count().is_none() {
+            // The ready group's member Leases (`health_group`), as the backend names them.
+            format!(
+                " and its replicas' member Leases {}-member-* (--prefer, --health-cmd)",
+                crate::election::health_group(self.lease_name())
+            )
+        } else {
+            String::new()
+        };
         let mut out = format!(
-            "# What each participant of {what} {}/{} needs to lead and carry its fencing token\n\
+            "# What each participant of {what} {}/{}{members} needs to lead and carry its fencing token\n\
              # (tenure run, with --fence or a Fencer): its Lease and Events, impersonating itself,\n\
              # and the user extras of the token and the election (the ClusterRole {}).\n\
              # Its command's own access is yours to add.\n",
@@ -369,6 +381,41 @@ mod tests {
             "{yaml}"
         );
 
+        // Member Leases (a preference or a health policy): the group's Lease rule, not the
+        // Lease by name; the policy itself is unchanged (it governs no Lease but the probes).
+        let plain = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .expect("valid policy");
+        assert!(!plain.has_member_leases());
+        let announcing = plain.clone().member_leases();
+        assert!(announcing.has_member_leases());
+        assert_eq!(announcing.policy(), plain.policy());
+        assert_eq!(announcing.binding(), plain.binding());
+        let members = announcing.worker_rbac();
+        let rules = members.roles[0].0.rules.clone().unwrap_or_default();
+        assert_eq!(
+            rules,
+            group.roles[0].0.rules.clone().unwrap_or_default(),
+            "a sharded group's rules"
+        );
+        let yaml = announcing.worker_rbac_yaml();
+        assert!(
+            yaml.starts_with(
+                "# What each participant of lease jobs/nightly and its replicas' member Leases \
+                 nightly-healthy-member-* (--prefer, --health-cmd) needs"
+            ),
+            "{yaml}"
+        );
+        assert!(
+            !plain.worker_rbac_yaml().contains("member Leases"),
+            "{}",
+            plain.worker_rbac_yaml()
+        );
+        assert!(
+            sharded_member_leases_are_the_groups(),
+            "a group announcing member Leases is still a group"
+        );
+
         // Only users: nothing to bind, so no ClusterRole either.
         let users = FencingPolicy::new("jobs", "nightly")
             .and_then(|p| p.user("bob"))
@@ -395,5 +442,15 @@ mod tests {
             namespaces,
             [("jobs".to_owned(), 3, 1), ("other".to_owned(), 1, 1)]
         );
+    }
+
+    /// `member_leases` on a sharded group changes nothing: its RBAC already covers them.
+    fn sharded_member_leases_are_the_groups() -> bool {
+        let group = FencingPolicy::new("jobs", "nightly")
+            .and_then(|p| p.service_account("jobs", "worker"))
+            .and_then(|p| p.shards(8))
+            .expect("valid policy");
+        group.has_member_leases()
+            && group.worker_rbac_yaml() == group.clone().member_leases().worker_rbac_yaml()
     }
 }
