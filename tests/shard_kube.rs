@@ -14,6 +14,7 @@ use tenure::backend::kube::{KubeBackend, KubeOptions};
 const CHILD_DIR: &str = "TENURE_SHARD_DIR";
 const CHILD_KUBECONFIG: &str = "TENURE_SHARD_KUBECONFIG";
 const CHILD_NS: &str = "TENURE_SHARD_NS";
+const REPLICA_LOG: &str = "TENURE_REPLICA_LOG";
 
 /// Runs this binary's replica when the scenario re-ran it as one; whether it did.
 async fn as_replica() -> bool {
@@ -25,13 +26,30 @@ async fn as_replica() -> bool {
     ) else {
         return false;
     };
+    // With `TENURE_REPLICA_LOG` set (say under scripts/flake-hunt.sh), each replica logs its
+    // warnings to stderr, which the run's log keeps: why a shard was lost, not only that.
+    if std::env::var_os(REPLICA_LOG).is_some() {
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .finish(),
+        );
+    }
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .expect("config");
     let backend =
         KubeBackend::from_config(config, KubeOptions::new().namespace(ns)).expect("backend");
-    shard_e2e::candidate(backend, &identity, &PathBuf::from(dir)).await;
+    // A span at the log's level, so that each line names its replica.
+    let span = tracing::warn_span!("replica", id = %identity);
+    tracing::Instrument::instrument(
+        shard_e2e::candidate(backend, &identity, &PathBuf::from(dir)),
+        span,
+    )
+    .await;
     true
 }
 
