@@ -264,3 +264,39 @@ impl ElectionConfig {
         Ok(opts)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ElectionConfig {
+        ElectionConfig::new()
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .stop_margin(Duration::from_millis(300))
+    }
+
+    /// Unset, the bound of campaign attempts and renewals is the renew deadline: cut at half a
+    /// retry period, every one of them was lost to an API server answering 400 ms late
+    /// (#42); the other requests keep half the retry period. A bound that is set is kept.
+    #[test]
+    fn unset_request_timeout_lets_campaigns_and_renewals_run_to_the_renew_deadline() {
+        let plan = |c: ElectionConfig| {
+            c.lease_options()
+                .expect("valid")
+                .plan(true)
+                .expect("valid plan")
+        };
+        assert_eq!(plan(config()).request_timeout, Duration::from_secs(2));
+        assert_eq!(
+            config().effective_request_timeout(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(config().set_request_timeout(), None);
+        let set = config().request_timeout(Duration::from_millis(100));
+        assert_eq!(plan(set.clone()).request_timeout, Duration::from_millis(100));
+        assert_eq!(set.effective_request_timeout(), Duration::from_millis(100));
+        assert_eq!(set.set_request_timeout(), Some(Duration::from_millis(100)));
+    }
+}

@@ -370,6 +370,19 @@ mod tests {
         assert!(
             rule(&o().request_timeout(Duration::from_secs(40)), true).contains("request_timeout")
         );
+        // Up to the validity itself (an elector's renew deadline may reach it): 30 s − 302 ms.
+        let validity = Duration::from_millis(29_698);
+        assert_eq!(
+            o().request_timeout(validity)
+                .plan(true)
+                .expect("a bound of the validity")
+                .request_timeout,
+            validity
+        );
+        assert!(
+            rule(&o().request_timeout(validity + Duration::from_nanos(1)), true)
+                .contains("must not exceed ttl − drift")
+        );
     }
 
     #[test]

@@ -962,6 +962,26 @@ mod tests {
         assert_eq!(inner.group_request_bound(), Duration::from_secs(1));
     }
 
+    /// A request timeout the user set bounds the group layer's requests too.
+    #[test]
+    fn a_set_request_timeout_bounds_the_group_requests() {
+        let config = ElectionConfig::new()
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .stop_margin(Duration::from_millis(300))
+            .request_timeout(Duration::from_millis(400));
+        let locker = Locker::with_identity(MemoryBackend::new(), "r0").expect("identity");
+        let elector = ShardedElector::new(locker, "bounds", 4, config).expect("elector");
+        let inner = &elector.inner;
+        let landed = tokio::time::Instant::now();
+        let at = |ms: u64| landed + Duration::from_millis(ms);
+        assert_eq!(inner.announce_deadline(None, landed), at(400));
+        assert_eq!(inner.announce_deadline(Some(landed), at(500)), at(900));
+        assert_eq!(inner.record_bound(), Duration::from_millis(400));
+        assert_eq!(inner.group_request_bound(), Duration::from_millis(400));
+    }
+
     #[test]
     fn missed_heartbeats_are_counted() {
         let elector = elector();
