@@ -1105,5 +1105,8 @@ async fn a_store_answering_late_still_grants_and_renews_a_term() {
     );
     let notices = notices.lock().expect("not poisoned");
     assert!(notices.len() >= 6, "renewed {} time(s)", notices.len());
-    assert!(notices.iter().all(|ok| *ok), "a validity past a lease: {notices:?}");
+    assert!(
+        notices.iter().all(|ok| *ok),
+        "a validity past a lease: {notices:?}"
+    );
 }

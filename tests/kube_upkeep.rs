@@ -392,7 +392,13 @@ async fn a_heartbeat_answered_too_late_costs_the_next_one_nothing() {
         .expect("config");
     let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let member_requests = Arc::new(AtomicUsize::new(0));
-    let layer = Late::layer("-member-", LATE_BY, &late, &member_requests, &Arc::default());
+    let layer = Late::layer(
+        "-member-",
+        LATE_BY,
+        &late,
+        &member_requests,
+        &Arc::default(),
+    );
     let client = kube::client::ClientBuilder::try_from(config)
         .expect("builder")
         .with_layer(&layer)

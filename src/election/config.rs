@@ -295,7 +295,10 @@ mod tests {
         );
         assert_eq!(config().set_request_timeout(), None);
         let set = config().request_timeout(Duration::from_millis(100));
-        assert_eq!(plan(set.clone()).request_timeout, Duration::from_millis(100));
+        assert_eq!(
+            plan(set.clone()).request_timeout,
+            Duration::from_millis(100)
+        );
         assert_eq!(set.effective_request_timeout(), Duration::from_millis(100));
         assert_eq!(set.set_request_timeout(), Some(Duration::from_millis(100)));
     }

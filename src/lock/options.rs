@@ -380,8 +380,11 @@ mod tests {
             validity
         );
         assert!(
-            rule(&o().request_timeout(validity + Duration::from_nanos(1)), true)
-                .contains("must not exceed ttl − drift")
+            rule(
+                &o().request_timeout(validity + Duration::from_nanos(1)),
+                true
+            )
+            .contains("must not exceed ttl − drift")
         );
     }
 

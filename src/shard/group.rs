@@ -453,7 +453,10 @@ mod tests {
         );
         assert!(admits(&store, "g", 4, 1, T).await.is_ok());
         assert!(refused(admits(&store, "g", 5, 1, T).await), "another count");
-        assert!(refused(admits(&store, "g", 4, 2, T).await), "another generation");
+        assert!(
+            refused(admits(&store, "g", 4, 2, T).await),
+            "another generation"
+        );
         let GroupRead::Present { version, .. } = store.group_record("g").await.expect("read")
         else {
             panic!("written");

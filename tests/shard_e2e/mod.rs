@@ -163,8 +163,7 @@ pub async fn candidate(
         .and_then(|c| c.parse().ok())
         .unwrap_or(SHARDS);
     let locker = Locker::with_identity(backend, identity).expect("identity");
-    let elector =
-        ShardedElector::new(locker, "workers", shards, config).expect("elector");
+    let elector = ShardedElector::new(locker, "workers", shards, config).expect("elector");
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm");
     let log = dir.join("events.log");
