@@ -13,7 +13,7 @@ use crate::{LockError, LockOptions};
 /// | [`lease_duration`](Self::lease_duration) | 15 s | how long a lease lasts without renewal; candidates wait this long for a silent leader |
 /// | [`renew_deadline`](Self::renew_deadline) | 10 s | a leader that has not renewed for this long steps down |
 /// | [`retry_period`](Self::retry_period) | 2 s | pause between retries of a failed renewal or campaign request |
-/// | [`request_timeout`](Self::request_timeout) | see its docs | bound on each store request |
+/// | [`request_timeout`](Self::request_timeout) | unset: the renew deadline for campaign attempts and renewals, retry period / 2 for the rest | bound on each store request |
 /// | [`stop_margin`](Self::stop_margin) | 1 s | the workload is dropped this long before the lease could be won by another |
 /// | [`grace`](Self::grace) | 5 s | on shutdown, how long the workload may take to stop after cancellation |
 /// | [`rejoin`](Self::rejoin) | false | after a lost term, campaign again instead of returning an error |
