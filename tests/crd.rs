@@ -139,13 +139,17 @@ fn kube_config() -> ElectionConfig {
         .stop_margin(Duration::from_millis(500))
 }
 
-/// Sub-second durations for the memory backend: a renewal every 100 ms.
+/// Sub-second durations for the memory backend: a renewal every 300 ms, due within 300 ms
+/// more. The store answers at once, so only this process's own scheduling can delay a
+/// renewal; a lease of 300 ms (a renewal every 100 ms, the renew deadline 100 ms after it)
+/// lost terms to it beside one busy loop per core at load 14–20 (#42: 2 of 3 runs of the four
+/// tests using it failed, each on a term lost at its renew deadline).
 fn fast_config() -> ElectionConfig {
     ElectionConfig::new()
-        .lease_duration(Duration::from_millis(300))
-        .renew_deadline(Duration::from_millis(200))
-        .retry_period(Duration::from_millis(50))
-        .stop_margin(Duration::from_millis(50))
+        .lease_duration(Duration::from_millis(900))
+        .renew_deadline(Duration::from_millis(600))
+        .retry_period(Duration::from_millis(150))
+        .stop_margin(Duration::from_millis(150))
 }
 
 /// A replica: an elector running until `stop`, reporting each term's token, with a
@@ -438,7 +442,7 @@ async fn status_follows_the_leader_on_the_memory_backend_and_creates_the_electio
     assert_eq!(created.spec.backend.kind, BackendKind::Memory);
     assert_eq!(
         created.spec.lease_duration.map(Duration::from),
-        Some(Duration::from_millis(300))
+        Some(Duration::from_millis(900))
     );
 
     first.shutdown().await;
@@ -497,7 +501,8 @@ fn count_writes(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_writes_do_not_scale_with_renewals() {
-    const RUN: Duration = Duration::from_secs(8);
+    // Long enough for ~40 renewals (one every 300 ms) against at most 20 status writes.
+    const RUN: Duration = Duration::from_secs(12);
     const HEARTBEAT: Duration = Duration::from_secs(2);
     let (client, ns) = setup("el-bound").await;
     create_election(
@@ -554,7 +559,7 @@ async fn status_writes_do_not_scale_with_renewals() {
         leader_stats.writes(),
         follower_stats.writes()
     );
-    assert!(renewals >= 40, "the lease renewed only {renewals} times");
+    assert!(renewals >= 30, "the lease renewed only {renewals} times");
     assert!(
         (published..=published + unconfirmed).contains(&watched),
         "every write the publishers count is one the watch saw, and the watch saw no write \

@@ -1061,3 +1061,52 @@ async fn a_restart_record_naming_another_replicas_token_ends_nothing() {
     assert!(led.0 > b_token);
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// #42: with no request timeout set, a campaign attempt and a renewal may take until the renew
+/// deadline. A store that applies each request at once but answers 400 ms late (an API server
+/// under CPU load) had every one cut at half the retry period (250 ms): the grant landed, its
+/// replay was cut too, and no term ever began. Now the term begins and is renewed, each
+/// validity counted from its request's send, not from the late answer.
+#[tokio::test(start_paused = true)]
+async fn a_store_answering_late_still_grants_and_renews_a_term() {
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    faulty.set(Fault::DelayAnswers(Duration::from_millis(400)));
+    let lease = Duration::from_secs(3);
+    let config = ElectionConfig::new()
+        .lease_duration(lease)
+        .renew_deadline(Duration::from_secs(2))
+        .retry_period(Duration::from_millis(500))
+        .stop_margin(Duration::from_millis(300));
+    let e = elector(faulty.clone(), "a", config);
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let seen = notices.clone();
+    let run = e.run(|term| {
+        let seen = seen.clone();
+        async move {
+            term.on_renewal(move |valid_until| {
+                // Counted from the send, a validity ends at least the answer's delay sooner
+                // than a lease after the answer (now, or later at registration).
+                seen.lock()
+                    .expect("not poisoned")
+                    .push(valid_until + Duration::from_millis(400) <= Instant::now() + lease);
+            });
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(9)) => "held",
+                () = term.cancellation().cancelled() => "lost",
+            }
+        }
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(30), run).await;
+    assert!(
+        matches!(outcome, Ok(Ok("held"))),
+        "{outcome:?} after {} acquire request(s)",
+        faulty.counts().acquire
+    );
+    let notices = notices.lock().expect("not poisoned");
+    assert!(notices.len() >= 6, "renewed {} time(s)", notices.len());
+    assert!(
+        notices.iter().all(|ok| *ok),
+        "a validity past a lease: {notices:?}"
+    );
+}

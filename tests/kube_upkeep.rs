@@ -301,14 +301,39 @@ async fn a_replica_whose_ordinary_traffic_is_stuck_keeps_every_shard_and_term() 
     assert_eq!(after, before, "a term ended and another began");
 }
 
-/// The client layer of [`a_heartbeat_answered_too_late_costs_the_next_one_nothing`]: counts
-/// the requests naming a member Lease, and while `late` is set holds each one's answer for
-/// [`LATE_BY`] after the server has applied it, as a loaded API server answers late.
+/// The client layer of [`a_heartbeat_answered_too_late_costs_the_next_one_nothing`] and
+/// [`an_elector_keeps_its_term_while_every_lease_request_is_answered_late`]: counts the
+/// requests whose path contains `path`, notes when the latest write among them was sent, and
+/// while `late` is set holds each one's answer for `by` after the server has applied it, as a
+/// loaded API server answers late.
 #[derive(Clone)]
 struct Late<S> {
     inner: S,
+    path: &'static str,
+    by: Duration,
     late: Arc<std::sync::atomic::AtomicBool>,
-    member_requests: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
+    wrote: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+impl<S> Late<S> {
+    fn layer(
+        path: &'static str,
+        by: Duration,
+        late: &Arc<std::sync::atomic::AtomicBool>,
+        requests: &Arc<AtomicUsize>,
+        wrote: &Arc<std::sync::Mutex<Option<Instant>>>,
+    ) -> impl tower::Layer<S, Service = Late<S>> + use<S> {
+        let (late, requests, wrote) = (late.clone(), requests.clone(), wrote.clone());
+        tower::layer::layer_fn(move |inner| Late {
+            inner,
+            path,
+            by,
+            late: late.clone(),
+            requests: requests.clone(),
+            wrote: wrote.clone(),
+        })
+    }
 }
 
 /// How late the held answers come.
@@ -330,16 +355,23 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let member = request.uri().path().contains("-member-");
-        if member {
-            self.member_requests.fetch_add(1, Ordering::SeqCst);
+        let matching = request.uri().path().contains(self.path);
+        if matching {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            if request.method() != http::Method::GET {
+                *self
+                    .wrote
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            }
         }
-        let late = member && self.late.load(Ordering::SeqCst);
+        let late = matching && self.late.load(Ordering::SeqCst);
+        let by = self.by;
         let answer = self.inner.call(request);
         Box::pin(async move {
             let answer = answer.await;
             if late {
-                tokio::time::sleep(LATE_BY).await;
+                tokio::time::sleep(by).await;
             }
             answer
         })
@@ -360,14 +392,13 @@ async fn a_heartbeat_answered_too_late_costs_the_next_one_nothing() {
         .expect("config");
     let late = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let member_requests = Arc::new(AtomicUsize::new(0));
-    let layer = {
-        let (late, member_requests) = (late.clone(), member_requests.clone());
-        tower::layer::layer_fn(move |inner| Late {
-            inner,
-            late: late.clone(),
-            member_requests: member_requests.clone(),
-        })
-    };
+    let layer = Late::layer(
+        "-member-",
+        LATE_BY,
+        &late,
+        &member_requests,
+        &Arc::default(),
+    );
     let client = kube::client::ClientBuilder::try_from(config)
         .expect("builder")
         .with_layer(&layer)
@@ -430,6 +461,102 @@ async fn a_heartbeat_answered_too_late_costs_the_next_one_nothing() {
         .withdraw_member(&group, &me.identity)
         .await
         .expect("withdraw");
+}
+
+/// The defect (#42): an elector cut each campaign attempt and renewal at its request timeout,
+/// half a retry period by default (250 ms here), though an answer that comes later is still
+/// of use: the lease's validity counts from the request's send. Against an API server that
+/// answers its Lease requests late (after applying them, as one under CPU load does), no
+/// campaign attempt was ever answered in time — each cut write had landed, and its replay was
+/// cut too — and every renewal of a term would have been. Now, with no request timeout set,
+/// each may take until the renew deadline: the elector wins a term and keeps it through three
+/// lease durations, and every validity it reports still counts from a write's send, never
+/// from its late answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elector_keeps_its_term_while_every_lease_request_is_answered_late() {
+    const LEASE: Duration = Duration::from_secs(3);
+    const ANSWERED_LATE_BY: Duration = Duration::from_millis(400);
+    const HELD_FOR: Duration = Duration::from_secs(9);
+    let path = shared().admin_kubeconfig();
+    let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("config");
+    let name = unique("late-lease");
+    // The layer matches the Lease's own path (`.../leases/NAME`); it outlives the test.
+    let lease_path: &'static str = Box::leak(format!("/leases/{name}").into_boxed_str());
+    let late = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let requests = Arc::new(AtomicUsize::new(0));
+    let wrote = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let layer = Late::layer(lease_path, ANSWERED_LATE_BY, &late, &requests, &wrote);
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("builder")
+        .with_layer(&layer)
+        .build();
+    let backend =
+        KubeBackend::from_client(client, KubeOptions::new().namespace(NS)).expect("backend");
+    let locker = Locker::with_identity(backend, "slow-leader").expect("identity");
+    let election = ElectionConfig::new()
+        .lease_duration(LEASE)
+        .renew_deadline(Duration::from_secs(2))
+        .retry_period(Duration::from_millis(500))
+        .stop_margin(Duration::from_millis(300));
+    let elector = tenure::election::LeaderElector::new(locker, &name, election).expect("elector");
+    let terms = Arc::new(AtomicUsize::new(0));
+    let renewals = Arc::new(AtomicUsize::new(0));
+    // Validities later than a lease after the latest write's send: counted from an answer.
+    let too_late = Arc::new(std::sync::Mutex::new(Vec::<Duration>::new()));
+    let run = elector.run(|term| {
+        let (terms, renewals, too_late, wrote) = (
+            terms.clone(),
+            renewals.clone(),
+            too_late.clone(),
+            wrote.clone(),
+        );
+        async move {
+            terms.fetch_add(1, Ordering::SeqCst);
+            term.on_renewal(move |valid_until| {
+                renewals.fetch_add(1, Ordering::SeqCst);
+                let sent = wrote
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .expect("a write was sent before any grant");
+                if valid_until > sent + LEASE {
+                    too_late
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(valid_until - (sent + LEASE));
+                }
+            });
+            tokio::select! {
+                () = tokio::time::sleep(HELD_FOR) => "held",
+                () = term.cancellation().cancelled() => "lost",
+            }
+        }
+    });
+    let outcome = tokio::time::timeout(HELD_FOR * 3, run).await;
+    let requests = requests.load(Ordering::SeqCst);
+    assert!(
+        matches!(outcome, Ok(Ok("held"))),
+        "the term was not held for {HELD_FOR:?} with answers {ANSWERED_LATE_BY:?} late: \
+         {outcome:?} after {} term(s), {} renewal notice(s), {requests} request(s)",
+        terms.load(Ordering::SeqCst),
+        renewals.load(Ordering::SeqCst),
+    );
+    assert_eq!(terms.load(Ordering::SeqCst), 1, "one term");
+    // Renewed every lease/3 = 1 s (each answered late) over 9 s, plus the grant's notice.
+    assert!(
+        renewals.load(Ordering::SeqCst) >= 6,
+        "the term was not renewed: {} notice(s)",
+        renewals.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        *too_late
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+        Vec::<Duration>::new(),
+        "validity counted from a late answer, not from the write's send"
+    );
 }
 
 /// A heartbeat that changes nothing in the record still renews the member Lease: its renew

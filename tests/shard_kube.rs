@@ -14,6 +14,28 @@ use tenure::backend::kube::{KubeBackend, KubeOptions};
 const CHILD_DIR: &str = "TENURE_SHARD_DIR";
 const CHILD_KUBECONFIG: &str = "TENURE_SHARD_KUBECONFIG";
 const CHILD_NS: &str = "TENURE_SHARD_NS";
+const REPLICA_LOG: &str = "TENURE_REPLICA_LOG";
+
+/// The replicas' timings: a lease of 6 s, renewed every 2 s, each renewal allowed until the
+/// renew deadline 2 s later. Not the 2 s lease the Redis suite's replicas use: 32 shards on
+/// it are 48 Lease writes a second (each fanned out to every replica's watch), more than an
+/// API server sharing two cores with two busy loops and five replicas serves in time. In a
+/// flake hunt under `--load` (load 15–20) single GETs of the group record took over 1.5 s,
+/// the replicas' own workloads took longer than 115 ms to notice a cancellation, and every
+/// shard term was lost at its 1.3 s renew deadline, also once a renewal could take until
+/// that deadline (#42). A third of the writes, and 2 s for each, fit.
+fn replica_config() -> tenure::ElectionConfig {
+    tenure::ElectionConfig::new()
+        .lease_duration(Duration::from_secs(6))
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_secs(1))
+        .stop_margin(Duration::from_secs(1))
+        .rejoin(true)
+}
+
+/// Each HTTP request of a replica's backend: up to the time a renewal has (above), not the
+/// default 1.5 s, which a GET on the loaded server exceeded.
+const REPLICA_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Runs this binary's replica when the scenario re-ran it as one; whether it did.
 async fn as_replica() -> bool {
@@ -25,13 +47,35 @@ async fn as_replica() -> bool {
     ) else {
         return false;
     };
+    // With `TENURE_REPLICA_LOG` set (say under scripts/flake-hunt.sh), each replica logs its
+    // warnings to stderr, which the run's log keeps: why a shard was lost, not only that.
+    if std::env::var_os(REPLICA_LOG).is_some() {
+        let _ = tracing::subscriber::set_global_default(
+            tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::WARN)
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .finish(),
+        );
+    }
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig");
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .expect("config");
-    let backend =
-        KubeBackend::from_config(config, KubeOptions::new().namespace(ns)).expect("backend");
-    shard_e2e::candidate(backend, &identity, &PathBuf::from(dir)).await;
+    let backend = KubeBackend::from_config(
+        config,
+        KubeOptions::new()
+            .namespace(ns)
+            .request_timeout(REPLICA_REQUEST_TIMEOUT),
+    )
+    .expect("backend");
+    // A span at the log's level, so that each line names its replica.
+    let span = tracing::warn_span!("replica", id = %identity);
+    tracing::Instrument::instrument(
+        shard_e2e::candidate(backend, &identity, &PathBuf::from(dir), replica_config()),
+        span,
+    )
+    .await;
     true
 }
 
@@ -71,7 +115,7 @@ async fn thirty_two_shards_over_three_five_two_three_replicas_and_a_kill() {
         &env,
         &dir,
     );
-    println!("sharded rebalance on kube (32 shards, lease 2 s), 0 stale writes: {times:?}");
+    println!("sharded rebalance on kube (32 shards, lease 6 s), 0 stale writes: {times:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,7 +133,7 @@ async fn a_rolling_update_from_8_to_12_shards_never_runs_two_counts_at_once() {
         12,
     );
     println!(
-        "8 → 12 shards on kube (lease 2 s): the new count ran {took:?} after the last old replica's SIGTERM"
+        "8 → 12 shards on kube (lease 6 s): the new count ran {took:?} after the last old replica's SIGTERM"
     );
 }
 

@@ -25,7 +25,7 @@ async fn as_replica() -> bool {
     use tenure::backend::redis::{RedisBackend, RedisConfig};
     let config = RedisConfig::new(&url).expect("url");
     let backend = RedisBackend::connect(config).await.expect("connect");
-    shard_e2e::candidate(backend, &identity, &PathBuf::from(dir)).await;
+    shard_e2e::candidate(backend, &identity, &PathBuf::from(dir), safety::config()).await;
     true
 }
 

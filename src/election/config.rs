@@ -13,7 +13,7 @@ use crate::{LockError, LockOptions};
 /// | [`lease_duration`](Self::lease_duration) | 15 s | how long a lease lasts without renewal; candidates wait this long for a silent leader |
 /// | [`renew_deadline`](Self::renew_deadline) | 10 s | a leader that has not renewed for this long steps down |
 /// | [`retry_period`](Self::retry_period) | 2 s | pause between retries of a failed renewal or campaign request |
-/// | [`request_timeout`](Self::request_timeout) | retry period / 2 | bound on each store request |
+/// | [`request_timeout`](Self::request_timeout) | unset: the renew deadline for campaign attempts and renewals, retry period / 2 for the rest | bound on each store request |
 /// | [`stop_margin`](Self::stop_margin) | 1 s | the workload is dropped this long before the lease could be won by another |
 /// | [`grace`](Self::grace) | 5 s | on shutdown, how long the workload may take to stop after cancellation |
 /// | [`rejoin`](Self::rejoin) | false | after a lost term, campaign again instead of returning an error |
@@ -138,6 +138,17 @@ impl ElectionConfig {
     }
 
     /// The bound on each store request; must be shorter than the retry period.
+    ///
+    /// Unset (the default), a campaign attempt or a renewal may take until the renew deadline,
+    /// as in client-go, and the other requests (releases, hand-over reads and writes) half the
+    /// retry period. A late answer is as good as a quick one — the lease's validity counts
+    /// from when the request was *sent*, never from its answer — while cutting a write sooner
+    /// throws away one the store may already have applied and sends it again to a store that
+    /// was already slow (on Kubernetes, into a conflict: the cut write moved the Lease's
+    /// version). With half a retry period as the bound, an API server answering in 0.3–1 s
+    /// under CPU load had every renewal cut and shard terms lost (#42). Set, it bounds every
+    /// request, those of a [`ShardedElector`](crate::shard::ShardedElector)'s membership
+    /// and group record included.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = Some(timeout);
         self
@@ -174,13 +185,19 @@ impl ElectionConfig {
         (self.lease_duration, self.renew_deadline, self.retry_period)
     }
 
+    /// The request bound the user set, if any: the shard layer's own bounds give way to it.
+    pub(crate) fn set_request_timeout(&self) -> Option<Duration> {
+        self.request_timeout
+    }
+
     /// How long the store may stay silent before it counts as unreachable.
     pub(super) fn silence_limit(&self) -> Duration {
         self.store_unreachable_after
             .unwrap_or(self.lease_duration.saturating_mul(2) + self.retry_period)
     }
 
-    /// The bound on each store request: the one set, or half the retry period.
+    /// The bound on each store request other than campaign attempts and renewals: the one
+    /// set, or half the retry period.
     pub(super) fn effective_request_timeout(&self) -> Duration {
         self.request_timeout.unwrap_or(self.retry_period / 2)
     }
@@ -235,12 +252,54 @@ impl ElectionConfig {
             .renew_fraction(1.0 / 3.0)
             .renew_deadline(self.renew_deadline)
             .retry_interval(self.retry_period)
-            .request_timeout(request_timeout)
+            // Campaign attempts and renewals: a grant or renewal answered by the renew
+            // deadline is still of use (see `request_timeout`'s docs), one answered later is
+            // not (the term would end at once).
+            .request_timeout(self.request_timeout.unwrap_or(self.renew_deadline))
             .follow_expiry(true);
         opts.plan(true).map_err(|e| match e {
             LockError::InvalidConfig { rule } => ElectionError::InvalidConfig { rule },
             other => ElectionError::Lock(other),
         })?;
         Ok(opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ElectionConfig {
+        ElectionConfig::new()
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .stop_margin(Duration::from_millis(300))
+    }
+
+    /// Unset, the bound of campaign attempts and renewals is the renew deadline: cut at half a
+    /// retry period, every one of them was lost to an API server answering 400 ms late
+    /// (#42); the other requests keep half the retry period. A bound that is set is kept.
+    #[test]
+    fn unset_request_timeout_lets_campaigns_and_renewals_run_to_the_renew_deadline() {
+        let plan = |c: ElectionConfig| {
+            c.lease_options()
+                .expect("valid")
+                .plan(true)
+                .expect("valid plan")
+        };
+        assert_eq!(plan(config()).request_timeout, Duration::from_secs(2));
+        assert_eq!(
+            config().effective_request_timeout(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(config().set_request_timeout(), None);
+        let set = config().request_timeout(Duration::from_millis(100));
+        assert_eq!(
+            plan(set.clone()).request_timeout,
+            Duration::from_millis(100)
+        );
+        assert_eq!(set.effective_request_timeout(), Duration::from_millis(100));
+        assert_eq!(set.set_request_timeout(), Some(Duration::from_millis(100)));
     }
 }

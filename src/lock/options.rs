@@ -141,8 +141,9 @@ impl LockOptions {
         self
     }
 
-    /// The bound on each backend request (acquire attempt, renewal batch). Must be shorter
-    /// than the validity.
+    /// The bound on each backend request (acquire attempt, renewal batch). At most the
+    /// validity (ttl − drift). A renewal is never awaited past its renew deadline whatever
+    /// this says.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = Some(timeout);
         self
@@ -233,8 +234,10 @@ impl LockOptions {
         let request_timeout = match self.request_timeout {
             None => renew_interval.min(Duration::from_secs(5)),
             Some(t) if t.is_zero() => return invalid("request_timeout must be positive"),
-            Some(t) if t >= validity => {
-                return invalid("request_timeout must be shorter than ttl − drift");
+            // An answer later than that would be of no use: the lease it vouches for has
+            // run out by then.
+            Some(t) if t > validity => {
+                return invalid("request_timeout must not exceed ttl − drift");
             }
             Some(t) => t,
         };
@@ -366,6 +369,22 @@ mod tests {
         );
         assert!(
             rule(&o().request_timeout(Duration::from_secs(40)), true).contains("request_timeout")
+        );
+        // Up to the validity itself (an elector's renew deadline may reach it): 30 s − 302 ms.
+        let validity = Duration::from_millis(29_698);
+        assert_eq!(
+            o().request_timeout(validity)
+                .plan(true)
+                .expect("a bound of the validity")
+                .request_timeout,
+            validity
+        );
+        assert!(
+            rule(
+                &o().request_timeout(validity + Duration::from_nanos(1)),
+                true
+            )
+            .contains("must not exceed ttl − drift")
         );
     }
 

@@ -397,21 +397,39 @@ impl Keeper<'_> {
     }
 }
 
+/// Why a term may not start its workload ([`admits`]).
+#[derive(Debug)]
+pub(super) enum Doubt {
+    /// The record read does not run this count and generation (or is missing or damaged).
+    Refused,
+    /// The record could not be read (an error, or no answer within the bound): nothing is
+    /// known, which also answers no.
+    Unread(BackendError),
+}
+
 /// Whether a term of `shards` may start its workload now: a fresh read, made after the
 /// term's lease was granted, finds the record active with this count and `generation`
-/// (step 4 of the protocol). Any doubt (an error, a timeout) answers no.
+/// (step 4 of the protocol). Any doubt answers no, and says which (a log that blamed the
+/// record for a read that timed out sent readers after the wrong cause).
 pub(super) async fn admits(
     backend: &dyn Backend,
     group: &str,
     shards: u32,
     generation: u64,
     timeout: Duration,
-) -> bool {
+) -> Result<(), Doubt> {
     match tokio::time::timeout(timeout, backend.group_record(group)).await {
-        Ok(Ok(GroupRead::Present { record, .. })) => {
-            record.is_active() && record.shards == shards && record.generation == generation
+        Ok(Ok(GroupRead::Present { record, .. }))
+            if record.is_active() && record.shards == shards && record.generation == generation =>
+        {
+            Ok(())
         }
-        _ => false,
+        Ok(Ok(_)) => Err(Doubt::Refused),
+        Ok(Err(e)) => Err(Doubt::Unread(e)),
+        Err(_) => Err(Doubt::Unread(BackendError::timeout(
+            "group record read",
+            timeout,
+        ))),
     }
 }
 
@@ -425,7 +443,7 @@ mod tests {
     #[tokio::test]
     async fn a_term_starts_only_under_an_active_record_of_its_count_and_generation() {
         let store = MemoryBackend::new();
-        assert!(!admits(&store, "g", 4, 1, T).await, "no record");
+        assert!(refused(admits(&store, "g", 4, 1, T).await), "no record");
         let first = GroupRecord::first(4);
         assert!(
             store
@@ -433,9 +451,12 @@ mod tests {
                 .await
                 .expect("swap")
         );
-        assert!(admits(&store, "g", 4, 1, T).await);
-        assert!(!admits(&store, "g", 5, 1, T).await, "another count");
-        assert!(!admits(&store, "g", 4, 2, T).await, "another generation");
+        assert!(admits(&store, "g", 4, 1, T).await.is_ok());
+        assert!(refused(admits(&store, "g", 5, 1, T).await), "another count");
+        assert!(
+            refused(admits(&store, "g", 4, 2, T).await),
+            "another generation"
+        );
         let GroupRead::Present { version, .. } = store.group_record("g").await.expect("read")
         else {
             panic!("written");
@@ -451,7 +472,32 @@ mod tests {
                 .await
                 .expect("swap")
         );
-        assert!(!admits(&store, "g", 4, 2, T).await, "draining");
+        assert!(refused(admits(&store, "g", 4, 2, T).await), "draining");
+    }
+
+    fn refused(answer: Result<(), Doubt>) -> bool {
+        matches!(answer, Err(Doubt::Refused))
+    }
+
+    /// A read that does not answer within the bound is no "refused": the log says the record
+    /// could not be read, not that it no longer runs the generation (#42).
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_read_is_told_apart_from_a_refusal() {
+        let store = crate::backend::faulty::FaultyBackend::new(MemoryBackend::new());
+        assert!(
+            store
+                .swap_group_record("g", None, &GroupRecord::first(4))
+                .await
+                .expect("swap")
+        );
+        store.set(crate::backend::faulty::Fault::Stall);
+        let answer = admits(&store, "g", 4, 1, T).await;
+        assert!(
+            matches!(&answer, Err(Doubt::Unread(e)) if e.kind() == crate::backend::BackendErrorKind::Timeout),
+            "{answer:?}"
+        );
+        store.heal();
+        assert!(admits(&store, "g", 4, 1, T).await.is_ok());
     }
 
     fn keeper(store: &dyn Backend, shards: u32) -> Keeper<'_> {

@@ -688,16 +688,19 @@ impl ShardedElector {
                         async move {
                             // Step 4 of the group protocol (`group`): the lease is ours;
                             // the workload starts only if the record still runs our count.
-                            if !group::admits(
+                            let admitted = group::admits(
                                 inner.locker.backend(),
                                 &inner.name,
                                 inner.shards,
                                 generation,
                                 inner.record_bound(),
                             )
-                            .await
-                            {
-                                tracing::warn!(group = %inner.name, shard, generation, "the group record no longer runs this generation: the shard's term ends before its workload starts");
+                            .await;
+                            if let Err(doubt) = admitted {
+                                match doubt {
+                                    group::Doubt::Refused => tracing::warn!(group = %inner.name, shard, generation, "the group record no longer runs this generation: the shard's term ends before its workload starts"),
+                                    group::Doubt::Unread(e) => tracing::warn!(group = %inner.name, shard, generation, error = %e, "the group record could not be read to confirm this generation: the shard's term ends before its workload starts"),
+                                }
                                 until.cancel();
                                 inner.recheck.notify_one();
                                 return;
@@ -870,11 +873,15 @@ impl Inner {
     /// (250 ms in the end-to-end tests): an API server under load answers slower, and three
     /// replicas missed 210 heartbeats a minute and dropped every shard. The backend bounds
     /// each of its requests too (`KubeOptions::request_timeout`, Redis's): the shorter wins.
+    /// A request timeout the user set ([`ElectionConfig::request_timeout`]) bounds it instead.
     fn announce_deadline(
         &self,
         landed: Option<tokio::time::Instant>,
         now: tokio::time::Instant,
     ) -> tokio::time::Instant {
+        if let Some(set) = self.config.set_request_timeout() {
+            return now + set;
+        }
         let (lease, _) = self.config.timings();
         let floor = now + lease / 3;
         landed.map_or(floor, |at| (at + lease).max(floor))
@@ -887,19 +894,19 @@ impl Inner {
     /// so it still shows whether the group ran this count when the term began. Cut at half a
     /// retry period, a read on a loaded API server timed out (212 a minute over three
     /// replicas), the term it gated ended before its workload started, and the shard was
-    /// taken and given up again and again.
+    /// taken and given up again and again. A request timeout the user set bounds it instead.
     fn record_bound(&self) -> Duration {
         let (lease, _) = self.config.timings();
-        lease
+        self.config.set_request_timeout().unwrap_or(lease)
     }
 
     /// The bound on a request made once, not repeated: the release of a previous run's terms
     /// at the start, the withdrawal from the group at the end. Each is a courtesy (what it
     /// frees runs out after a lease anyway), so a third of a lease, not to hold a start or a
-    /// shutdown up for long.
+    /// shutdown up for long. A request timeout the user set bounds it instead.
     fn group_request_bound(&self) -> Duration {
         let (lease, _) = self.config.timings();
-        lease / 3
+        self.config.set_request_timeout().unwrap_or(lease / 3)
     }
 
     /// Counts a missed member announcement; the count so far.
@@ -953,6 +960,26 @@ mod tests {
         assert_eq!(inner.announce_deadline(Some(landed), at(2_500)), at(3_500));
         assert_eq!(inner.record_bound(), Duration::from_secs(3));
         assert_eq!(inner.group_request_bound(), Duration::from_secs(1));
+    }
+
+    /// A request timeout the user set bounds the group layer's requests too.
+    #[test]
+    fn a_set_request_timeout_bounds_the_group_requests() {
+        let config = ElectionConfig::new()
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(500))
+            .stop_margin(Duration::from_millis(300))
+            .request_timeout(Duration::from_millis(400));
+        let locker = Locker::with_identity(MemoryBackend::new(), "r0").expect("identity");
+        let elector = ShardedElector::new(locker, "bounds", 4, config).expect("elector");
+        let inner = &elector.inner;
+        let landed = tokio::time::Instant::now();
+        let at = |ms: u64| landed + Duration::from_millis(ms);
+        assert_eq!(inner.announce_deadline(None, landed), at(400));
+        assert_eq!(inner.announce_deadline(Some(landed), at(500)), at(900));
+        assert_eq!(inner.record_bound(), Duration::from_millis(400));
+        assert_eq!(inner.group_request_bound(), Duration::from_millis(400));
     }
 
     #[test]

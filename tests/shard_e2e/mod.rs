@@ -149,16 +149,21 @@ pub fn stale_accepted(dir: &Path) -> usize {
 /// The candidate process's work: a sharded elector on `backend` whose workload writes each
 /// shard's token to the shard's register until its term ends. SIGTERM leaves the group
 /// gracefully.
-/// The shard count comes from `TENURE_SHARD_COUNT` (default [`SHARDS`]).
-pub async fn candidate(backend: impl tenure::Backend, identity: &str, dir: &Path) {
+/// The shard count comes from `TENURE_SHARD_COUNT` (default [`SHARDS`]); the timings from
+/// `config` (the suite's store decides how short they can be).
+pub async fn candidate(
+    backend: impl tenure::Backend,
+    identity: &str,
+    dir: &Path,
+    config: tenure::ElectionConfig,
+) {
     let dir = dir.to_owned();
     let shards: u32 = std::env::var(COUNT)
         .ok()
         .and_then(|c| c.parse().ok())
         .unwrap_or(SHARDS);
     let locker = Locker::with_identity(backend, identity).expect("identity");
-    let elector =
-        ShardedElector::new(locker, "workers", shards, safety::config()).expect("elector");
+    let elector = ShardedElector::new(locker, "workers", shards, config).expect("elector");
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm");
     let log = dir.join("events.log");

@@ -110,7 +110,8 @@ pub struct Outcome {
 struct Timing {
     lease: Duration,
     retry: Duration,
-    /// How long a renewal may take before the lock runtime stops waiting for its answer.
+    /// How long a campaign attempt or renewal may take before the lock runtime stops waiting
+    /// for its answer.
     request_timeout: Duration,
     renew_deadline: Duration,
     grace: Duration,
@@ -157,8 +158,9 @@ fn timing(world: &World) -> Timing {
         lease,
         retry,
         health,
-        // `ElectionConfig`'s default request timeout: half the retry period.
-        request_timeout: retry / 2,
+        // `ElectionConfig`'s default bound on campaign attempts and renewals (no request
+        // timeout set): the renew deadline (#42; it was half the retry period).
+        request_timeout: renew_deadline,
         renew_deadline,
         grace,
         config,
