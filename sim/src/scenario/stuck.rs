@@ -49,7 +49,7 @@ impl Watch {
     /// One task poll ended (on the runtime's thread: the paused clock is readable).
     pub fn polled(&self) {
         let n = self.polls.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % SAMPLE_EVERY != 0 || self.stuck.load(Ordering::Relaxed) {
+        if !n.is_multiple_of(SAMPLE_EVERY) || self.stuck.load(Ordering::Relaxed) {
             return;
         }
         let now = Instant::now();
