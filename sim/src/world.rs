@@ -53,6 +53,9 @@ pub enum Kind {
     InvalidWrite,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
+    /// Virtual time stood still while tasks kept being polled: a task of the code under test
+    /// loops without waiting (a busy loop), and the seed would never end (`scenario/stuck.rs`).
+    Stuck,
 }
 
 /// Why a finding is expected rather than a violation.
@@ -158,6 +161,8 @@ pub struct World {
     health: Mutex<BTreeMap<String, ProcessHealth>>,
     /// Health step-downs (hand-overs for health) seen.
     pub health_moves: AtomicU64,
+    /// The run's lease duration in ms (for the nemesis window of a finding).
+    pub lease_ms: AtomicU64,
     /// The health policy of the run's electors, when they have one.
     health_bounds: Mutex<Option<HealthBounds>>,
     findings: Mutex<Vec<Finding>>,
@@ -186,6 +191,7 @@ impl World {
             nemeses: Mutex::default(),
             health: Mutex::default(),
             health_moves: AtomicU64::new(0),
+            lease_ms: AtomicU64::new(0),
             health_bounds: Mutex::default(),
             findings: Mutex::default(),
             counters: Counters::default(),

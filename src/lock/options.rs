@@ -339,6 +339,21 @@ mod tests {
         assert!(!LockOptions::new().plan(false).expect("valid").auto_renew);
     }
 
+    /// "Must not exceed": a renew deadline of exactly `ttl − drift` is the default's own
+    /// value and is allowed; a millisecond more is refused.
+    #[test]
+    fn a_renew_deadline_of_exactly_the_validity_is_allowed() {
+        let validity = Duration::from_millis(30_000 - 300 - 2);
+        let p = LockOptions::new()
+            .renew_deadline(validity)
+            .plan(true)
+            .expect("a renew deadline equal to the validity is valid");
+        assert_eq!(p.renew_deadline, validity);
+        assert_eq!(p.validity, validity);
+        let over = LockOptions::new().renew_deadline(validity + Duration::from_millis(1));
+        assert!(rule(&over, true).contains("must not exceed ttl − drift"));
+    }
+
     #[test]
     fn auto_renew_below_minimum_ttl_is_ttl_too_short() {
         let opts = LockOptions::new().ttl(Duration::from_millis(29));

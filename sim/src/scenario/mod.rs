@@ -22,11 +22,12 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
 use crate::link::{Bounds, Latency, Link, SLOWEST_COVERED_RATE};
-use crate::world::{Excuse, Finding, HealthBounds, World};
+use crate::world::{Excuse, Finding, HealthBounds, Kind, World};
 
 mod chaos;
 mod nemesis;
 mod quiet;
+mod stuck;
 
 pub use nemesis::NAMES as NEMESES;
 
@@ -199,24 +200,51 @@ struct Sim {
 
 /// Runs one seed on a fresh runtime.
 pub fn run(p: &Params) -> Outcome {
+    let watch = stuck::Watch::new();
+    let polled = watch.clone();
     // Seeds tokio's `select!` and `watch` choices: needs `--cfg tokio_unstable`.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .rng_seed(tokio::runtime::RngSeed::from_bytes(&p.seed.to_le_bytes()))
+        .on_after_task_poll(move |_| polled.polled())
         .build()
         .expect("a current-thread runtime builds");
     tenure::lock::seed_jitter(Some(p.seed.wrapping_mul(0x2545_F491_4F6C_DD1D)));
-    let outcome = rt.block_on(simulate(p.clone()));
+    let outcome = rt.block_on(async {
+        // Made on the runtime: its origin is the paused clock's.
+        let world = Arc::new(World::new(p.seed, p.keep_lines));
+        // Biased: no draw from the seeded generator, so the history is the same as without.
+        tokio::select! {
+            biased;
+            () = watch.notify.notified() => {
+                world.find(
+                    "-",
+                    Kind::Stuck,
+                    None,
+                    format!(
+                        "virtual time stood still for {} task polls: a task that never waits \
+                         (a busy loop); the seed ends here",
+                        watch.polls_still.load(Ordering::Relaxed)
+                    ),
+                );
+                outcome(p.clone(), &world, Figures::default())
+            }
+            ended = simulate(p.clone(), world.clone()) => ended,
+        }
+    });
     tenure::lock::seed_jitter(None);
     // Dropping the runtime drops every task left (replicas' leftovers, dead links' calls).
     drop(rt);
     outcome
 }
 
-async fn simulate(p: Params) -> Outcome {
-    let world = Arc::new(World::new(p.seed, p.keep_lines));
+async fn simulate(p: Params, world: Arc<World>) -> Outcome {
     let t = timing(&world);
+    world.lease_ms.store(
+        u64::try_from(t.lease.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
     let latency = world.rng(|r| Latency {
         base_ms: r.between(0.2, 2.0),
         mean_ms: r.between(0.5, 8.0),
@@ -267,6 +295,11 @@ async fn simulate(p: Params) -> Outcome {
             let _ = stop.send(());
         }
     }
+    outcome(p, &world, figures)
+}
+
+/// What the world recorded of a run, ended or cut short.
+fn outcome(p: Params, world: &World, figures: Figures) -> Outcome {
     let c = &world.counters;
     Outcome {
         params: p,
@@ -283,7 +316,7 @@ async fn simulate(p: Params) -> Outcome {
         ),
         figures,
         nemeses: world.nemeses(),
-        lease_ms: u64::try_from(sim.t.lease.as_millis()).unwrap_or(u64::MAX),
+        lease_ms: world.lease_ms.load(Ordering::Relaxed),
         health_moves: world.health_moves.load(Ordering::Relaxed),
     }
 }
