@@ -370,6 +370,35 @@ async fn a_replica_that_turns_unhealthy_while_campaigning_stops(
     r.finish();
 }
 
+/// The same with a relapse the elector never sees as "unhealthy": the replica's health turns
+/// bad and good again before its run is polled (a check that failed once while the process was
+/// starved; the simulation's heal-all at the chaos phase's end). The relapse restarts its
+/// recovery window all the same, so its campaign must stop: the simulation found it taking a
+/// term within that window (`Flapping`, seeds 101380, 107706, 109354).
+async fn a_replica_that_relapses_for_an_instant_while_campaigning_stops(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+) {
+    let r = Replicas::start(backend, &["a", "b"], unit, Some(policy(unit))).await;
+    r.elector("a").report_health(false);
+    let terms = r.until(unit * 20, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"], "a handed over for its health");
+    r.elector("a").report_health(true);
+    tokio::time::sleep(unit * 24).await;
+    // Unhealthy and healthy again at one instant, while b leads and a waits for the lease.
+    r.elector("a").report_health(false);
+    r.elector("a").report_health(true);
+    tokio::time::sleep(unit * 2).await;
+    assert!(r.elector("b").hand_over(Handoff::Anyone, "maintenance"));
+    let terms = r.until(unit * 30, |t| t.len() == 3).await;
+    assert_eq!(
+        ids(&terms),
+        ["a", "b", "b"],
+        "the replica whose recovery window restarted took no term within it"
+    );
+    r.finish();
+}
+
 /// Why replica `id` last let go of the lease, and to whom.
 fn handed_to(r: &Replicas, id: &str) -> Option<(HandoffCause, Option<String>)> {
     let last = r.elector(id).last_handoff().borrow().clone();
@@ -476,6 +505,11 @@ mod memory {
     #[tokio::test(start_paused = true)]
     async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
         super::a_replica_that_turns_unhealthy_while_campaigning_stops(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_that_relapses_for_an_instant_while_campaigning_stops() {
+        super::a_replica_that_relapses_for_an_instant_while_campaigning_stops(store(), UNIT).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -597,6 +631,12 @@ mod redis {
     async fn a_replica_that_turns_unhealthy_while_campaigning_stops() {
         let (_s, b) = store().await;
         super::a_replica_that_turns_unhealthy_while_campaigning_stops(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_that_relapses_for_an_instant_while_campaigning_stops() {
+        let (_s, b) = store().await;
+        super::a_replica_that_relapses_for_an_instant_while_campaigning_stops(b, UNIT).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

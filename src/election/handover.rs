@@ -274,16 +274,22 @@ impl LeaderElector {
     }
 
     /// Resolves when this replica may no longer campaign: it stepped down for its health
-    /// before and is unhealthy now. Never resolves for a replica that did not (an unhealthy
-    /// replica still takes a lease nobody else takes) or without a health policy.
+    /// before and is unhealthy now, or has not been healthy for the recovery window since its
+    /// last change. Never resolves for a replica that did not (an unhealthy replica still
+    /// takes a lease nobody else takes) or without a health policy.
     pub(super) async fn until_ineligible(&self) {
-        if self.inner.config.health.is_none() || self.inner.intent.last_health_step_down().is_none()
-        {
+        let policy = self.inner.config.health;
+        if policy.is_none() || self.inner.intent.last_health_step_down().is_none() {
             return std::future::pending().await;
         }
         let mut rx = self.inner.intent.health.subscribe();
         loop {
-            if !rx.borrow_and_update().healthy {
+            rx.borrow_and_update();
+            // Judged by the recovery window, not by the health seen now: a relapse over by the
+            // time this task runs (unhealthy and healthy again before it was polled) restarts
+            // the window all the same.
+            let eligible_at = self.inner.intent.eligible_at(policy.as_ref());
+            if eligible_at.is_none_or(|at| at > Instant::now()) {
                 return;
             }
             if rx.changed().await.is_err() {
