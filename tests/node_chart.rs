@@ -592,23 +592,7 @@ exec sleep 3600"#;
     let pods = pods(node, ns, "");
     assert_eq!(created["data"]["by"], pods[0].name.as_str(), "{created}");
     // The release's ServiceAccount writing around tenure's endpoint: refused by the policy.
-    let sa = run(
-        node.kubectl().args([
-            "get",
-            "serviceaccounts",
-            "-n",
-            ns,
-            "-o",
-            "jsonpath={.items[*].metadata.name}",
-        ]),
-        None,
-    )
-    .expect_ok();
-    let sa = sa
-        .split_whitespace()
-        .find(|n| n.contains(release))
-        .unwrap_or_else(|| panic!("no release ServiceAccount in {sa:?}"))
-        .to_owned();
+    let sa = release_service_account(node, ns, release);
     let around = run(
         node.kubectl().args([
             "create",
@@ -929,23 +913,7 @@ exec sh "$f" copy"#;
     );
 
     // ---- the API server refuses the stale token, and no token at all -------------------------
-    let sa = run(
-        node.kubectl().args([
-            "get",
-            "serviceaccounts",
-            "-n",
-            ns,
-            "-o",
-            "jsonpath={.items[*].metadata.name}",
-        ]),
-        None,
-    )
-    .expect_ok();
-    let sa = sa
-        .split_whitespace()
-        .find(|n| n.contains(release))
-        .unwrap_or_else(|| panic!("no release ServiceAccount in {sa:?}"))
-        .to_owned();
+    let sa = release_service_account(&node, ns, release);
     let as_sa = format!("--as=system:serviceaccount:{ns}:{sa}");
     let (s, old) = stale[0];
     let replay = run(
@@ -1344,6 +1312,27 @@ fn an_unhealthy_leader_pod_hands_over_and_stays_running() {
     let p = ready_pods(&node, ns, "", 2, Duration::from_secs(30));
     assert!(p.iter().all(|p| p.restarts == 0), "no restarts: {p:?}");
     report.print();
+}
+
+/// The name of the ServiceAccount the chart made for `release` in `ns`.
+fn release_service_account(node: &Node, ns: &str, release: &str) -> String {
+    let names = run(
+        node.kubectl().args([
+            "get",
+            "serviceaccounts",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]),
+        None,
+    )
+    .expect_ok();
+    names
+        .split_whitespace()
+        .find(|n| n.contains(release))
+        .unwrap_or_else(|| panic!("no release ServiceAccount in {names:?}"))
+        .to_owned()
 }
 
 /// What the host looks like where a node could leave something behind.
