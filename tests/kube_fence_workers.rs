@@ -1270,7 +1270,7 @@ fn the_charts_alerts_and_dashboard_query_only_metrics_tenure_exports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_election_hands_to_the_newest_follower_under_the_printed_rbac() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube::api::{ListParams, Patch, PatchParams};
+    use kube::api::{Patch, PatchParams};
     use tenure::backend::kube::{KubeBackend, KubeOptions};
     use tenure::election::{ElectionConfig, HandoffCause, LeaderElector, Preference};
     use tenure::fence::kube::{FenceError, FencedApi, Fencer};
@@ -1363,19 +1363,9 @@ async fn a_fenced_election_hands_to_the_newest_follower_under_the_printed_rbac()
     let prefix = format!("{}-member-", tenure::election::health_group(lease));
     let deadline = tokio::time::Instant::now() + unit * 20;
     loop {
-        let members = leases
-            .list(&ListParams::default())
+        let members = kube_support::leases_named_from(&leases, &prefix)
             .await
-            .expect("list")
-            .items
-            .into_iter()
-            .filter(|l| {
-                l.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(&prefix))
-            })
-            .count();
+            .len();
         if members == 3 {
             break;
         }

@@ -580,17 +580,7 @@ async fn an_unchanged_heartbeat_still_renews_the_member_lease() {
     };
     let ttl = Duration::from_secs(30);
     let member_lease = || async {
-        let all = leases.list(&Default::default()).await.expect("list leases");
-        let mut mine: Vec<Lease> = all
-            .items
-            .into_iter()
-            .filter(|l| {
-                l.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(&format!("{group}-member-")))
-            })
-            .collect();
+        let mut mine = kube_support::leases_named_from(&leases, &format!("{group}-member-")).await;
         assert_eq!(mine.len(), 1, "one member Lease");
         let lease = mine.remove(0);
         (

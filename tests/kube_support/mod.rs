@@ -395,6 +395,24 @@ fn getrandom_fill(b: &mut [u8]) {
     b.copy_from_slice(&t.as_bytes()[..b.len()]);
 }
 
+/// The Leases in `leases`' namespace whose names begin with `prefix`: a group's member
+/// Leases (`<group>-member-<hash>`), named after identities the test does not know.
+pub async fn leases_named_from(leases: &Api<Lease>, prefix: &str) -> Vec<Lease> {
+    leases
+        .list(&Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("list leases: {e}"))
+        .items
+        .into_iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .collect()
+}
+
 /// Applies the committed `Election` CRD (server-side apply; idempotent, so every test may
 /// call it) and waits until the API server has established it and serves the resource.
 #[cfg(feature = "crd")]
