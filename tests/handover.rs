@@ -349,25 +349,13 @@ async fn a_replica_that_turns_unhealthy_while_campaigning_stops(
     backend: Arc<dyn Backend>,
     unit: Duration,
 ) {
-    let r = Replicas::start(backend, &["a", "b"], unit, Some(policy(unit))).await;
-    r.elector("a").report_health(false);
-    let terms = r.until(unit * 20, |t| t.len() == 2).await;
-    assert_eq!(ids(&terms), ["a", "b"], "a handed over for its health");
-    // a recovers and sits out its recovery window; then it campaigns again.
-    r.elector("a").report_health(true);
-    tokio::time::sleep(unit * 24).await;
-    // Unhealthy again while b leads and a waits for the lease.
-    r.elector("a").report_health(false);
-    tokio::time::sleep(unit * 2).await;
-    // b steps down for anyone: a is the only campaigner while b sits out its hand-off window.
-    assert!(r.elector("b").hand_over(Handoff::Anyone, "maintenance"));
-    let terms = r.until(unit * 30, |t| t.len() == 3).await;
-    assert_eq!(
-        ids(&terms),
-        ["a", "b", "b"],
-        "the unhealthy replica that stepped down for its health took no term"
-    );
-    r.finish();
+    relapse_while_campaigning(
+        backend,
+        unit,
+        |a| a.report_health(false),
+        "the unhealthy replica that stepped down for its health took no term",
+    )
+    .await;
 }
 
 /// The same with a relapse the elector never sees as "unhealthy": the replica's health turns
@@ -379,23 +367,38 @@ async fn a_replica_that_relapses_for_an_instant_while_campaigning_stops(
     backend: Arc<dyn Backend>,
     unit: Duration,
 ) {
+    relapse_while_campaigning(
+        backend,
+        unit,
+        |a| {
+            a.report_health(false);
+            a.report_health(true);
+        },
+        "the replica whose recovery window restarted took no term within it",
+    )
+    .await;
+}
+
+/// a steps down for its health, recovers and sits out its recovery window, then campaigns
+/// again while b leads; `relapse` happens to a while it waits; then b steps down for anyone,
+/// leaving a the only campaigner while b sits out its hand-off window. a must take no term.
+async fn relapse_while_campaigning(
+    backend: Arc<dyn Backend>,
+    unit: Duration,
+    relapse: impl FnOnce(&LeaderElector),
+    why: &str,
+) {
     let r = Replicas::start(backend, &["a", "b"], unit, Some(policy(unit))).await;
     r.elector("a").report_health(false);
     let terms = r.until(unit * 20, |t| t.len() == 2).await;
     assert_eq!(ids(&terms), ["a", "b"], "a handed over for its health");
     r.elector("a").report_health(true);
     tokio::time::sleep(unit * 24).await;
-    // Unhealthy and healthy again at one instant, while b leads and a waits for the lease.
-    r.elector("a").report_health(false);
-    r.elector("a").report_health(true);
+    relapse(r.elector("a"));
     tokio::time::sleep(unit * 2).await;
     assert!(r.elector("b").hand_over(Handoff::Anyone, "maintenance"));
     let terms = r.until(unit * 30, |t| t.len() == 3).await;
-    assert_eq!(
-        ids(&terms),
-        ["a", "b", "b"],
-        "the replica whose recovery window restarted took no term within it"
-    );
+    assert_eq!(ids(&terms), ["a", "b", "b"], "{why}");
     r.finish();
 }
 
