@@ -186,7 +186,7 @@ impl ElectionConfig {
     }
 
     /// The request bound the user set, if any: the shard layer's own bounds give way to it.
-    pub(crate) fn set_request_timeout(&self) -> Option<Duration> {
+    pub(crate) fn user_request_timeout(&self) -> Option<Duration> {
         self.request_timeout
     }
 
@@ -293,13 +293,13 @@ mod tests {
             config().effective_request_timeout(),
             Duration::from_millis(250)
         );
-        assert_eq!(config().set_request_timeout(), None);
+        assert_eq!(config().user_request_timeout(), None);
         let set = config().request_timeout(Duration::from_millis(100));
         assert_eq!(
             plan(set.clone()).request_timeout,
             Duration::from_millis(100)
         );
         assert_eq!(set.effective_request_timeout(), Duration::from_millis(100));
-        assert_eq!(set.set_request_timeout(), Some(Duration::from_millis(100)));
+        assert_eq!(set.user_request_timeout(), Some(Duration::from_millis(100)));
     }
 }

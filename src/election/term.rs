@@ -360,41 +360,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use super::{MIN_SWEEP, TermTasks};
-
-    /// A long term spawning many short tasks keeps a bounded list of them (under twice what
-    /// runs, plus the minimum sweep), and sweeps rarely: the list is not scanned per spawn.
-    #[tokio::test(start_paused = true)]
-    async fn many_short_tasks_leave_a_bounded_list_swept_rarely() {
-        let tasks = TermTasks::default();
-        let long = tasks.spawn(std::future::pending::<()>());
-        let mut sweeps = 0;
-        let mut last = 0;
-        for _ in 0..10_000 {
-            let _ = tasks.spawn(async {}).await;
-            let len = tasks.aborts.lock().map(|a| a.handles.len()).unwrap_or(0);
-            assert!(len <= MIN_SWEEP + 1, "{len} handles kept");
-            if len < last {
-                sweeps += 1;
-            }
-            last = len;
-        }
-        assert!(
-            (10_000 / MIN_SWEEP - 5..=10_000 / (MIN_SWEEP - 2)).contains(&sweeps),
-            "{sweeps} sweeps over 10000 spawns"
-        );
-        // The long task is still tracked: the stop aborts it.
-        assert!(
-            tasks
-                .stop(tokio::time::Instant::now() + Duration::from_secs(1))
-                .await
-        );
-        assert!(long.await.is_err_and(|e| e.is_cancelled()));
-    }
-
     use crate::Locker;
     use crate::backend::memory::MemoryBackend;
     use crate::election::{ElectionConfig, ElectionError, LeaderElector};
+
+    use super::{MIN_SWEEP, TermTasks};
 
     /// A workload that cancels its term's cancellation stops what listens to it; the term
     /// itself stays valid (the lease is held and renewed) until the lease really ends.
@@ -438,5 +408,35 @@ mod tests {
                 ("valid after 20 s", true),
             ]
         );
+    }
+
+    /// A long term spawning many short tasks keeps a bounded list of them (under twice what
+    /// runs, plus the minimum sweep), and sweeps rarely: the list is not scanned per spawn.
+    #[tokio::test(start_paused = true)]
+    async fn many_short_tasks_leave_a_bounded_list_swept_rarely() {
+        let tasks = TermTasks::default();
+        let long = tasks.spawn(std::future::pending::<()>());
+        let mut sweeps = 0;
+        let mut last = 0;
+        for _ in 0..10_000 {
+            let _ = tasks.spawn(async {}).await;
+            let len = tasks.aborts.lock().map(|a| a.handles.len()).unwrap_or(0);
+            assert!(len <= MIN_SWEEP + 1, "{len} handles kept");
+            if len < last {
+                sweeps += 1;
+            }
+            last = len;
+        }
+        assert!(
+            (10_000 / MIN_SWEEP - 5..=10_000 / (MIN_SWEEP - 2)).contains(&sweeps),
+            "{sweeps} sweeps over 10000 spawns"
+        );
+        // The long task is still tracked: the stop aborts it.
+        assert!(
+            tasks
+                .stop(tokio::time::Instant::now() + Duration::from_secs(1))
+                .await
+        );
+        assert!(long.await.is_err_and(|e| e.is_cancelled()));
     }
 }

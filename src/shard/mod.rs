@@ -879,7 +879,7 @@ impl Inner {
         landed: Option<tokio::time::Instant>,
         now: tokio::time::Instant,
     ) -> tokio::time::Instant {
-        if let Some(set) = self.config.set_request_timeout() {
+        if let Some(set) = self.config.user_request_timeout() {
             return now + set;
         }
         let (lease, _) = self.config.timings();
@@ -897,7 +897,7 @@ impl Inner {
     /// taken and given up again and again. A request timeout the user set bounds it instead.
     fn record_bound(&self) -> Duration {
         let (lease, _) = self.config.timings();
-        self.config.set_request_timeout().unwrap_or(lease)
+        self.config.user_request_timeout().unwrap_or(lease)
     }
 
     /// The bound on a request made once, not repeated: the release of a previous run's terms
@@ -906,7 +906,7 @@ impl Inner {
     /// shutdown up for long. A request timeout the user set bounds it instead.
     fn group_request_bound(&self) -> Duration {
         let (lease, _) = self.config.timings();
-        self.config.set_request_timeout().unwrap_or(lease / 3)
+        self.config.user_request_timeout().unwrap_or(lease / 3)
     }
 
     /// Counts a missed member announcement; the count so far.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kube::api::PostParams;
 use serde_json::Value;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::schedule::{Settings, State, after};
@@ -100,28 +101,23 @@ impl StatusPublisher {
             // task never saw (the shutdown won the race with the grant's news): while the
             // leader watch names us, wait (bounded) for the elector to record how the term
             // ended — it does so before the watch lets go of us — so the status shows it.
-            if leader_rx
-                .borrow()
-                .as_ref()
-                .is_some_and(|l| l.identity == elector.identity())
-            {
-                let ended = async {
-                    loop {
-                        tokio::select! {
-                            changed = handoff_rx.changed() => if changed.is_err() { break },
-                            changed = leader_rx.changed() => if changed.is_err() { break },
-                        }
-                        let named = leader_rx
-                            .borrow()
-                            .as_ref()
-                            .is_some_and(|l| l.identity == elector.identity());
-                        if !named {
-                            break;
-                        }
+            let names_us = |rx: &watch::Receiver<Option<Leader>>| {
+                rx.borrow()
+                    .as_ref()
+                    .is_some_and(|l| l.identity == elector.identity())
+            };
+            let ended = async {
+                while names_us(&leader_rx) {
+                    let changed = tokio::select! {
+                        changed = handoff_rx.changed() => changed,
+                        changed = leader_rx.changed() => changed,
+                    };
+                    if changed.is_err() {
+                        break;
                     }
-                };
-                let _ = tokio::time::timeout(self.request_timeout, ended).await;
-            }
+                }
+            };
+            let _ = tokio::time::timeout(self.request_timeout, ended).await;
             // The term it leads (or the one the status shows as ours) ends gracefully now,
             // unless the elector already said how it ended.
             st.observe_handoff(handoff_rx.borrow().as_ref().map(published));
