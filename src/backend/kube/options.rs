@@ -10,16 +10,26 @@ use super::inner::Inner;
 use super::{client, error, record};
 use crate::backend::{BackendError, BackendErrorKind};
 
-/// The default bound on each API request: below the default retry period (2 s), so
-/// one slow request never costs more than one retry.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(1500);
+/// The default bound on each API request: a guard against a request that is never answered
+/// (a dead connection), not a latency bound.
+///
+/// Whoever drives the backend bounds each of its operations itself, by how long an answer is
+/// of use: the lock runtime a renewal by the renew deadline, the sharded elector a group read
+/// by a lease (see their `request_timeout`). Under that, a bound of the backend's own only
+/// throws away answers they still wanted: at 1.5 s (the default until #42), a renewal of an
+/// 8 s lease answered in 1.6 s by a loaded API server was cut, its retry came a retry period
+/// later, past the renew deadline, and the term ended though the write had landed. 10 s is
+/// above the default election's renew window (the renewal sent at a third of the 15 s lease,
+/// the deadline at 10 s); the backend's own requests (the watch's list, Events, access
+/// reviews, completion records) are sent again after it.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Options of a [`KubeBackend`]. Every field has a default.
 ///
 /// | option | default |
 /// |---|---|
 /// | [`namespace`](Self::namespace) | the client's default namespace (the kubeconfig context's, or the pod's) |
-/// | [`request_timeout`](Self::request_timeout) | [`DEFAULT_REQUEST_TIMEOUT`] (1.5 s) |
+/// | [`request_timeout`](Self::request_timeout) | [`DEFAULT_REQUEST_TIMEOUT`] (10 s) |
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[must_use]
 pub struct KubeOptions {
@@ -39,9 +49,10 @@ impl KubeOptions {
         self
     }
 
-    /// The bound on each API request (the watch aside). Keep it below the retry period of
-    /// whatever drives the backend. The lock runtime applies its own `request_timeout` around
-    /// each operation as well; an operation can make up to a few requests when writes conflict.
+    /// The bound on each API request (the watch aside; default [`DEFAULT_REQUEST_TIMEOUT`]).
+    /// The lock runtime and the sharded elector bound each of their operations as well (an
+    /// operation can make a few requests when writes conflict), and the shorter bound wins:
+    /// set this below theirs only to give up on each request sooner than they would.
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = Some(timeout);
         self
