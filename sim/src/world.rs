@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tenure::Term;
 use tokio::time::Instant;
@@ -77,6 +78,14 @@ pub struct Stall {
     pub at: f64,
     /// Every lease of the run: the stall ends before the first of their expiries.
     pub leases: Vec<String>,
+}
+
+/// Where the nemeses aim the campaigns for a lease.
+struct Aim {
+    at: Instant,
+    /// The one process whose campaign is aimed at `at`; the others' `others_after` later.
+    first: Option<String>,
+    others_after: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -148,7 +157,7 @@ pub struct World {
     /// The store takes no request in while set (the `store-stall` nemesis).
     stall: tokio::sync::watch::Sender<bool>,
     /// Campaigns for a lease aimed at an instant (its expiry), by the nemeses.
-    aims: Mutex<BTreeMap<String, Instant>>,
+    aims: Mutex<BTreeMap<String, Aim>>,
     /// Replicas whose workloads ignore cancellation from now on (the `stubborn-stop` nemesis).
     forced_stubborn: Mutex<std::collections::BTreeSet<String>>,
     /// Armed `runtime-stall` nemeses, by lease and the token of the term they wait for.
@@ -230,12 +239,35 @@ impl World {
 
     /// Aims campaigns for `lease` at `at`.
     pub fn aim_at(&self, lease: &str, at: Instant) {
-        lock(&self.aims).insert(lease.to_owned(), at);
+        lock(&self.aims).insert(
+            lease.to_owned(),
+            Aim {
+                at,
+                first: None,
+                others_after: Duration::ZERO,
+            },
+        );
     }
 
-    /// The instant campaigns for `lease` are aimed at, if one is.
-    pub fn aim(&self, lease: &str) -> Option<Instant> {
-        lock(&self.aims).get(lease).copied()
+    /// Aims the campaign of process `first` for `lease` at `at`, every other one
+    /// `others_after` later (`health-relapse`: if its campaign still runs, it wins).
+    pub fn aim_first(&self, lease: &str, at: Instant, first: &str, others_after: Duration) {
+        lock(&self.aims).insert(
+            lease.to_owned(),
+            Aim {
+                at,
+                first: Some(first.to_owned()),
+                others_after,
+            },
+        );
+    }
+
+    /// The instant the campaign of process `label` for `lease` is aimed at, if one is.
+    pub fn aim(&self, lease: &str, label: &str) -> Option<Instant> {
+        lock(&self.aims).get(lease).map(|aim| match &aim.first {
+            Some(first) if first != label => aim.at + aim.others_after,
+            _ => aim.at,
+        })
     }
 
     /// Makes the workloads of `label` ignore cancellation from now on.
@@ -764,6 +796,26 @@ impl World {
             )),
             Some(_) => None,
         }
+    }
+
+    /// The live processes that stepped down for their health and have been healthy since
+    /// for the recovery window and `margin` (their electors campaign again), by label.
+    pub fn recovered(&self, margin: Duration) -> Vec<String> {
+        let Some(recovery) = lock(&self.health_bounds).as_ref().map(|b| b.recovery) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        lock(&self.health)
+            .iter()
+            .filter(|(_, h)| {
+                h.ended.is_none()
+                    && h.stepped_down.is_some_and(|stepped| {
+                        h.healthy_since()
+                            .is_some_and(|since| since.max(stepped) + recovery + margin <= now)
+                    })
+            })
+            .map(|(label, _)| label.clone())
+            .collect()
     }
 
     /// A term starts on process `label`: judged against its last health step-down.

@@ -29,7 +29,7 @@ impl Sim {
                 }
                 let (at, heal) = heals.remove(0);
                 tokio::time::sleep_until(at).await;
-                self.heal(heal);
+                self.due(heal, &mut heals);
             }
             if next >= end {
                 tokio::time::sleep_until(end).await;
@@ -169,6 +169,8 @@ impl Sim {
             }
             Heal::Retire(id) => self.retire(id),
             Heal::Health(label, healthy) => self.report_health(&label, healthy),
+            // A relapse falls due only while the faults run (`due`); not at their end.
+            Heal::Relapse => {}
         }
     }
 
@@ -242,4 +244,6 @@ pub(super) enum Heal {
     /// Process `label`'s workload reports its health (`health-*` nemeses); nothing if the
     /// process is gone.
     Health(String, bool),
+    /// An armed `health-relapse` falls due.
+    Relapse,
 }

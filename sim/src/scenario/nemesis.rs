@@ -21,7 +21,7 @@ use crate::link::{Cut, HoldRenewal, Link, SLOWEST_COVERED_RATE};
 use crate::world::{Stall, World};
 
 /// Every nemesis, in the order the summary lists them.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 14] = [
     "slow-renewal",
     "drift-edge",
     "drift-past",
@@ -35,6 +35,7 @@ pub const NAMES: [&str; 13] = [
     "health-turns",
     "all-unhealthy",
     "runtime-stall",
+    "health-relapse",
 ];
 
 /// The clock rate of `drift-past`: just slower than the drift allowance covers.
@@ -81,7 +82,7 @@ impl Sim {
         while heals.first().is_some_and(|(due, _)| *due <= at) {
             let (due, heal) = heals.remove(0);
             tokio::time::sleep_until(due).await;
-            self.heal(heal);
+            self.due(heal, heals);
         }
         tokio::time::sleep_until(at).await;
     }
@@ -97,7 +98,7 @@ impl Sim {
         // Weights: the boundary of validity most, the membership moments only in groups,
         // health only for one lease (whose electors follow it; zero weights in groups keep
         // their histories as they were).
-        let weights: [u64; 13] = [
+        let weights: [u64; 14] = [
             3,
             3,
             1,
@@ -111,6 +112,7 @@ impl Sim {
             2 * u64::from(!sharded),
             u64::from(!sharded),
             2,
+            2 * u64::from(!sharded),
         ];
         let total: u64 = weights.iter().sum();
         let mut draw = self.world.rng(|r| r.below(total));
@@ -131,6 +133,14 @@ impl Sim {
             "health-turns" => self.health_turns(&lease, id, heals),
             "all-unhealthy" => self.all_unhealthy(&lease, heals),
             "runtime-stall" => self.arm_runtime_stall(&lease, id),
+            "health-relapse" => {
+                let recovered = self.recovered(&held);
+                if recovered.is_empty() {
+                    self.arm_relapse(&lease, id, heals);
+                } else {
+                    self.health_relapse(&lease, id, expiry, &recovered, heals);
+                }
+            }
             _ => self.at_last_renew_period(name, &lease, id, heals).await,
         }
         true
@@ -465,6 +475,125 @@ impl Sim {
                 .lease
                 .mul_f64(self.world.rng(|r| r.between(0.5, 2.5)));
             heals.push((now + stale + extra, Heal::Health(label, true)));
+        }
+    }
+}
+
+impl Sim {
+    /// A heal falls due; an armed `health-relapse` fires.
+    pub(super) fn due(&mut self, heal: Heal, heals: &mut Vec<(Instant, Heal)>) {
+        let Heal::Relapse = heal else {
+            self.heal(heal);
+            return;
+        };
+        let held = self.held();
+        let Some(target) = held.first() else {
+            return;
+        };
+        let recovered = self.recovered(&held);
+        if recovered.is_empty() {
+            self.world
+                .event("nemesis health-relapse: no replica recovered from a health step-down");
+            return;
+        }
+        let (lease, id, expiry) = (target.lease.clone(), target.id, target.expiry);
+        self.health_relapse(&lease, id, expiry, &recovered, heals);
+        // Its heals among the others, in order (a stable sort: deterministic).
+        heals.sort_by_key(|(at, _)| *at);
+    }
+
+    /// The live replicas (labels) that stepped down for their health and have been healthy
+    /// since for the recovery window (and a retry period: their electors campaign again),
+    /// none of them a holder. Read from the world's health records, not drawn.
+    fn recovered(&self, held: &[Held]) -> Vec<String> {
+        let holders: Vec<&str> = held
+            .iter()
+            .map(|h| self.replicas[&h.id].link.label())
+            .collect();
+        self.world
+            .recovered(self.t.retry)
+            .into_iter()
+            .filter(|label| !holders.contains(&label.as_str()))
+            .filter(|label| self.replicas.values().any(|r| r.link.label() == label))
+            .collect()
+    }
+
+    /// `health-relapse` with no replica recovered from a health step-down yet: armed on the
+    /// holder of `lease`. It turns unhealthy for 1.2–2 × the bound (so it steps down), and
+    /// the relapse falls due once it has been healthy for the recovery window and campaigns
+    /// again (after the grace its step-down may take, a retry period and 0–1 lease).
+    fn arm_relapse(&mut self, lease: &str, id: usize, heals: &mut Vec<(Instant, Heal)>) {
+        let label = self.replicas[&id].link.label().to_owned();
+        let (bound, recovery) = (self.t.health.unhealthy_after, self.t.health.recovery);
+        let (sick, wait) = self
+            .world
+            .rng(|r| (bound.mul_f64(r.between(1.2, 2.0)), r.between(0.0, 1.0)));
+        let healthy_at = Instant::now() + sick;
+        let due = healthy_at + recovery + self.t.grace + self.t.retry + self.t.lease.mul_f64(wait);
+        self.world.event(format_args!(
+            "nemesis health-relapse armed on {label} {lease}: unhealthy for {sick:?}, the relapse due at {} ms",
+            self.world.ms(due)
+        ));
+        self.report_health(&label, false);
+        heals.push((healthy_at, Heal::Health(label, true)));
+        heals.push((due, Heal::Relapse));
+    }
+
+    /// `health-relapse` (one lease): a replica that stepped down for its health and has been
+    /// healthy for the recovery window since, so that it campaigns again, relapses —
+    /// unhealthy for an instant or for 0.3–3 leases — and the holder is cut off both ways at
+    /// once until past its lease's expiry, which frees the lease without a hand-over. The
+    /// relapsed replica's campaign is aimed at the expiry, every other one a little after
+    /// it. The relapse must have stopped that campaign (its recovery window starts again):
+    /// if it still runs, it wins the lease too early (checker `Flapping`).
+    fn health_relapse(
+        &mut self,
+        lease: &str,
+        id: usize,
+        expiry: Instant,
+        recovered: &[String],
+        heals: &mut Vec<(Instant, Heal)>,
+    ) {
+        let link = self.replicas[&id].link.clone();
+        // An armed `slow-renewal` would aim the campaigns elsewhere when it fires.
+        if link.holding() {
+            return;
+        }
+        let relapsing =
+            recovered[self.world.rng(|r| r.below(recovered.len() as u64)) as usize].clone();
+        let (l, retry) = (self.t.lease, self.t.retry);
+        let (for_an_instant, unhealthy, after, back) = self.world.rng(|r| {
+            (
+                r.chance(0.25),
+                l.mul_f64(r.between(0.3, 3.0)),
+                retry.mul_f64(r.between(0.25, 1.0)),
+                l.mul_f64(r.between(0.2, 1.0)),
+            )
+        });
+        self.world.nemesis(
+            "health-relapse",
+            lease,
+            format_args!(
+                "{relapsing} relapses {} while campaigning; {} cut off, campaigns aimed at the expiry {} ms, all but {relapsing}'s {after:?} after it",
+                if for_an_instant {
+                    "for an instant".to_owned()
+                } else {
+                    format!("for {unhealthy:?}")
+                },
+                link.label(),
+                self.world.ms(expiry)
+            ),
+        );
+        // The store answers at once: no renewal of the holder lands after the cut, and the
+        // expiry read with `held` stands.
+        link.change(|s| s.cut = Cut::Both);
+        heals.push((expiry + back, Heal::Link(link, HealWhat::Cut)));
+        self.world.aim_first(lease, expiry, &relapsing, after);
+        self.report_health(&relapsing, false);
+        if for_an_instant {
+            self.report_health(&relapsing, true);
+        } else {
+            heals.push((Instant::now() + unhealthy, Heal::Health(relapsing, true)));
         }
     }
 }
