@@ -798,23 +798,20 @@ impl World {
         }
     }
 
-    /// The live processes that stepped down for their health and have been healthy since
-    /// for the recovery window and `margin` (their electors campaign again), by label.
-    pub fn recovered(&self, margin: Duration) -> Vec<String> {
+    /// The live processes that stepped down for their health and are healthy now, by
+    /// label, each with the instant it will have been healthy since for the recovery window
+    /// and `margin` (its elector campaigns again by then).
+    pub fn recovering(&self, margin: Duration) -> Vec<(String, Instant)> {
         let Some(recovery) = lock(&self.health_bounds).as_ref().map(|b| b.recovery) else {
             return Vec::new();
         };
-        let now = Instant::now();
         lock(&self.health)
             .iter()
-            .filter(|(_, h)| {
-                h.ended.is_none()
-                    && h.stepped_down.is_some_and(|stepped| {
-                        h.healthy_since()
-                            .is_some_and(|since| since.max(stepped) + recovery + margin <= now)
-                    })
+            .filter(|(_, h)| h.ended.is_none())
+            .filter_map(|(label, h)| {
+                let since = h.healthy_since()?.max(h.stepped_down?);
+                Some((label.clone(), since + recovery + margin))
             })
-            .map(|(label, _)| label.clone())
             .collect()
     }
 

@@ -9,6 +9,7 @@
 //! campaigns at that instant, is one order of faults among millions. Defects that only break
 //! at a boundary need the nemeses to be seen (docs/evidence.md).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -76,14 +77,20 @@ impl Sim {
             .collect()
     }
 
-    /// Waits until `at`, healing on the way whatever falls due.
-    async fn wait_until(&mut self, at: Instant, heals: &mut Vec<(Instant, Heal)>) {
+    /// Waits until `at`, healing on the way whatever falls due; a `health-relapse` falling
+    /// due meanwhile waits until then (one aim at a time).
+    pub(super) async fn wait_until(&mut self, at: Instant, heals: &mut Vec<(Instant, Heal)>) {
         heals.sort_by_key(|(at, _)| *at);
+        let mut postponed = Vec::new();
         while heals.first().is_some_and(|(due, _)| *due <= at) {
             let (due, heal) = heals.remove(0);
             tokio::time::sleep_until(due).await;
-            self.due(heal, heals);
+            match heal {
+                Heal::Relapse(_) => postponed.push((at, heal)),
+                heal => self.heal(heal),
+            }
         }
+        heals.append(&mut postponed);
         tokio::time::sleep_until(at).await;
     }
 
@@ -112,7 +119,7 @@ impl Sim {
             2 * u64::from(!sharded),
             u64::from(!sharded),
             2,
-            2 * u64::from(!sharded),
+            3 * u64::from(!sharded),
         ];
         let total: u64 = weights.iter().sum();
         let mut draw = self.world.rng(|r| r.below(total));
@@ -137,8 +144,10 @@ impl Sim {
                 let recovered = self.recovered(&held);
                 if recovered.is_empty() {
                     self.arm_relapse(&lease, id, heals);
-                } else {
-                    self.health_relapse(&lease, id, expiry, &recovered, heals);
+                } else if let Some(until) =
+                    self.health_relapse(&lease, id, expiry, &recovered, heals)
+                {
+                    self.wait_until(until, heals).await;
                 }
             }
             _ => self.at_last_renew_period(name, &lease, id, heals).await,
@@ -480,63 +489,87 @@ impl Sim {
 }
 
 impl Sim {
-    /// A heal falls due; an armed `health-relapse` fires.
-    pub(super) fn due(&mut self, heal: Heal, heals: &mut Vec<(Instant, Heal)>) {
-        let Heal::Relapse = heal else {
+    /// A heal falls due; a `health-relapse` armed on a process fires, when a replica has
+    /// recovered from a health step-down — or later, when the armed one will have. Returns
+    /// the instant until which the relapse needs no other fault (`health_relapse`).
+    pub(super) fn due(&mut self, heal: Heal, heals: &mut Vec<(Instant, Heal)>) -> Option<Instant> {
+        let Heal::Relapse(armed) = heal else {
             self.heal(heal);
-            return;
+            return None;
         };
         let held = self.held();
-        let Some(target) = held.first() else {
-            return;
-        };
         let recovered = self.recovered(&held);
-        if recovered.is_empty() {
-            self.world
-                .event("nemesis health-relapse: no replica recovered from a health step-down");
-            return;
+        let mut until = None;
+        if let Some(target) = held.first()
+            && !recovered.is_empty()
+        {
+            let (lease, id, expiry) = (target.lease.clone(), target.id, target.expiry);
+            until = self.health_relapse(&lease, id, expiry, &recovered, heals);
+        } else if let Some(at) = self.recovers_at(&armed)
+            && at > Instant::now()
+        {
+            // Its step-down came later than armed for (the workload's grace, a slow store).
+            heals.push((at, Heal::Relapse(armed)));
+        } else {
+            self.world.event(format_args!(
+                "nemesis health-relapse on {armed}: nothing to aim at (no replica recovered from a health step-down, or no lease held)"
+            ));
         }
-        let (lease, id, expiry) = (target.lease.clone(), target.id, target.expiry);
-        self.health_relapse(&lease, id, expiry, &recovered, heals);
         // Its heals among the others, in order (a stable sort: deterministic).
         heals.sort_by_key(|(at, _)| *at);
+        until
+    }
+
+    /// When process `label`, if it stepped down for its health and is healthy, will have
+    /// been healthy for the recovery window and a retry period (its elector campaigns again).
+    fn recovers_at(&self, label: &str) -> Option<Instant> {
+        self.world
+            .recovering(self.t.retry)
+            .into_iter()
+            .find(|(l, _)| l == label)
+            .map(|(_, at)| at)
     }
 
     /// The live replicas (labels) that stepped down for their health and have been healthy
     /// since for the recovery window (and a retry period: their electors campaign again),
     /// none of them a holder. Read from the world's health records, not drawn.
     fn recovered(&self, held: &[Held]) -> Vec<String> {
+        let now = Instant::now();
         let holders: Vec<&str> = held
             .iter()
             .map(|h| self.replicas[&h.id].link.label())
             .collect();
         self.world
-            .recovered(self.t.retry)
+            .recovering(self.t.retry)
             .into_iter()
-            .filter(|label| !holders.contains(&label.as_str()))
-            .filter(|label| self.replicas.values().any(|r| r.link.label() == label))
+            .filter(|(label, at)| {
+                *at <= now
+                    && !holders.contains(&label.as_str())
+                    && self.replicas.values().any(|r| r.link.label() == label)
+            })
+            .map(|(label, _)| label)
             .collect()
     }
 
     /// `health-relapse` with no replica recovered from a health step-down yet: armed on the
     /// holder of `lease`. It turns unhealthy for 1.2–2 × the bound (so it steps down), and
-    /// the relapse falls due once it has been healthy for the recovery window and campaigns
-    /// again (after the grace its step-down may take, a retry period and 0–1 lease).
+    /// the relapse falls due once it has been healthy for the recovery window, a retry
+    /// period and 0–0.5 lease (its elector campaigns again).
     fn arm_relapse(&mut self, lease: &str, id: usize, heals: &mut Vec<(Instant, Heal)>) {
         let label = self.replicas[&id].link.label().to_owned();
         let (bound, recovery) = (self.t.health.unhealthy_after, self.t.health.recovery);
         let (sick, wait) = self
             .world
-            .rng(|r| (bound.mul_f64(r.between(1.2, 2.0)), r.between(0.0, 1.0)));
+            .rng(|r| (bound.mul_f64(r.between(1.2, 2.0)), r.between(0.0, 0.5)));
         let healthy_at = Instant::now() + sick;
-        let due = healthy_at + recovery + self.t.grace + self.t.retry + self.t.lease.mul_f64(wait);
+        let due = healthy_at + recovery + self.t.retry + self.t.lease.mul_f64(wait);
         self.world.event(format_args!(
             "nemesis health-relapse armed on {label} {lease}: unhealthy for {sick:?}, the relapse due at {} ms",
             self.world.ms(due)
         ));
         self.report_health(&label, false);
-        heals.push((healthy_at, Heal::Health(label, true)));
-        heals.push((due, Heal::Relapse));
+        heals.push((healthy_at, Heal::Health(label.clone(), true)));
+        heals.push((due, Heal::Relapse(label)));
     }
 
     /// `health-relapse` (one lease): a replica that stepped down for its health and has been
@@ -553,12 +586,8 @@ impl Sim {
         expiry: Instant,
         recovered: &[String],
         heals: &mut Vec<(Instant, Heal)>,
-    ) {
+    ) -> Option<Instant> {
         let link = self.replicas[&id].link.clone();
-        // An armed `slow-renewal` would aim the campaigns elsewhere when it fires.
-        if link.holding() {
-            return;
-        }
         let relapsing =
             recovered[self.world.rng(|r| r.below(recovered.len() as u64)) as usize].clone();
         let (l, retry) = (self.t.lease, self.t.retry);
@@ -570,6 +599,24 @@ impl Sim {
                 l.mul_f64(r.between(0.2, 1.0)),
             )
         });
+        // Aimed where nothing else stands in the way: no `slow-renewal` armed on the holder
+        // (it would aim the campaigns elsewhere), the store up, the relapsing replica's link
+        // clear (a campaign that cannot reach the store wins nothing), the expiry within the
+        // faults' phase (the heal of them all ends the cut).
+        let clear = self.replicas.values().any(|r| {
+            let s = r.link.state();
+            r.link.label() == relapsing && s.cut == Cut::None && !s.frozen && s.extra.is_zero()
+        });
+        if link.holding()
+            || !clear
+            || self.world.store_down.load(Ordering::Relaxed)
+            || expiry + after >= self.chaos_end
+        {
+            self.world.event(format_args!(
+                "nemesis health-relapse on {relapsing}: not now (the holder armed, the store down, its link faulty or the faults' end too near)"
+            ));
+            return None;
+        }
         self.world.nemesis(
             "health-relapse",
             lease,
@@ -595,6 +642,9 @@ impl Sim {
         } else {
             heals.push((Instant::now() + unhealthy, Heal::Health(relapsing, true)));
         }
+        // No other fault until the others' campaigns have reached the store: a store-stall or
+        // another aim would decide the race instead.
+        Some(expiry + after)
     }
 }
 
