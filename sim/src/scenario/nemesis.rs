@@ -119,7 +119,7 @@ impl Sim {
             2 * u64::from(!sharded),
             u64::from(!sharded),
             2,
-            3 * u64::from(!sharded),
+            5 * u64::from(!sharded),
         ];
         let total: u64 = weights.iter().sum();
         let mut draw = self.world.rng(|r| r.below(total));
@@ -505,11 +505,27 @@ impl Sim {
         {
             let (lease, id, expiry) = (target.lease.clone(), target.id, target.expiry);
             until = self.health_relapse(&lease, id, expiry, &recovered, heals);
+            // Not now: again a lease later, while the faults' phase lasts.
+            let again = Instant::now() + self.t.lease;
+            if until.is_none() && again < self.chaos_end {
+                heals.push((again, Heal::Relapse(armed)));
+            }
         } else if let Some(at) = self.recovers_at(&armed)
             && at > Instant::now()
         {
             // Its step-down came later than armed for (the workload's grace, a slow store).
             heals.push((at, Heal::Relapse(armed)));
+        } else if let Some(target) = held.first()
+            && Instant::now()
+                + self.t.health.unhealthy_after * 2
+                + self.t.health.recovery
+                + self.t.lease * 2
+                < self.chaos_end
+        {
+            // The armed replica did not step down (its term lost, not handed over), or is
+            // gone: armed again on the holder while there is time for it.
+            let (lease, id) = (target.lease.clone(), target.id);
+            self.arm_relapse(&lease, id, heals);
         } else {
             self.world.event(format_args!(
                 "nemesis health-relapse on {armed}: nothing to aim at (no replica recovered from a health step-down, or no lease held)"
@@ -554,13 +570,13 @@ impl Sim {
     /// `health-relapse` with no replica recovered from a health step-down yet: armed on the
     /// holder of `lease`. It turns unhealthy for 1.2–2 × the bound (so it steps down), and
     /// the relapse falls due once it has been healthy for the recovery window, a retry
-    /// period and 0–0.5 lease (its elector campaigns again).
+    /// period and 0–0.25 lease (its elector campaigns again).
     fn arm_relapse(&mut self, lease: &str, id: usize, heals: &mut Vec<(Instant, Heal)>) {
         let label = self.replicas[&id].link.label().to_owned();
         let (bound, recovery) = (self.t.health.unhealthy_after, self.t.health.recovery);
         let (sick, wait) = self
             .world
-            .rng(|r| (bound.mul_f64(r.between(1.2, 2.0)), r.between(0.0, 0.5)));
+            .rng(|r| (bound.mul_f64(r.between(1.2, 2.0)), r.between(0.0, 0.25)));
         let healthy_at = Instant::now() + sick;
         let due = healthy_at + recovery + self.t.retry + self.t.lease.mul_f64(wait);
         self.world.event(format_args!(
