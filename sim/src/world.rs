@@ -827,3 +827,64 @@ impl World {
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_aim_with_a_first_process_holds_the_others_back() {
+        let world = World::new(1, false);
+        let at = Instant::now() + Duration::from_secs(5);
+        let after = Duration::from_millis(300);
+        world.aim_first("job", at, "r1#1", after);
+        assert_eq!(world.aim("job", "r1#1"), Some(at));
+        assert_eq!(world.aim("job", "r2#1"), Some(at + after));
+        assert_eq!(world.aim("other", "r1#1"), None);
+        // A plain aim (another nemesis) aims every campaign at one instant again.
+        world.aim_at("job", at);
+        assert_eq!(world.aim("job", "r2#1"), Some(at));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_process_recovers_from_its_health_step_down_after_the_window_since_its_relapse() {
+        let world = World::new(1, false);
+        let recovery = Duration::from_secs(18);
+        world.set_health_bounds(HealthBounds {
+            unhealthy_after: Duration::from_secs(3),
+            recovery,
+            stale_for: Duration::from_secs(47),
+        });
+        let margin = Duration::from_secs(1);
+        for (label, identity) in [("r1#1", "r1"), ("r2#1", "r2")] {
+            world.process_started(label, identity);
+        }
+        world.report_health("r1#1", false);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        world.health_step_down("job", "r1#1", 1, Some("r2"));
+        let stepped = Instant::now();
+        assert!(
+            world.recovering(margin).is_empty(),
+            "unhealthy: not recovering"
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        world.report_health("r1#1", true);
+        let healthy = Instant::now();
+        // r2 never stepped down: nothing to recover from.
+        assert_eq!(
+            world.recovering(margin),
+            vec![("r1#1".to_owned(), healthy + recovery + margin)]
+        );
+        assert!(healthy > stepped);
+        // A relapse for an instant starts the window again.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        world.report_health("r1#1", false);
+        world.report_health("r1#1", true);
+        assert_eq!(
+            world.recovering(margin),
+            vec![("r1#1".to_owned(), Instant::now() + recovery + margin)]
+        );
+        world.process_ended("r1#1");
+        assert!(world.recovering(margin).is_empty(), "ended: not recovering");
+    }
+}
