@@ -1,8 +1,9 @@
 //! Targeted faults ("nemeses"): each aims at a boundary a guarantee rests on, and is aimed
 //! from the state of the run — who holds which lease, when that holder's renew deadline
-//! falls, when the store's record expires — not from the seed alone. They run in the chaos
-//! phase beside the random faults; each is named in the history (`nemesis NAME …`), counted
-//! in the summary, and named beside the replay line of a violation it preceded.
+//! falls, when the store's record expires, which replica has recovered from a step-down for
+//! its health — not from the seed alone. They run in the chaos phase beside the random
+//! faults; each is named in the history (`nemesis NAME …`), counted in the summary, and
+//! named beside the replay line of a violation it preceded.
 //!
 //! Seeded random faults almost never line up with a boundary: a renewal answered at the
 //! last instant it counts, then silence until the store's expiry while another replica
