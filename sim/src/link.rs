@@ -449,7 +449,7 @@ impl Backend for Link {
             let rate = self.outbound().await?;
             // A campaign aimed at the expiry instant (nemeses): one that reaches the store
             // shortly before it waits there until the instant, within the client's patience.
-            let aim = self.0.world.aim(&req.name);
+            let aim = self.0.world.aim(&req.name, &self.0.label);
             if let Some(at) = aim
                 && at > Instant::now()
                 && sent + self.0.bounds.request_timeout > at

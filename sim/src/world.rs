@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tenure::Term;
 use tokio::time::Instant;
@@ -77,6 +78,14 @@ pub struct Stall {
     pub at: f64,
     /// Every lease of the run: the stall ends before the first of their expiries.
     pub leases: Vec<String>,
+}
+
+/// Where the nemeses aim the campaigns for a lease.
+struct Aim {
+    at: Instant,
+    /// The one process whose campaign is aimed at `at`; the others' `others_after` later.
+    first: Option<String>,
+    others_after: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -148,7 +157,7 @@ pub struct World {
     /// The store takes no request in while set (the `store-stall` nemesis).
     stall: tokio::sync::watch::Sender<bool>,
     /// Campaigns for a lease aimed at an instant (its expiry), by the nemeses.
-    aims: Mutex<BTreeMap<String, Instant>>,
+    aims: Mutex<BTreeMap<String, Aim>>,
     /// Replicas whose workloads ignore cancellation from now on (the `stubborn-stop` nemesis).
     forced_stubborn: Mutex<std::collections::BTreeSet<String>>,
     /// Armed `runtime-stall` nemeses, by lease and the token of the term they wait for.
@@ -230,12 +239,35 @@ impl World {
 
     /// Aims campaigns for `lease` at `at`.
     pub fn aim_at(&self, lease: &str, at: Instant) {
-        lock(&self.aims).insert(lease.to_owned(), at);
+        lock(&self.aims).insert(
+            lease.to_owned(),
+            Aim {
+                at,
+                first: None,
+                others_after: Duration::ZERO,
+            },
+        );
     }
 
-    /// The instant campaigns for `lease` are aimed at, if one is.
-    pub fn aim(&self, lease: &str) -> Option<Instant> {
-        lock(&self.aims).get(lease).copied()
+    /// Aims the campaign of process `first` for `lease` at `at`, every other one
+    /// `others_after` later (`health-relapse`: if its campaign still runs, it wins).
+    pub fn aim_first(&self, lease: &str, at: Instant, first: &str, others_after: Duration) {
+        lock(&self.aims).insert(
+            lease.to_owned(),
+            Aim {
+                at,
+                first: Some(first.to_owned()),
+                others_after,
+            },
+        );
+    }
+
+    /// The instant the campaign of process `label` for `lease` is aimed at, if one is.
+    pub fn aim(&self, lease: &str, label: &str) -> Option<Instant> {
+        lock(&self.aims).get(lease).map(|aim| match &aim.first {
+            Some(first) if first != label => aim.at + aim.others_after,
+            _ => aim.at,
+        })
     }
 
     /// Makes the workloads of `label` ignore cancellation from now on.
@@ -766,6 +798,23 @@ impl World {
         }
     }
 
+    /// The live processes that stepped down for their health and are healthy now, by
+    /// label, each with the instant it will have been healthy since for the recovery window
+    /// and `margin` (its elector campaigns again by then).
+    pub fn recovering(&self, margin: Duration) -> Vec<(String, Instant)> {
+        let Some(recovery) = lock(&self.health_bounds).as_ref().map(|b| b.recovery) else {
+            return Vec::new();
+        };
+        lock(&self.health)
+            .iter()
+            .filter(|(_, h)| h.ended.is_none())
+            .filter_map(|(label, h)| {
+                let since = h.healthy_since()?.max(h.stepped_down?);
+                Some((label.clone(), since + recovery + margin))
+            })
+            .collect()
+    }
+
     /// A term starts on process `label`: judged against its last health step-down.
     fn check_flapping(&self, lease: &str, label: &str) {
         if let Some(problem) = self.flapping(label) {
@@ -777,4 +826,65 @@ impl World {
 /// Every lock here guards plain data and nothing panics while holding it.
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_aim_with_a_first_process_holds_the_others_back() {
+        let world = World::new(1, false);
+        let at = Instant::now() + Duration::from_secs(5);
+        let after = Duration::from_millis(300);
+        world.aim_first("job", at, "r1#1", after);
+        assert_eq!(world.aim("job", "r1#1"), Some(at));
+        assert_eq!(world.aim("job", "r2#1"), Some(at + after));
+        assert_eq!(world.aim("other", "r1#1"), None);
+        // A plain aim (another nemesis) aims every campaign at one instant again.
+        world.aim_at("job", at);
+        assert_eq!(world.aim("job", "r2#1"), Some(at));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_process_recovers_from_its_health_step_down_after_the_window_since_its_relapse() {
+        let world = World::new(1, false);
+        let recovery = Duration::from_secs(18);
+        world.set_health_bounds(HealthBounds {
+            unhealthy_after: Duration::from_secs(3),
+            recovery,
+            stale_for: Duration::from_secs(47),
+        });
+        let margin = Duration::from_secs(1);
+        for (label, identity) in [("r1#1", "r1"), ("r2#1", "r2")] {
+            world.process_started(label, identity);
+        }
+        world.report_health("r1#1", false);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        world.health_step_down("job", "r1#1", 1, Some("r2"));
+        let stepped = Instant::now();
+        assert!(
+            world.recovering(margin).is_empty(),
+            "unhealthy: not recovering"
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        world.report_health("r1#1", true);
+        let healthy = Instant::now();
+        // r2 never stepped down: nothing to recover from.
+        assert_eq!(
+            world.recovering(margin),
+            vec![("r1#1".to_owned(), healthy + recovery + margin)]
+        );
+        assert!(healthy > stepped);
+        // A relapse for an instant starts the window again.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        world.report_health("r1#1", false);
+        world.report_health("r1#1", true);
+        assert_eq!(
+            world.recovering(margin),
+            vec![("r1#1".to_owned(), Instant::now() + recovery + margin)]
+        );
+        world.process_ended("r1#1");
+        assert!(world.recovering(margin).is_empty(), "ended: not recovering");
+    }
 }

@@ -16,6 +16,7 @@ impl Sim {
     /// Seeded faults for `length`, each healed after its own span.
     pub(super) async fn chaos(&mut self, length: Duration) {
         let end = Instant::now() + length;
+        self.chaos_end = end;
         let lease = self.t.lease.as_secs_f64();
         let mut heals: Vec<(Instant, Heal)> = Vec::new();
         loop {
@@ -29,7 +30,9 @@ impl Sim {
                 }
                 let (at, heal) = heals.remove(0);
                 tokio::time::sleep_until(at).await;
-                self.heal(heal);
+                if let Some(until) = self.due(heal, &mut heals) {
+                    self.wait_until(until, &mut heals).await;
+                }
             }
             if next >= end {
                 tokio::time::sleep_until(end).await;
@@ -169,6 +172,8 @@ impl Sim {
             }
             Heal::Retire(id) => self.retire(id),
             Heal::Health(label, healthy) => self.report_health(&label, healthy),
+            // A relapse falls due only while the faults run (`due`); not at their end.
+            Heal::Relapse(_) => {}
         }
     }
 
@@ -242,4 +247,6 @@ pub(super) enum Heal {
     /// Process `label`'s workload reports its health (`health-*` nemeses); nothing if the
     /// process is gone.
     Health(String, bool),
+    /// A `health-relapse` armed on process `label` falls due.
+    Relapse(String),
 }

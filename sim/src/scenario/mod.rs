@@ -196,6 +196,8 @@ struct Sim {
     quiet: bool,
     /// Replicas started for a while only (`resize-late`): retired, never restarted.
     transient: std::collections::BTreeSet<usize>,
+    /// When the chaos phase ends (the heal of every fault).
+    chaos_end: tokio::time::Instant,
 }
 
 /// Runs one seed on a fresh runtime.
@@ -277,6 +279,7 @@ async fn simulate(p: Params, world: Arc<World>) -> Outcome {
         stubborn: p.stubborn,
         quiet: false,
         transient: Default::default(),
+        chaos_end: tokio::time::Instant::now(),
     };
     for _ in 0..p.replicas {
         let id = sim.next_id;

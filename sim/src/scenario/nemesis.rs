@@ -1,14 +1,16 @@
 //! Targeted faults ("nemeses"): each aims at a boundary a guarantee rests on, and is aimed
 //! from the state of the run — who holds which lease, when that holder's renew deadline
-//! falls, when the store's record expires — not from the seed alone. They run in the chaos
-//! phase beside the random faults; each is named in the history (`nemesis NAME …`), counted
-//! in the summary, and named beside the replay line of a violation it preceded.
+//! falls, when the store's record expires, which replica has recovered from a step-down for
+//! its health — not from the seed alone. They run in the chaos phase beside the random
+//! faults; each is named in the history (`nemesis NAME …`), counted in the summary, and
+//! named beside the replay line of a violation it preceded.
 //!
 //! Seeded random faults almost never line up with a boundary: a renewal answered at the
 //! last instant it counts, then silence until the store's expiry while another replica
 //! campaigns at that instant, is one order of faults among millions. Defects that only break
 //! at a boundary need the nemeses to be seen (docs/evidence.md).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -21,7 +23,7 @@ use crate::link::{Cut, HoldRenewal, Link, SLOWEST_COVERED_RATE};
 use crate::world::{Stall, World};
 
 /// Every nemesis, in the order the summary lists them.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 14] = [
     "slow-renewal",
     "drift-edge",
     "drift-past",
@@ -35,6 +37,7 @@ pub const NAMES: [&str; 13] = [
     "health-turns",
     "all-unhealthy",
     "runtime-stall",
+    "health-relapse",
 ];
 
 /// The clock rate of `drift-past`: just slower than the drift allowance covers.
@@ -75,14 +78,20 @@ impl Sim {
             .collect()
     }
 
-    /// Waits until `at`, healing on the way whatever falls due.
-    async fn wait_until(&mut self, at: Instant, heals: &mut Vec<(Instant, Heal)>) {
+    /// Waits until `at`, healing on the way whatever falls due; a `health-relapse` falling
+    /// due meanwhile waits until then (one aim at a time).
+    pub(super) async fn wait_until(&mut self, at: Instant, heals: &mut Vec<(Instant, Heal)>) {
         heals.sort_by_key(|(at, _)| *at);
+        let mut postponed = Vec::new();
         while heals.first().is_some_and(|(due, _)| *due <= at) {
             let (due, heal) = heals.remove(0);
             tokio::time::sleep_until(due).await;
-            self.heal(heal);
+            match heal {
+                Heal::Relapse(_) => postponed.push((at, heal)),
+                heal => self.heal(heal),
+            }
         }
+        heals.append(&mut postponed);
         tokio::time::sleep_until(at).await;
     }
 
@@ -97,7 +106,7 @@ impl Sim {
         // Weights: the boundary of validity most, the membership moments only in groups,
         // health only for one lease (whose electors follow it; zero weights in groups keep
         // their histories as they were).
-        let weights: [u64; 13] = [
+        let weights: [u64; 14] = [
             3,
             3,
             1,
@@ -111,6 +120,7 @@ impl Sim {
             2 * u64::from(!sharded),
             u64::from(!sharded),
             2,
+            5 * u64::from(!sharded),
         ];
         let total: u64 = weights.iter().sum();
         let mut draw = self.world.rng(|r| r.below(total));
@@ -131,6 +141,16 @@ impl Sim {
             "health-turns" => self.health_turns(&lease, id, heals),
             "all-unhealthy" => self.all_unhealthy(&lease, heals),
             "runtime-stall" => self.arm_runtime_stall(&lease, id),
+            "health-relapse" => {
+                let recovered = self.recovered(&held);
+                if recovered.is_empty() {
+                    self.arm_relapse(&lease, id, heals);
+                } else if let Some(until) =
+                    self.health_relapse(&lease, id, expiry, &recovered, heals)
+                {
+                    self.wait_until(until, heals).await;
+                }
+            }
             _ => self.at_last_renew_period(name, &lease, id, heals).await,
         }
         true
@@ -466,6 +486,182 @@ impl Sim {
                 .mul_f64(self.world.rng(|r| r.between(0.5, 2.5)));
             heals.push((now + stale + extra, Heal::Health(label, true)));
         }
+    }
+}
+
+impl Sim {
+    /// A heal falls due; a `health-relapse` armed on a process fires, when a replica has
+    /// recovered from a health step-down — or later, when the armed one will have. Returns
+    /// the instant until which the relapse needs no other fault (`health_relapse`).
+    pub(super) fn due(&mut self, heal: Heal, heals: &mut Vec<(Instant, Heal)>) -> Option<Instant> {
+        let Heal::Relapse(armed) = heal else {
+            self.heal(heal);
+            return None;
+        };
+        let held = self.held();
+        let recovered = self.recovered(&held);
+        let mut until = None;
+        if let Some(target) = held.first()
+            && !recovered.is_empty()
+        {
+            let (lease, id, expiry) = (target.lease.clone(), target.id, target.expiry);
+            until = self.health_relapse(&lease, id, expiry, &recovered, heals);
+            // Not now: again a lease later, while the faults' phase lasts.
+            let again = Instant::now() + self.t.lease;
+            if until.is_none() && again < self.chaos_end {
+                heals.push((again, Heal::Relapse(armed)));
+            }
+        } else if let Some(at) = self.recovers_at(&armed)
+            && at > Instant::now()
+        {
+            // Its step-down came later than armed for (the workload's grace, a slow store).
+            heals.push((at, Heal::Relapse(armed)));
+        } else if let Some(target) = held.first()
+            && Instant::now()
+                + self.t.health.unhealthy_after * 2
+                + self.t.health.recovery
+                + self.t.lease * 2
+                < self.chaos_end
+        {
+            // The armed replica did not step down (its term lost, not handed over), or is
+            // gone: armed again on the holder while there is time for it.
+            let (lease, id) = (target.lease.clone(), target.id);
+            self.arm_relapse(&lease, id, heals);
+        } else {
+            self.world.event(format_args!(
+                "nemesis health-relapse on {armed}: nothing to aim at (no replica recovered from a health step-down, or no lease held)"
+            ));
+        }
+        // Its heals among the others, in order (a stable sort: deterministic).
+        heals.sort_by_key(|(at, _)| *at);
+        until
+    }
+
+    /// When process `label`, if it stepped down for its health and is healthy, will have
+    /// been healthy for the recovery window and a retry period (its elector campaigns again).
+    fn recovers_at(&self, label: &str) -> Option<Instant> {
+        self.world
+            .recovering(self.t.retry)
+            .into_iter()
+            .find(|(l, _)| l == label)
+            .map(|(_, at)| at)
+    }
+
+    /// The live replicas (labels) that stepped down for their health and have been healthy
+    /// since for the recovery window (and a retry period: their electors campaign again),
+    /// none of them a holder. Read from the world's health records, not drawn.
+    fn recovered(&self, held: &[Held]) -> Vec<String> {
+        let now = Instant::now();
+        let holders: Vec<&str> = held
+            .iter()
+            .map(|h| self.replicas[&h.id].link.label())
+            .collect();
+        self.world
+            .recovering(self.t.retry)
+            .into_iter()
+            .filter(|(label, at)| {
+                *at <= now
+                    && !holders.contains(&label.as_str())
+                    && self.replicas.values().any(|r| r.link.label() == label)
+            })
+            .map(|(label, _)| label)
+            .collect()
+    }
+
+    /// `health-relapse` with no replica recovered from a health step-down yet: armed on the
+    /// holder of `lease`. It turns unhealthy for 1.2–2 × the bound (so it steps down), and
+    /// the relapse falls due once it has been healthy for the recovery window, a retry
+    /// period and 0–0.25 lease (its elector campaigns again).
+    fn arm_relapse(&mut self, lease: &str, id: usize, heals: &mut Vec<(Instant, Heal)>) {
+        let label = self.replicas[&id].link.label().to_owned();
+        let (bound, recovery) = (self.t.health.unhealthy_after, self.t.health.recovery);
+        let (sick, wait) = self
+            .world
+            .rng(|r| (bound.mul_f64(r.between(1.2, 2.0)), r.between(0.0, 0.25)));
+        let healthy_at = Instant::now() + sick;
+        let due = healthy_at + recovery + self.t.retry + self.t.lease.mul_f64(wait);
+        self.world.event(format_args!(
+            "nemesis health-relapse armed on {label} {lease}: unhealthy for {sick:?}, the relapse due at {} ms",
+            self.world.ms(due)
+        ));
+        self.report_health(&label, false);
+        heals.push((healthy_at, Heal::Health(label.clone(), true)));
+        heals.push((due, Heal::Relapse(label)));
+    }
+
+    /// `health-relapse` (one lease): a replica that stepped down for its health and has been
+    /// healthy for the recovery window since, so that it campaigns again, relapses —
+    /// unhealthy for an instant or for 0.3–3 leases — and the holder is cut off both ways at
+    /// once until past its lease's expiry, which frees the lease without a hand-over. The
+    /// relapsed replica's campaign is aimed at the expiry, every other one a little after
+    /// it. The relapse must have stopped that campaign (its recovery window starts again):
+    /// if it still runs, it wins the lease too early (checker `Flapping`).
+    fn health_relapse(
+        &mut self,
+        lease: &str,
+        id: usize,
+        expiry: Instant,
+        recovered: &[String],
+        heals: &mut Vec<(Instant, Heal)>,
+    ) -> Option<Instant> {
+        let link = self.replicas[&id].link.clone();
+        let relapsing =
+            recovered[self.world.rng(|r| r.below(recovered.len() as u64)) as usize].clone();
+        let (l, retry) = (self.t.lease, self.t.retry);
+        let (for_an_instant, unhealthy, after, back) = self.world.rng(|r| {
+            (
+                r.chance(0.25),
+                l.mul_f64(r.between(0.3, 3.0)),
+                retry.mul_f64(r.between(0.25, 1.0)),
+                l.mul_f64(r.between(0.2, 1.0)),
+            )
+        });
+        // Aimed where nothing else stands in the way: no `slow-renewal` armed on the holder
+        // (it would aim the campaigns elsewhere), the store up, the relapsing replica's link
+        // clear (a campaign that cannot reach the store wins nothing), the expiry within the
+        // faults' phase (the heal of them all ends the cut).
+        let clear = self.replicas.values().any(|r| {
+            let s = r.link.state();
+            r.link.label() == relapsing && s.cut == Cut::None && !s.frozen && s.extra.is_zero()
+        });
+        if link.holding()
+            || !clear
+            || self.world.store_down.load(Ordering::Relaxed)
+            || expiry + after >= self.chaos_end
+        {
+            self.world.event(format_args!(
+                "nemesis health-relapse on {relapsing}: not now (the holder armed, the store down, its link faulty or the faults' end too near)"
+            ));
+            return None;
+        }
+        self.world.nemesis(
+            "health-relapse",
+            lease,
+            format_args!(
+                "{relapsing} relapses {} while campaigning; {} cut off, campaigns aimed at the expiry {} ms, all but {relapsing}'s {after:?} after it",
+                if for_an_instant {
+                    "for an instant".to_owned()
+                } else {
+                    format!("for {unhealthy:?}")
+                },
+                link.label(),
+                self.world.ms(expiry)
+            ),
+        );
+        // The store answers at once: no renewal of the holder lands after the cut, and the
+        // expiry read with `held` stands.
+        link.change(|s| s.cut = Cut::Both);
+        heals.push((expiry + back, Heal::Link(link, HealWhat::Cut)));
+        self.world.aim_first(lease, expiry, &relapsing, after);
+        self.report_health(&relapsing, false);
+        if for_an_instant {
+            self.report_health(&relapsing, true);
+        } else {
+            heals.push((Instant::now() + unhealthy, Heal::Health(relapsing, true)));
+        }
+        // No other fault until the others' campaigns have reached the store: a store-stall or
+        // another aim would decide the race instead.
+        Some(expiry + after)
     }
 }
 
