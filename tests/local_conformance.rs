@@ -10,9 +10,11 @@ use tempdir::TempDir;
 use tenure::backend::local::LocalBackend;
 use tenure::conformance::Suite;
 
-/// The suite's time scale. Every wait is a multiple of it; one second leaves room for a busy
-/// machine (two cores shared with other builds) and for disk syncs on grants.
-const TTL: Duration = Duration::from_secs(1);
+/// The suite's time scale. Every wait and bound is a multiple of it (each request's bound a
+/// quarter), with room for disk syncs on grants: at one second the Redis suite missed a
+/// 250 ms bound on a loaded machine (two cores, a busy loop each beside the tests, #42);
+/// three leave room for it here too.
+const TTL: Duration = Duration::from_secs(3);
 
 async fn setup() -> (TempDir, Suite) {
     let dir = TempDir::reserve("local-conformance-check");
