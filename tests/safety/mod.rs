@@ -44,6 +44,25 @@ pub fn config() -> ElectionConfig {
         .rejoin(true)
 }
 
+/// The durations of tests on the kube-apiserver whose claims need one uninterrupted term: a
+/// follower that never acts, a hand-off at a moment the test chooses, every write of a term
+/// landing. With [`config`]'s 2 s lease a renewal has 1.3 s − 2 s / 3 ≈ 633 ms, one attempt,
+/// and an API server sharing two cores with one busy loop per core answers a Lease write in
+/// 0.5–2 s: terms ended at random (#42). Here a renewal is sent every 2 s and may take until
+/// the renew deadline 2 s later, room for one slow write and a retry.
+pub const KUBE_LEASE: Duration = Duration::from_secs(6);
+pub const KUBE_RENEW_DEADLINE: Duration = Duration::from_secs(4);
+pub const KUBE_RETRY: Duration = Duration::from_secs(1);
+
+pub fn kube_config() -> ElectionConfig {
+    ElectionConfig::new()
+        .lease_duration(KUBE_LEASE)
+        .renew_deadline(KUBE_RENEW_DEADLINE)
+        .retry_period(KUBE_RETRY)
+        .stop_margin(Duration::from_secs(1))
+        .rejoin(true)
+}
+
 /// A file-backed fenced register: `highest` holds the highest accepted token, `log` every
 /// attempt, both updated under an exclusive lock on `highest`.
 pub struct Register {
