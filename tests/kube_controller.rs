@@ -698,8 +698,8 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
         assert!(
             std::time::Instant::now() < deadline,
             "never settled balanced: a owns {:?}, b owns {:?}, reconciled {:?}",
-            a.owned().borrow(),
-            b.owned().borrow(),
+            *a.owned().borrow(),
+            *b.owned().borrow(),
             seen.lock().expect("not poisoned")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
