@@ -111,7 +111,7 @@ async fn candidate() -> bool {
     let elector = LeaderElector::new(
         Locker::with_identity(backend, &identity).expect("identity"),
         "controller",
-        safety::config(),
+        safety::kube_config(),
     )
     .expect("elector");
     let mode = if mode == "cold" {
@@ -476,7 +476,15 @@ async fn a_cold_follower_lists_after_its_grant() {
     let (ns, kubeconfig, log) = setup("cold").await;
     let a = spawn(test, &ns, &kubeconfig, &log, "cold-a", "cold", free_port());
     wait_line(&log, "GRANT", "cold-a", "a never led");
-    let b = spawn(test, &ns, &kubeconfig, &log, "cold-b", "cold", free_port());
+    let port_b = free_port();
+    let b = spawn(test, &ns, &kubeconfig, &log, "cold-b", "cold", port_b);
+    // b runs as a follower (its always-on part answers) for a while before the audit is read:
+    // on a loaded machine a fixed pause alone could end before b had even started.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !answers(port_b, "cold-b") {
+        assert!(std::time::Instant::now() < deadline, "b never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     std::thread::sleep(Duration::from_millis(1500));
     let before = configmap_verbs(&audited().audit, "cold-b", 0);
     assert_eq!(
@@ -513,7 +521,7 @@ async fn a_refused_watch_ends_the_term_with_an_error_instead_of_a_silent_followe
     let elector = LeaderElector::new(
         Locker::with_identity(backend, "refused").expect("identity"),
         "controller",
-        safety::config(),
+        safety::kube_config(),
     )
     .expect("elector");
     // Secrets: the participant has no rights on them.
@@ -573,7 +581,7 @@ async fn a_panicking_reconcile_ends_the_term_and_surfaces_from_run() {
     let elector = LeaderElector::new(
         Locker::with_identity(backend, "panics").expect("identity"),
         "controller",
-        safety::config(),
+        safety::kube_config(),
     )
     .expect("elector");
     let items: Vec<_> = tokio::time::timeout(
@@ -633,7 +641,7 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
             Locker::with_identity(backend, who).expect("identity"),
             "sharded-ctrl",
             SHARDS,
-            safety::config(),
+            safety::kube_config(),
         )
         .expect("elector");
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -679,18 +687,23 @@ async fn a_sharded_controller_reconciles_only_its_shards_and_takes_over_moved_on
             .collect();
         keys.len()
     };
+    // Settled once the shards are balanced (2 each) and every object was reconciled. Both
+    // replicas start at once, so one may first take every shard and hand two over when it
+    // sees the other: a look at the first moment all 4 are held could catch that in flux.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while a.owned().borrow().len() + b.owned().borrow().len() < SHARDS as usize
+    while a.owned().borrow().len() != 2
+        || b.owned().borrow().len() != 2
         || all("shard-a", &seen) + all("shard-b", &seen) < OBJECTS
     {
         assert!(
             std::time::Instant::now() < deadline,
-            "never settled: {:?}",
+            "never settled balanced: a owns {:?}, b owns {:?}, reconciled {:?}",
+            *a.owned().borrow(),
+            *b.owned().borrow(),
             seen.lock().expect("not poisoned")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(a.owned().borrow().len(), 2, "balanced");
     // b leaves gracefully: a reconciles b's objects at once, from its warm store.
     let left = std::time::Instant::now();
     stop_b.send_replace(true);

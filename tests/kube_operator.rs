@@ -314,7 +314,7 @@ async fn watches_reconcile_all_on_and_reconcile_on_trigger_the_leader_only() {
         let elector = LeaderElector::new(
             Locker::with_identity(backend, who).expect("identity"),
             "triggers",
-            safety::config(),
+            safety::kube_config(),
         )
         .expect("elector");
         let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(admin.clone(), &ns);

@@ -11,7 +11,8 @@
 //! - no two terms' acting intervals overlap: a term acts from its START until its STOP, or
 //!   until the instant its process was frozen or killed (a frozen process cannot act; what it
 //!   does after it wakes is the fence's business);
-//! - after each kill, a new leader's workload starts within lease duration + retry period.
+//! - after each kill, a new leader's workload starts within the suite's failover bound
+//!   (liveness, not speed: each suite sets it for its store and prints the failovers measured).
 
 #![allow(dead_code)]
 
@@ -40,6 +41,25 @@ pub fn config() -> ElectionConfig {
         .renew_deadline(RENEW_DEADLINE)
         .retry_period(RETRY)
         .stop_margin(Duration::from_millis(300))
+        .rejoin(true)
+}
+
+/// The durations of tests on the kube-apiserver whose claims need one uninterrupted term: a
+/// follower that never acts, a hand-off at a moment the test chooses, every write of a term
+/// landing. With [`config`]'s 2 s lease a renewal has 1.3 s − 2 s / 3 ≈ 633 ms, one attempt,
+/// and an API server sharing two cores with one busy loop per core answers a Lease write in
+/// 0.5–2 s: terms ended at random (#42). Here a renewal is sent every 2 s and may take until
+/// the renew deadline 2 s later, room for one slow write and a retry.
+pub const KUBE_LEASE: Duration = Duration::from_secs(6);
+pub const KUBE_RENEW_DEADLINE: Duration = Duration::from_secs(4);
+pub const KUBE_RETRY: Duration = Duration::from_secs(1);
+
+pub fn kube_config() -> ElectionConfig {
+    ElectionConfig::new()
+        .lease_duration(KUBE_LEASE)
+        .renew_deadline(KUBE_RENEW_DEADLINE)
+        .retry_period(KUBE_RETRY)
+        .stop_margin(Duration::from_secs(1))
         .rejoin(true)
 }
 
@@ -294,14 +314,20 @@ pub fn current_leader(dir: &Path) -> Option<TermLog> {
 }
 
 /// Runs `rounds` rounds of kill / freeze against candidates spawned by `spawn` and checks the
-/// invariants. Returns a one-line summary for the log.
-pub fn run_rounds(dir: &Path, rounds: usize, spawn: &dyn Fn(&str) -> Candidate) -> String {
+/// invariants. After each kill a new leader's workload must start within `failover_bound`:
+/// liveness (someone takes over), which the suite sizes for its store on a loaded machine; how
+/// fast is what the summary's measured failovers show. Returns a one-line summary for the log.
+pub fn run_rounds(
+    dir: &Path,
+    rounds: usize,
+    failover_bound: Duration,
+    spawn: &dyn Fn(&str) -> Candidate,
+) -> String {
     let _register = Register::new(dir);
     let mut candidates: Vec<Candidate> = (0..5).map(|i| spawn(&format!("c{i}"))).collect();
     let mut next_id = 5;
     let mut disturbances = Vec::new();
     let mut failovers = Vec::new();
-    let bound = (LEASE + RETRY).as_nanos() as u64;
     for round in 0..rounds {
         let leader = wait_for(Duration::from_secs(30), || current_leader(dir))
             .unwrap_or_else(|| panic!("round {round}: no leader within 30 s"));
@@ -326,14 +352,13 @@ pub fn run_rounds(dir: &Path, rounds: usize, spawn: &dyn Fn(&str) -> Candidate) 
                 terms(dir).into_values().find(|t| t.token > leader.token)
             })
             .unwrap_or_else(|| panic!("round {round}: nobody took over after the kill"));
-            let took = next.start.saturating_sub(at);
+            let took = Duration::from_nanos(next.start.saturating_sub(at));
             assert!(
-                took <= bound,
-                "round {round}: a new leader started {:?} after the kill; the bound is lease + retry = {:?}",
-                Duration::from_nanos(took),
-                LEASE + RETRY
+                took <= failover_bound,
+                "round {round}: a new leader started {took:?} after the kill; the bound is \
+                 {failover_bound:?} (failovers before: {failovers:?})"
             );
-            failovers.push(Duration::from_nanos(took));
+            failovers.push(took);
         } else {
             candidates[idx].signal("STOP");
             disturbances.push(Disturbance {
@@ -351,9 +376,9 @@ pub fn run_rounds(dir: &Path, rounds: usize, spawn: &dyn Fn(&str) -> Candidate) 
     check(dir, &disturbances);
     let refused = Register::at(dir).history().iter().filter(|h| !h.0).count();
     format!(
-        "{rounds} rounds, {} terms, failovers after kill {:?}, stale writes refused by the fence: {refused}",
+        "{rounds} rounds, {} terms, failovers after kill {failovers:?} (bound {failover_bound:?}), \
+         stale writes refused by the fence: {refused}",
         terms(dir).len(),
-        failovers
     )
 }
 
@@ -364,9 +389,10 @@ pub async fn run_parent(
     env: Vec<(&'static str, String)>,
     dir: PathBuf,
     rounds: usize,
+    failover_bound: Duration,
 ) -> String {
     tokio::task::spawn_blocking(move || {
-        run_rounds(&dir, rounds, &|identity| {
+        run_rounds(&dir, rounds, failover_bound, &|identity| {
             Candidate::spawn(test_name, &env, identity)
         })
     })
