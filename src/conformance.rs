@@ -86,12 +86,14 @@ use crate::{LeaseEnd, LockError, LockOptions, Locker, LostReason, WithLockError}
 pub struct Suite {
     backend: Arc<dyn Backend>,
     ttl: Duration,
+    request_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for Suite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Suite")
             .field("ttl", &self.ttl)
+            .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -166,6 +168,7 @@ impl Suite {
         Self {
             backend: Arc::new(backend),
             ttl: Duration::from_secs(1),
+            request_timeout: None,
         }
     }
 
@@ -177,6 +180,17 @@ impl Suite {
         self
     }
 
+    /// Sets the bound on each request the checks make through the lock runtime (acquire
+    /// attempts, renewals); a quarter of the ttl unless set, and at most the ttl less its
+    /// drift allowance. No check is about how fast the store answers: raise it for a store that
+    /// may answer slowly (an API server on a busy machine), where a request cut short fails
+    /// a check that expects an answer.
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
     fn locker(&self, identity: &str) -> Locker {
         Locker::with_identity(self.backend.clone(), identity).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -185,7 +199,7 @@ impl Suite {
         LockOptions::new()
             .ttl(self.ttl)
             .retry_interval(self.ttl / 10)
-            .request_timeout(self.ttl / 4)
+            .request_timeout(self.request_timeout.unwrap_or(self.ttl / 4))
     }
 
     /// Runs every check in turn.
