@@ -660,8 +660,11 @@ mod kube {
     use ::kube::api::{Api, Patch, PatchParams};
     use k8s_openapi::api::coordination::v1::Lease;
 
-    /// Leases count in whole seconds.
-    const UNIT: Duration = Duration::from_secs(1);
+    /// Leases count in whole seconds. Two: a 16 s lease renewed every 5.3 s, each renewal
+    /// with two attempts (1.6 s, then ~1 s) before its 10 s deadline; at one second (0.8 s and
+    /// ~0.5 s) a loaded API server's slow Lease writes could end a term and break the exact
+    /// term lists the scenarios assert (#42).
+    const UNIT: Duration = Duration::from_secs(2);
 
     /// A backend in a namespace of its own (every scenario uses the same lease name).
     async fn store() -> Arc<dyn Backend> {

@@ -126,10 +126,14 @@ async fn the_default_policy_lets_the_election_run_and_fences_governed_writes_and
 
     // An elector under the default policy: its Lease, its Events, its member Leases pass.
     let locker = Locker::with_identity(backend(&client, &ns), "ctl-0").expect("identity");
+    // A renewal every 2 s, due within 2 s more: each Lease write passes the policy's
+    // admission on an API server that may be slow on a loaded machine (a 1 s window, with
+    // 3 s / 2 s, lost the term now and then, #42).
+    const LEASE: Duration = Duration::from_secs(6);
     let config = ElectionConfig::new()
-        .lease_duration(Duration::from_secs(3))
-        .renew_deadline(Duration::from_secs(2))
-        .retry_period(Duration::from_millis(500))
+        .lease_duration(LEASE)
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_secs(1))
         .stop_margin(Duration::from_millis(300));
     let elector = LeaderElector::new(locker, lease, config).expect("config");
     let fencer = fencer(&client, &ns).await;
@@ -147,7 +151,7 @@ async fn the_default_policy_lets_the_election_run_and_fences_governed_writes_and
                 assert_eq!(fencer_in.prove(&term).await, FenceState::Enforced);
                 // Three whole leases of renewals under the policy, writing all along.
                 let mut writes = 1;
-                while started.elapsed() < Duration::from_secs(9) {
+                while started.elapsed() < LEASE * 3 {
                     tokio::time::sleep(Duration::from_millis(300)).await;
                     cms.patch(
                         "governed",

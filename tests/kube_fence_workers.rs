@@ -332,12 +332,15 @@ fn the_endpoint_refuses_strangers_and_everything_after_its_term() {
     let rt = runtime();
     let lease = "fenced-proxy";
     let (ns, worker_kubeconfig) = rt.block_on(fenced_namespace(lease));
+    // a's term must last through the URL checks below: a renewal every 2 s, due within 2 s
+    // more, and no request bound of our own (a 400 ms one on a 3 s lease gave a renewal one
+    // attempt, which a loaded API server missed now and then, #42). The store going silent
+    // below is `Fault::Fail`, which fails at once: no bound is needed to notice it.
     let config = ElectionConfig::default()
-        .lease_duration(Duration::from_secs(3))
-        .renew_deadline(Duration::from_secs(2))
-        .retry_period(Duration::from_millis(500))
-        .stop_margin(Duration::from_millis(200))
-        .request_timeout(Duration::from_millis(400));
+        .lease_duration(Duration::from_secs(6))
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_secs(1))
+        .stop_margin(Duration::from_millis(200));
     rt.block_on(async {
         let server = shared();
         let client = server.client_from(&worker_kubeconfig).await;

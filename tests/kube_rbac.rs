@@ -64,6 +64,17 @@ fn request(name: &str) -> AcquireRequest {
     }
 }
 
+/// The ttl of the leases taken through the lock runtime: a renewal a second, and each request
+/// may take 2 s, what an API server on a loaded machine needs now and then (#42); none of the
+/// tests here is about timing.
+const TTL: Duration = Duration::from_secs(3);
+
+fn opts() -> LockOptions {
+    LockOptions::new()
+        .ttl(TTL)
+        .request_timeout(Duration::from_secs(2))
+}
+
 /// Retries `f` while it is denied, for RBAC's caches to catch up with a new Role.
 async fn once_allowed<T, F, Fut>(mut f: F) -> Result<T, BackendError>
 where
@@ -95,15 +106,19 @@ async fn the_documented_role_is_enough() {
         .expect("get is granted");
 
     let holder = Locker::with_identity(backend.clone(), "tester-1").expect("identity");
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(1))
-        .auto_renew(true);
+    let opts = opts().auto_renew(true);
     let lease = holder.try_acquire(&name, &opts).await.expect("create");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let renewed = tokio::time::timeout(TTL * 5, async {
+        while holder.stats().renewals() < 2 && lease.is_valid() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     assert!(
-        lease.is_valid(),
-        "renewals (update) must work: {:?}",
-        lease.end()
+        renewed.is_ok() && lease.is_valid(),
+        "renewals (update) must work: {:?}, {:?}",
+        lease.end(),
+        holder.stats()
     );
 
     // A waiter in another "process" uses list + watch and is woken by the release.
@@ -122,7 +137,13 @@ async fn the_documented_role_is_enough() {
         .await
         .expect("waiter task")
         .expect("woken by the release");
-    assert!(released.elapsed() < Duration::from_secs(3));
+    // Within two ttls of the release: its write, the watch event and the take-over's writes,
+    // on an API server that may be slow on a loaded machine.
+    assert!(
+        released.elapsed() < TTL * 2,
+        "taken over {:?} after the release",
+        released.elapsed()
+    );
     assert!(next.fencing_token() > lease.fencing_token());
     next.release().await.expect("release");
 
@@ -159,19 +180,14 @@ async fn without_update_the_error_names_the_verb() {
 
     // Through the lock runtime: a typed, permanent error, not "busy".
     let locker = Locker::with_identity(backend, "tester").expect("identity");
-    let e = locker
-        .try_acquire(&fresh, &LockOptions::new().ttl(Duration::from_secs(1)))
-        .await;
+    let e = locker.try_acquire(&fresh, &opts()).await;
     match e {
         // The lease above is held by our first request for 5 s: that is "busy" (no write).
         Err(LockError::NotAcquired { .. }) => {}
         other => panic!("{other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(5500)).await;
-    match locker
-        .try_acquire(&fresh, &LockOptions::new().ttl(Duration::from_secs(1)))
-        .await
-    {
+    match locker.try_acquire(&fresh, &opts()).await {
         Err(LockError::Backend(e)) => {
             assert_eq!(e.kind(), BackendErrorKind::PermissionDenied, "{e}");
             assert!(e.message().contains("\"update\""), "{e}");
