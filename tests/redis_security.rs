@@ -48,10 +48,7 @@ async fn acl_user_restricted_to_the_prefix_runs_the_whole_suite() {
         matches!(first, Ok(Some(Ok(ref c))) if c.is_free()),
         "{first:?}"
     );
-    Suite::new(backend.clone())
-        .ttl(SUITE_TTL)
-        .run_all()
-        .await;
+    Suite::new(backend.clone()).ttl(SUITE_TTL).run_all().await;
     // The password may also come from the config instead of the URL.
     let via_config = RedisBackend::connect(
         RedisConfig::new(&server.url())
@@ -141,10 +138,7 @@ async fn tls_with_the_test_ca_works_and_a_wrong_ca_is_refused() {
         tokio::time::timeout(Duration::from_secs(5), changes.next()).await,
         Ok(Some(Ok(_)))
     ));
-    Suite::new(good)
-        .ttl(SUITE_TTL)
-        .check_fencing_rises()
-        .await;
+    Suite::new(good).ttl(SUITE_TTL).check_fencing_rises().await;
 
     let wrong_ca = support::make_ca(server.dir(), "wrong");
     let wrong = RedisBackend::connect(
