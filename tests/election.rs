@@ -141,6 +141,46 @@ async fn the_lease_is_released_only_after_the_workload_stopped() {
     assert!(out.get() > 0);
 }
 
+/// A term task stuck in blocking code (abort cannot end it) holds the release only until a
+/// stop margin before the term's validity ends; then the lease is given back anyway (an error
+/// names the stuck task), so the successor is handed it by the release instead of waiting for
+/// the store's expiry. Found by a mutant the other tests missed (#42): the tasks' deadline
+/// `valid_until − stop_margin` turned into `+` released after the validity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_task_stuck_in_blocking_code_holds_the_release_only_until_the_validity() {
+    const STOP_MARGIN: Duration = Duration::from_secs(1);
+    let store = MemoryBackend::new();
+    let config = ElectionConfig::new()
+        .lease_duration(Duration::from_secs(6))
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_secs(1))
+        .stop_margin(STOP_MARGIN);
+    let e = elector(store.clone(), "a", config);
+    let valid_until = e
+        .run(|term| async move {
+            // Blocks its worker thread past the lease and the margin after it; the workload
+            // returns once it runs (a task aborted before its first poll just ends).
+            let (running, started) = tokio::sync::oneshot::channel();
+            term.spawn(async move {
+                let _ = running.send(());
+                std::thread::sleep(Duration::from_secs(9));
+            });
+            let _ = started.await;
+            term.valid_until()
+        })
+        .await
+        .expect("the workload returned");
+    let released = Instant::now();
+    assert_eq!(holder(&store), None, "the lease was not released");
+    // Released at `valid_until − STOP_MARGIN`; a loaded machine may be late by up to the
+    // margin, never past the validity.
+    assert!(
+        released < valid_until,
+        "released {:?} after the term's validity ended",
+        released - valid_until
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_panic_surfaces_from_run_and_the_lease_is_released() {
     let store = MemoryBackend::new();
