@@ -11,15 +11,10 @@ use std::time::Duration;
 const CHILD_KUBECONFIG: &str = "TENURE_SAFETY_KUBECONFIG";
 const CHILD_DIR: &str = "TENURE_SAFETY_DIR";
 
-/// After a kill a new leader's workload starts within this: liveness, not speed (the summary
-/// prints the failovers measured). A follower takes over one lease after the last renewal it
-/// saw and a retry later, after two writes (the grant and the token stamp) that may each take
-/// until the renew deadline; on a loaded two-core machine it sees that renewal late (the
-/// watch is served late) and the API server answers its writes late. Lease + retry left
-/// ~0.5 s for all of that and failed under one busy loop per core (#42); three more leases
-/// are the room `kube_fencing`'s partitioned takeover needs there (6.6–7.1 s measured).
+/// After a kill a new leader's workload starts within this (the summary prints the failovers
+/// measured): the takeover bound of [`safety::config`]'s durations.
 fn failover_bound() -> Duration {
-    safety::LEASE * 4 + safety::RENEW_DEADLINE + safety::RETRY * 2
+    safety::kube_takeover_bound(safety::LEASE, safety::RENEW_DEADLINE, safety::RETRY)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,6 +63,20 @@ pub fn kube_config() -> ElectionConfig {
         .rejoin(true)
 }
 
+/// How long a takeover on the kube-apiserver may take at most, for an election of `lease`,
+/// `renew_deadline` and `retry`: liveness, not speed (the benches and the tests' printed
+/// figures measure speed). A follower takes over once the dead or cut-off leader's lease has
+/// lapsed on its own clock (up to one lease after the last renewal it saw), a retry later,
+/// after two writes (the grant and the token stamp), each of which may take until the renew
+/// deadline. Three more leases are room for a loaded two-core machine: there the follower
+/// sees the last renewal late (its watch is served late) and its writes wait on the API
+/// server beside everyone else's (#42: beside one busy loop per core, lease + retry left
+/// ~0.5 s and failed; a partitioned leader's successor led 6.6–7.1 s after the cut on a 2 s
+/// lease, 9.3–12.96 s on a 6 s lease).
+pub fn kube_takeover_bound(lease: Duration, renew_deadline: Duration, retry: Duration) -> Duration {
+    lease * 4 + renew_deadline + retry * 2
+}
+
 /// A file-backed fenced register: `highest` holds the highest accepted token, `log` every
 /// attempt, both updated under an exclusive lock on `highest`.
 pub struct Register {
