@@ -19,7 +19,6 @@ use tenure::backend::{
     AcquireRequest, Acquired, Backend, BackendErrorKind, HolderChange, HolderToken, Released,
     Renewed,
 };
-use tenure::conformance::FencedRegister;
 use tenure::{LeaseEnd, LockError, LockOptions, Locker, LostReason};
 use tokio::time::Instant;
 
@@ -180,8 +179,12 @@ async fn replays_return_the_original_token_from_any_instance() {
 
 /// Ten candidates, each with its own backend (as separate processes would have), wait for a
 /// lease whose holder stops renewing. Each winner acts until its validity ends, then stops
-/// renewing too, so every term starts with ten candidates racing for an expired lease. The
-/// fenced register, not the candidates' belief, checks that terms never overlap and tokens rise.
+/// renewing too, so every term starts with ten candidates racing for an expired lease. Tokens
+/// must rise term by term, and no winner may hold its grant before the previous term's
+/// validity ended. The grant is timed when `acquire` returns, after the take landed; the
+/// previous term's end is its `valid_until`, what the lock runtime itself acts on. Not a
+/// "two inside at once" referee: that one also counts how late a loaded scheduler woke the
+/// previous holder to leave (22 ms of drift allowance separate the two on a 2 s lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_candidates_race_for_an_expired_lease() {
     const TERMS: u64 = 4;
@@ -196,20 +199,18 @@ async fn ten_candidates_race_for_an_expired_lease() {
         .try_acquire(&name, &opts)
         .await
         .expect("free lock");
-    let mut highest = first.fencing_token();
+    let mut previous = (first.fencing_token(), first.valid_until());
     first.orphan();
 
-    let register = Arc::new(FencedRegister::default());
     let terms = Arc::new(AtomicU64::new(0));
     let grants = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..10 {
         let locker = Locker::with_identity(server.backend(NS).await, &format!("candidate-{i}"))
             .expect("identity");
-        let (name, opts, register, terms, grants) = (
+        let (name, opts, terms, grants) = (
             name.clone(),
             opts.clone().wait(Duration::from_secs(30)),
-            register.clone(),
             terms.clone(),
             grants.clone(),
         );
@@ -220,13 +221,15 @@ async fn ten_candidates_race_for_an_expired_lease() {
                     Err(LockError::NotAcquired { .. }) => continue,
                     Err(e) => panic!("candidate-{i}: {e}"),
                 };
-                let token = lease.fencing_token();
-                grants.lock().expect("grants").push(token);
-                register.enter(token);
+                let granted_at = Instant::now();
+                grants.lock().expect("grants").push((
+                    lease.fencing_token(),
+                    granted_at,
+                    lease.valid_until(),
+                ));
                 // Act for as long as the lease is valid, then stop renewing: the next term
                 // starts with an expired lease.
                 tokio::time::sleep_until(lease.valid_until()).await;
-                register.leave(token);
                 lease.orphan();
                 terms.fetch_add(1, Ordering::SeqCst);
             }
@@ -239,20 +242,29 @@ async fn ten_candidates_race_for_an_expired_lease() {
     }
     for t in tasks {
         if t.is_finished() {
-            // A candidate stopped early only by panicking (the register, or an error).
+            // A candidate stopped early only by panicking (an error).
             t.await
                 .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         } else {
             t.abort();
         }
     }
+    // In the order the grants were recorded: each winner records before its term can end.
     let grants = grants.lock().expect("grants").clone();
     assert!(grants.len() as u64 >= TERMS, "{grants:?}");
-    for g in &grants {
-        assert!(*g > highest, "tokens must rise term by term: {grants:?}");
-        highest = *g;
+    for &(token, granted_at, valid_until) in &grants {
+        let (prev_token, prev_valid_until) = previous;
+        assert!(
+            token > prev_token,
+            "tokens must rise term by term: {grants:?}"
+        );
+        assert!(
+            granted_at >= prev_valid_until,
+            "token {token} was granted {:?} before token {prev_token}'s validity ended",
+            prev_valid_until - granted_at
+        );
+        previous = (token, valid_until);
     }
-    assert_eq!(register.accepted(), grants.len() as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
