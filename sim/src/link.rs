@@ -269,6 +269,16 @@ impl Link {
         }
     }
 
+    /// Returns once the process is dead (killed): what it still runs ends with it.
+    pub async fn died(&self) {
+        let mut rx = self.0.state.subscribe();
+        while !rx.borrow_and_update().dead {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// The way to the store: latency, then held while frozen or cut.
     async fn outbound(&self) -> Result<f64, BackendError> {
         self.travel().await;
@@ -535,6 +545,11 @@ impl Backend for Link {
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         Box::pin(async move {
+            // Judged as it leaves the process (a dead process sends nothing): the term's tasks
+            // must have ended by now.
+            if !self.state().dead {
+                self.0.world.release_sent(name, &self.0.label);
+            }
             self.outbound().await?;
             let out = self.0.store.release(name, holder).await;
             if matches!(out, Ok(Released::Released)) {

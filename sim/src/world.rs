@@ -54,6 +54,12 @@ pub enum Kind {
     InvalidWrite,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
+    /// A term's release went out while a task the term spawned (`Term::spawn`) had not yet
+    /// ended: the elector aborts the term's tasks and awaits them before it releases (a task
+    /// mid-poll on another worker thread could otherwise act after the release). In the
+    /// simulation an aborted task ends at its next turn, so any task still there at the
+    /// release was not awaited.
+    ReleaseBeforeTasks,
     /// Virtual time stood still while tasks kept being polled: a task of the code under test
     /// loops without waiting (a busy loop), and the seed would never end (`scenario/stuck.rs`).
     Stuck,
@@ -129,6 +135,8 @@ pub struct Counters {
     pub store_calls: AtomicU64,
     pub grants: AtomicU64,
     pub terms: AtomicU64,
+    /// Tasks the workloads spawned with `Term::spawn`.
+    pub term_tasks: AtomicU64,
     pub writes_issued: AtomicU64,
     pub writes_accepted: AtomicU64,
     /// Writes the fence refused because a newer term had written.
@@ -147,6 +155,8 @@ pub struct World {
     register: Mutex<BTreeMap<String, Register>>,
     /// The terms whose workload runs now, by lease and token.
     running: Mutex<BTreeMap<String, BTreeMap<u64, Running>>>,
+    /// The terms with tasks (`Term::spawn`) running now, by lease and token, with how many.
+    tasks: Mutex<BTreeMap<String, BTreeMap<u64, (Running, usize)>>>,
     /// How many workloads of each shard count run now.
     counts: Mutex<BTreeMap<u32, usize>>,
     /// Since when each count has had workloads running without a break.
@@ -188,6 +198,7 @@ impl World {
             grants: Mutex::default(),
             register: Mutex::default(),
             running: Mutex::default(),
+            tasks: Mutex::default(),
             counts: Mutex::default(),
             counts_since: Mutex::default(),
             wipes: Mutex::default(),
@@ -444,7 +455,19 @@ impl World {
             .map(|terms| terms.range(..token).map(|(t, r)| (*t, r.clone())).collect())
             .unwrap_or_default();
         for (old, running) in older {
-            self.overlap(lease, old, &running, token, holder, Instant::now());
+            self.overlap("workload", lease, old, &running, token, holder, Instant::now());
+        }
+        let older_tasks: Vec<(u64, Running)> = lock(&self.tasks)
+            .get(lease)
+            .map(|terms| {
+                terms
+                    .range(..token)
+                    .map(|(t, (r, _))| (*t, r.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (old, running) in older_tasks {
+            self.overlap("task", lease, old, &running, token, holder, Instant::now());
         }
     }
 
@@ -452,9 +475,12 @@ impl World {
         lock(&self.wipes).push(Instant::now());
     }
 
-    /// Records an overlap: the workload of term `old` ran while `newer` held the lease.
+    /// Records an overlap: the workload (`what`: or a task) of term `old` ran while `newer`
+    /// held the lease.
+    #[allow(clippy::too_many_arguments)]
     fn overlap(
         &self,
+        what: &str,
         lease: &str,
         old: u64,
         running: &Running,
@@ -483,7 +509,7 @@ impl World {
             Kind::Overlap,
             excuse,
             format!(
-                "the workload of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
+                "the {what} of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
                 running.holder,
                 self.ms(newer_at)
             ),
@@ -515,7 +541,15 @@ impl World {
                 .cloned()
         });
         if let Some(newer) = newer {
-            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
+            self.overlap(
+                "workload",
+                lease,
+                token,
+                &running,
+                newer.token,
+                &newer.holder,
+                newer.at,
+            );
         }
         lock(&self.running)
             .entry(lease.to_owned())
@@ -578,6 +612,90 @@ impl World {
             terms.remove(&token);
         }
         let _ = self.take_stall(lease, token);
+    }
+
+    /// A task of a term (`Term::spawn`) started; a newer grant already made means it starts
+    /// overlapping, as a workload would.
+    pub fn task_started(
+        &self,
+        lease: &str,
+        holder: &str,
+        term: &Term,
+        beyond_bound: Arc<AtomicBool>,
+        stubborn: bool,
+    ) {
+        self.counters.term_tasks.fetch_add(1, Ordering::Relaxed);
+        let token = term.fencing_token().get();
+        self.event(format_args!(
+            "task {lease} #{token} {holder} starts{}",
+            if stubborn { " (ignores cancellation)" } else { "" }
+        ));
+        let running = Running {
+            holder: holder.to_owned(),
+            started: Instant::now(),
+            beyond_bound,
+            term: term.clone(),
+        };
+        let newer = lock(&self.grants).get(lease).and_then(|list| {
+            list.iter()
+                .filter(|g| g.token > token)
+                .min_by_key(|g| g.at)
+                .cloned()
+        });
+        if let Some(newer) = newer {
+            self.overlap(
+                "task",
+                lease,
+                token,
+                &running,
+                newer.token,
+                &newer.holder,
+                newer.at,
+            );
+        }
+        lock(&self.tasks)
+            .entry(lease.to_owned())
+            .or_default()
+            .entry(token)
+            .or_insert((running, 0))
+            .1 += 1;
+    }
+
+    /// A task of a term ended (returned, aborted by the elector, or its process died).
+    pub fn task_ended(&self, lease: &str, holder: &str, term: &Term) {
+        let token = term.fencing_token().get();
+        self.event(format_args!("task {lease} #{token} {holder} ends"));
+        let mut tasks = lock(&self.tasks);
+        if let Some(terms) = tasks.get_mut(lease)
+            && let Some((_, n)) = terms.get_mut(&token)
+        {
+            *n -= 1;
+            if *n == 0 {
+                terms.remove(&token);
+            }
+        }
+    }
+
+    /// Process `holder` sends the release of `lease`: no task of its term may still run.
+    pub fn release_sent(&self, lease: &str, holder: &str) {
+        let left: Vec<(u64, usize)> = lock(&self.tasks)
+            .get(lease)
+            .map(|terms| {
+                terms
+                    .iter()
+                    .filter(|(_, (r, _))| r.holder == holder)
+                    .map(|(t, (_, n))| (*t, *n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (token, n) in left {
+            self.find(
+                lease,
+                Kind::ReleaseBeforeTasks,
+                None,
+                format!("{holder} released {lease} while {n} task(s) of #{token} had not ended"),
+            );
+        }
     }
 
     /// A workload issued a write with its term's token (its term valid).
