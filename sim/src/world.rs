@@ -676,19 +676,14 @@ impl World {
         }
     }
 
-    /// Process `holder` sends the release of `lease`: no task of its term may still run.
-    pub fn release_sent(&self, lease: &str, holder: &str) {
-        let left: Vec<(u64, usize)> = lock(&self.tasks)
+    /// Process `holder` sends the release of term `token` of `lease`: no task of the term
+    /// may still run.
+    pub fn release_sent(&self, lease: &str, holder: &str, token: u64) {
+        let left = lock(&self.tasks)
             .get(lease)
-            .map(|terms| {
-                terms
-                    .iter()
-                    .filter(|(_, (r, _))| r.holder == holder)
-                    .map(|(t, (_, n))| (*t, *n))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (token, n) in left {
+            .and_then(|terms| terms.get(&token))
+            .map(|(_, n)| *n);
+        if let Some(n) = left {
             self.find(
                 lease,
                 Kind::ReleaseBeforeTasks,
