@@ -114,11 +114,19 @@ struct Grant {
 /// A term whose workload runs now.
 #[derive(Clone)]
 struct Running {
+    /// What runs: the term's `workload`, or a `task` of it.
+    what: &'static str,
     holder: String,
     started: Instant,
     /// Whether the holder's clock ever ran slower than the drift allowance covers.
     beyond_bound: Arc<AtomicBool>,
     term: Term,
+}
+
+/// The tasks of one term running now: the term, and how many.
+struct Tasks {
+    term: Running,
+    alive: usize,
 }
 
 #[derive(Default)]
@@ -156,7 +164,7 @@ pub struct World {
     /// The terms whose workload runs now, by lease and token.
     running: Mutex<BTreeMap<String, BTreeMap<u64, Running>>>,
     /// The terms with tasks (`Term::spawn`) running now, by lease and token, with how many.
-    tasks: Mutex<BTreeMap<String, BTreeMap<u64, (Running, usize)>>>,
+    tasks: Mutex<BTreeMap<String, BTreeMap<u64, Tasks>>>,
     /// How many workloads of each shard count run now.
     counts: Mutex<BTreeMap<u32, usize>>,
     /// Since when each count has had workloads running without a break.
@@ -455,19 +463,19 @@ impl World {
             .map(|terms| terms.range(..token).map(|(t, r)| (*t, r.clone())).collect())
             .unwrap_or_default();
         for (old, running) in older {
-            self.overlap("workload", lease, old, &running, token, holder, Instant::now());
+            self.overlap(lease, old, &running, token, holder, Instant::now());
         }
         let older_tasks: Vec<(u64, Running)> = lock(&self.tasks)
             .get(lease)
             .map(|terms| {
                 terms
                     .range(..token)
-                    .map(|(t, (r, _))| (*t, r.clone()))
+                    .map(|(t, tasks)| (*t, tasks.term.clone()))
                     .collect()
             })
             .unwrap_or_default();
         for (old, running) in older_tasks {
-            self.overlap("task", lease, old, &running, token, holder, Instant::now());
+            self.overlap(lease, old, &running, token, holder, Instant::now());
         }
     }
 
@@ -477,10 +485,8 @@ impl World {
 
     /// Records an overlap: the workload (`what`: or a task) of term `old` ran while `newer`
     /// held the lease.
-    #[allow(clippy::too_many_arguments)]
     fn overlap(
         &self,
-        what: &str,
         lease: &str,
         old: u64,
         running: &Running,
@@ -509,7 +515,8 @@ impl World {
             Kind::Overlap,
             excuse,
             format!(
-                "the {what} of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
+                "the {} of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
+                running.what,
                 running.holder,
                 self.ms(newer_at)
             ),
@@ -529,6 +536,7 @@ impl World {
         self.event(format_args!("term {lease} #{token} {holder} starts"));
         self.check_flapping(lease, holder);
         let running = Running {
+            what: "workload",
             holder: holder.to_owned(),
             started: Instant::now(),
             beyond_bound,
@@ -541,15 +549,7 @@ impl World {
                 .cloned()
         });
         if let Some(newer) = newer {
-            self.overlap(
-                "workload",
-                lease,
-                token,
-                &running,
-                newer.token,
-                &newer.holder,
-                newer.at,
-            );
+            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
         }
         lock(&self.running)
             .entry(lease.to_owned())
@@ -628,9 +628,14 @@ impl World {
         let token = term.fencing_token().get();
         self.event(format_args!(
             "task {lease} #{token} {holder} starts{}",
-            if stubborn { " (ignores cancellation)" } else { "" }
+            if stubborn {
+                " (ignores cancellation)"
+            } else {
+                ""
+            }
         ));
         let running = Running {
+            what: "task",
             holder: holder.to_owned(),
             started: Instant::now(),
             beyond_bound,
@@ -643,22 +648,17 @@ impl World {
                 .cloned()
         });
         if let Some(newer) = newer {
-            self.overlap(
-                "task",
-                lease,
-                token,
-                &running,
-                newer.token,
-                &newer.holder,
-                newer.at,
-            );
+            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
         }
         lock(&self.tasks)
             .entry(lease.to_owned())
             .or_default()
             .entry(token)
-            .or_insert((running, 0))
-            .1 += 1;
+            .or_insert(Tasks {
+                term: running,
+                alive: 0,
+            })
+            .alive += 1;
     }
 
     /// A task of a term ended (returned, aborted by the elector, or its process died).
@@ -667,10 +667,10 @@ impl World {
         self.event(format_args!("task {lease} #{token} {holder} ends"));
         let mut tasks = lock(&self.tasks);
         if let Some(terms) = tasks.get_mut(lease)
-            && let Some((_, n)) = terms.get_mut(&token)
+            && let Some(tasks) = terms.get_mut(&token)
         {
-            *n -= 1;
-            if *n == 0 {
+            tasks.alive -= 1;
+            if tasks.alive == 0 {
                 terms.remove(&token);
             }
         }
@@ -682,7 +682,7 @@ impl World {
         let left = lock(&self.tasks)
             .get(lease)
             .and_then(|terms| terms.get(&token))
-            .map(|(_, n)| *n);
+            .map(|tasks| tasks.alive);
         if let Some(n) = left {
             self.find(
                 lease,
