@@ -408,6 +408,7 @@ mod tests {
                 a.lines.len()
             );
             assert!(a.faults > 0, "faults were injected");
+            assert!(a.term_tasks > 0, "terms spawned tasks");
             assert_eq!(
                 a.lines, b.lines,
                 "shards {shards}: two runs of seed 7 differ"

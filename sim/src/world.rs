@@ -945,6 +945,45 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    /// A release of a term whose task has not ended is a finding; another term's release,
+    /// or the release once the task has ended, is not. A task still running when a newer
+    /// term is granted overlaps it, as a workload would.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_before_the_terms_tasks_end_is_found() {
+        let test = tenure::election::TestTerm::begin("job", "r0")
+            .await
+            .expect("a term");
+        let term = test.term();
+        let token = term.fencing_token().get();
+        let world = World::new(1, true);
+        world.task_started("job", "r0#1", &term, Arc::default(), true);
+        world.release_sent("job", "r0#1", token + 1);
+        assert!(world.findings().is_empty(), "another term's release");
+        world.release_sent("job", "r0#1", token);
+        let found = world.findings();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].kind, Kind::ReleaseBeforeTasks);
+        world.granted("job", token + 1, "r1#1");
+        let found = world.findings();
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[1].kind, Kind::Overlap);
+        assert!(
+            found[1].detail.starts_with("the task of"),
+            "{}",
+            found[1].detail
+        );
+        world.task_ended("job", "r0#1", &term);
+        world.release_sent("job", "r0#1", token);
+        world.granted("job", token + 2, "r1#1");
+        assert_eq!(world.findings().len(), 2, "the task had ended");
+        assert!(
+            world
+                .lines()
+                .iter()
+                .any(|l| l.ends_with("starts (ignores cancellation)"))
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_aim_with_a_first_process_holds_the_others_back() {
         let world = World::new(1, false);
