@@ -110,6 +110,9 @@ struct Inner {
     /// The `slow-renewal` nemesis, armed: the next renewal answered "held" is held to the
     /// last instant it still counts, then the link is cut.
     hold_renewal: std::sync::Mutex<Option<HoldRenewal>>,
+    /// The fencing token of each grant this process's requests won, by lease and holder
+    /// token: which term a release is for.
+    grants: std::sync::Mutex<std::collections::HashMap<(String, HolderToken), u64>>,
 }
 
 /// The lock runtime's bounds on a request, as configured for this run: where its patience
@@ -158,6 +161,7 @@ impl Link {
             bounds,
             last_ok: std::sync::Mutex::default(),
             hold_renewal: std::sync::Mutex::default(),
+            grants: std::sync::Mutex::default(),
         }))
     }
 
@@ -263,6 +267,16 @@ impl Link {
             if ok(&s) {
                 return;
             }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Returns once the process is dead (killed): what it still runs ends with it.
+    pub async fn died(&self) {
+        let mut rx = self.0.state.subscribe();
+        while !rx.borrow_and_update().dead {
             if rx.changed().await.is_err() {
                 std::future::pending::<()>().await;
             }
@@ -464,6 +478,7 @@ impl Backend for Link {
                 self.0
                     .world
                     .granted(&req.name, fencing.get(), &self.0.label);
+                lock(&self.0.grants).insert((req.name.to_string(), req.holder), fencing.get());
             }
             // Told to come back when the lease runs out, an aimed candidate is told a little
             // less, so that its next campaign reaches the store just before the expiry.
@@ -535,6 +550,14 @@ impl Backend for Link {
         holder: &'a HolderToken,
     ) -> BoxFuture<'a, Result<Released, BackendError>> {
         Box::pin(async move {
+            // Judged as it leaves the process (a dead process sends nothing): the term's tasks
+            // must have ended by now.
+            let token = lock(&self.0.grants).remove(&(name.to_owned(), *holder));
+            if let Some(token) = token
+                && !self.state().dead
+            {
+                self.0.world.release_sent(name, &self.0.label, token);
+            }
             self.outbound().await?;
             let out = self.0.store.release(name, holder).await;
             if matches!(out, Ok(Released::Released)) {

@@ -195,8 +195,11 @@ fn main() -> ExitCode {
     let mut nemeses = [0u64; scenario::NEMESES.len()];
     let mut writes = (0u64, 0u64, 0u64, 0u64);
     let mut health_moves = 0u64;
+    let (mut terms, mut term_tasks) = (0u64, 0u64);
     for (o, again) in &results {
         faults += o.faults;
+        terms += o.terms;
+        term_tasks += o.term_tasks;
         health_moves += o.health_moves;
         events += o.fingerprint.1;
         for (_, name, _) in &o.nemeses {
@@ -329,7 +332,7 @@ fn main() -> ExitCode {
     println!(
         "sim: seeds {}, faults injected {faults}, histories checked {} ({events} events), violations {violations}; \
          expected overlaps: {data_loss} {}, {beyond} {}; fenced writes: {} issued, {} accepted, {} refused \
-         ({} of them a plain store would have taken late); health step-downs {health_moves}; nemeses: {}; peak memory +{} KiB; {:.1} s",
+         ({} of them a plain store would have taken late); terms {terms} ({term_tasks} term tasks); health step-downs {health_moves}; nemeses: {}; peak memory +{} KiB; {:.1} s",
         results.len(),
         results.len() * if args.determinism { 2 } else { 1 },
         excuse_name(world::Excuse::DataLoss),
@@ -405,6 +408,7 @@ mod tests {
                 a.lines.len()
             );
             assert!(a.faults > 0, "faults were injected");
+            assert!(a.term_tasks > 0, "terms spawned tasks");
             assert_eq!(
                 a.lines, b.lines,
                 "shards {shards}: two runs of seed 7 differ"

@@ -54,6 +54,12 @@ pub enum Kind {
     InvalidWrite,
     /// Two runs of one seed gave different histories.
     Nondeterministic,
+    /// A term's release went out while a task the term spawned (`Term::spawn`) had not yet
+    /// ended: the elector aborts the term's tasks and awaits them before it releases (a task
+    /// mid-poll on another worker thread could otherwise act after the release). In the
+    /// simulation an aborted task ends at its next turn, so any task still there at the
+    /// release was not awaited.
+    ReleaseBeforeTasks,
     /// Virtual time stood still while tasks kept being polled: a task of the code under test
     /// loops without waiting (a busy loop), and the seed would never end (`scenario/stuck.rs`).
     Stuck,
@@ -108,11 +114,19 @@ struct Grant {
 /// A term whose workload runs now.
 #[derive(Clone)]
 struct Running {
+    /// What runs: the term's `workload`, or a `task` of it.
+    what: &'static str,
     holder: String,
     started: Instant,
     /// Whether the holder's clock ever ran slower than the drift allowance covers.
     beyond_bound: Arc<AtomicBool>,
     term: Term,
+}
+
+/// The tasks of one term running now: the term, and how many.
+struct Tasks {
+    term: Running,
+    alive: usize,
 }
 
 #[derive(Default)]
@@ -129,6 +143,8 @@ pub struct Counters {
     pub store_calls: AtomicU64,
     pub grants: AtomicU64,
     pub terms: AtomicU64,
+    /// Tasks the workloads spawned with `Term::spawn`.
+    pub term_tasks: AtomicU64,
     pub writes_issued: AtomicU64,
     pub writes_accepted: AtomicU64,
     /// Writes the fence refused because a newer term had written.
@@ -147,6 +163,8 @@ pub struct World {
     register: Mutex<BTreeMap<String, Register>>,
     /// The terms whose workload runs now, by lease and token.
     running: Mutex<BTreeMap<String, BTreeMap<u64, Running>>>,
+    /// The terms with tasks (`Term::spawn`) running now, by lease and token, with how many.
+    tasks: Mutex<BTreeMap<String, BTreeMap<u64, Tasks>>>,
     /// How many workloads of each shard count run now.
     counts: Mutex<BTreeMap<u32, usize>>,
     /// Since when each count has had workloads running without a break.
@@ -188,6 +206,7 @@ impl World {
             grants: Mutex::default(),
             register: Mutex::default(),
             running: Mutex::default(),
+            tasks: Mutex::default(),
             counts: Mutex::default(),
             counts_since: Mutex::default(),
             wipes: Mutex::default(),
@@ -446,13 +465,26 @@ impl World {
         for (old, running) in older {
             self.overlap(lease, old, &running, token, holder, Instant::now());
         }
+        let older_tasks: Vec<(u64, Running)> = lock(&self.tasks)
+            .get(lease)
+            .map(|terms| {
+                terms
+                    .range(..token)
+                    .map(|(t, tasks)| (*t, tasks.term.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for (old, running) in older_tasks {
+            self.overlap(lease, old, &running, token, holder, Instant::now());
+        }
     }
 
     pub fn wiped(&self) {
         lock(&self.wipes).push(Instant::now());
     }
 
-    /// Records an overlap: the workload of term `old` ran while `newer` held the lease.
+    /// Records an overlap: the workload (`what`: or a task) of term `old` ran while `newer`
+    /// held the lease.
     fn overlap(
         &self,
         lease: &str,
@@ -483,7 +515,8 @@ impl World {
             Kind::Overlap,
             excuse,
             format!(
-                "the workload of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
+                "the {} of #{old} ({}) still ran when #{newer} was granted to {newer_holder} at {} ms",
+                running.what,
                 running.holder,
                 self.ms(newer_at)
             ),
@@ -503,6 +536,7 @@ impl World {
         self.event(format_args!("term {lease} #{token} {holder} starts"));
         self.check_flapping(lease, holder);
         let running = Running {
+            what: "workload",
             holder: holder.to_owned(),
             started: Instant::now(),
             beyond_bound,
@@ -578,6 +612,85 @@ impl World {
             terms.remove(&token);
         }
         let _ = self.take_stall(lease, token);
+    }
+
+    /// A task of a term (`Term::spawn`) started; a newer grant already made means it starts
+    /// overlapping, as a workload would.
+    pub fn task_started(
+        &self,
+        lease: &str,
+        holder: &str,
+        term: &Term,
+        beyond_bound: Arc<AtomicBool>,
+        stubborn: bool,
+    ) {
+        self.counters.term_tasks.fetch_add(1, Ordering::Relaxed);
+        let token = term.fencing_token().get();
+        self.event(format_args!(
+            "task {lease} #{token} {holder} starts{}",
+            if stubborn {
+                " (ignores cancellation)"
+            } else {
+                ""
+            }
+        ));
+        let running = Running {
+            what: "task",
+            holder: holder.to_owned(),
+            started: Instant::now(),
+            beyond_bound,
+            term: term.clone(),
+        };
+        let newer = lock(&self.grants).get(lease).and_then(|list| {
+            list.iter()
+                .filter(|g| g.token > token)
+                .min_by_key(|g| g.at)
+                .cloned()
+        });
+        if let Some(newer) = newer {
+            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
+        }
+        lock(&self.tasks)
+            .entry(lease.to_owned())
+            .or_default()
+            .entry(token)
+            .or_insert(Tasks {
+                term: running,
+                alive: 0,
+            })
+            .alive += 1;
+    }
+
+    /// A task of a term ended (returned, aborted by the elector, or its process died).
+    pub fn task_ended(&self, lease: &str, holder: &str, term: &Term) {
+        let token = term.fencing_token().get();
+        self.event(format_args!("task {lease} #{token} {holder} ends"));
+        let mut tasks = lock(&self.tasks);
+        if let Some(terms) = tasks.get_mut(lease)
+            && let Some(tasks) = terms.get_mut(&token)
+        {
+            tasks.alive -= 1;
+            if tasks.alive == 0 {
+                terms.remove(&token);
+            }
+        }
+    }
+
+    /// Process `holder` sends the release of term `token` of `lease`: no task of the term
+    /// may still run.
+    pub fn release_sent(&self, lease: &str, holder: &str, token: u64) {
+        let left = lock(&self.tasks)
+            .get(lease)
+            .and_then(|terms| terms.get(&token))
+            .map(|tasks| tasks.alive);
+        if let Some(n) = left {
+            self.find(
+                lease,
+                Kind::ReleaseBeforeTasks,
+                None,
+                format!("{holder} released {lease} while {n} task(s) of #{token} had not ended"),
+            );
+        }
     }
 
     /// A workload issued a write with its term's token (its term valid).
@@ -831,6 +944,45 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A release of a term whose task has not ended is a finding; another term's release,
+    /// or the release once the task has ended, is not. A task still running when a newer
+    /// term is granted overlaps it, as a workload would.
+    #[tokio::test(start_paused = true)]
+    async fn a_release_before_the_terms_tasks_end_is_found() {
+        let test = tenure::election::TestTerm::begin("job", "r0")
+            .await
+            .expect("a term");
+        let term = test.term();
+        let token = term.fencing_token().get();
+        let world = World::new(1, true);
+        world.task_started("job", "r0#1", &term, Arc::default(), true);
+        world.release_sent("job", "r0#1", token + 1);
+        assert!(world.findings().is_empty(), "another term's release");
+        world.release_sent("job", "r0#1", token);
+        let found = world.findings();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].kind, Kind::ReleaseBeforeTasks);
+        world.granted("job", token + 1, "r1#1");
+        let found = world.findings();
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[1].kind, Kind::Overlap);
+        assert!(
+            found[1].detail.starts_with("the task of"),
+            "{}",
+            found[1].detail
+        );
+        world.task_ended("job", "r0#1", &term);
+        world.release_sent("job", "r0#1", token);
+        world.granted("job", token + 2, "r1#1");
+        assert_eq!(world.findings().len(), 2, "the task had ended");
+        assert!(
+            world
+                .lines()
+                .iter()
+                .any(|l| l.ends_with("starts (ignores cancellation)"))
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn an_aim_with_a_first_process_holds_the_others_back() {

@@ -98,6 +98,8 @@ pub struct Outcome {
     pub lines: Vec<String>,
     pub faults: u64,
     pub terms: u64,
+    /// Tasks the terms spawned with `Term::spawn`.
+    pub term_tasks: u64,
     pub writes: (u64, u64, u64, u64),
     pub figures: Figures,
     /// Every nemesis that fired: virtual ms, name, lease.
@@ -311,6 +313,7 @@ fn outcome(p: Params, world: &World, figures: Figures) -> Outcome {
         lines: world.lines(),
         faults: c.faults.load(Ordering::Relaxed),
         terms: c.terms.load(Ordering::Relaxed),
+        term_tasks: c.term_tasks.load(Ordering::Relaxed),
         writes: (
             c.writes_issued.load(Ordering::Relaxed),
             c.writes_accepted.load(Ordering::Relaxed),
@@ -332,7 +335,7 @@ async fn workload(
     lease: String,
     term: Term,
     every: (f64, f64),
-    stubborn: f64,
+    stubborn_share: f64,
     count: Option<u32>,
 ) {
     let label = link.label().to_owned();
@@ -359,7 +362,24 @@ async fn workload(
     let token = term.fencing_token().get();
     // Some terms (half by default) run a stubborn workload: it ignores cancellation and writes without
     // checking its term, as code stuck in a long call does. The elector must drop it in time.
-    let mut stubborn = world.rng(|r| r.chance(stubborn));
+    let mut stubborn = world.rng(|r| r.chance(stubborn_share));
+    // Half the terms do part of their writing from a task of the term (`Term::spawn`), as a
+    // controller's term spawns one task per reconcile; stubborn as often as workloads are.
+    // The elector must abort and await it before the release (checker `ReleaseBeforeTasks`),
+    // and its writes are judged as the workload's own (`InvalidWrite`, `Overlap`).
+    let (with_task, task_stubborn) = world.rng(|r| (r.chance(0.5), r.chance(stubborn_share)));
+    if with_task {
+        let task = term_task(
+            world.clone(),
+            link.clone(),
+            lease.clone(),
+            term.clone(),
+            every,
+            task_stubborn,
+        );
+        // Detached: the term's end aborts it; its handle is not needed.
+        drop(term.spawn(task));
+    }
     loop {
         let pause = Duration::from_secs_f64(world.rng(|r| r.between(every.0, every.1)));
         if stubborn {
@@ -379,20 +399,69 @@ async fn workload(
         if let Some(stall) = world.take_stall(&lease, token) {
             nemesis::stall_runtime(&world, &link, &lease, &term, &stall);
         }
-        if stubborn {
-            link.write(lease.clone(), token);
-        } else if term.is_valid() {
-            // Judged by what the validity rests on, not by the term's own answer.
-            world.judge_write(
-                &lease,
-                token,
-                &label,
-                link.renew_deadline(&lease),
-                link.store_record(&lease).as_ref(),
-                link.beyond_bound().load(Ordering::Relaxed),
-            );
-            link.write(lease.clone(), token);
+        write(&world, &link, &lease, &term, stubborn);
+    }
+}
+
+/// One write of a term's workload or task: a stubborn one writes without looking at its
+/// term; a cooperative one only while `Term::is_valid`, judged by what the validity rests on
+/// (not by the term's own answer).
+fn write(world: &World, link: &Link, lease: &str, term: &Term, stubborn: bool) {
+    let token = term.fencing_token().get();
+    if stubborn {
+        link.write(lease.to_owned(), token);
+    } else if term.is_valid() {
+        world.judge_write(
+            lease,
+            token,
+            link.label(),
+            link.renew_deadline(lease),
+            link.store_record(lease).as_ref(),
+            link.beyond_bound().load(Ordering::Relaxed),
+        );
+        link.write(lease.to_owned(), token);
+    }
+}
+
+/// A task of a term (`Term::spawn`): writes with the term's token like the workload, until
+/// its term's cancellation (a cooperative task) or until the elector aborts it (a stubborn
+/// one, or any task of a process under `stubborn-stop`: it ignores the cancellation, as a
+/// task in a long call does); it dies with its process. Its life counts as its term's for
+/// the checker (`Overlap`), and it must be gone before the term's release.
+async fn term_task(
+    world: Arc<World>,
+    link: Link,
+    lease: String,
+    term: Term,
+    every: (f64, f64),
+    mut stubborn: bool,
+) {
+    let label = link.label().to_owned();
+    world.task_started(&lease, &label, &term, link.beyond_bound(), stubborn);
+    struct Ended(Arc<World>, String, String, Term);
+    impl Drop for Ended {
+        fn drop(&mut self) {
+            self.0.task_ended(&self.1, &self.2, &self.3);
         }
+    }
+    let _ended = Ended(world.clone(), lease.clone(), label.clone(), term.clone());
+    let died = link.died();
+    tokio::pin!(died);
+    loop {
+        let pause = Duration::from_secs_f64(world.rng(|r| r.between(every.0, every.1)));
+        tokio::select! {
+            biased;
+            () = &mut died => return,
+            () = sleep(pause) => {}
+            () = term.cancellation().cancelled(), if !stubborn => {
+                if !world.forced_stubborn(&label) {
+                    return;
+                }
+                stubborn = true;
+                continue;
+            }
+        }
+        write(&world, &link, &lease, &term, stubborn);
     }
 }
 
