@@ -724,3 +724,46 @@ async fn owns_and_term_answer_for_the_shards_running_here_only() {
     let _ = b.stop.send(());
     b.run.await.expect("joined").expect("ran");
 }
+
+/// One elector runs once at a time, and again after a run ended: a second `run_until` while
+/// one runs is refused, one after it returned runs (a supervisor that restarts the run after
+/// an error reuses the elector). The simulation builds a new elector for every run, so a flag
+/// never cleared went unjudged (#42).
+#[tokio::test(start_paused = true)]
+async fn an_elector_runs_again_after_its_run_ended_but_never_twice_at_once() {
+    let store = MemoryBackend::new();
+    let world = Arc::new(World::default());
+    let a = start(&store, &world, "a");
+    settle(&world, LEASE).await;
+    let again = a
+        .elector
+        .run_until(std::future::ready(()), |_, _| async {})
+        .await;
+    assert!(
+        matches!(again, Err(ShardError::AlreadyRunning)),
+        "{again:?}"
+    );
+    let _ = a.stop.send(());
+    a.run.await.expect("joined").expect("ran");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let elector = a.elector.clone();
+    let rerun = tokio::spawn(async move {
+        elector
+            .run_until(
+                async {
+                    let _ = stopped.await;
+                },
+                |_, term| async move { term.cancellation().cancelled().await },
+            )
+            .await
+    });
+    settle(&world, LEASE * 2).await;
+    assert!(
+        !rerun.is_finished(),
+        "the second run ended: {:?}",
+        rerun.await
+    );
+    assert_eq!(a.elector.owned().borrow().len(), SHARDS as usize);
+    let _ = stop.send(());
+    rerun.await.expect("joined").expect("ran again");
+}
