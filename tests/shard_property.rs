@@ -658,3 +658,112 @@ async fn a_sharded_replica_restarted_after_its_process_is_gone_frees_its_shards_
     }
     std::fs::remove_dir_all(&dir).expect("cleanup");
 }
+
+/// What a replica answers about its shards is what runs there: `owns(key)` is true and
+/// `term(shard)` gives the running term's token only for a shard whose workload runs on this
+/// replica, and neither answers once the replica stopped. A caller that gates a write on
+/// `owns` or takes its token from `term` acts under its own term only. The simulation never
+/// asks either (its workloads are handed their term), so their mutants went unjudged (#42).
+#[tokio::test(start_paused = true)]
+async fn owns_and_term_answer_for_the_shards_running_here_only() {
+    let store = MemoryBackend::new();
+    let world = Arc::new(World::default());
+    let a = start(&store, &world, "a");
+    let b = start(&store, &world, "b");
+    settle(&world, LEASE * 2).await;
+    // One key of each shard.
+    let keys: Vec<String> = (0..SHARDS)
+        .map(|shard| {
+            (0u32..)
+                .map(|i| format!("key-{i}"))
+                .find(|k| tenure::shard::shard_of(k, SHARDS) == shard)
+                .expect("some key of every shard")
+        })
+        .collect();
+    let running: BTreeMap<u32, (String, FencingToken)> = world
+        .live
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .filter(|(_, t)| t.is_valid())
+        .map(|((s, who, token), _)| (*s, (who.clone(), *token)))
+        .collect();
+    assert_eq!(running.len(), SHARDS as usize, "{running:?}");
+    for (name, r) in [("a", &a), ("b", &b)] {
+        for (shard, (who, token)) in &running {
+            let here = who == name;
+            let key = &keys[*shard as usize];
+            assert_eq!(
+                r.elector.owns(key),
+                here,
+                "{name}: owns({key}), shard {shard} runs on {who}"
+            );
+            assert_eq!(
+                r.elector.term(*shard).map(|t| t.fencing_token()),
+                here.then_some(*token),
+                "{name}: term({shard}), running on {who}"
+            );
+        }
+    }
+    assert!(
+        running.values().any(|(who, _)| who == "a") && running.values().any(|(who, _)| who == "b")
+    );
+    let _ = a.stop.send(());
+    a.run.await.expect("joined").expect("ran");
+    for (shard, key) in keys.iter().enumerate() {
+        assert!(!a.elector.owns(key), "a stopped, still owns {key}");
+        assert!(
+            a.elector.term(shard as u32).is_none(),
+            "a stopped, still has a term of {shard}"
+        );
+    }
+    assert_eq!(
+        world.violations.lock().expect("not poisoned").clone(),
+        Vec::<String>::new()
+    );
+    let _ = b.stop.send(());
+    b.run.await.expect("joined").expect("ran");
+}
+
+/// One elector runs once at a time, and again after a run ended: a second `run_until` while
+/// one runs is refused, one after it returned runs (a supervisor that restarts the run after
+/// an error reuses the elector). The simulation builds a new elector for every run, so a flag
+/// never cleared went unjudged (#42).
+#[tokio::test(start_paused = true)]
+async fn an_elector_runs_again_after_its_run_ended_but_never_twice_at_once() {
+    let store = MemoryBackend::new();
+    let world = Arc::new(World::default());
+    let a = start(&store, &world, "a");
+    settle(&world, LEASE).await;
+    let again = a
+        .elector
+        .run_until(std::future::ready(()), |_, _| async {})
+        .await;
+    assert!(
+        matches!(again, Err(ShardError::AlreadyRunning)),
+        "{again:?}"
+    );
+    let _ = a.stop.send(());
+    a.run.await.expect("joined").expect("ran");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let elector = a.elector.clone();
+    let rerun = tokio::spawn(async move {
+        elector
+            .run_until(
+                async {
+                    let _ = stopped.await;
+                },
+                |_, term| async move { term.cancellation().cancelled().await },
+            )
+            .await
+    });
+    settle(&world, LEASE * 2).await;
+    assert!(
+        !rerun.is_finished(),
+        "the second run ended: {:?}",
+        rerun.await
+    );
+    assert_eq!(a.elector.owned().borrow().len(), SHARDS as usize);
+    let _ = stop.send(());
+    rerun.await.expect("joined").expect("ran again");
+}
