@@ -767,3 +767,44 @@ async fn an_elector_runs_again_after_its_run_ended_but_never_twice_at_once() {
     let _ = stop.send(());
     rerun.await.expect("joined").expect("ran again");
 }
+
+/// A graceful stop is a leave, not a crash: when `run_until` returns, every workload has seen
+/// its cancellation and returned (none dropped mid-flight), and every shard lease is free for
+/// the next holder at once, not after its ttl. With the stop skipped, the shards' tasks were
+/// aborted as the run returned: each workload's future dropped, each lease left to run out —
+/// which nothing in the simulation tells from a kill (#42, `Shards::stop_all`).
+#[tokio::test(start_paused = true)]
+async fn a_graceful_stop_ends_every_workload_and_frees_every_lease_before_the_run_returns() {
+    let store = MemoryBackend::new();
+    let world = Arc::new(World::default());
+    let a = start(&store, &world, "a");
+    settle(&world, LEASE * 2).await;
+    assert_eq!(world.owners().len(), SHARDS as usize, "a holds every shard");
+    let _ = a.stop.send(());
+    a.run.await.expect("joined").expect("ran");
+    let still: Vec<u32> = world
+        .live
+        .lock()
+        .expect("not poisoned")
+        .keys()
+        .map(|(shard, _, _)| *shard)
+        .collect();
+    assert!(
+        still.is_empty(),
+        "the run returned while these workloads had not returned: {still:?}"
+    );
+    let next = Locker::with_identity(store.clone(), "next").expect("identity");
+    for shard in 0..SHARDS {
+        let name = tenure::shard::lease_name("workers", shard);
+        if let Err(e) = next
+            .try_acquire(&name, &tenure::LockOptions::new().ttl(LEASE))
+            .await
+        {
+            panic!("shard {shard}'s lease is not free after the graceful stop: {e}");
+        }
+    }
+    assert_eq!(
+        world.violations.lock().expect("not poisoned").clone(),
+        Vec::<String>::new()
+    );
+}
