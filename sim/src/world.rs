@@ -542,6 +542,16 @@ impl World {
             beyond_bound,
             term: term.clone(),
         };
+        self.check_not_superseded(lease, token, &running);
+        lock(&self.running)
+            .entry(lease.to_owned())
+            .or_default()
+            .insert(token, running);
+    }
+
+    /// What starts for term `token` of `lease` (a workload or a term task) after a newer term
+    /// of it was granted overlaps that term.
+    fn check_not_superseded(&self, lease: &str, token: u64, running: &Running) {
         let newer = lock(&self.grants).get(lease).and_then(|list| {
             list.iter()
                 .filter(|g| g.token > token)
@@ -549,12 +559,8 @@ impl World {
                 .cloned()
         });
         if let Some(newer) = newer {
-            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
+            self.overlap(lease, token, running, newer.token, &newer.holder, newer.at);
         }
-        lock(&self.running)
-            .entry(lease.to_owned())
-            .or_default()
-            .insert(token, running);
     }
 
     /// A workload of a group running `count` shards started: no workload of another count
@@ -641,15 +647,7 @@ impl World {
             beyond_bound,
             term: term.clone(),
         };
-        let newer = lock(&self.grants).get(lease).and_then(|list| {
-            list.iter()
-                .filter(|g| g.token > token)
-                .min_by_key(|g| g.at)
-                .cloned()
-        });
-        if let Some(newer) = newer {
-            self.overlap(lease, token, &running, newer.token, &newer.holder, newer.at);
-        }
+        self.check_not_superseded(lease, token, &running);
         lock(&self.tasks)
             .entry(lease.to_owned())
             .or_default()
