@@ -458,23 +458,17 @@ impl World {
                 format!("#{token} granted to {holder} after #{highest:?}"),
             );
         }
-        let older: Vec<(u64, Running)> = lock(&self.running)
+        // The workloads, then the tasks, of every older term still running.
+        let mut older: Vec<(u64, Running)> = lock(&self.running)
             .get(lease)
             .map(|terms| terms.range(..token).map(|(t, r)| (*t, r.clone())).collect())
             .unwrap_or_default();
+        older.extend(lock(&self.tasks).get(lease).into_iter().flat_map(|terms| {
+            terms
+                .range(..token)
+                .map(|(t, tasks)| (*t, tasks.term.clone()))
+        }));
         for (old, running) in older {
-            self.overlap(lease, old, &running, token, holder, Instant::now());
-        }
-        let older_tasks: Vec<(u64, Running)> = lock(&self.tasks)
-            .get(lease)
-            .map(|terms| {
-                terms
-                    .range(..token)
-                    .map(|(t, tasks)| (*t, tasks.term.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for (old, running) in older_tasks {
             self.overlap(lease, old, &running, token, holder, Instant::now());
         }
     }
