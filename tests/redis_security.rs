@@ -232,3 +232,39 @@ fn passwords_never_appear_in_errors_debug_output_or_logs() {
         assert!(!text.contains(WRONG_PASSWORD), "password leaked: {text}");
     }
 }
+
+/// The capture above once came back empty in a loaded run: a sibling test's thread, which has
+/// no subscriber, reached the backend's log lines first and tracing cached "never" for them
+/// (see `Captured::subscriber`). This replays that order on purpose: another thread reaches a
+/// callsite first, after the capture is installed and before the capture's own thread does.
+#[test]
+fn a_capture_sees_a_callsite_that_a_thread_without_a_subscriber_reached_first() {
+    fn marker(from: &str) {
+        tracing::info!(from, "capture marker");
+    }
+    let log = Captured::default();
+    let (go, gone) = std::sync::mpsc::channel::<()>();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        gone.recv().unwrap_or_else(|e| panic!("{e}"));
+        marker("other");
+        done.send(()).unwrap_or_else(|e| panic!("{e}"));
+    });
+    tracing::subscriber::with_default(log.subscriber(tracing::Level::INFO), || {
+        go.send(()).unwrap_or_else(|e| panic!("{e}"));
+        finished.recv().unwrap_or_else(|e| panic!("{e}"));
+        marker("captured");
+    });
+    other
+        .join()
+        .unwrap_or_else(|_| panic!("the other thread panicked"));
+    let text = log.text();
+    assert!(
+        text.contains("capture marker from=\"captured\""),
+        "the capture missed its own thread's event: {text:?}"
+    );
+    assert!(
+        !text.contains("from=\"other\""),
+        "the capture saw another thread's event: {text:?}"
+    );
+}

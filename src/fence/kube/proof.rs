@@ -982,6 +982,14 @@ mod tests {
         // What the proof logs (its task runs on this thread, under this subscriber).
         let log = Log::default();
         let writer = log.clone();
+        // A second dispatcher for the whole process: while a scoped subscriber is the only
+        // one, tracing caches a callsite's interest from whichever thread reaches it first,
+        // and a sibling test's thread without a subscriber caches "never"
+        // (tokio-rs/tracing#3611; tests/support/captured.rs says more).
+        static SECOND_DISPATCHER: std::sync::OnceLock<tracing::Dispatch> =
+            std::sync::OnceLock::new();
+        SECOND_DISPATCHER
+            .get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let _logging = tracing::subscriber::set_default(
             tracing_subscriber::fmt()
                 .with_max_level(tracing::Level::DEBUG)
