@@ -7,6 +7,7 @@
 mod kube_support;
 
 use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use kube_support::{candidate, shared, unique};
@@ -44,6 +45,8 @@ struct GoCandidate {
     child: Child,
     events: mpsc::UnboundedReceiver<Event>,
     seen: Vec<Event>,
+    /// client-go's own log (klog, on stderr): why it did what it did.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl GoCandidate {
@@ -68,10 +71,21 @@ impl GoCandidate {
             .arg("--timestamps")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the client-go candidate: {e}"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let kept = log.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(line);
+            }
+        });
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, events) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -93,7 +107,36 @@ impl GoCandidate {
             child,
             events,
             seen: Vec::new(),
+            log,
         }
+    }
+
+    /// What client-go logged so far, one line each.
+    fn log(&self) -> String {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .join("\n")
+    }
+
+    /// client-go's own word that its release on SIGTERM failed, if it said so.
+    ///
+    /// Its release is best effort: one read and one write under its renew deadline, never
+    /// retried (client-go 0.36 `LeaderElector::release`). The signal cancels a renewal that
+    /// may be in flight; if the API server applies that renewal after the release's read,
+    /// the release's write conflicts and the lease stays its holder's until it runs out. A
+    /// loaded API server, whose renewals take longer, makes that more likely. The tests judge
+    /// tenure against what client-go did, so they read this rather than assume the release.
+    fn failed_release(&self) -> Option<String> {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|l| {
+                l.contains("Failed to release lease")
+                    || l.contains("error retrieving resource lock")
+            })
+            .cloned()
     }
 
     /// Waits up to `within` for an event of `kind` (from `who`, if given).
@@ -110,10 +153,15 @@ impl GoCandidate {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(e)) => self.seen.push(e),
                 Ok(None) => panic!(
-                    "the candidate exited before {kind} {who:?}: {:?}",
-                    self.seen
+                    "the candidate exited before {kind} {who:?}: {:?}\nclient-go's log:\n{}",
+                    self.seen,
+                    self.log()
                 ),
-                Err(_) => panic!("no {kind} {who:?} within {within:?}: {:?}", self.seen),
+                Err(_) => panic!(
+                    "no {kind} {who:?} within {within:?}: {:?}\nclient-go's log:\n{}",
+                    self.seen,
+                    self.log()
+                ),
             }
         }
     }
@@ -271,11 +319,19 @@ async fn graceful_handoffs_both_ways() {
     timeline.led("go-1", started.at, ended.at);
     let handoff = r2_start.duration_since(sigterm).unwrap_or_default();
     eprintln!("client-go → tenure hand-off (from SIGTERM): {handoff:?}");
-    // Its next look would come a lease after its last one, some 15 s after the SIGTERM.
-    assert!(
-        handoff < GO_LEASE / 2,
-        "the waiter must be woken by the release, not by its next look: {handoff:?}"
-    );
+    if let Some(said) = go.failed_release() {
+        // Nothing was released to wake the waiter: it took the lease at a later look, once
+        // client-go's record had run out (the take itself is judged by the timeline).
+        eprintln!("client-go's release failed, so the hand-off waited for its lease: {said}");
+    } else {
+        // Its next look would come a lease after its last one, some 15 s after the SIGTERM.
+        assert!(
+            handoff < GO_LEASE / 2,
+            "the waiter must be woken by the release, not by its next look: {handoff:?}\n\
+             client-go's log:\n{}",
+            go.log()
+        );
+    }
     assert!(lease2.fencing_token() > lease1.fencing_token());
     let raw = shared().lease(NS, &name).await.expect("lease");
     assert_eq!(
@@ -370,10 +426,18 @@ async fn crash_failover_both_ways() {
     timeline.assert_disjoint();
     let raw = shared().lease(NS, &name).await.expect("lease");
     let spec = raw.spec.expect("spec");
-    assert_eq!(
-        spec.holder_identity.as_deref(),
-        Some(""),
-        "client-go released"
-    );
-    assert_eq!(spec.lease_duration_seconds, Some(1));
+    if let Some(said) = go2.failed_release() {
+        // The record is then its last renewal's, left to run out.
+        eprintln!("client-go's release failed: {said}");
+        assert_eq!(spec.holder_identity.as_deref(), Some("go-2"));
+        assert_eq!(spec.lease_duration_seconds, Some(LEASE.as_secs() as i32));
+    } else {
+        assert_eq!(
+            spec.holder_identity.as_deref(),
+            Some(""),
+            "client-go released; its log:\n{}",
+            go2.log()
+        );
+        assert_eq!(spec.lease_duration_seconds, Some(1));
+    }
 }
