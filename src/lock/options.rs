@@ -403,15 +403,53 @@ mod tests {
         );
     }
 
+    /// Each rule at its edge: the last value allowed beside the first refused, so that a
+    /// comparison moved by one (`<` for `<=`) or a shrunk limit is seen.
+    #[test]
+    fn each_rule_holds_at_its_edge() {
+        let o = LockOptions::new;
+        // 365 days written out, not `MAX_DURATION`: the limit the docs promise.
+        let year = Duration::from_secs(31_536_000);
+        let long = o()
+            .ttl(year)
+            .wait(year)
+            .retry_interval(year)
+            .release_timeout(year);
+        assert!(long.plan(false).is_ok(), "365 days is allowed");
+        assert!(rule(&o().ttl(year + Duration::from_secs(1)), false).contains("at most 365 days"));
+        // The shortest ttl auto-renewal accepts is accepted.
+        assert!(o().ttl(MIN_AUTO_RENEW_TTL).plan(true).is_ok());
+        // The fraction's bounds are its own rule's, even where auto-renew's would not apply.
+        for fraction in [0.0, 1.0] {
+            assert!(
+                rule(&o().renew_fraction(fraction), false).contains("between 0 and 1"),
+                "{fraction}"
+            );
+        }
+        assert!(
+            rule(&o().request_timeout(Duration::ZERO), true)
+                .contains("request_timeout must be positive")
+        );
+    }
+
     #[test]
     fn jitter_stays_within_its_bounds() {
         let p = LockOptions::new().plan(false).expect("valid");
+        let (mut least, mut most) = (Duration::MAX, Duration::ZERO);
         for _ in 0..1000 {
             let d = p.jittered_retry();
             assert!(
                 d >= Duration::from_millis(80) && d <= Duration::from_millis(120),
                 "{d:?}"
             );
+            least = least.min(d);
+            most = most.max(d);
         }
+        // And spreads to both sides: 1000 uniform draws all within ±5 ms of the interval
+        // (or all on one side) have a chance below 10^-100.
+        assert!(
+            least < Duration::from_millis(95) && most > Duration::from_millis(105),
+            "{least:?}..{most:?}"
+        );
     }
 }
