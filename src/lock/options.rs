@@ -432,6 +432,41 @@ mod tests {
         );
     }
 
+    /// While the lock is busy: with `follow_expiry`, the holder's remaining ttl plus up to
+    /// `retry_interval × retry_jitter` (spread, so waiters do not all retry at one instant);
+    /// without it, the jittered retry cut to the remaining ttl.
+    #[test]
+    fn busy_pause_follows_the_expiry_or_the_retry_interval() {
+        let following = LockOptions::new()
+            .follow_expiry(true)
+            .plan(false)
+            .expect("valid");
+        let polling = LockOptions::new().plan(false).expect("valid");
+        let retry = Duration::from_millis(80)..=Duration::from_millis(120);
+        let remaining = Duration::from_secs(7);
+        let (mut least, mut most) = (Duration::MAX, Duration::ZERO);
+        for _ in 0..1000 {
+            let d = following.busy_pause(Some(remaining));
+            assert!(
+                d >= remaining && d <= remaining + Duration::from_millis(20),
+                "{d:?}"
+            );
+            least = least.min(d);
+            most = most.max(d);
+            let d = polling.busy_pause(Some(remaining));
+            assert!(retry.contains(&d), "{d:?}");
+            let d = following.busy_pause(None);
+            assert!(retry.contains(&d), "{d:?}");
+        }
+        assert!(
+            least < remaining + Duration::from_millis(5)
+                && most > remaining + Duration::from_millis(15),
+            "{least:?}..{most:?}"
+        );
+        let soon = Duration::from_millis(30);
+        assert_eq!(polling.busy_pause(Some(soon)), soon);
+    }
+
     #[test]
     fn jitter_stays_within_its_bounds() {
         let p = LockOptions::new().plan(false).expect("valid");
