@@ -432,6 +432,17 @@ mod tests {
         );
     }
 
+    /// `get_wait` is the window `Locker::acquire` keeps trying for: a getter that lost it
+    /// would make every acquire a single attempt.
+    #[test]
+    fn getters_return_what_was_set() {
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(7))
+            .wait(Duration::from_secs(3));
+        assert_eq!(opts.get_ttl(), Duration::from_secs(7));
+        assert_eq!(opts.get_wait(), Duration::from_secs(3));
+    }
+
     /// While the lock is busy: with `follow_expiry`, the holder's remaining ttl plus up to
     /// `retry_interval × retry_jitter` (spread, so waiters do not all retry at one instant);
     /// without it, the jittered retry cut to the remaining ttl.
