@@ -305,6 +305,50 @@ async fn a_release_waiting_for_a_detached_one_gets_its_outcome() {
     assert_eq!(faulty.counts().release, 1);
 }
 
+/// A detached release whose runtime shuts down before it finishes answers its waiters with an
+/// error instead of leaving them waiting for an outcome nobody will record.
+#[test]
+fn a_release_abandoned_by_its_runtime_gives_its_waiters_an_error() {
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a runtime")
+    };
+    let first = paused();
+    let (_store, _faulty, lease) = first.block_on(release_left_running("abandoned"));
+    // Drops the task finishing the release, unfinished (the store delays it 500 ms).
+    drop(first);
+    let waited = paused()
+        .block_on(async { tokio::time::timeout(Duration::from_secs(60), lease.release()).await });
+    match waited {
+        Ok(Err(LockError::Backend(e))) => assert!(e.to_string().contains("abandoned"), "{e}"),
+        other => panic!("expected the abandoned release's error, got {other:?}"),
+    }
+}
+
+/// `Lease::on_renewal` mirrors the validity: the listener gets `valid_until` at once, and the
+/// later one each time a renewal moves it.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_listener_gets_the_validity_at_once_and_after_each_renewal() {
+    let locker = memory_locker();
+    let lease = locker
+        .try_acquire("mirror", &LockOptions::new())
+        .await
+        .expect("free");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mirror = seen.clone();
+    lease.on_renewal(move |until| mirror.lock().expect("not poisoned").push(until));
+    let first = lease.valid_until();
+    assert_eq!(*seen.lock().expect("not poisoned"), [first]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    lease.refresh().await.expect("still held");
+    let renewed = lease.valid_until();
+    assert!(renewed > first);
+    assert_eq!(*seen.lock().expect("not poisoned"), [first, renewed]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelling_waits_on_a_lease_never_ends_it() {
     let locker = memory_locker();

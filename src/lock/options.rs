@@ -403,15 +403,99 @@ mod tests {
         );
     }
 
+    /// Each rule at its edge: the last value allowed beside the first refused, so that a
+    /// comparison moved by one (`<` for `<=`) or a shrunk limit is seen.
+    #[test]
+    fn each_rule_holds_at_its_edge() {
+        let o = LockOptions::new;
+        // 365 days written out, not `MAX_DURATION`: the limit the docs promise.
+        let year = Duration::from_secs(31_536_000);
+        let long = o()
+            .ttl(year)
+            .wait(year)
+            .retry_interval(year)
+            .release_timeout(year);
+        assert!(long.plan(false).is_ok(), "365 days is allowed");
+        assert!(rule(&o().ttl(year + Duration::from_secs(1)), false).contains("at most 365 days"));
+        // The shortest ttl auto-renewal accepts is accepted.
+        assert!(o().ttl(MIN_AUTO_RENEW_TTL).plan(true).is_ok());
+        // The fraction's bounds are its own rule's, even where auto-renew's would not apply.
+        for fraction in [0.0, 1.0] {
+            assert!(
+                rule(&o().renew_fraction(fraction), false).contains("between 0 and 1"),
+                "{fraction}"
+            );
+        }
+        assert!(
+            rule(&o().request_timeout(Duration::ZERO), true)
+                .contains("request_timeout must be positive")
+        );
+    }
+
+    /// `get_wait` is the window `Locker::acquire` keeps trying for: a getter that lost it
+    /// would make every acquire a single attempt.
+    #[test]
+    fn getters_return_what_was_set() {
+        let opts = LockOptions::new()
+            .ttl(Duration::from_secs(7))
+            .wait(Duration::from_secs(3));
+        assert_eq!(opts.get_ttl(), Duration::from_secs(7));
+        assert_eq!(opts.get_wait(), Duration::from_secs(3));
+    }
+
+    /// While the lock is busy: with `follow_expiry`, the holder's remaining ttl plus up to
+    /// `retry_interval × retry_jitter` (spread, so waiters do not all retry at one instant);
+    /// without it, the jittered retry cut to the remaining ttl.
+    #[test]
+    fn busy_pause_follows_the_expiry_or_the_retry_interval() {
+        let following = LockOptions::new()
+            .follow_expiry(true)
+            .plan(false)
+            .expect("valid");
+        let polling = LockOptions::new().plan(false).expect("valid");
+        let retry = Duration::from_millis(80)..=Duration::from_millis(120);
+        let remaining = Duration::from_secs(7);
+        let (mut least, mut most) = (Duration::MAX, Duration::ZERO);
+        for _ in 0..1000 {
+            let d = following.busy_pause(Some(remaining));
+            assert!(
+                d >= remaining && d <= remaining + Duration::from_millis(20),
+                "{d:?}"
+            );
+            least = least.min(d);
+            most = most.max(d);
+            let d = polling.busy_pause(Some(remaining));
+            assert!(retry.contains(&d), "{d:?}");
+            let d = following.busy_pause(None);
+            assert!(retry.contains(&d), "{d:?}");
+        }
+        assert!(
+            least < remaining + Duration::from_millis(5)
+                && most > remaining + Duration::from_millis(15),
+            "{least:?}..{most:?}"
+        );
+        let soon = Duration::from_millis(30);
+        assert_eq!(polling.busy_pause(Some(soon)), soon);
+    }
+
     #[test]
     fn jitter_stays_within_its_bounds() {
         let p = LockOptions::new().plan(false).expect("valid");
+        let (mut least, mut most) = (Duration::MAX, Duration::ZERO);
         for _ in 0..1000 {
             let d = p.jittered_retry();
             assert!(
                 d >= Duration::from_millis(80) && d <= Duration::from_millis(120),
                 "{d:?}"
             );
+            least = least.min(d);
+            most = most.max(d);
         }
+        // And spreads to both sides: 1000 uniform draws all within ±5 ms of the interval
+        // (or all on one side) have a chance below 10^-100.
+        assert!(
+            least < Duration::from_millis(95) && most > Duration::from_millis(105),
+            "{least:?}..{most:?}"
+        );
     }
 }
