@@ -828,6 +828,24 @@ mod refusing {
     pub struct Refusing {
         pub inner: MemoryBackend,
         pub refuse: Arc<Mutex<Option<BackendErrorKind>>>,
+        /// A lease whose next grant makes the group record's next read fail, once: the read
+        /// a shard's term makes to confirm its generation before its workload starts.
+        pub fail_read_after_grant_of: Arc<Mutex<Option<String>>>,
+        /// How many group record reads were failed on purpose.
+        pub failed_reads: Arc<Mutex<u32>>,
+        fail_next_read: Arc<Mutex<bool>>,
+    }
+
+    impl Refusing {
+        pub fn new(inner: MemoryBackend, refuse: Option<BackendErrorKind>) -> Self {
+            Self {
+                inner,
+                refuse: Arc::new(Mutex::new(refuse)),
+                fail_read_after_grant_of: Arc::default(),
+                failed_reads: Arc::default(),
+                fail_next_read: Arc::default(),
+            }
+        }
     }
 
     #[deny(clippy::missing_trait_methods)]
@@ -839,7 +857,17 @@ mod refusing {
             &'a self,
             req: &'a AcquireRequest,
         ) -> BoxFuture<'a, Result<Acquired, BackendError>> {
-            self.inner.try_acquire(req)
+            Box::pin(async move {
+                let acquired = self.inner.try_acquire(req).await;
+                if let Ok(Acquired::Granted { .. }) = &acquired {
+                    let mut armed = self.fail_read_after_grant_of.lock().expect("not poisoned");
+                    if armed.as_deref() == Some(&*req.name) {
+                        *armed = None;
+                        *self.fail_next_read.lock().expect("not poisoned") = true;
+                    }
+                }
+                acquired
+            })
         }
         fn renew<'a>(
             &'a self,
@@ -934,6 +962,13 @@ mod refusing {
             &'a self,
             group: &'a str,
         ) -> BoxFuture<'a, Result<GroupRead, BackendError>> {
+            if std::mem::take(&mut *self.fail_next_read.lock().expect("not poisoned")) {
+                *self.failed_reads.lock().expect("not poisoned") += 1;
+                return Box::pin(std::future::ready(Err(BackendError::new(
+                    BackendErrorKind::Unavailable,
+                    "group record read failed by the test",
+                ))));
+            }
             self.inner.group_record(group)
         }
         fn swap_group_record<'a>(
@@ -980,11 +1015,8 @@ async fn a_permanent_announcement_failure_ends_the_run_and_a_transient_one_does_
     use tenure::backend::BackendErrorKind;
     let store = MemoryBackend::new();
     let world = Arc::new(World::default());
-    let refuse = Arc::new(Mutex::new(Some(BackendErrorKind::Unavailable)));
-    let backend = refusing::Refusing {
-        inner: store.clone(),
-        refuse: refuse.clone(),
-    };
+    let backend = refusing::Refusing::new(store.clone(), Some(BackendErrorKind::Unavailable));
+    let refuse = backend.refuse.clone();
     let locker = Locker::with_identity(backend, "a").expect("identity");
     let elector =
         ShardedElector::new(locker, "workers", SHARDS, ElectionConfig::new()).expect("elector");
@@ -1055,4 +1087,57 @@ async fn a_permanent_announcement_failure_ends_the_run_and_a_transient_one_does_
         world.violations.lock().expect("not poisoned").clone(),
         Vec::<String>::new()
     );
+}
+
+/// A shard term that ends before its workload starts — the read confirming its generation
+/// failed once — is started again at once while the shard is still assigned here. Nothing
+/// else would start it: the failed read changes neither the membership (the term held
+/// nothing) nor the group's status (the keeper's own reads succeed), the two changes that
+/// make the run rebalance (#42, mutant 757 `restart_if_ours → Ok(())`).
+#[tokio::test(start_paused = true)]
+async fn a_term_ended_by_one_failed_generation_read_is_started_again() {
+    const ONE: u32 = 1;
+    let store = MemoryBackend::new();
+    let backend = refusing::Refusing::new(store.clone(), None);
+    *backend
+        .fail_read_after_grant_of
+        .lock()
+        .expect("not poisoned") = Some(tenure::shard::lease_name("workers", 0));
+    let failed_reads = backend.failed_reads.clone();
+    let locker = Locker::with_identity(backend, "a").expect("identity");
+    let elector =
+        ShardedElector::new(locker, "workers", ONE, ElectionConfig::new()).expect("elector");
+    let started = Arc::new(Mutex::new(Vec::<FencingToken>::new()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (e, s) = (elector.clone(), started.clone());
+    let run = tokio::spawn(async move {
+        e.run_until(
+            async {
+                let _ = stopped.await;
+            },
+            move |_, term| {
+                let s = s.clone();
+                async move {
+                    s.lock().expect("not poisoned").push(term.fencing_token());
+                    term.cancellation().cancelled().await;
+                }
+            },
+        )
+        .await
+    });
+    tokio::time::sleep(LEASE * 3).await;
+    assert_eq!(
+        *failed_reads.lock().expect("not poisoned"),
+        1,
+        "the test failed the term's generation read once"
+    );
+    let tokens = started.lock().expect("not poisoned").clone();
+    assert_eq!(
+        tokens.len(),
+        1,
+        "shard 0 ran {} workload(s) in three leases after its first term ended unstarted",
+        tokens.len()
+    );
+    let _ = stop.send(());
+    run.await.expect("run task").expect("run ends cleanly");
 }
