@@ -305,6 +305,69 @@ async fn a_release_waiting_for_a_detached_one_gets_its_outcome() {
     assert_eq!(faulty.counts().release, 1);
 }
 
+/// A release that failed stays failed: a second call gets the first one's error, and does not
+/// try again, though the store would now answer. Reporting success for a delete that never
+/// happened would tell `with_lock`'s caller exclusivity was handed back when the lease still
+/// sits in the store until its ttl.
+#[tokio::test(start_paused = true)]
+async fn a_second_release_gets_the_first_ones_failure() {
+    let (store, faulty, locker) = faulty_locker();
+    let lease = locker
+        .try_acquire("f", &LockOptions::new())
+        .await
+        .expect("free");
+    faulty.set(Fault::Fail);
+    let first = lease.release().await;
+    assert!(matches!(first, Err(LockError::Backend(_))), "{first:?}");
+    faulty.heal();
+    let second = lease.release().await;
+    assert!(
+        matches!(second, Err(LockError::Backend(_))),
+        "the second call must get the first one's outcome: {second:?}"
+    );
+    assert_eq!(faulty.counts().release, 1, "one release run per lease");
+    assert!(
+        store
+            .inspect("f")
+            .await
+            .expect("memory never fails")
+            .is_some(),
+        "the failed release deleted nothing"
+    );
+}
+
+/// Dropping a lease whose release has run does not release it again, even when the release
+/// found it lost by its clock (the one end a drop would otherwise act on): one release run
+/// per lease, whatever the order of `release` and drop.
+#[tokio::test(start_paused = true)]
+async fn dropping_a_lost_lease_after_its_release_does_not_release_it_again() {
+    let (_, faulty, locker) = faulty_locker();
+    let lease = locker
+        .try_acquire("e", &LockOptions::new().ttl(Duration::from_secs(1)))
+        .await
+        .expect("free");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let released = lease.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(LockError::Lost {
+                reason: LostReason::Expired,
+                ..
+            })
+        ),
+        "{released:?}"
+    );
+    assert_eq!(faulty.counts().release, 1);
+    drop(lease);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        faulty.counts().release,
+        1,
+        "dropped after its release, the lease was released again"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelling_waits_on_a_lease_never_ends_it() {
     let locker = memory_locker();
