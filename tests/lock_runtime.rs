@@ -368,6 +368,40 @@ async fn dropping_a_lost_lease_after_its_release_does_not_release_it_again() {
     );
 }
 
+/// A lease released while its renewal is in flight, the renewal then answered "not held"
+/// (the store lost it meanwhile): the release stopped tracking it, so the scheduler task,
+/// finding it lost, leaves it to the release's removal. Were both to count its end, the lease
+/// count would go below zero and its slot be freed twice: two later leases would share one
+/// entry, and one of them would not be renewed.
+#[tokio::test(start_paused = true)]
+async fn a_lease_released_while_its_renewal_is_answered_not_held_ends_once() {
+    let (store, faulty, locker) = faulty_locker();
+    let lease = locker.try_acquire("r", &renewing()).await.expect("free");
+    // Every request reaches the store 500 ms after it is sent.
+    faulty.set(Fault::Delay(Duration::from_millis(500)));
+    // The first renewal is sent a third of the ttl in: in flight from then on.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        faulty.counts().renew_round_trips,
+        1,
+        "the renewal is in flight"
+    );
+    store.wipe();
+    // The renewal reaches the wiped store first ("not held"), then the release's delete.
+    let released = lease.release().await;
+    assert!(
+        matches!(released, Err(LockError::NotHeld { .. })),
+        "{released:?}"
+    );
+    faulty.heal();
+    assert_eq!(locker.stats().active_leases(), 0);
+    let x = locker.try_acquire("x", &renewing()).await.expect("free");
+    let y = locker.try_acquire("y", &renewing()).await.expect("free");
+    assert_eq!(locker.stats().active_leases(), 2);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(x.is_valid() && y.is_valid(), "{:?} {:?}", x.end(), y.end());
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelling_waits_on_a_lease_never_ends_it() {
     let locker = memory_locker();
