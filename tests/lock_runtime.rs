@@ -349,6 +349,103 @@ async fn a_renewal_listener_gets_the_validity_at_once_and_after_each_renewal() {
     assert_eq!(*seen.lock().expect("not poisoned"), [first, renewed]);
 }
 
+/// A release that failed stays failed: a second call gets the first one's error, and does not
+/// try again, though the store would now answer. Reporting success for a delete that never
+/// happened would tell `with_lock`'s caller exclusivity was handed back when the lease still
+/// sits in the store until its ttl.
+#[tokio::test(start_paused = true)]
+async fn a_second_release_gets_the_first_ones_failure() {
+    let (store, faulty, locker) = faulty_locker();
+    let lease = locker
+        .try_acquire("f", &LockOptions::new())
+        .await
+        .expect("free");
+    faulty.set(Fault::Fail);
+    let first = lease.release().await;
+    assert!(matches!(first, Err(LockError::Backend(_))), "{first:?}");
+    faulty.heal();
+    let second = lease.release().await;
+    assert!(
+        matches!(second, Err(LockError::Backend(_))),
+        "the second call must get the first one's outcome: {second:?}"
+    );
+    assert_eq!(faulty.counts().release, 1, "one release run per lease");
+    assert!(
+        store
+            .inspect("f")
+            .await
+            .expect("memory never fails")
+            .is_some(),
+        "the failed release deleted nothing"
+    );
+}
+
+/// Dropping a lease whose release has run does not release it again, even when the release
+/// found it lost by its clock (the one end a drop would otherwise act on): one release run
+/// per lease, whatever the order of `release` and drop.
+#[tokio::test(start_paused = true)]
+async fn dropping_a_lost_lease_after_its_release_does_not_release_it_again() {
+    let (_, faulty, locker) = faulty_locker();
+    let lease = locker
+        .try_acquire("e", &LockOptions::new().ttl(Duration::from_secs(1)))
+        .await
+        .expect("free");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let released = lease.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(LockError::Lost {
+                reason: LostReason::Expired,
+                ..
+            })
+        ),
+        "{released:?}"
+    );
+    assert_eq!(faulty.counts().release, 1);
+    drop(lease);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        faulty.counts().release,
+        1,
+        "dropped after its release, the lease was released again"
+    );
+}
+
+/// A lease released while its renewal is in flight, the renewal then answered "not held"
+/// (the store lost it meanwhile): the release stopped tracking it, so the scheduler task,
+/// finding it lost, leaves it to the release's removal. Were both to count its end, the lease
+/// count would go below zero and its slot be freed twice: two later leases would share one
+/// entry, and one of them would not be renewed.
+#[tokio::test(start_paused = true)]
+async fn a_lease_released_while_its_renewal_is_answered_not_held_ends_once() {
+    let (store, faulty, locker) = faulty_locker();
+    let lease = locker.try_acquire("r", &renewing()).await.expect("free");
+    // Every request reaches the store 500 ms after it is sent.
+    faulty.set(Fault::Delay(Duration::from_millis(500)));
+    // The first renewal is sent a third of the ttl in: in flight from then on.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        faulty.counts().renew_round_trips,
+        1,
+        "the renewal is in flight"
+    );
+    store.wipe();
+    // The renewal reaches the wiped store first ("not held"), then the release's delete.
+    let released = lease.release().await;
+    assert!(
+        matches!(released, Err(LockError::NotHeld { .. })),
+        "{released:?}"
+    );
+    faulty.heal();
+    assert_eq!(locker.stats().active_leases(), 0);
+    let x = locker.try_acquire("x", &renewing()).await.expect("free");
+    let y = locker.try_acquire("y", &renewing()).await.expect("free");
+    assert_eq!(locker.stats().active_leases(), 2);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(x.is_valid() && y.is_valid(), "{:?} {:?}", x.end(), y.end());
+}
+
 #[tokio::test(start_paused = true)]
 async fn cancelling_waits_on_a_lease_never_ends_it() {
     let locker = memory_locker();
