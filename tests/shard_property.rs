@@ -815,8 +815,9 @@ async fn assert_ended_cleanly(world: &World, store: &MemoryBackend) {
     );
 }
 
-/// A store that fails every member announcement with the kind set, and forwards every other
-/// call (each method forwarded, so no default bypasses the memory store's own).
+/// A store that fails every member announcement with the kind set, and on request the group
+/// record's first read after a chosen lease's grant (once); it forwards every other call (each
+/// method forwarded, so no default bypasses the memory store's own).
 mod refusing {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
