@@ -113,6 +113,9 @@ struct Inner {
     /// The fencing token of each grant this process's requests won, by lease and holder
     /// token: which term a release is for.
     grants: std::sync::Mutex<std::collections::HashMap<(String, HolderToken), u64>>,
+    /// The grants whose release this process has sent, the same way: a second release of
+    /// one is a finding (`ReleasedTwice`).
+    released: std::sync::Mutex<std::collections::HashMap<(String, HolderToken), u64>>,
 }
 
 /// The lock runtime's bounds on a request, as configured for this run: where its patience
@@ -162,6 +165,7 @@ impl Link {
             last_ok: std::sync::Mutex::default(),
             hold_renewal: std::sync::Mutex::default(),
             grants: std::sync::Mutex::default(),
+            released: std::sync::Mutex::default(),
         }))
     }
 
@@ -552,11 +556,15 @@ impl Backend for Link {
         Box::pin(async move {
             // Judged as it leaves the process (a dead process sends nothing): the term's tasks
             // must have ended by now.
-            let token = lock(&self.0.grants).remove(&(name.to_owned(), *holder));
-            if let Some(token) = token
-                && !self.state().dead
-            {
-                self.0.world.release_sent(name, &self.0.label, token);
+            let key = (name.to_owned(), *holder);
+            let token = lock(&self.0.grants).remove(&key);
+            if !self.state().dead {
+                if let Some(token) = token {
+                    self.0.world.release_sent(name, &self.0.label, token);
+                    lock(&self.0.released).insert(key, token);
+                } else if let Some(token) = lock(&self.0.released).get(&key) {
+                    self.0.world.released_twice(name, &self.0.label, *token);
+                }
             }
             self.outbound().await?;
             let out = self.0.store.release(name, holder).await;

@@ -60,6 +60,22 @@ pub enum Kind {
     /// simulation an aborted task ends at its next turn, so any task still there at the
     /// release was not awaited.
     ReleaseBeforeTasks,
+    /// A term's renewal listener (`Term::on_renewal`, what `tenure run`'s watchdog mirror
+    /// uses) was not told the term's validity: registered while the term was valid, it must
+    /// have been told it at once and then each later one, each later than the one before, so
+    /// that it always holds what `Term::valid_until` says.
+    ListenerNotTold,
+    /// One process sent the release of one grant twice: a lease is released by one call
+    /// (later `release` calls and the drop wait for or skip it), whatever ended it.
+    ReleasedTwice,
+    /// With the group settled for a lease, a replica's published assignment
+    /// (`ShardedElector::assignment`) named another owner for a shard than the one whose
+    /// term holds its lease: what a replica publishes must be what runs.
+    WrongAssignment,
+    /// An elector's run (`run_until`) returned an error. Every store error the simulation
+    /// makes is transient (unavailable, a timeout, a conflict), and only a permanent one may
+    /// end a run: the rest are retried.
+    RunEnded,
     /// Virtual time stood still while tasks kept being polled: a task of the code under test
     /// loops without waiting (a busy loop), and the seed would never end (`scenario/stuck.rs`).
     Stuck,
@@ -129,6 +145,28 @@ struct Tasks {
     alive: usize,
 }
 
+/// What a term's renewal listener was told, as a watchdog mirror keeps it.
+#[derive(Debug, Default)]
+pub struct Mirror {
+    /// The latest validity told.
+    pub last: Option<Instant>,
+    /// The first validity told that was not later than the one before it, with that one.
+    pub not_later: Option<(Instant, Instant)>,
+}
+
+impl Mirror {
+    /// The listener's body: keeps the validity told.
+    pub fn told(&mut self, valid_until: Instant) {
+        if let Some(before) = self.last
+            && valid_until <= before
+            && self.not_later.is_none()
+        {
+            self.not_later = Some((before, valid_until));
+        }
+        self.last = Some(valid_until);
+    }
+}
+
 #[derive(Default)]
 struct Register {
     max: u64,
@@ -182,6 +220,8 @@ pub struct World {
     stalls: Mutex<BTreeMap<(String, u64), Stall>>,
     /// Terms already found writing when invalid (one finding a term).
     invalid_writers: Mutex<std::collections::BTreeSet<(String, u64)>>,
+    /// Terms already found with a renewal listener not told (one finding a term).
+    untold_listeners: Mutex<std::collections::BTreeSet<(String, u64)>>,
     /// Every nemesis that fired: when, which, on which lease.
     nemeses: Mutex<Vec<(Instant, &'static str, String)>>,
     /// Each process's health as its workload reported it, by label.
@@ -216,6 +256,7 @@ impl World {
             forced_stubborn: Mutex::default(),
             stalls: Mutex::default(),
             invalid_writers: Mutex::default(),
+            untold_listeners: Mutex::default(),
             nemeses: Mutex::default(),
             health: Mutex::default(),
             health_moves: AtomicU64::new(0),
@@ -367,6 +408,49 @@ impl World {
                 "the workload of #{token} ({holder}) wrote believing its term valid while the store held the lease for {}",
                 record.map_or_else(|| "nobody".to_owned(), |r| format!("#{} ({})", r.fencing, r.identity))
             ),
+        );
+    }
+
+    /// Judges what a term's renewal listener was told (`mirror`) against what the term says
+    /// of its validity now: the listener must hold exactly `Term::valid_until`, and have been
+    /// told only later validities.
+    pub fn judge_listener(&self, lease: &str, holder: &str, term: &Term, mirror: &Mirror) {
+        let token = term.fencing_token().get();
+        let valid_until = term.valid_until();
+        let problem = if let Some((before, told)) = mirror.not_later {
+            format!(
+                "was told {} ms after {} ms: a validity not later than the one before",
+                self.ms(told),
+                self.ms(before)
+            )
+        } else if mirror.last != Some(valid_until) {
+            format!(
+                "holds {} while the term is valid until {} ms",
+                mirror
+                    .last
+                    .map_or_else(|| "nothing".to_owned(), |t| format!("{} ms", self.ms(t))),
+                self.ms(valid_until)
+            )
+        } else {
+            return;
+        };
+        if lock(&self.untold_listeners).insert((lease.to_owned(), token)) {
+            self.find(
+                lease,
+                Kind::ListenerNotTold,
+                None,
+                format!("the renewal listener of #{token} ({holder}) {problem}"),
+            );
+        }
+    }
+
+    /// Process `holder` sent a release for a grant of `lease` it had already released.
+    pub fn released_twice(&self, lease: &str, holder: &str, token: u64) {
+        self.find(
+            lease,
+            Kind::ReleasedTwice,
+            None,
+            format!("{holder} sent the release of #{token} a second time"),
         );
     }
 

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
 use crate::link::{Bounds, Latency, Link, SLOWEST_COVERED_RATE};
-use crate::world::{Excuse, Finding, HealthBounds, Kind, World};
+use crate::world::{Excuse, Finding, HealthBounds, Kind, Mirror, World};
 
 mod chaos;
 mod nemesis;
@@ -175,6 +175,8 @@ struct Replica {
     link: Link,
     /// One lease's elector (its workload's health is reported to it); `None` in a group.
     elector: Option<LeaderElector>,
+    /// A group member's shard count and the assignment it publishes; `None` for one lease.
+    assignment: Option<(u32, tokio::sync::watch::Receiver<tenure::shard::Assignment>)>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -360,6 +362,13 @@ async fn workload(
         count,
     );
     let token = term.fencing_token().get();
+    // Every term mirrors its validity through a renewal listener, as `tenure run`'s watchdog
+    // does; each cooperative write judges the mirror against the term (`write`).
+    let mirror = Arc::new(std::sync::Mutex::new(Mirror::default()));
+    {
+        let mirror = mirror.clone();
+        term.on_renewal(move |valid_until| crate::world::lock(&mirror).told(valid_until));
+    }
     // Some terms (half by default) run a stubborn workload: it ignores cancellation and writes without
     // checking its term, as code stuck in a long call does. The elector must drop it in time.
     let mut stubborn = world.rng(|r| r.chance(stubborn_share));
@@ -399,18 +408,31 @@ async fn workload(
         if let Some(stall) = world.take_stall(&lease, token) {
             nemesis::stall_runtime(&world, &link, &lease, &term, &stall);
         }
-        write(&world, &link, &lease, &term, stubborn);
+        write(&world, &link, &lease, &term, stubborn, Some(&mirror));
     }
 }
 
 /// One write of a term's workload or task: a stubborn one writes without looking at its
 /// term; a cooperative one only while `Term::is_valid`, judged by what the validity rests on
-/// (not by the term's own answer).
-fn write(world: &World, link: &Link, lease: &str, term: &Term, stubborn: bool) {
+/// (not by the term's own answer). A workload's `mirror` (its renewal listener) is judged
+/// beside: a term valid now was valid when the listener was registered, so the listener
+/// must hold its validity. Only here, where `is_valid` has just read the term: reading it
+/// anywhere else would settle its state at other instants and change the history.
+fn write(
+    world: &World,
+    link: &Link,
+    lease: &str,
+    term: &Term,
+    stubborn: bool,
+    mirror: Option<&std::sync::Mutex<Mirror>>,
+) {
     let token = term.fencing_token().get();
     if stubborn {
         link.write(lease.to_owned(), token);
     } else if term.is_valid() {
+        if let Some(mirror) = mirror {
+            world.judge_listener(lease, link.label(), term, &crate::world::lock(mirror));
+        }
         world.judge_write(
             lease,
             token,
@@ -461,7 +483,7 @@ async fn term_task(
                 continue;
             }
         }
-        write(&world, &link, &lease, &term, stubborn);
+        write(&world, &link, &lease, &term, stubborn, None);
     }
 }
 
@@ -516,6 +538,7 @@ impl Sim {
         let (world, every, stubborn) = (self.world.clone(), self.write_every, self.stubborn);
         self.world.process_started(&label, &identity);
         let mut one = None;
+        let mut published = None;
         let task = if shards == 0 {
             let policy = HealthPolicy::new()
                 .unhealthy_after(self.t.health.unhealthy_after)
@@ -563,7 +586,12 @@ impl Sim {
                     match out {
                         Ok(_) => return,
                         Err(e) => {
-                            world.event(format_args!("{} run ended: {e}", link2.label()));
+                            world.find(
+                                "-",
+                                Kind::RunEnded,
+                                None,
+                                format!("{} run ended: {e}", link2.label()),
+                            );
                             sleep(retry).await;
                         }
                     }
@@ -572,6 +600,7 @@ impl Sim {
         } else {
             let elector = ShardedElector::new(locker, self.group(), shards, self.t.config.clone())
                 .expect("valid sharded config");
+            published = Some((shards, elector.assignment()));
             if shards <= 256 {
                 // Each assignment this replica computes, in the history (small groups only;
                 // whether lines are kept must not change what runs, so not on `keep_lines`).
@@ -624,7 +653,12 @@ impl Sim {
                     match out {
                         Ok(()) => return,
                         Err(e) => {
-                            world.event(format_args!("{} run ended: {e}", link2.label()));
+                            world.find(
+                                "-",
+                                Kind::RunEnded,
+                                None,
+                                format!("{} run ended: {e}", link2.label()),
+                            );
                             sleep(retry).await;
                         }
                     }
@@ -637,6 +671,7 @@ impl Sim {
                 identity,
                 link,
                 elector: one,
+                assignment: published,
                 stop: Some(stop),
                 task,
             },

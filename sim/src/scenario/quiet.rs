@@ -192,6 +192,7 @@ impl Sim {
         }
         let calls = self.world.counters.store_calls.load(Ordering::Relaxed);
         sleep(lease).await;
+        self.judge_published("settled");
         f.store_calls_per_sec = (self.world.counters.store_calls.load(Ordering::Relaxed) - calls)
             as f64
             / lease.as_secs_f64();
@@ -213,6 +214,7 @@ impl Sim {
         // Each change starts from a settled group: balanced, and every member's announced
         // holds caught up (one heartbeat), which the bound on moves assumes.
         sleep(lease).await;
+        self.judge_published("after a join");
 
         // A graceful leave.
         let before = self.owners();
@@ -225,6 +227,7 @@ impl Sim {
         self.judge_moves("leave", f.balanced_after_leave, f.moves_leave, bound);
 
         sleep(lease).await;
+        self.judge_published("after a leave");
 
         // A kill: its shards are taken over once its leases run out.
         let before = self.owners();
@@ -243,6 +246,7 @@ impl Sim {
         }
         self.down.clear();
         sleep(lease).await;
+        self.judge_published("after a kill");
 
         // A rolling update to four more shards: a replica of the new count starts, then an old
         // one leaves, one by one. The group record lets the new count start only once no old
@@ -278,6 +282,40 @@ impl Sim {
             );
         }
         f
+    }
+
+    /// Each live member of the group's count publishes the owners whose terms hold the
+    /// shards' leases (checker `WrongAssignment`); called with the group settled for a lease.
+    fn judge_published(&self, when: &str) {
+        let held = self.owners();
+        for r in self.replicas.values() {
+            let Some((count, assignment)) = &r.assignment else {
+                continue;
+            };
+            if *count != self.p.shards {
+                continue;
+            }
+            let published = assignment.borrow().owners.clone();
+            let wrong: Vec<String> = (0..self.p.shards)
+                .filter_map(|s| {
+                    let says = published.get(s as usize).cloned().flatten();
+                    let holds = held.get(&lease_name(self.group(), s)).cloned().flatten();
+                    (says != holds).then(|| format!("{s}: {says:?} (held by {holds:?})"))
+                })
+                .collect();
+            if !wrong.is_empty() {
+                self.world.find(
+                    "group",
+                    Kind::WrongAssignment,
+                    None,
+                    format!(
+                        "{when}: {} publishes other owners than hold the shards: {}",
+                        r.link.label(),
+                        wrong.join(", ")
+                    ),
+                );
+            }
+        }
     }
 
     fn judge_moves(&self, what: &str, settled: Option<f64>, moves: usize, bound: usize) {
