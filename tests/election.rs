@@ -631,6 +631,41 @@ async fn tasks_of_a_term_end_before_its_lease_is_released() {
     );
 }
 
+/// Dropping the run mid-term (a caller's `select!` or timeout around it) ends the term the
+/// way its end does: the term's tasks, even one that ignores cancellation, are aborted and
+/// gone before the lease is released in the background, and that release comes at once, not
+/// after the ttl. Found by the simulation's `abandon` fault: the tasks outlived the run.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_run_ends_its_terms_tasks_before_the_background_release() {
+    let store = MemoryBackend::new();
+    let e = elector(store.clone(), "a", ElectionConfig::new());
+    let ticks = Arc::new(Mutex::new((0, 0)));
+    let (t, s) = (ticks.clone(), store.clone());
+    let run = e.run(|term| {
+        let (t, s) = (t.clone(), s.clone());
+        async move {
+            drop(watchful_task(&term, &s, &t));
+            std::future::pending::<()>().await;
+        }
+    });
+    let dropped = tokio::time::timeout(Duration::from_secs(2), run).await;
+    assert!(dropped.is_err(), "the run ended by itself: {dropped:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(holder(&store), None, "not released in the background");
+    let at_release = *ticks.lock().expect("not poisoned");
+    assert_eq!(at_release.1, 0, "a task ran while the lease was not ours");
+    assert!(
+        at_release.0 >= 15,
+        "the task ran during the term: {at_release:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        *ticks.lock().expect("not poisoned"),
+        at_release,
+        "the task outlived its dropped run"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn tasks_of_a_stolen_term_are_aborted_and_the_term_reports_the_theft() {
     let store = MemoryBackend::new();

@@ -195,11 +195,15 @@ fn main() -> ExitCode {
     let mut nemeses = [0u64; scenario::NEMESES.len()];
     let mut writes = (0u64, 0u64, 0u64, 0u64);
     let mut health_moves = 0u64;
-    let (mut terms, mut term_tasks) = (0u64, 0u64);
+    let (mut terms, mut term_tasks, mut escaped) = (0u64, 0u64, 0u64);
+    let mut dropped = (0u64, 0u64);
     for (o, again) in &results {
         faults += o.faults;
         terms += o.terms;
         term_tasks += o.term_tasks;
+        escaped += o.escaped_tasks;
+        dropped.0 += o.runs_dropped.0;
+        dropped.1 += o.runs_dropped.1;
         health_moves += o.health_moves;
         events += o.fingerprint.1;
         for (_, name, _) in &o.nemeses {
@@ -332,7 +336,7 @@ fn main() -> ExitCode {
     println!(
         "sim: seeds {}, faults injected {faults}, histories checked {} ({events} events), violations {violations}; \
          expected overlaps: {data_loss} {}, {beyond} {}; fenced writes: {} issued, {} accepted, {} refused \
-         ({} of them a plain store would have taken late); terms {terms} ({term_tasks} term tasks); health step-downs {health_moves}; nemeses: {}; peak memory +{} KiB; {:.1} s",
+         ({} of them a plain store would have taken late); terms {terms} ({term_tasks} term tasks, {escaped} escaped tasks); runs dropped {} ({} releases owed); health step-downs {health_moves}; nemeses: {}; peak memory +{} KiB; {:.1} s",
         results.len(),
         results.len() * if args.determinism { 2 } else { 1 },
         excuse_name(world::Excuse::DataLoss),
@@ -341,6 +345,8 @@ fn main() -> ExitCode {
         writes.1,
         writes.2,
         writes.3,
+        dropped.0,
+        dropped.1,
         if args.nemeses {
             nemeses.join(", ")
         } else {
@@ -409,6 +415,7 @@ mod tests {
             );
             assert!(a.faults > 0, "faults were injected");
             assert!(a.term_tasks > 0, "terms spawned tasks");
+            assert!(a.escaped_tasks > 0, "terms handed to escaped tasks");
             assert_eq!(
                 a.lines, b.lines,
                 "shards {shards}: two runs of seed 7 differ"

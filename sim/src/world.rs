@@ -76,6 +76,10 @@ pub enum Kind {
     /// makes is transient (unavailable, a timeout, a conflict), and only a permanent one may
     /// end a run: the rest are retried.
     RunEnded,
+    /// A process dropped its elector's run (`abandon`) while a term of it was valid, lived
+    /// on, and never sent the term's release: dropping the run must release each lease it
+    /// held in the background, not leave it to its ttl.
+    NotReleased,
     /// Virtual time stood still while tasks kept being polled: a task of the code under test
     /// loops without waiting (a busy loop), and the seed would never end (`scenario/stuck.rs`).
     Stuck,
@@ -183,6 +187,11 @@ pub struct Counters {
     pub terms: AtomicU64,
     /// Tasks the workloads spawned with `Term::spawn`.
     pub term_tasks: AtomicU64,
+    /// Tasks the workloads handed their term to outside it (`tokio::spawn`).
+    pub escaped_tasks: AtomicU64,
+    /// Elector runs dropped mid-way (`abandon`), and the releases they owed (valid terms).
+    pub runs_dropped: AtomicU64,
+    pub releases_owed: AtomicU64,
     pub writes_issued: AtomicU64,
     pub writes_accepted: AtomicU64,
     /// Writes the fence refused because a newer term had written.
@@ -220,6 +229,9 @@ pub struct World {
     stalls: Mutex<BTreeMap<(String, u64), Stall>>,
     /// Terms already found writing when invalid (one finding a term).
     invalid_writers: Mutex<std::collections::BTreeSet<(String, u64)>>,
+    /// The releases owed by processes that dropped their elector's run with a term valid:
+    /// by lease and token, the process.
+    owed_releases: Mutex<BTreeMap<(String, u64), String>>,
     /// Terms already found with a renewal listener not told (one finding a term).
     untold_listeners: Mutex<std::collections::BTreeSet<(String, u64)>>,
     /// Every nemesis that fired: when, which, on which lease.
@@ -257,6 +269,7 @@ impl World {
             stalls: Mutex::default(),
             invalid_writers: Mutex::default(),
             untold_listeners: Mutex::default(),
+            owed_releases: Mutex::default(),
             nemeses: Mutex::default(),
             health: Mutex::default(),
             health_moves: AtomicU64::new(0),
@@ -752,9 +765,53 @@ impl World {
         }
     }
 
+    /// Process `holder` dropped its elector's run: each of its terms whose workload ran and
+    /// whose lease was valid then is owed a release (`releases_owed`).
+    pub fn run_dropped(&self, holder: &str) {
+        let owed: Vec<(String, u64)> = lock(&self.running)
+            .iter()
+            .flat_map(|(lease, terms)| {
+                terms
+                    .iter()
+                    .filter(|(_, r)| r.holder == holder && r.term.is_valid())
+                    .map(|(token, _)| (lease.clone(), *token))
+            })
+            .collect();
+        self.counters.runs_dropped.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .releases_owed
+            .fetch_add(owed.len() as u64, Ordering::Relaxed);
+        let mut all = lock(&self.owed_releases);
+        for key in owed {
+            self.event(format_args!("owed release {} #{} {holder}", key.0, key.1));
+            all.insert(key, holder.to_owned());
+        }
+    }
+
+    /// Process `holder`, which dropped its elector's run, exits: each release it owed and
+    /// never sent is a finding.
+    pub fn releases_owed(&self, holder: &str) {
+        let mut all = lock(&self.owed_releases);
+        let unsent: Vec<(String, u64)> = all
+            .iter()
+            .filter(|(_, h)| h.as_str() == holder)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (lease, token) in unsent {
+            all.remove(&(lease.clone(), token));
+            self.find(
+                &lease,
+                Kind::NotReleased,
+                None,
+                format!("{holder} dropped its run while #{token} was valid and never released it"),
+            );
+        }
+    }
+
     /// Process `holder` sends the release of term `token` of `lease`: no task of the term
     /// may still run.
     pub fn release_sent(&self, lease: &str, holder: &str, token: u64) {
+        lock(&self.owed_releases).remove(&(lease.to_owned(), token));
         let left = lock(&self.tasks)
             .get(lease)
             .and_then(|terms| terms.get(&token))

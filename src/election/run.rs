@@ -89,8 +89,9 @@ impl LeaderElector {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future drops the workload at once and releases the lease in the
-    /// background.
+    /// Dropping the future drops the workload at once. In the background the term's tasks
+    /// ([`Term::spawn`]) are then aborted and awaited, as at a term's end (at most until
+    /// `valid_until − stop_margin`), and only then is the lease released.
     pub async fn run_until<S, F, Fut, T>(
         &self,
         shutdown: S,
@@ -327,6 +328,12 @@ impl LeaderElector {
             cancel.clone(),
             self.inner.intent.clone(),
         );
+        let mut held = HeldTerm {
+            lease: Some(lease),
+            cancel: cancel.clone(),
+            tasks: tasks.clone(),
+            stop_margin: self.inner.config.stop_margin,
+        };
         self.set_term(Some(shared.clone()));
         self.inner.leader.publish(&HolderChange {
             holder: Some(self.identity().to_owned()),
@@ -455,14 +462,20 @@ impl LeaderElector {
         if let Some(who) = &shutdown_to {
             tracing::info!(parent: &span, to = %who, "shutting down: releasing to the preferred follower");
         }
-        let released = match (&stopping, &shutdown_to) {
-            (Some(Stopping::StepDown(StepDown { to, .. })), _) if let Some(to) = to.target() => {
+        // The term's tasks have ended: from here on, a drop of this future leaves the
+        // release to the lease (`Lease::release` finishes in the background, `Drop` releases).
+        // `take` gives the lease once, here.
+        let released = match (held.lease.take(), &stopping, &shutdown_to) {
+            (None, ..) => Ok(()),
+            (Some(lease), Some(Stopping::StepDown(StepDown { to, .. })), _)
+                if let Some(to) = to.target() =>
+            {
                 lease.release_to(to, config.handoff_window).await
             }
-            (Some(Stopping::Shutdown), Some(to)) => {
+            (Some(lease), Some(Stopping::Shutdown), Some(to)) => {
                 lease.release_to(to, config.handoff_window).await
             }
-            _ => lease.release().await,
+            (Some(lease), ..) => lease.release().await,
         };
         if let Err(e) = &released {
             tracing::debug!(parent: &span, error = %e, "release after the term");
@@ -511,6 +524,48 @@ impl LeaderElector {
         let backend = self.inner.locker.backend();
         let timeout = self.inner.config.effective_request_timeout();
         let _ = tokio::time::timeout(timeout, backend.record_event(&self.inner.name, &event)).await;
+    }
+}
+
+/// The lease of the term `serve` is serving, until its release. If the run is dropped
+/// mid-term (a caller's `select!` or timeout around `run_until`), `Drop` keeps the order a
+/// term's end keeps: the term's cancellation fires, its tasks are aborted at once and awaited
+/// (bounded by `valid_until − stop_margin`, as at a term's end), and only then is the lease
+/// released, in the background. Without it the term's tasks outlived a dropped run, acting
+/// after the release while another replica led (the simulation's `abandon` fault, #42).
+struct HeldTerm {
+    lease: Option<Lease>,
+    cancel: CancellationToken,
+    tasks: std::sync::Arc<super::term::TermTasks>,
+    stop_margin: Duration,
+}
+
+impl Drop for HeldTerm {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        self.cancel.cancel();
+        self.tasks.abort();
+        let deadline =
+            (lease.valid_until() - self.stop_margin).max(Instant::now() + TASKS_MIN_WAIT);
+        let tasks = self.tasks.clone();
+        let name = lease.name().to_owned();
+        let stop = async move {
+            if !tasks.stop(deadline).await {
+                tracing::error!(lease = %name, "a task of the dropped term ignored its abort (blocking code?); releasing the lease anyway");
+            }
+            // `Lease`'s drop releases it.
+            drop(lease);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(stop);
+            }
+            // Outside a runtime the tasks cannot be awaited; the lease's drop leaves it to
+            // expire by its ttl.
+            Err(_) => drop(stop),
+        }
     }
 }
 

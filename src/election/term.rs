@@ -337,6 +337,15 @@ impl TermTasks {
     /// Aborts every task of the term still running and waits for them to end, until
     /// `deadline` at the latest. Returns whether they all ended.
     pub(super) async fn stop(&self, deadline: Instant) -> bool {
+        self.abort();
+        tokio::time::timeout_at(deadline, self.tracker.wait())
+            .await
+            .is_ok()
+    }
+
+    /// Aborts every task of the term still running, and every one spawned from now on; each
+    /// ends at its next `.await`. `stop` waits for them.
+    pub(super) fn abort(&self) {
         let running = {
             let mut aborts = self
                 .aborts
@@ -349,9 +358,6 @@ impl TermTasks {
             task.abort();
         }
         self.tracker.close();
-        tokio::time::timeout_at(deadline, self.tracker.wait())
-            .await
-            .is_ok()
     }
 }
 

@@ -111,9 +111,14 @@ impl Sim {
                     });
                     heals.push((Instant::now() + span, Heal::Link(link, HealWhat::Watch)));
                 }
-                78..=85 => {
+                78..=83 => {
                     self.leave(id);
                     heals.push((Instant::now() + span, Heal::Restart(id, true)));
+                }
+                84..=85 => {
+                    if let Some(link) = self.abandon(id) {
+                        heals.push((Instant::now() + span, Heal::Exit(id, link)));
+                    }
                 }
                 86..=91 => {
                     let down = span.min(self.t.lease);
@@ -165,6 +170,13 @@ impl Sim {
                     self.next_id += 1;
                     self.start(id);
                 }
+            }
+            Heal::Exit(id, link) => {
+                self.world.event(format_args!("exit {}", link.label()));
+                self.world.releases_owed(link.label());
+                link.change(|s| s.dead = true);
+                self.down.retain(|d| *d != id);
+                self.start(id);
             }
             Heal::StoreUp => {
                 self.world.event("heal store up");
@@ -241,6 +253,8 @@ impl std::fmt::Debug for HealWhat {
 pub(super) enum Heal {
     Link(Link, HealWhat),
     Restart(usize, bool),
+    /// A process that dropped its elector's run (`abandon`) exits, and is started again.
+    Exit(usize, Link),
     StoreUp,
     /// A transient replica leaves for good.
     Retire(usize),

@@ -100,6 +100,9 @@ pub struct Outcome {
     pub terms: u64,
     /// Tasks the terms spawned with `Term::spawn`.
     pub term_tasks: u64,
+    /// Tasks handed a term outside it; elector runs dropped; the releases those owed.
+    pub escaped_tasks: u64,
+    pub runs_dropped: (u64, u64),
     pub writes: (u64, u64, u64, u64),
     pub figures: Figures,
     /// Every nemesis that fired: virtual ms, name, lease.
@@ -316,6 +319,11 @@ fn outcome(p: Params, world: &World, figures: Figures) -> Outcome {
         faults: c.faults.load(Ordering::Relaxed),
         terms: c.terms.load(Ordering::Relaxed),
         term_tasks: c.term_tasks.load(Ordering::Relaxed),
+        escaped_tasks: c.escaped_tasks.load(Ordering::Relaxed),
+        runs_dropped: (
+            c.runs_dropped.load(Ordering::Relaxed),
+            c.releases_owed.load(Ordering::Relaxed),
+        ),
         writes: (
             c.writes_issued.load(Ordering::Relaxed),
             c.writes_accepted.load(Ordering::Relaxed),
@@ -377,6 +385,18 @@ async fn workload(
     // The elector must abort and await it before the release (checker `ReleaseBeforeTasks`),
     // and its writes are judged as the workload's own (`InvalidWrite`, `Overlap`).
     let (with_task, task_stubborn) = world.rng(|r| (r.chance(0.5), r.chance(stubborn_share)));
+    // A quarter of the terms also hand their term to a task outside it (`tokio::spawn`, not
+    // `Term::spawn`), which outlives the term and writes only while `Term::is_valid`: the
+    // term must say it is over the moment its lease is released or lost.
+    if world.rng(|r| r.chance(0.25)) {
+        drop(tokio::spawn(escaped(
+            world.clone(),
+            link.clone(),
+            lease.clone(),
+            term.clone(),
+            every,
+        )));
+    }
     if with_task {
         let task = term_task(
             world.clone(),
@@ -442,6 +462,33 @@ fn write(
             link.beyond_bound().load(Ordering::Relaxed),
         );
         link.write(lease.to_owned(), token);
+    }
+}
+
+/// A task that escaped its term (spawned on the runtime, not with `Term::spawn`): nobody
+/// stops it, so it looks at the term before each write and ends once the term says it is
+/// over, or with its process. Its writes are judged like a cooperative workload's
+/// (`InvalidWrite`).
+async fn escaped(world: Arc<World>, link: Link, lease: String, term: Term, every: (f64, f64)) {
+    world.counters.escaped_tasks.fetch_add(1, Ordering::Relaxed);
+    world.event(format_args!(
+        "escaped task {lease} #{} {} starts",
+        term.fencing_token(),
+        link.label()
+    ));
+    let died = link.died();
+    tokio::pin!(died);
+    loop {
+        let pause = Duration::from_secs_f64(world.rng(|r| r.between(every.0, every.1)));
+        tokio::select! {
+            biased;
+            () = &mut died => return,
+            () = sleep(pause) => {}
+        }
+        if !term.is_valid() {
+            return;
+        }
+        write(&world, &link, &lease, &term, false, None);
     }
 }
 
@@ -689,6 +736,22 @@ impl Sim {
             r.task.abort();
             self.down.push(id);
         }
+    }
+
+    /// Drops replica `id`'s elector run at once, as a user's `select!` or timeout around
+    /// `run` does, while the process lives on (until `Heal::Exit`): each lease it held must
+    /// be released in the background (checker `NotReleased`), and a task that escaped its
+    /// term must see it end.
+    fn abandon(&mut self, id: usize) -> Option<Link> {
+        let r = self.replicas.remove(&id)?;
+        self.world
+            .event(format_args!("fault abandon {}", r.link.label()));
+        self.world.process_ended(r.link.label());
+        // Before the abort: the terms it drops still run.
+        self.world.run_dropped(r.link.label());
+        r.task.abort();
+        self.down.push(id);
+        Some(r.link)
     }
 
     /// Stops replica `id` gracefully (SIGTERM): it leaves the group and releases.
