@@ -181,6 +181,54 @@ async fn a_term_task_stuck_in_blocking_code_holds_the_release_only_until_the_val
     );
 }
 
+/// The same bound when the run is dropped mid-term: the background release waits for a
+/// task stuck in blocking code only until `valid_until − stop_margin`. Found by a mutant of
+/// `HeldTerm`'s deadline (#42: `−` → `+` released after the validity).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_runs_stuck_task_holds_the_background_release_only_until_the_validity() {
+    const STOP_MARGIN: Duration = Duration::from_secs(1);
+    let store = MemoryBackend::new();
+    let config = ElectionConfig::new()
+        .lease_duration(Duration::from_secs(6))
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_secs(1))
+        .stop_margin(STOP_MARGIN);
+    let e = elector(store.clone(), "a", config);
+    let (tell, told) = tokio::sync::oneshot::channel();
+    let tell = Mutex::new(Some(tell));
+    let run = e.run(|term| {
+        let tell = tell.lock().expect("not poisoned").take();
+        async move {
+            let (running, started) = tokio::sync::oneshot::channel();
+            term.spawn(async move {
+                let _ = running.send(());
+                std::thread::sleep(Duration::from_secs(9));
+            });
+            let _ = started.await;
+            if let Some(tell) = tell {
+                let _ = tell.send(term.valid_until());
+            }
+            std::future::pending::<()>().await;
+        }
+    });
+    // The run is dropped as soon as its term's task blocks.
+    let valid_until = tokio::select! {
+        out = run => panic!("the run ended: {out:?}"),
+        told = told => told.expect("the workload told its validity"),
+    };
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while holder(&store).is_some() {
+        assert!(Instant::now() < give_up, "never released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
+    assert!(
+        released < valid_until,
+        "released {:?} after the term's validity ended",
+        released - valid_until
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_panic_surfaces_from_run_and_the_lease_is_released() {
     let store = MemoryBackend::new();
