@@ -679,6 +679,28 @@ async fn tasks_of_a_term_end_before_its_lease_is_released() {
     );
 }
 
+/// A shutdown that lands while a campaign's request is out, its grant applied by the store
+/// but not yet answered: the campaign is dropped and its possible grant released in the
+/// background, and `run_until` returns only once that release is done, so a process that
+/// exits when its run returns leaves no lease behind. Found by a loaded run: `tenure run
+/// --shards`' graceful leave left a shard's Lease held until its ttl (`helm_chart`, #42).
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_a_campaign_releases_its_grant_before_the_run_returns() {
+    let store = MemoryBackend::new();
+    let faulty = FaultyBackend::new(store.clone());
+    faulty.set(Fault::DelayAnswers(Duration::from_secs(1)));
+    let e = elector(faulty.clone(), "a", ElectionConfig::new());
+    let shutdown = tokio::time::sleep(Duration::from_millis(500));
+    let out = e.run_until(shutdown, |_term| async {}).await;
+    assert!(matches!(out, Ok(None)), "a term ran: {out:?}");
+    assert_eq!(
+        faulty.counts().acquire,
+        1,
+        "the campaign's request went out"
+    );
+    assert_eq!(holder(&store), None, "the campaign's grant was left held");
+}
+
 /// Dropping the run mid-term (a caller's `select!` or timeout around it) ends the term the
 /// way its end does: the term's tasks, even one that ignores cancellation, are aborted and
 /// gone before the lease is released in the background, and that release comes at once, not

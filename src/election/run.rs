@@ -176,6 +176,15 @@ impl LeaderElector {
         // A replica that is gone is nobody's successor: out of the ready group now rather
         // than when its announcement runs out.
         self.withdraw_ready().await;
+        // Releases left to the background (a campaign dropped at shutdown after its request
+        // went out, whose grant may have landed): finished before the run returns, bounded,
+        // so that a process exiting when the run returns does not drop them with its runtime
+        // and leave a lease to its ttl; bounded as a term's own release is. Found by a loaded
+        // run of `tests/helm_chart.rs` (#42).
+        let deadline = Instant::now() + self.inner.lease_opts.get_release_timeout();
+        if !self.inner.locker.background_settled(deadline).await {
+            tracing::warn!(lease = %self.inner.name, "a release left to the background did not finish before the run returned");
+        }
         out
     }
 
@@ -549,8 +558,14 @@ impl Drop for HeldTerm {
         self.tasks.abort();
         let deadline =
             (lease.valid_until() - self.stop_margin).max(Instant::now() + TASKS_MIN_WAIT);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // Outside a runtime the tasks cannot be awaited; the lease's drop leaves it to
+            // expire by its ttl.
+            return;
+        };
         let tasks = self.tasks.clone();
         let name = lease.name().to_owned();
+        let background = lease.background();
         let stop = async move {
             if !tasks.stop(deadline).await {
                 tracing::error!(lease = %name, "a task of the dropped term ignored its abort (blocking code?); releasing the lease anyway");
@@ -558,14 +573,7 @@ impl Drop for HeldTerm {
             // `Lease`'s drop releases it.
             drop(lease);
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(stop);
-            }
-            // Outside a runtime the tasks cannot be awaited; the lease's drop leaves it to
-            // expire by its ttl.
-            Err(_) => drop(stop),
-        }
+        background.spawn(&rt, stop);
     }
 }
 

@@ -248,6 +248,7 @@ impl Lease {
         let mut detach = Detach {
             work: Some(work),
             shared: &self.shared,
+            background: &self.locker.inner.background,
         };
         let out = match detach.work.as_mut() {
             Some(work) => work.await,
@@ -257,6 +258,12 @@ impl Lease {
         detach.work = None;
         self.shared.finish_release(out.clone());
         out
+    }
+
+    /// This lease's locker's background work (`Locker::background_settled`), for work that
+    /// ends with this lease's drop: the elector's end of a term whose run was dropped.
+    pub(crate) fn background(&self) -> Arc<super::background::Pending> {
+        self.locker.inner.background.clone()
     }
 
     /// Stops renewing and leaves the lease to expire by its ttl, without contacting the
@@ -274,6 +281,7 @@ impl Lease {
 struct Detach<'a> {
     work: Option<BoxFuture<'static, Result<(), LockError>>>,
     shared: &'a Arc<LeaseShared>,
+    background: &'a Arc<super::background::Pending>,
 }
 
 impl Drop for Detach<'_> {
@@ -286,9 +294,7 @@ impl Drop for Detach<'_> {
             shared: self.shared.clone(),
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(background.run());
-            }
+            Ok(rt) => self.background.spawn(&rt, background.run()),
             // `Background`'s drop gives the waiters an answer.
             Err(_) => drop(background),
         }
@@ -386,7 +392,10 @@ impl Drop for Lease {
             }
             _ => match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
-                    rt.spawn(release_task(self.locker.clone(), self.shared.clone(), None));
+                    let release = release_task(self.locker.clone(), self.shared.clone(), None);
+                    self.locker.inner.background.spawn(&rt, async move {
+                        let _ = release.await;
+                    });
                 }
                 Err(_) => {
                     self.shared.end(LeaseEnd::Orphaned);

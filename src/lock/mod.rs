@@ -6,6 +6,7 @@
 //! fencing token and reports how it ended. One renewal scheduler per locker keeps every lease
 //! alive. Nothing here knows which backend it talks to.
 
+mod background;
 mod error;
 mod lease;
 mod options;
@@ -88,6 +89,8 @@ struct LockerInner {
     /// reachable, for the elector's health. An atomic, not a lock: every attempt writes it.
     answered: std::sync::atomic::AtomicU64,
     created: Instant,
+    /// The releases left to the background (`background.rs`).
+    background: Arc<background::Pending>,
 }
 
 impl std::fmt::Debug for Locker {
@@ -209,6 +212,7 @@ impl Locker {
                 identity,
                 answered: std::sync::atomic::AtomicU64::new(0),
                 created: Instant::now(),
+                background: Arc::default(),
             }),
         }
     }
@@ -223,6 +227,13 @@ impl Locker {
     #[must_use]
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
+    }
+
+    /// Waits until the releases this locker left to the background have finished, or until
+    /// `deadline`; whether they all have. A run about to return calls it, so that a process
+    /// exiting when the run returns does not drop them with its runtime.
+    pub(crate) async fn background_settled(&self, deadline: Instant) -> bool {
+        self.inner.background.settled(deadline).await
     }
 
     /// Counts of held leases, scheduler tasks and renewals.
@@ -307,7 +318,7 @@ impl Locker {
             identity: self.inner.identity.clone(),
             ttl: plan.ttl,
         };
-        let mut attempt = Attempt::new(&self.inner.backend, &req);
+        let mut attempt = Attempt::new(&self.inner.backend, &self.inner.background, &req);
         // From the first attempt's send instant: no clock read of its own.
         let mut give_up_at = None;
         let mut changes = None;
@@ -508,15 +519,21 @@ struct Attempt<'a> {
     // Borrowed: the locker's backend handle is shared by every task using the locker, and a
     // clone per acquisition would bounce its reference count between cores.
     backend: &'a Arc<dyn Backend>,
+    background: &'a Arc<background::Pending>,
     req: &'a AcquireRequest,
     /// A request was sent and no answer has settled that nothing was granted.
     maybe_granted: bool,
 }
 
 impl<'a> Attempt<'a> {
-    fn new(backend: &'a Arc<dyn Backend>, req: &'a AcquireRequest) -> Self {
+    fn new(
+        backend: &'a Arc<dyn Backend>,
+        background: &'a Arc<background::Pending>,
+        req: &'a AcquireRequest,
+    ) -> Self {
         Self {
             backend,
+            background,
             req,
             maybe_granted: false,
         }
@@ -556,7 +573,7 @@ impl Drop for Attempt<'_> {
         let backend = self.backend.clone();
         let name = self.req.name.clone();
         let holder = self.req.holder;
-        rt.spawn(async move {
+        self.background.spawn(&rt, async move {
             // Best effort: the lease expires by its ttl if this fails too.
             let _ = backend.release(&name, &holder).await;
         });

@@ -171,6 +171,11 @@ impl LockOptions {
         self.wait
     }
 
+    /// The bound on a release.
+    pub(crate) fn get_release_timeout(&self) -> Duration {
+        self.release_timeout
+    }
+
     /// Checks the options and works out the timings of a lease acquired with them.
     pub(crate) fn plan(&self, auto_renew_default: bool) -> Result<Plan, LockError> {
         let invalid = |rule: &str| Err(LockError::InvalidConfig { rule: rule.into() });
