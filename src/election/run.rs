@@ -77,6 +77,10 @@ impl LeaderElector {
     /// a waiting candidate takes over without waiting for the ttl. Returns `Ok(None)` then, or
     /// `Ok(Some(output))` if the workload returned an output while stopping.
     ///
+    /// It returns only once the releases its locker left to the background have finished (a
+    /// campaign cut short by the shutdown may have been granted: that grant is released too),
+    /// or the lease's release timeout has passed, so the process may exit right after.
+    ///
     /// # Errors
     ///
     /// - [`ElectionError::Lost`]: a term was lost and
