@@ -148,32 +148,44 @@ async fn the_lease_is_released_only_after_the_workload_stopped() {
 /// `valid_until − stop_margin` turned into `+` released after the validity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_task_stuck_in_blocking_code_holds_the_release_only_until_the_validity() {
-    const STOP_MARGIN: Duration = Duration::from_secs(1);
     let store = MemoryBackend::new();
-    let config = ElectionConfig::new()
-        .lease_duration(Duration::from_secs(6))
-        .renew_deadline(Duration::from_secs(4))
-        .retry_period(Duration::from_secs(1))
-        .stop_margin(STOP_MARGIN);
-    let e = elector(store.clone(), "a", config);
+    let e = elector(store.clone(), "a", stuck_task_config());
     let valid_until = e
         .run(|term| async move {
-            // Blocks its worker thread past the lease and the margin after it; the workload
-            // returns once it runs (a task aborted before its first poll just ends).
-            let (running, started) = tokio::sync::oneshot::channel();
-            term.spawn(async move {
-                let _ = running.send(());
-                std::thread::sleep(Duration::from_secs(9));
-            });
-            let _ = started.await;
+            block_a_worker(&term).await;
             term.valid_until()
         })
         .await
         .expect("the workload returned");
     let released = Instant::now();
     assert_eq!(holder(&store), None, "the lease was not released");
-    // Released at `valid_until − STOP_MARGIN`; a loaded machine may be late by up to the
-    // margin, never past the validity.
+    assert_released_within_validity(released, valid_until);
+}
+
+/// The timings of the stuck-task tests: a 6 s lease whose term is stopped 1 s before its
+/// validity ends.
+fn stuck_task_config() -> ElectionConfig {
+    ElectionConfig::new()
+        .lease_duration(Duration::from_secs(6))
+        .renew_deadline(Duration::from_secs(4))
+        .retry_period(Duration::from_secs(1))
+        .stop_margin(Duration::from_secs(1))
+}
+
+/// Spawns a task of `term` that blocks its worker thread past the lease and the margin after
+/// it, and returns once it runs (a task aborted before its first poll just ends).
+async fn block_a_worker(term: &tenure::Term) {
+    let (running, started) = tokio::sync::oneshot::channel();
+    term.spawn(async move {
+        let _ = running.send(());
+        std::thread::sleep(Duration::from_secs(9));
+    });
+    let _ = started.await;
+}
+
+/// Released at `valid_until − stop_margin`; a loaded machine may be late by up to the
+/// margin, never past the validity.
+fn assert_released_within_validity(released: Instant, valid_until: Instant) {
     assert!(
         released < valid_until,
         "released {:?} after the term's validity ended",
@@ -186,25 +198,14 @@ async fn a_term_task_stuck_in_blocking_code_holds_the_release_only_until_the_val
 /// `HeldTerm`'s deadline (#42: `−` → `+` released after the validity).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_runs_stuck_task_holds_the_background_release_only_until_the_validity() {
-    const STOP_MARGIN: Duration = Duration::from_secs(1);
     let store = MemoryBackend::new();
-    let config = ElectionConfig::new()
-        .lease_duration(Duration::from_secs(6))
-        .renew_deadline(Duration::from_secs(4))
-        .retry_period(Duration::from_secs(1))
-        .stop_margin(STOP_MARGIN);
-    let e = elector(store.clone(), "a", config);
+    let e = elector(store.clone(), "a", stuck_task_config());
     let (tell, told) = tokio::sync::oneshot::channel();
     let tell = Mutex::new(Some(tell));
     let run = e.run(|term| {
         let tell = tell.lock().expect("not poisoned").take();
         async move {
-            let (running, started) = tokio::sync::oneshot::channel();
-            term.spawn(async move {
-                let _ = running.send(());
-                std::thread::sleep(Duration::from_secs(9));
-            });
-            let _ = started.await;
+            block_a_worker(&term).await;
             if let Some(tell) = tell {
                 let _ = tell.send(term.valid_until());
             }
@@ -221,12 +222,7 @@ async fn a_dropped_runs_stuck_task_holds_the_background_release_only_until_the_v
         assert!(Instant::now() < give_up, "never released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let released = Instant::now();
-    assert!(
-        released < valid_until,
-        "released {:?} after the term's validity ended",
-        released - valid_until
-    );
+    assert_released_within_validity(Instant::now(), valid_until);
 }
 
 #[tokio::test(start_paused = true)]
