@@ -547,6 +547,17 @@ impl Sim {
     /// Starts replica `id` running a sharded group of `shards` shards (or one lease: 0).
     fn start_with(&mut self, id: usize, shards: u32) {
         // One process per identity at a time, as a restarted container after the old one.
+        // A restart can be due for an identity already back: with every replica down, the
+        // chaos loop brings one back before its own restart (or exit) heal falls due. That
+        // heal is stale: starting again would orphan the running process, which no fault,
+        // stop or kill could reach again.
+        if let Some(r) = self.replicas.get(&id) {
+            self.world.event(format_args!(
+                "start r{id} skipped: {} already runs",
+                r.link.label()
+            ));
+            return;
+        }
         if let Some(old) = self.leaving.remove(&id)
             && !old.task.is_finished()
         {
