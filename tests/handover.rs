@@ -3,7 +3,7 @@
 //! one, one asked for through the store; an unhealthy leader handing over within its bound,
 //! keeping the lease when every replica is unhealthy, and flapping checks moving leadership
 //! at most once per recovery window; "newest first" on a graceful shutdown, a rollout and a
-//! step-down. Each scenario runs on the memory backend with tokio's paused clock and on a real
+//! step-down, and a named target winning over it. Each scenario runs on the memory backend with tokio's paused clock and on a real
 //! `redis-server`; the "newest first" ones also on a real kube-apiserver, and there too a
 //! Lease's `spec.preferredHolder` (Coordinated Leader Election's step-down signal) moving
 //! leadership, on a server with that feature gate on.
@@ -499,7 +499,34 @@ async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower(
         ["a", "c", "b"],
         "a untargeted step-down goes to the preferred follower"
     );
+    // b is also the only healthy follower, so b leading proves little: the release itself
+    // must have named it.
+    assert_eq!(
+        handed_to(&r, "c"),
+        Some((HandoffCause::Requested, Some("b".to_owned()))),
+        "the untargeted step-down released to the preferred follower, not to anyone"
+    );
     r.finish();
+}
+
+/// A step-down to a named replica goes to it even when a preference would pick another:
+/// the preference only fills in a missing target.
+async fn a_named_target_wins_over_the_preference(backend: Arc<dyn Backend>, unit: Duration) {
+    // c is the newest follower, the one "newest first" would pick.
+    let r = Replicas::start_with(backend, &["a", "b", "c"], unit, newest_first(unit)).await;
+    assert!(
+        r.elector("a")
+            .hand_over(Handoff::To("b".into()), "test: to b")
+    );
+    let terms = r.until(unit * 10, |t| t.len() == 2).await;
+    assert_eq!(ids(&terms), ["a", "b"], "the named target leads next");
+    assert_eq!(
+        handed_to(&r, "a"),
+        Some((HandoffCause::Requested, Some("b".to_owned()))),
+        "the release named the step-down's own target"
+    );
+    tokio::time::sleep(unit * 6).await;
+    assert_eq!(ids(&r.finish()), ["a", "b"]);
 }
 
 mod memory {
@@ -528,6 +555,11 @@ mod memory {
     #[tokio::test(start_paused = true)]
     async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
         super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(store(), UNIT).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_named_target_wins_over_the_preference() {
+        super::a_named_target_wins_over_the_preference(store(), UNIT).await;
     }
 
     const UNIT: Duration = Duration::from_secs(1);
@@ -604,6 +636,12 @@ mod redis {
     async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
         let (_s, b) = store().await;
         super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(b, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_named_target_wins_over_the_preference() {
+        let (_s, b) = store().await;
+        super::a_named_target_wins_over_the_preference(b, UNIT).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -686,6 +724,11 @@ mod kube {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_unhealthy_leader_hands_to_the_newest_healthy_follower() {
         super::an_unhealthy_leader_hands_to_the_newest_healthy_follower(store().await, UNIT).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_named_target_wins_over_the_preference() {
+        super::a_named_target_wins_over_the_preference(store().await, UNIT).await;
     }
 
     /// Sets `spec.preferredHolder` (and `spec.strategy`) on the election's Lease in `ns` as the
