@@ -175,9 +175,10 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
     std::thread::sleep(Duration::from_secs(2));
     let leader = redis.holder(lock).holder;
     assert_eq!(
-        register.writers(Duration::from_millis(1500)),
+        register.writers_around(&leader),
         vec![leader.clone()],
-        "one writer, the key's holder"
+        "one writer, the key's holder; the last writes: {}",
+        register.recent(8)
     );
 
     // ---- (a) a missing image -------------------------------------------------------------
@@ -334,9 +335,10 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
     let _ = ready_pods(node, ns, &instance(release), 2, Duration::from_secs(90));
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
-        register.writers(Duration::from_millis(1500)),
+        register.writers_around(&leader),
         vec![leader.clone()],
-        "the leader still leads alone"
+        "the leader still leads alone; the last writes: {}",
+        register.recent(8)
     );
     let stale = accepted_stale(&register, &watch);
     report.add(
@@ -459,9 +461,10 @@ fn rbac_without_update(node: &Node, report: &mut Report) {
         Duration::from_secs(90),
     );
     assert_eq!(
-        register.writers(Duration::from_millis(1500)),
+        register.writers_around(&keeper),
         vec![keeper.clone()],
-        "keeper leads alone"
+        "keeper leads alone; the last writes: {}",
+        register.recent(8)
     );
     let gap = register.longest_gap(t_c, Instant::now());
     report.add(
