@@ -897,21 +897,28 @@ async fn a_test_term_is_a_real_term_that_ends_on_request() {
     );
 }
 
-/// A store that refuses every acquire for good (a missing permission), else the memory
-/// backend.
-struct Refusing(MemoryBackend);
+/// The memory backend without its group records (`Backend::group_record`'s default: "keeps
+/// no group membership", a permanent error), and with `refuse_acquire` refusing every
+/// acquire for good (a missing permission).
+struct NoGroups {
+    store: MemoryBackend,
+    refuse_acquire: bool,
+}
 
-impl Backend for Refusing {
+impl Backend for NoGroups {
     fn validate_name(&self, name: &str) -> Result<(), tenure::backend::InvalidName> {
-        self.0.validate_name(name)
+        self.store.validate_name(name)
     }
     fn try_acquire<'a>(
         &'a self,
-        _: &'a tenure::backend::AcquireRequest,
+        request: &'a tenure::backend::AcquireRequest,
     ) -> futures::future::BoxFuture<
         'a,
         Result<tenure::backend::Acquired, tenure::backend::BackendError>,
     > {
+        if !self.refuse_acquire {
+            return self.store.try_acquire(request);
+        }
         Box::pin(std::future::ready(Err(tenure::backend::BackendError::new(
             tenure::backend::BackendErrorKind::PermissionDenied,
             "may not update leases",
@@ -926,7 +933,7 @@ impl Backend for Refusing {
         'a,
         Result<tenure::backend::Renewed, tenure::backend::BackendError>,
     > {
-        self.0.renew(name, holder, ttl)
+        self.store.renew(name, holder, ttl)
     }
     fn release<'a>(
         &'a self,
@@ -936,7 +943,7 @@ impl Backend for Refusing {
         'a,
         Result<tenure::backend::Released, tenure::backend::BackendError>,
     > {
-        self.0.release(name, holder)
+        self.store.release(name, holder)
     }
     fn inspect<'a>(
         &'a self,
@@ -945,7 +952,7 @@ impl Backend for Refusing {
         'a,
         Result<Option<tenure::backend::LeaseRecord>, tenure::backend::BackendError>,
     > {
-        self.0.inspect(name)
+        self.store.inspect(name)
     }
     fn observe(
         &self,
@@ -954,13 +961,17 @@ impl Backend for Refusing {
         'static,
         Result<tenure::backend::HolderChange, tenure::backend::BackendError>,
     > {
-        self.0.observe(name)
+        self.store.observe(name)
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_permanent_store_refusal_ends_the_campaign_instead_of_retrying() {
-    let e = elector(Refusing(MemoryBackend::new()), "a", ElectionConfig::new());
+    let refusing = NoGroups {
+        store: MemoryBackend::new(),
+        refuse_acquire: true,
+    };
+    let e = elector(refusing, "a", ElectionConfig::new());
     let result = tokio::time::timeout(Duration::from_secs(60), e.run(|_| async {}))
         .await
         .expect("a permanent refusal ends run, it is not retried forever");
@@ -1052,6 +1063,55 @@ async fn a_plain_election_named_like_a_groups_shard_is_refused() {
             .await;
         assert!(token.is_ok(), "{runs}: {token:?}");
     }
+}
+
+/// Whether a lease named like a shard is a group's is read before the campaign: a transient
+/// failure of that read is retried (so the group, once read, refuses the run), and a store
+/// that cannot tell (it keeps no groups) lets the run go on.
+#[tokio::test(start_paused = true)]
+async fn the_shard_name_check_retries_a_transient_failure_and_goes_on_when_the_store_cannot_tell() {
+    use tenure::backend::GroupRecord;
+    let store = MemoryBackend::new();
+    assert!(
+        store
+            .swap_group_record("web", None, &GroupRecord::first(4))
+            .await
+            .expect("memory answers")
+    );
+    let faulty = FaultyBackend::new(store.clone());
+    faulty.set(Fault::Fail);
+    let heal = {
+        let faulty = faulty.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            faulty.heal();
+        })
+    };
+    let locker = Locker::with_identity(faulty, "plain").expect("valid identity");
+    let refused = LeaderElector::new(locker, "web-2", ElectionConfig::default())
+        .expect("valid config")
+        .run(|_| async {})
+        .await;
+    assert!(
+        matches!(&refused, Err(ElectionError::ShardLease { shard: 2, .. })),
+        "a transient failure of the group read let a group's shard run as a plain election: {refused:?}"
+    );
+    heal.await.expect("the healer ran");
+    assert_eq!(store.inspect("web-2").await.expect("memory answers"), None);
+
+    let cannot_tell = NoGroups {
+        store: MemoryBackend::new(),
+        refuse_acquire: false,
+    };
+    let locker = Locker::with_identity(cannot_tell, "plain").expect("valid identity");
+    let elector = LeaderElector::new(locker, "web-2", ElectionConfig::default()).expect("valid");
+    let led = tokio::time::timeout(
+        Duration::from_secs(60),
+        elector.run(|term| async move { term.fencing_token() }),
+    )
+    .await
+    .expect("a store that keeps no groups kept the run from leading");
+    assert!(led.is_ok(), "{led:?}");
 }
 
 /// A fresh directory for restart locks.
