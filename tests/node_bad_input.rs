@@ -174,12 +174,7 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
     let original = ready_pods(node, ns, &instance(release), 2, Duration::from_secs(120));
     std::thread::sleep(Duration::from_secs(2));
     let leader = redis.holder(lock).holder;
-    assert_eq!(
-        register.writers_around(&leader),
-        vec![leader.clone()],
-        "one writer, the key's holder; the last writes: {}",
-        register.recent(8)
-    );
+    register.assert_sole_writer(&leader, None, "the Redis key's");
 
     // ---- (a) a missing image -------------------------------------------------------------
     // `helm upgrade` to a tenure image tag that is not on the node. The chart's pullPolicy is
@@ -334,12 +329,7 @@ fn redis_bad_input(node: &Node, report: &mut Report) {
     .expect_ok();
     let _ = ready_pods(node, ns, &instance(release), 2, Duration::from_secs(90));
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(
-        register.writers_around(&leader),
-        vec![leader.clone()],
-        "the leader still leads alone; the last writes: {}",
-        register.recent(8)
-    );
+    register.assert_sole_writer(&leader, None, "the Redis key's");
     let stale = accepted_stale(&register, &watch);
     report.add(
         "accepted stale writes (Redis bad input)",
@@ -460,12 +450,7 @@ fn rbac_without_update(node: &Node, report: &mut Report) {
         EXIT_BACKEND,
         Duration::from_secs(90),
     );
-    assert_eq!(
-        register.writers_around(&keeper),
-        vec![keeper.clone()],
-        "keeper leads alone; the last writes: {}",
-        register.recent(8)
-    );
+    register.assert_sole_writer(&keeper, None, "the Lease's");
     let gap = register.longest_gap(t_c, Instant::now());
     report.add(
         "Role without update: longest gap between keeper's writes during readonly's restarts",
