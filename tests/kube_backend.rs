@@ -609,6 +609,38 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
     lease.release().await.expect("release");
 }
 
+/// An election sends those Events itself: "became leader" when its term starts, "stopped
+/// leading" when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elections_term_is_recorded_as_events_on_its_lease() {
+    use k8s_openapi::api::core::v1::Event;
+    use tenure::election::{ElectionConfig, LeaderElector};
+    let server = shared();
+    let name = unique("term-events");
+    let locker = Locker::with_identity(server.backend(NS).await, "elected").expect("identity");
+    LeaderElector::new(locker, &name, ElectionConfig::default())
+        .expect("valid config")
+        .run(|term| async move { term.fencing_token() })
+        .await
+        .expect("a term");
+    let events: Api<Event> = Api::namespaced(server.admin().await, NS);
+    let list = events
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .expect("list events");
+    let mut messages: Vec<_> = list
+        .items
+        .iter()
+        .filter_map(|e| e.message.clone())
+        .collect();
+    messages.sort();
+    assert_eq!(
+        messages,
+        ["elected became leader", "elected stopped leading"],
+        "the term's Events on its Lease"
+    );
+}
+
 /// Asserts that `lease` still has the coordinated-election fields the admin wrote.
 fn assert_coordinated(lease: &Lease, after: &str) {
     let s = spec(lease);
