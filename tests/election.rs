@@ -1029,20 +1029,25 @@ async fn a_store_failing_for_a_while_delays_the_campaign_and_it_then_leads() {
     );
 }
 
+/// A memory store holding the record of sharded group `web`, 4 shards.
+async fn with_group_web() -> MemoryBackend {
+    let store = MemoryBackend::new();
+    assert!(
+        store
+            .swap_group_record("web", None, &tenure::backend::GroupRecord::first(4))
+            .await
+            .expect("memory answers")
+    );
+    store
+}
+
 /// A plain election named like shard N of a sharded group that exists is refused before it
 /// campaigns (the group's lease stays free); names off the scheme, and shards of a group
 /// that does not exist, run.
 #[tokio::test(start_paused = true)]
 async fn a_plain_election_named_like_a_groups_shard_is_refused() {
-    use tenure::backend::GroupRecord;
-    let store = MemoryBackend::new();
+    let store = with_group_web().await;
     let locker = Locker::with_identity(store.clone(), "plain").expect("valid identity");
-    assert!(
-        store
-            .swap_group_record("web", None, &GroupRecord::first(4))
-            .await
-            .expect("memory answers")
-    );
     let refused = LeaderElector::new(locker.clone(), "web-2", ElectionConfig::default())
         .expect("valid config")
         .run(|_| async {})
@@ -1070,14 +1075,7 @@ async fn a_plain_election_named_like_a_groups_shard_is_refused() {
 /// that cannot tell (it keeps no groups) lets the run go on.
 #[tokio::test(start_paused = true)]
 async fn the_shard_name_check_retries_a_transient_failure_and_goes_on_when_the_store_cannot_tell() {
-    use tenure::backend::GroupRecord;
-    let store = MemoryBackend::new();
-    assert!(
-        store
-            .swap_group_record("web", None, &GroupRecord::first(4))
-            .await
-            .expect("memory answers")
-    );
+    let store = with_group_web().await;
     let faulty = FaultyBackend::new(store.clone());
     faulty.set(Fault::Fail);
     let heal = {

@@ -548,7 +548,6 @@ async fn names_are_dns_subdomains_and_errors_are_typed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
-    use k8s_openapi::api::core::v1::Event;
     use tenure::backend::LeadershipEvent;
     let server = shared();
     let name = unique("events");
@@ -578,6 +577,17 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
             },
         )
         .await;
+    assert_eq!(
+        leadership_event_messages(server, &name).await,
+        ["announcer became leader", "announcer stopped leading"]
+    );
+    lease.release().await.expect("release");
+}
+
+/// The messages of the Events on Lease `name`, sorted; each Event is asserted to be a
+/// `LeaderElection` one naming the Lease, as client-go records them.
+async fn leadership_event_messages(server: &kube_support::Server, name: &str) -> Vec<String> {
+    use k8s_openapi::api::core::v1::Event;
     let events: Api<Event> = Api::namespaced(server.admin().await, NS);
     let list = events
         .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
@@ -602,18 +612,13 @@ async fn leadership_events_are_recorded_on_the_lease_as_client_go_does() {
         })
         .collect();
     messages.sort();
-    assert_eq!(
-        messages,
-        ["announcer became leader", "announcer stopped leading"]
-    );
-    lease.release().await.expect("release");
+    messages
 }
 
 /// An election sends those Events itself: "became leader" when its term starts, "stopped
 /// leading" when it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_elections_term_is_recorded_as_events_on_its_lease() {
-    use k8s_openapi::api::core::v1::Event;
     use tenure::election::{ElectionConfig, LeaderElector};
     let server = shared();
     let name = unique("term-events");
@@ -623,19 +628,8 @@ async fn an_elections_term_is_recorded_as_events_on_its_lease() {
         .run(|term| async move { term.fencing_token() })
         .await
         .expect("a term");
-    let events: Api<Event> = Api::namespaced(server.admin().await, NS);
-    let list = events
-        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
-        .await
-        .expect("list events");
-    let mut messages: Vec<_> = list
-        .items
-        .iter()
-        .filter_map(|e| e.message.clone())
-        .collect();
-    messages.sort();
     assert_eq!(
-        messages,
+        leadership_event_messages(server, &name).await,
         ["elected became leader", "elected stopped leading"],
         "the term's Events on its Lease"
     );
