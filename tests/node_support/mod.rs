@@ -696,6 +696,9 @@ impl Register {
     /// carried that token.
     ///
     /// [`writers_around`]: Self::writers_around
+    // A failure names the caller's line: node_bad_input makes the same check before and after
+    // its bad inputs, with the same message.
+    #[track_caller]
     pub fn assert_sole_writer(&self, holder: &str, token: Option<u64>, whose: &str) {
         assert_eq!(
             self.writers_around(holder),
